@@ -1,0 +1,72 @@
+"""What every command shares: the service handle, input parsing, error lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import click
+import yaml
+
+from fairpool.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from fairpool.service import Service
+
+COMPONENT_TYPES = ("orchestrator", "step_operator")
+
+
+def service(ctx: click.Context | None = None) -> Service:
+    """The service for ``--home``, opened once per invocation and closed when it ends.
+
+    Imported lazily so ``--help`` and ``--version`` never touch SQLAlchemy or the database.
+    """
+    ctx = ctx or click.get_current_context()
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    svc = root.obj.get("service")
+    if svc is None:
+        from fairpool.service import open_service
+
+        svc = open_service(root.obj.get("home"))
+        root.obj["service"] = svc
+        close = getattr(svc, "close", None)
+        if callable(close):
+            root.call_on_close(close)
+    return svc
+
+
+def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
+    """A JSON or YAML mapping given on the command line (ZenML's
+    ``convert_structured_str_to_dict``: JSON first, then YAML). Values are passed on as parsed;
+    the service checks them and names the offending key."""
+    if text is None:
+        return None
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise InvalidInput(field, text, "not valid JSON or YAML") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
+    return parsed
+
+
+def parse_pairs(field: str, pairs: Iterable[str]) -> dict[str, str]:
+    """Repeated ``KEY=VALUE`` options; a repeated key keeps its last value."""
+    result: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InvalidInput(field, pair, "expected KEY=VALUE")
+        result[key] = value.strip()
+    return result
+
+
+def one_line(message: str) -> str:
+    """Messages must fit the single ``Error:`` line."""
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())

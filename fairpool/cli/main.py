@@ -1,0 +1,91 @@
+"""The ``fairpool`` command: parse, call the service, print.
+
+Every error the service raises on purpose (``FairpoolError``, ``LookupError``, ``ValueError``,
+pydantic's ``ValidationError``) becomes one line ``Error: <message>`` on stderr and exit code 1;
+click's own usage errors keep exit code 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from fairpool.cli import output as o
+from fairpool.cli.common import one_line, service
+from fairpool.cli.resource_pool import resource_pool
+from fairpool.cli.resource_request import resource_request
+from fairpool.errors import FairpoolError
+
+
+def error_message(error: Exception) -> str:
+    """The text after ``Error:``: field and value for validation errors, no KeyError quotes."""
+    from pydantic import ValidationError
+
+    if isinstance(error, ValidationError):
+        problems = []
+        for item in error.errors():
+            field = ".".join(str(part) for part in item["loc"]) or "input"
+            problems.append(f"{field}: {item['msg']} (got {item['input']!r})")
+        return "; ".join(problems)
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])
+    return str(error) or type(error).__name__
+
+
+class FairpoolGroup(click.Group):
+    """The root group: turns expected errors into click's ``Error:`` line (exit code 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (FairpoolError, LookupError, ValueError) as error:
+            raise click.ClickException(one_line(error_message(error))) from error
+
+
+@click.group(cls=FairpoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--home",
+    envvar="FAIRPOOL_HOME",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory holding the fairpool database (env FAIRPOOL_HOME; default: the user data "
+    "directory).",
+)
+@click.version_option(package_name="fairpool", prog_name="fairpool")
+@click.pass_context
+def cli(ctx: click.Context, home: str | None) -> None:
+    """fairpool: share GPUs and other scarce resources between teams and pipelines."""
+    ctx.ensure_object(dict)
+    ctx.obj["home"] = home
+
+
+@cli.command("reconcile")
+@o.output_option
+def reconcile(output: str) -> None:
+    """Run one reconcile pass by hand and print what it changed."""
+    with o.err.status("Reconciling...\n"):
+        summary = service().reconcile().as_dict()
+    if output != "table":
+        o.dump(summary, output)
+        return
+    o.print_properties(
+        "Reconcile pass",
+        [
+            (key, len(value) if isinstance(value, list) else value)
+            for key, value in summary.items()
+        ],
+    )
+
+
+cli.add_command(resource_pool)
+cli.add_command(resource_request)
+
+
+def main() -> None:
+    """Console script entry point."""
+    cli(prog_name="fairpool")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Printing, the way ZenML's ``cli_utils`` does it: data on stdout, everything else on stderr.
+
+Tables are rich ``Table``s with upper-cased headers; lists end with ZenML's page line. JSON and
+YAML go out as plain text (no rich markup, no wrapping) so that they always parse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+#: Output formats of every read command (ZenML also has tsv and csv; not needed here).
+OUTPUT_FORMATS = ("table", "json", "yaml")
+
+#: Data: tables and the messages that stand in for them.
+out = Console(highlight=False, soft_wrap=False)
+#: Info, prompts, progress: never mixed into data.
+err = Console(stderr=True, highlight=False)
+
+Row = dict[str, Any]
+
+
+def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``-o/--output table|json|yaml``; the default comes from ``FAIRPOOL_DEFAULT_OUTPUT``
+    (ZenML: ``ZENML_DEFAULT_OUTPUT``), else ``table``."""
+    return click.option(
+        "--output",
+        "-o",
+        "output",
+        type=click.Choice(OUTPUT_FORMATS, case_sensitive=False),
+        default="table",
+        show_default=True,
+        envvar="FAIRPOOL_DEFAULT_OUTPUT",
+        help="Output format.",
+    )(func)
+
+
+def declare(message: str) -> None:
+    """An informational line (stderr), like ``cli_utils.declare``."""
+    err.print(Text(message))
+
+
+def dump(data: Any, output: str) -> None:
+    """Write JSON-ready ``data`` to stdout as JSON or YAML."""
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), nl=False)
+
+
+def page(items: Sequence[Row]) -> dict[str, Any]:
+    """ZenML's page shape, one page holding everything."""
+    total = len(items)
+    return {
+        "items": list(items),
+        "pagination": {"index": 1, "max_size": total, "total_pages": 1, "total": total},
+    }
+
+
+def format_value(value: Any) -> str:
+    """One table cell: mappings as ``key value, ...``, lists comma-joined, None as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key} {format_value(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(format_value(item) for item in value)
+    return str(value)
+
+
+def header(column: str) -> str:
+    """ZenML's header style: ``queue_length`` -> ``QUEUE LENGTH``."""
+    return column.replace("_", " ").upper()
+
+
+def table(
+    rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
+) -> Table:
+    result = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        result.add_column(header(column), overflow="fold")
+    for row in rows:
+        result.add_row(*(Text(format_value(row.get(column))) for column in columns))
+    return result
+
+
+def print_list(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    output: str,
+    *,
+    empty_message: str,
+    row_formatter: Callable[[Row], Row] | None = None,
+) -> None:
+    """A list command's result: a page of items (json/yaml), or a table plus ZenML's footer."""
+    if output != "table":
+        dump(page(rows), output)
+        return
+    if not rows:
+        out.print(Text(empty_message))
+        return
+    shown = [row_formatter(row) for row in rows] if row_formatter else list(rows)
+    out.print(table(shown, columns))
+    count = len(rows)
+    noun = "item" if count == 1 else "items"
+    out.print(Text(f"Page (1/1), {count} {noun} found for the applied filters."))
+
+
+def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:
+    """A key/value table, like ``cli_utils.print_pydantic_model``."""
+    result = Table(title=title, title_justify="left")
+    result.add_column("PROPERTY", no_wrap=True)
+    result.add_column("VALUE", overflow="fold")
+    for key, value in properties:
+        result.add_row(Text(header(key)), Text(format_value(value)))
+    out.print(result)
+
+
+def print_section(
+    title: str, rows: Sequence[Row], columns: Sequence[str], *, empty_message: str
+) -> None:
+    """A titled sub-table in a describe view; a one-line note when there is nothing to show."""
+    if rows:
+        out.print(table(rows, columns, title=title))
+    else:
+        out.print(Text(f"{title}: {empty_message}"))

@@ -1,0 +1,254 @@
+"""``fairpool resource-request ...``: ZenML v1's ``zenml resource-request`` commands, plus
+``create`` (ZenML creates requests only inside a step run; here anyone can ask for units)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from fairpool.cli import output as o
+from fairpool.cli.common import COMPONENT_TYPES, parse_pairs, service
+
+REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
+QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
+
+#: ``--wait`` polls with capped exponential backoff (ZenML v1: 1 s -> 20 s; we are local).
+WAIT_INITIAL_DELAY = 0.2
+WAIT_MAX_DELAY = 2.0
+#: Exit code when ``--wait`` gives up (1 is a failed request, 2 also marks click usage errors).
+EXIT_TIMEOUT = 2
+
+
+class WaitTimeout(click.ClickException):
+    exit_code = EXIT_TIMEOUT
+
+
+def reason_of(request: dict[str, Any]) -> str:
+    """Why a request is where it is: its status reason, else its best queue entry's reason."""
+    if request.get("status_reason"):
+        return str(request["status_reason"])
+    places = request.get("queue") or ()
+    return str(places[0].get("reason") or "") if places else ""
+
+
+def queue_summary(request: dict[str, Any]) -> str:
+    """``position 3 in pool `p`: reason`` for each pool the request waits in."""
+    parts = []
+    for place in request.get("queue") or ():
+        position = place.get("position")
+        where = f"position {position}" if position else "not eligible"
+        holding = ", holding units" if place.get("holding") else ""
+        parts.append(f"{where} in pool `{place.get('pool')}`{holding}: {place.get('reason')}")
+    return "; ".join(parts)
+
+
+def print_request(request: dict[str, Any], output: str) -> None:
+    """One request: the object (json/yaml), or a key/value table plus its queue entries."""
+    if output != "table":
+        o.dump(request, output)
+        return
+    o.print_properties(
+        f"Resource request '{request['id']}'",
+        [
+            ("id", request["id"]),
+            ("status", request["status"]),
+            ("reason", request.get("status_reason")),
+            ("component", f"{request['component']} ({request['component_type']})"),
+            ("pool", request.get("pool")),
+            ("priority", request.get("priority")),
+            ("resources", request["resources"]),
+            ("preemptible", request["preemptible"]),
+            ("attempt", f"{request['attempt']} of {request['max_retries'] + 1}"),
+            ("previous_attempt_id", request.get("previous_attempt_id")),
+            ("retried_as_id", request.get("retried_as_id")),
+            ("preempted_by", request.get("preempted_by_id")),
+            ("labels", request.get("labels")),
+            ("created", request.get("created")),
+            ("allocated_at", request.get("allocated_at")),
+            ("released_at", request.get("released_at")),
+        ],
+    )
+    if request["status"] == "queued":
+        o.print_section(
+            "Queue", request.get("queue") or [], QUEUE_COLUMNS,
+            empty_message="not waiting in any pool.",
+        )
+
+
+def declare_status(request: dict[str, Any]) -> None:
+    status = request["status"]
+    rid = request["id"]
+    if status == "allocated":
+        o.declare(f"Resource request `{rid}` allocated in resource pool `{request['pool']}`.")
+    elif status == "queued":
+        o.declare(f"Resource request `{rid}` queued: {queue_summary(request)}")
+    else:
+        o.declare(f"Resource request `{rid}` {status}: {reason_of(request) or 'no reason given'}")
+
+
+@click.group("resource-request")
+def resource_request() -> None:
+    """Create, inspect and clean up resource requests."""
+
+
+@resource_request.command("create")
+@click.option("--component", required=True, help="Name of the requesting stack component.")
+@click.option(
+    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
+    show_default=True, help="Kind of the requesting component.",
+)
+@click.option("--gpu-count", type=int, default=None, help="GPUs (ResourceSettings.gpu_count).")
+@click.option("--cpu-count", type=float, default=None, help="CPUs; becomes mcpu (x1000, ceil).")
+@click.option("--memory", default=None, help="Memory such as 16GiB; becomes memory_mb.")
+@click.option(
+    "--pool-resource", "pool_resources", multiple=True, metavar="KEY=N",
+    help="Any pool resource key (repeatable), e.g. --pool-resource tpu=4.",
+)
+@click.option(
+    "--non-preemptible", is_flag=True, default=False,
+    help="Never preempt; must fit within the policy's reserved units.",
+)
+@click.option("--max-retries", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Times to requeue after a preemption.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="Free-form label (repeatable).")
+@click.option("--wait", is_flag=True, default=False,
+              help="Reconcile and wait until the request is no longer queued.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="With --wait: give up after this many seconds (exit code 2).")
+@o.output_option
+def create(
+    component: str,
+    component_type: str,
+    gpu_count: int | None,
+    cpu_count: float | None,
+    memory: str | None,
+    pool_resources: tuple[str, ...],
+    non_preemptible: bool,
+    max_retries: int,
+    labels: tuple[str, ...],
+    wait: bool,
+    timeout: float | None,
+    output: str,
+) -> None:
+    """Ask for units: allocated now, queued, or rejected with the reason."""
+    from fairpool.settings import ResourceSettings
+
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout only applies with --wait.")
+    settings = ResourceSettings(
+        gpu_count=gpu_count,
+        cpu_count=cpu_count,
+        memory=memory,
+        pool_resources=parse_pairs("pool_resources", pool_resources) or None,  # type: ignore[arg-type]
+        preemptible=not non_preemptible,
+    )
+    svc = service()
+    with o.err.status(f"Creating resource request for component '{component}'...\n"):
+        request = svc.create_request(
+            component,
+            component_type,
+            settings.requested_resources(),
+            not non_preemptible,
+            max_retries,
+            parse_pairs("labels", labels),
+        )
+    data = request.as_dict()
+    declare_status(data)
+    if wait and data["status"] == "queued":
+        data = wait_for(data["id"], timeout)
+    print_request(data, output)
+    if wait:
+        finish_wait(data)
+
+
+def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
+    """Reconcile and poll until the request leaves the queue or ``timeout`` passes; waiting
+    position and reason go to stderr whenever they change."""
+    svc = service()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = WAIT_INITIAL_DELAY
+    shown = ""
+    while True:
+        svc.reconcile()
+        data = svc.get_request(request_id).as_dict()
+        if data["status"] != "queued":
+            return data
+        summary = queue_summary(data)
+        if summary != shown:
+            o.declare(f"Waiting for resource request `{request_id}`: {summary}")
+            shown = summary
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return data
+            time.sleep(min(delay, left))
+        else:
+            time.sleep(delay)
+        delay = min(delay * 2, WAIT_MAX_DELAY)
+
+
+def finish_wait(data: dict[str, Any]) -> None:
+    """Exit status after ``--wait``: 0 allocated, 1 rejected/cancelled/preempted, 2 timeout."""
+    status = data["status"]
+    if status in ("allocated", "released"):
+        return
+    if status == "queued":
+        raise WaitTimeout(
+            f"timed out waiting for resource request `{data['id']}`, still queued: "
+            f"{queue_summary(data) or reason_of(data)}"
+        )
+    raise click.ClickException(
+        f"Resource request `{data['id']}` was {status}: {reason_of(data) or 'unknown reason'}"
+    )
+
+
+@resource_request.command("list")
+@click.option("--status", default=None, help="Only requests with this status.")
+@click.option("--component", default=None, help="Only this component's requests.")
+@click.option("--pool", default=None, help="Only requests allocated in or queued on this pool.")
+@o.output_option
+def list_requests(
+    status: str | None, component: str | None, pool: str | None, output: str
+) -> None:
+    """List resource requests."""
+    items = [r.as_dict() for r in service().list_requests(status, component, pool)]
+    o.print_list(
+        items, REQUEST_COLUMNS, output,
+        empty_message="No resource requests found.",
+        row_formatter=lambda row: {**row, "reason": reason_of(row)},
+    )
+
+
+@resource_request.command("describe")
+@click.argument("request_id_or_prefix")
+@o.output_option
+def describe(request_id_or_prefix: str, output: str) -> None:
+    """Show one request: status, pool, resources, reason, queue positions, preemption."""
+    print_request(service().get_request(request_id_or_prefix).as_dict(), output)
+
+
+@resource_request.command("release")
+@click.argument("request_id_or_prefix")
+def release(request_id_or_prefix: str) -> None:
+    """Give an allocated request's units back to its pool."""
+    request = service().release_request(request_id_or_prefix)
+    o.declare(f"Released resource request `{request.id}`.")
+
+
+@resource_request.command("cancel")
+@click.argument("request_id_or_prefix")
+def cancel(request_id_or_prefix: str) -> None:
+    """Withdraw a queued or allocated request."""
+    request = service().cancel_request(request_id_or_prefix)
+    o.declare(f"Cancelled resource request `{request.id}`.")
+
+
+@resource_request.command("delete")
+@click.argument("request_id_or_prefix")
+def delete(request_id_or_prefix: str) -> None:
+    """Delete a request (no confirmation, as in ZenML)."""
+    service().delete_request(request_id_or_prefix)
+    o.declare(f"Deleted resource request `{request_id_or_prefix}`.")

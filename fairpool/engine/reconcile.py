@@ -1,0 +1,500 @@
+"""One reconcile pass: snapshot in, plan out. Pure, deterministic, near-linear.
+
+Order of work (see docs/semantics.md for the rules in prose):
+
+1. Hard rejection: placements that could not fit on an empty system are dropped; a request
+   with none left is rejected with one reason per placement.
+2. Every remaining (request, placement) pair is a queue entry. Entries are popped in one global
+   order - entries that fit their leaf's unused guarantee first, then placement priority
+   (higher first), then oldest, then id - which is each queue's own order, and tries a
+   request's higher-priority placements before its lower ones. Serving guaranteed entries
+   before borrowers is what reclaim would enforce anyway (an owner evicts a borrower whatever
+   the priorities), so doing it up front never grants units only to take them back.
+3. An entry that fits is granted, and the request's other entries disappear. One that is short
+   only of capacity may preempt (strictly lower priority, or reclaim of borrowed units; another
+   leaf's units within its own guarantee are never taken), unless
+   another of its placements fits as things stand. Otherwise it waits, with the first failed
+   check as its reason; a waiter blocked past its queue's ``backfill_after`` holds the units it
+   needs so that smaller requests stop passing it.
+
+Blocked entries of one shape are tested once per state of their tree (the shape cache), so a
+pass over a long queue where nothing fits costs a dictionary lookup per entry.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Mapping
+
+from fairpool.engine.model import (
+    Allocation,
+    Check,
+    Grant,
+    Node,
+    Placement,
+    Plan,
+    Preemption,
+    QueueEntry,
+    Reason,
+    Rejection,
+    Request,
+    Rule,
+    Snapshot,
+    Waiting,
+)
+
+# Per node, per key: the units a placement adds there (its charges summed up the tree).
+Delta = dict[str, dict[str, int]]
+
+
+def reconcile(snapshot: Snapshot) -> Plan:
+    """Decide grants, preemptions, rejections and waits for one pass."""
+    return _Pass(snapshot).run()
+
+
+class _Forest:
+    """Static facts about the nodes, computed once per pass."""
+
+    def __init__(self, nodes: Mapping[str, Node]) -> None:
+        self.nodes = nodes
+        self._paths: dict[str, tuple[Node, ...]] = {}
+        self._deltas: dict[int, Delta] = {}
+        self._bounded: dict[tuple[str, str], bool] = {}
+
+    def path(self, node_id: str) -> tuple[Node, ...]:
+        """The node and its ancestors, leaf first."""
+        found = self._paths.get(node_id)
+        if found is None:
+            chain = []
+            current: str | None = node_id
+            while current is not None:
+                node = self.nodes[current]
+                chain.append(node)
+                current = node.parent
+            found = self._paths[node_id] = tuple(chain)
+        return found
+
+    def root(self, node_id: str) -> str:
+        return self.path(node_id)[-1].id
+
+    def delta(self, placement: Placement) -> Delta:
+        # Placements live as long as the snapshot, so their identity is a safe cache key.
+        found = self._deltas.get(id(placement))
+        if found is None:
+            found = {}
+            for charge in placement.charges:
+                for node in self.path(charge.leaf):
+                    units = found.setdefault(node.id, {})
+                    for key, amount in charge.amounts.items():
+                        units[key] = units.get(key, 0) + amount
+            self._deltas[id(placement)] = found
+        return found
+
+    def bounded(self, leaf: str, key: str) -> bool:
+        """Whether ``key`` is metered anywhere from ``leaf`` up (capacity or limit)."""
+        cache_key = (leaf, key)
+        found = self._bounded.get(cache_key)
+        if found is None:
+            found = any(n.cap(key) is not None or key in n.limit for n in self.path(leaf))
+            self._bounded[cache_key] = found
+        return found
+
+
+def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Reason | None:
+    """The first reason this placement could not fit even on an empty system."""
+    if not preemptible:
+        for charge in placement.charges:
+            leaf = forest.nodes[charge.leaf]
+            for key, amount in charge.amounts.items():
+                reserved = leaf.guarantee.get(key, 0)
+                if amount > reserved and forest.bounded(charge.leaf, key):
+                    return Reason(
+                        Check.RESERVED, leaf.name, key, amount, reserved, 0,
+                        f"{leaf.name}: {key} requested {amount} > reserved {reserved} "
+                        "(non-preemptible)",
+                    )
+    # Capacity before limits: "the pool does not have that many" is the more basic answer.
+    delta = forest.delta(placement)
+    for node_id, units in delta.items():
+        node = forest.nodes[node_id]
+        for key, amount in units.items():
+            cap = node.cap(key)
+            if cap is not None and amount > cap:
+                detail = (
+                    f"has no {key} (zero capacity), requested {amount}"
+                    if cap == 0
+                    else f"{key} requested {amount} > capacity {cap}"
+                )
+                return Reason(Check.CAPACITY, node.name, key, amount, cap, 0,
+                              f"{node.name}: {detail}")
+    for node_id, units in delta.items():
+        node = forest.nodes[node_id]
+        for key, amount in units.items():
+            limit = node.limit.get(key)
+            if limit is not None and amount > limit:
+                return Reason(
+                    Check.LIMIT, node.name, key, amount, limit, 0,
+                    f"{node.name}: {key} requested {amount} > limit {limit}",
+                )
+    return None
+
+
+class _Pass:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.forest = _Forest(snapshot.nodes)
+        self.usage: dict[str, dict[str, int]] = defaultdict(dict)
+        self.np_usage: dict[str, dict[str, int]] = defaultdict(dict)
+        self.held: dict[str, dict[str, int]] = defaultdict(dict)
+        # Bumped on every change under a root, so cached verdicts know when they went stale.
+        self.version: dict[str, int] = defaultdict(int)
+        # Live allocations by the nodes they charge: the preemption candidates there.
+        self.running: dict[str, dict[str, Allocation]] = defaultdict(dict)
+        self.allocations: dict[str, Allocation] = {}
+        self.granted_now: dict[str, Grant] = {}
+        self.preemptions: list[Preemption] = []
+        self.blocked: dict[tuple[object, ...], Reason] = {}
+        self.holders: set[str] = set()
+        for allocation in snapshot.allocations:
+            self._add(allocation)
+
+    # -- usage bookkeeping -------------------------------------------------------------
+
+    def _apply(self, allocation: Allocation, sign: int) -> None:
+        placement = allocation.placement
+        for node_id, units in self.forest.delta(placement).items():
+            used = self.usage[node_id]
+            for key, amount in units.items():
+                used[key] = used.get(key, 0) + sign * amount
+        if not allocation.preemptible:
+            for charge in placement.charges:
+                used = self.np_usage[charge.leaf]
+                for key, amount in charge.amounts.items():
+                    used[key] = used.get(key, 0) + sign * amount
+        self.version[self.forest.root(placement.queue)] += 1
+
+    def _add(self, allocation: Allocation) -> None:
+        self._apply(allocation, +1)
+        self.allocations[allocation.request_id] = allocation
+        for node_id in self.forest.delta(allocation.placement):
+            self.running[node_id][allocation.request_id] = allocation
+
+    def _remove(self, allocation: Allocation) -> None:
+        self._apply(allocation, -1)
+        del self.allocations[allocation.request_id]
+        for node_id in self.forest.delta(allocation.placement):
+            del self.running[node_id][allocation.request_id]
+
+    # -- checks ------------------------------------------------------------------------
+
+    def _in_share(self, placement: Placement) -> bool:
+        """Whether the placement fits each leaf's unused guarantee on every metered key."""
+        for charge in placement.charges:
+            leaf = self.forest.nodes[charge.leaf]
+            used = self.usage[charge.leaf]
+            for key, amount in charge.amounts.items():
+                if self.forest.bounded(charge.leaf, key) and (
+                    used.get(key, 0) + amount > leaf.guarantee.get(key, 0)
+                ):
+                    return False
+        return True
+
+    def _failures(self, placement: Placement, preemptible: bool) -> list[Reason]:
+        """Every failed check right now, in explanation order (empty: it fits)."""
+        failures: list[Reason] = []
+        if not preemptible:
+            for charge in placement.charges:
+                leaf = self.forest.nodes[charge.leaf]
+                used = self.np_usage[charge.leaf]
+                for key, amount in charge.amounts.items():
+                    reserved = leaf.guarantee.get(key, 0)
+                    in_use = used.get(key, 0)
+                    if in_use + amount > reserved and self.forest.bounded(charge.leaf, key):
+                        failures.append(Reason(
+                            Check.RESERVED_IN_USE, leaf.name, key, amount, reserved, in_use,
+                            f"{leaf.name}: {key} requested {amount}, non-preemptible use "
+                            f"{in_use} of reserved {reserved}",
+                        ))
+        for node_id, units in self.forest.delta(placement).items():
+            node = self.forest.nodes[node_id]
+            used = self.usage[node_id]
+            held = self.held.get(node_id, {})
+            for key, amount in units.items():
+                in_use = used.get(key, 0)
+                limit = node.limit.get(key)
+                if limit is not None and in_use + amount > limit:
+                    failures.append(Reason(
+                        Check.LIMIT, node.name, key, amount, limit, in_use,
+                        f"{node.name}: {key} requested {amount}, in use {in_use} of limit {limit}",
+                    ))
+                cap = node.cap(key)
+                taken = in_use + held.get(key, 0)
+                if cap is not None and taken + amount > cap:
+                    note = f", {held[key]} held for an older request" if held.get(key) else ""
+                    failures.append(Reason(
+                        Check.CAPACITY, node.name, key, amount, cap, taken,
+                        f"{node.name}: {key} requested {amount}, free {max(cap - taken, 0)} "
+                        f"of {cap}{note}",
+                    ))
+        return failures
+
+    def _fits(self, placement: Placement, preemptible: bool) -> bool:
+        return not self._failures(placement, preemptible)
+
+    # -- preemption --------------------------------------------------------------------
+
+    def _rule(
+        self, waiter: Placement, short_keys: set[str], victim: Allocation
+    ) -> Rule | None:
+        """Which rule, if any, lets ``waiter`` evict ``victim``.
+
+        Units a leaf uses within its own guarantee are protected from other leaves: only a
+        victim borrowing on a short key can be taken by another leaf. Without that, a borrower
+        with higher priority and a reclaiming owner would evict each other pass after pass.
+        """
+        waiter_leaves = {c.leaf for c in waiter.charges}
+        same_leaf = any(c.leaf in waiter_leaves for c in victim.placement.charges)
+        if not same_leaf and not self._borrows(victim.placement, short_keys):
+            return None
+        if victim.placement.priority < waiter.priority:
+            return Rule.PRIORITY
+        if not same_leaf and self._within_guarantee(waiter, short_keys):
+            return Rule.RECLAIM
+        return None
+
+    def _borrows(self, placement: Placement, keys: set[str]) -> bool:
+        """Whether a leaf of ``placement`` uses more than its guarantee on one of ``keys``."""
+        for charge in placement.charges:
+            leaf = self.forest.nodes[charge.leaf]
+            used = self.usage[charge.leaf]
+            for key in keys & charge.amounts.keys():
+                if used.get(key, 0) > leaf.guarantee.get(key, 0):
+                    return True
+        return False
+
+    def _within_guarantee(self, placement: Placement, keys: set[str]) -> bool:
+        """Whether ``placement`` fits its leaves' unused guarantee on ``keys``."""
+        for charge in placement.charges:
+            leaf = self.forest.nodes[charge.leaf]
+            used = self.usage[charge.leaf]
+            for key in keys & charge.amounts.keys():
+                if used.get(key, 0) + charge.amounts[key] > leaf.guarantee.get(key, 0):
+                    return False
+        return True
+
+    def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
+        """Free room for ``placement`` with the fewest useful victims; False if impossible."""
+        by_name = {n.name: n.id for n in self.forest.path(placement.queue)}
+        for charge in placement.charges:
+            by_name.update((n.name, n.id) for n in self.forest.path(charge.leaf))
+        shortage: dict[str, set[str]] = defaultdict(set)
+        for failure in failures:
+            shortage[by_name[failure.node]].add(failure.key)
+        candidates: dict[str, Allocation] = {}
+        for node_id, keys in shortage.items():
+            for victim in self.running[node_id].values():
+                # Grants of this pass are not victims: their own victims would be wasted.
+                if (
+                    victim.preemptible
+                    and victim.request_id not in self.granted_now
+                    and keys & _charged_keys(victim.placement)
+                ):
+                    candidates[victim.request_id] = victim
+        short_keys = {f.key for f in failures}
+        ordered = sorted(
+            candidates.values(),
+            key=lambda a: (a.placement.priority, -a.allocated_at, _Desc(a.request_id)),
+        )
+        chosen: list[tuple[Allocation, Rule]] = []
+        fits = False
+        for victim in ordered:
+            rule = self._rule(placement, short_keys, victim)
+            if rule is None:
+                continue
+            self._remove(victim)
+            chosen.append((victim, rule))
+            if self._fits(placement, request.preemptible):
+                fits = True
+                break
+        if not fits:
+            for victim, _ in reversed(chosen):
+                self._add(victim)
+            return False
+        # Give back every victim the waiter turns out not to need (the last one always is).
+        kept: list[tuple[Allocation, Rule]] = [chosen[-1]]
+        for victim, rule in reversed(chosen[:-1]):
+            self._add(victim)
+            if self._fits(placement, request.preemptible):
+                continue
+            self._remove(victim)
+            kept.append((victim, rule))
+        for victim, rule in reversed(kept):
+            self._record_preemption(victim, request, placement, rule)
+        return True
+
+    def _record_preemption(
+        self, victim: Allocation, request: Request, placement: Placement, rule: Rule
+    ) -> None:
+        if rule is Rule.PRIORITY:
+            why = f"priority {placement.priority} > {victim.placement.priority}"
+        else:
+            why = "reclaim of borrowed units for a request within its reserved share"
+        queue = self.forest.nodes[placement.queue].name
+        message = f"preempted by request {request.id} on {queue} ({why})"
+        self.preemptions.append(Preemption(victim.request_id, request.id, rule, message))
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        rejections: list[Rejection] = []
+        heap: list[tuple[int, int, float, str, int]] = []
+        requests: dict[str, Request] = {}
+        impossible_cache: dict[tuple[object, ...], Reason | None] = {}
+        ineligible: dict[str, list[QueueEntry]] = defaultdict(list)
+        for request in self.snapshot.queue:
+            requests[request.id] = request
+            reasons: list[Reason] = []
+            possible = 0
+            for index, placement in enumerate(request.placements):
+                shape = (_shape(placement), request.preemptible)
+                if shape not in impossible_cache:
+                    impossible_cache[shape] = _impossible(
+                        self.forest, placement, request.preemptible
+                    )
+                reason = impossible_cache[shape]
+                if reason is not None:
+                    reasons.append(reason)
+                    queue_name = self.forest.nodes[placement.queue].name
+                    ineligible[request.id].append(QueueEntry(index, queue_name, 0, reason))
+                    continue
+                possible += 1
+                share = 0 if self._in_share(placement) else 1
+                heap.append((share, -placement.priority, request.queued_at, request.id, index))
+            if not possible:
+                rejections.append(Rejection(request.id, tuple(reasons)))
+        heapq.heapify(heap)
+
+        waits: dict[str, list[QueueEntry]] = defaultdict(list)
+        queue_lengths: dict[str, int] = defaultdict(int)
+        now = self.snapshot.now
+        while heap:
+            entry = heapq.heappop(heap)
+            share, _, _, request_id, index = entry
+            if request_id in self.granted_now:
+                continue
+            request = requests[request_id]
+            placement = request.placements[index]
+            # In-share only turns into borrowing as the pass grants, so re-queue lazily.
+            if share == 0 and not self._in_share(placement):
+                heapq.heappush(heap, (1, *entry[1:]))
+                continue
+            reason = self._try(request, index)
+            if reason is None:
+                continue
+            holding = False
+            queue = self.forest.nodes[placement.queue]
+            if (
+                reason.check is Check.CAPACITY
+                and queue.backfill_after is not None
+                and queue.id not in self.holders
+                and now - request.queued_at >= queue.backfill_after
+            ):
+                self._hold(placement)
+                self.holders.add(queue.id)
+                holding = True
+            queue_lengths[queue.id] += 1
+            waits[request_id].append(
+                QueueEntry(index, queue.name, queue_lengths[queue.id], reason, holding)
+            )
+
+        # A waiting request also says why it is not queued on its other pools (position 0).
+        waiting = tuple(
+            Waiting(r.id, tuple(sorted(waits[r.id] + ineligible.get(r.id, []),
+                                       key=lambda e: e.placement_index)))
+            for r in self.snapshot.queue
+            if r.id in waits and r.id not in self.granted_now
+        )
+        grants = tuple(
+            self.granted_now[r.id] for r in self.snapshot.queue if r.id in self.granted_now
+        )
+        return Plan(grants, tuple(self.preemptions), tuple(rejections), waiting)
+
+    def _try(self, request: Request, index: int) -> Reason | None:
+        """Grant the entry (None) or say why it waits."""
+        placement = request.placements[index]
+        root = self.forest.root(placement.queue)
+        cache_key = (_shape(placement), request.preemptible, root, self.version[root])
+        cached = self.blocked.get(cache_key)
+        if cached is not None:
+            return cached
+        failures = self._failures(placement, request.preemptible)
+        if failures:
+            only_capacity = all(f.check is Check.CAPACITY for f in failures)
+            other_fits = any(
+                self._fits(p, request.preemptible)
+                for i, p in enumerate(request.placements)
+                if i != index
+            )
+            if not only_capacity or other_fits or not self._preempt(request, placement, failures):
+                if not other_fits:
+                    self.blocked[cache_key] = failures[0]
+                return failures[0]
+        self._add(Allocation(request.id, placement, self.snapshot.now, request.preemptible))
+        self.granted_now[request.id] = Grant(request.id, index)
+        return None
+
+    def _hold(self, placement: Placement) -> None:
+        for node_id, units in self.forest.delta(placement).items():
+            held = self.held[node_id]
+            for key, amount in units.items():
+                held[key] = held.get(key, 0) + amount
+        self.version[self.forest.root(placement.queue)] += 1
+
+
+def _charged_keys(placement: Placement) -> set[str]:
+    keys: set[str] = set()
+    for charge in placement.charges:
+        keys.update(k for k, v in charge.amounts.items() if v > 0)
+    return keys
+
+
+def _shape(placement: Placement) -> tuple[object, ...]:
+    """Placements of one shape get the same verdict in the same state."""
+    return (
+        placement.queue,
+        placement.priority,
+        tuple((c.leaf, tuple(sorted(c.amounts.items()))) for c in placement.charges),
+    )
+
+
+class _Desc:
+    """Reverses string order inside a sort key (newest id first on equal times)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __lt__(self, other: _Desc) -> bool:
+        return self.value > other.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def usage_by_node(snapshot: Snapshot) -> dict[str, dict[str, int]]:
+    """Units in use per node after the snapshot's allocations (for reports)."""
+    forest = _Forest(snapshot.nodes)
+    usage: dict[str, dict[str, int]] = defaultdict(dict)
+    for allocation in snapshot.allocations:
+        for node_id, units in forest.delta(allocation.placement).items():
+            for key, amount in units.items():
+                usage[node_id][key] = usage[node_id].get(key, 0) + amount
+    return dict(usage)
+
+
+__all__ = ["reconcile", "usage_by_node"]

@@ -1,0 +1,34 @@
+"""Errors every front-end turns into one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+
+class FairpoolError(Exception):
+    """Base class: the message is the whole line shown to the user."""
+
+
+class NotFound(FairpoolError, LookupError):
+    """A name, ID or ID prefix matched nothing."""
+
+    def __str__(self) -> str:  # LookupError would otherwise repr-quote a lone argument
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousReference(FairpoolError, LookupError):
+    """An ID prefix matched more than one object."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidInput(FairpoolError, ValueError):
+    """Bad input; the message names the field and the value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        super().__init__(f"{field}: {problem} (got {value!r})")
+        self.field = field
+        self.value = value
+
+
+class Conflict(FairpoolError):
+    """The request is valid but the current state forbids it (e.g. live allocations)."""

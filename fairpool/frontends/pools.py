@@ -1,0 +1,137 @@
+"""Pools & policies (ZenML Pro resource pools): validation and compilation to the quota forest.
+
+One pool becomes a root node holding its capacity; each policy attached to it becomes a leaf
+under it with ``guarantee`` = reserved and ``limit`` = limit. A request becomes one placement
+per pool its component has a policy on, highest policy priority first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from fairpool.engine.model import Charge, Node, Placement
+from fairpool.errors import InvalidInput
+from fairpool.store.records import Policy, Pool
+
+#: Keys ZenML treats as unbounded when a pool has no row for them; every other absent key
+#: is zero capacity.
+UNBOUNDED_WHEN_ABSENT = frozenset({"mcpu", "memory_mb", "step_run"})
+
+#: Seconds a capacity-blocked waiter may be passed by requests behind it that fit, before it
+#: holds the free units it needs (so large requests are not starved by small ones).
+BACKFILL_AFTER_SECONDS = 300.0
+
+
+def pool_node(pool: Pool) -> Node:
+    return Node(
+        id=pool.id,
+        name=f"pool {pool.name}",
+        capacity=dict(pool.capacity),
+        open_keys=UNBOUNDED_WHEN_ABSENT,
+        backfill_after=BACKFILL_AFTER_SECONDS,
+    )
+
+
+def policy_node(policy: Policy, pool: Pool, component_name: str) -> Node:
+    """A policy's leaf. A pool key the policy omits has reserved 0 and limit = pool total,
+    which the pool's own capacity already enforces, so only explicit limits are set."""
+    return Node(
+        id=policy.id,
+        name=f"policy {component_name} on {pool.name}",
+        parent=pool.id,
+        capacity={},
+        open_keys=None,
+        guarantee={key: policy.reserved.get(key, 0) for key in pool.capacity},
+        limit={key: value for key, value in policy.limit.items() if key in pool.capacity},
+    )
+
+
+def placements(
+    demand: Mapping[str, int], policies: Iterable[Policy], pools: Mapping[str, Pool]
+) -> tuple[Placement, ...]:
+    """One placement per policy of the requesting component: higher priority first, then by
+    pool name so the order never depends on storage order."""
+    ordered = sorted(policies, key=lambda p: (-p.priority, pools[p.pool_id].name))
+    return tuple(
+        Placement(queue=p.pool_id, charges=(Charge(p.id, dict(demand)),), priority=p.priority)
+        for p in ordered
+    )
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict[str, int]:
+    amounts: dict[str, int] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidInput(field, key, "resource keys must be non-empty strings")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(f"{field}.{key}", value, "must be an integer")
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = "non-negative" if allow_zero else "positive"
+            raise InvalidInput(f"{field}.{key}", value, f"must be a {bound} integer")
+        amounts[key] = value
+    return amounts
+
+
+def validate_capacity(raw: Mapping[str, object]) -> dict[str, int]:
+    """Capacity on pool creation: positive integers, at least one key."""
+    capacity = _amounts("capacity", raw, allow_zero=False)
+    if not capacity:
+        raise InvalidInput("capacity", dict(raw), "resource pools with no capacity are not allowed")
+    return capacity
+
+
+def apply_capacity_update(current: Mapping[str, int], raw: Mapping[str, object]) -> dict[str, int]:
+    """Capacity on pool update: values replace, 0 removes a key; a pool keeps at least one."""
+    capacity = dict(current)
+    for key, value in _amounts("capacity", raw, allow_zero=True).items():
+        if value == 0:
+            capacity.pop(key, None)
+        else:
+            capacity[key] = value
+    if not capacity:
+        raise InvalidInput("capacity", dict(raw), "a pool must keep at least one resource key")
+    return capacity
+
+
+def validate_policy(
+    pool: Pool,
+    reserved_raw: Mapping[str, object],
+    limit_raw: Mapping[str, object],
+    priority: int,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per-policy rules: priority >= 0, keys are pool keys, reserved <= limit per key."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise InvalidInput("priority", priority, "must be a non-negative integer")
+    reserved = _amounts("reserved", reserved_raw, allow_zero=True)
+    limit = _amounts("limit", limit_raw, allow_zero=True)
+    for field, amounts in (("reserved", reserved), ("limit", limit)):
+        for key in amounts:
+            if key not in pool.capacity:
+                raise InvalidInput(
+                    f"{field}.{key}", amounts[key],
+                    f"pool {pool.name!r} has no {key!r} (pool keys: "
+                    f"{', '.join(sorted(pool.capacity))}); policy keys must be pool keys",
+                )
+    for key, amount in reserved.items():
+        ceiling = limit.get(key, pool.capacity[key])
+        if amount > ceiling:
+            raise InvalidInput(f"reserved.{key}", amount, f"must be <= limit {ceiling}")
+    return reserved, limit
+
+
+def check_reserved_total(capacity: Mapping[str, int], policies: Iterable[Policy], pool_name: str) -> None:
+    """Sum of reserved over a pool's policies must fit its capacity, per key."""
+    totals: dict[str, int] = {}
+    for policy in policies:
+        for key, amount in policy.reserved.items():
+            totals[key] = totals.get(key, 0) + amount
+    for key, total in sorted(totals.items()):
+        available = capacity.get(key, 0)
+        if total > available:
+            raise InvalidInput(
+                f"reserved.{key}", total,
+                f"reserved totals on pool {pool_name!r} would exceed its capacity {available}",
+            )

@@ -1,0 +1,582 @@
+"""The service: every operation is one transaction that changes state, runs a reconcile pass,
+applies the engine's plan and records events, so each command answers with the decision made.
+
+Front-end rules (validation, compilation to the quota forest) live in ``frontends.pools``;
+the engine decides; this module only loads, calls and writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from sqlalchemy import Connection
+
+from fairpool.engine.model import Allocation as EngineAllocation
+from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot, Waiting
+from fairpool.engine.model import Request as EngineRequest
+from fairpool.engine.reconcile import reconcile
+from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.frontends import pools as frontend
+from fairpool.store import repo
+from fairpool.store.db import Database, default_url, fairpool_home
+from fairpool.store.records import (
+    Allocation,
+    Component,
+    ComponentType,
+    Policy,
+    Pool,
+    Request,
+    RequestStatus,
+)
+from fairpool.views import PassSummary, PolicyView, PoolView, QueuePlace, RequestView
+
+#: A pass that preempts creates retry attempts; they are placed in the same command, within
+#: this many extra passes.
+_MAX_PASSES = 4
+
+PoolRequestView = Literal["queued", "active", "all"]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def open_service(home: str | None = None, url: str | None = None) -> Service:
+    """The embedded default: a SQLite file under ``home`` (FAIRPOOL_HOME, else the user data dir)."""
+    return Service(Database.open(url or default_url(fairpool_home(home))))
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """Everything a pass (or a view) needs, loaded in one read of the database."""
+
+    pools: dict[str, Pool]
+    policies: dict[str, Policy]
+    components: dict[str, Component]
+    allocations: dict[str, Allocation]
+    queued: dict[str, Request]
+    #: Live allocations' requests (their demand is what they hold).
+    holders: dict[str, Request]
+
+    @classmethod
+    def load(cls, conn: Connection) -> _State:
+        allocations = {a.request_id: a for a in repo.live_allocations(conn)}
+        return cls(
+            pools={p.id: p for p in repo.list_pools(conn)},
+            policies={p.id: p for p in repo.list_policies(conn)},
+            components={c.id: c for c in repo.list_components(conn)},
+            allocations=allocations,
+            queued={r.id: r for r in repo.queued_requests(conn)},
+            holders={r.id: r for r in repo.requests_by_ids(conn, list(allocations))},
+        )
+
+    def policies_of(self) -> dict[str, list[Policy]]:
+        by_component: dict[str, list[Policy]] = defaultdict(list)
+        for policy in self.policies.values():
+            by_component[policy.component_id].append(policy)
+        return by_component
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        nodes: dict[str, Node] = {p.id: frontend.pool_node(p) for p in self.pools.values()}
+        for policy in self.policies.values():
+            pool = self.pools[policy.pool_id]
+            name = self.components[policy.component_id].name
+            nodes[policy.id] = frontend.policy_node(policy, pool, name)
+        allocations = []
+        for allocation in self.allocations.values():
+            holder = self.holders[allocation.request_id]
+            if allocation.pool_id is None or allocation.policy_id is None:
+                continue  # its pool or policy is gone; nothing left to charge
+            placement = Placement(
+                allocation.pool_id,
+                (Charge(allocation.policy_id, holder.demand),),
+                allocation.priority,
+            )
+            allocations.append(EngineAllocation(
+                allocation.request_id, placement, allocation.allocated_at.timestamp(),
+                holder.preemptible,
+            ))
+        by_component = self.policies_of()
+        queue = tuple(
+            EngineRequest(
+                r.id,
+                r.created_at.timestamp(),
+                frontend.placements(r.demand, by_component.get(r.component_id, ()), self.pools),
+                r.preemptible,
+            )
+            for r in self.queued.values()
+        )
+        return Snapshot(now.timestamp(), nodes, tuple(allocations), queue)
+
+
+class Service:
+    def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.db = db
+        self.clock = clock
+
+    # -- pools -------------------------------------------------------------------------
+
+    def create_pool(
+        self, name: str, capacity: Mapping[str, object], description: str | None = None
+    ) -> PoolView:
+        if not name or not name.strip():
+            raise InvalidInput("name", name, "must not be empty")
+        amounts = frontend.validate_capacity(capacity)
+        with self.db.write() as conn:
+            if repo.find_pool_by_name(conn, name) is not None:
+                raise Conflict(f"a resource pool named `{name}` already exists")
+            pool_id = repo.insert_pool(conn, name, description, amounts, self.clock())
+            self._pass(conn)
+            return self._pool_view(conn, pool_id)
+
+    def update_pool(
+        self,
+        ref: str,
+        capacity: Mapping[str, object] | None = None,
+        description: str | None = None,
+    ) -> PoolView:
+        with self.db.write() as conn:
+            pool = repo.get_pool(conn, ref)
+            now = self.clock()
+            if capacity is not None:
+                new_capacity = frontend.apply_capacity_update(pool.capacity, capacity)
+                frontend.check_reserved_total(
+                    new_capacity, repo.list_policies(conn, pool_id=pool.id), pool.name
+                )
+                repo.set_pool_capacity(conn, pool.id, new_capacity, now)
+            if description is not None:
+                repo.update_pool_description(conn, pool.id, description, now)
+            self._pass(conn)
+            return self._pool_view(conn, pool.id)
+
+    def delete_pool(self, ref: str) -> None:
+        with self.db.write() as conn:
+            pool = repo.get_pool(conn, ref)
+            live = repo.live_allocations(conn, pool_id=pool.id)
+            if live:
+                raise Conflict(
+                    f"resource pool `{pool.name}` has {len(live)} live allocation(s) "
+                    f"({_ids(a.request_id for a in live)}): release or cancel them first"
+                )
+            repo.delete_pool(conn, pool.id)
+            repo.insert_event(conn, self.clock(), "pool_deleted", f"pool {pool.name} deleted",
+                              pool_id=pool.id)
+            self._pass(conn)
+
+    def get_pool(self, ref: str) -> PoolView:
+        with self.db.read() as conn:
+            return self._pool_view(conn, repo.get_pool(conn, ref).id, detail=True)
+
+    def list_pools(self) -> list[PoolView]:
+        with self.db.read() as conn:
+            state = _State.load(conn)
+            plan = reconcile(state.snapshot(self.clock()))
+            return [self._pool_view_of(state, plan, pool) for pool in _by_name(state.pools)]
+
+    def pool_requests(self, ref: str, view: PoolRequestView = "all") -> list[RequestView]:
+        detail = self.get_pool(ref)
+        rows: list[RequestView] = []
+        if view in ("active", "all"):
+            rows += detail.active_requests
+        if view in ("queued", "all"):
+            rows += detail.queued_requests
+        return rows
+
+    # -- policies ----------------------------------------------------------------------
+
+    def attach_policy(
+        self,
+        pool_ref: str,
+        component: str,
+        component_type: str = "orchestrator",
+        priority: int = 0,
+        reserved: Mapping[str, object] | None = None,
+        limit: Mapping[str, object] | None = None,
+    ) -> PolicyView:
+        kind = _component_type(component_type)
+        if not component or not component.strip():
+            raise InvalidInput("component", component, "must not be empty")
+        with self.db.write() as conn:
+            pool = repo.get_pool(conn, pool_ref)
+            reserved_amounts, limit_amounts = frontend.validate_policy(
+                pool, reserved or {}, limit or {}, priority
+            )
+            now = self.clock()
+            found = repo.get_component_by_name(conn, component, kind)
+            component_id = found.id if found else repo.insert_component(conn, component, kind, now)
+            existing = repo.list_policies(conn, pool_id=pool.id)
+            if any(p.component_id == component_id for p in existing):
+                raise Conflict(
+                    f"{kind} `{component}` already has a policy on resource pool `{pool.name}`: "
+                    "detach it first"
+                )
+            candidate = Policy(
+                id="", pool_id=pool.id, component_id=component_id, priority=priority,
+                created_at=now, updated_at=now, reserved=reserved_amounts, limit=limit_amounts,
+            )
+            frontend.check_reserved_total(pool.capacity, [*existing, candidate], pool.name)
+            policy_id = repo.insert_policy(
+                conn, pool.id, component_id, priority, reserved_amounts, limit_amounts, now
+            )
+            self._pass(conn)
+            state = _State.load(conn)
+            return self._policy_view(state, state.policies[policy_id])
+
+    def detach_policy(self, pool_ref: str, component: str, component_type: str = "orchestrator") -> None:
+        kind = _component_type(component_type)
+        with self.db.write() as conn:
+            pool = repo.get_pool(conn, pool_ref)
+            found = repo.get_component_by_name(conn, component, kind)
+            policy = next(
+                (p for p in repo.list_policies(conn, pool_id=pool.id)
+                 if found is not None and p.component_id == found.id),
+                None,
+            )
+            if policy is None:
+                raise NotFound(f"No policy found for {kind} `{component}` in resource pool `{pool.name}`")
+            live = [a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id]
+            if live:
+                raise Conflict(
+                    f"policy of {kind} `{component}` on `{pool.name}` has {len(live)} live "
+                    f"allocation(s) ({_ids(a.request_id for a in live)}): release or cancel them first"
+                )
+            repo.delete_policy(conn, policy.id)
+            self._pass(conn)
+
+    def list_policies(
+        self,
+        pool_ref: str | None = None,
+        component: str | None = None,
+        component_type: str | None = None,
+    ) -> list[PolicyView]:
+        kind = _component_type(component_type) if component_type else None
+        with self.db.read() as conn:
+            state = _State.load(conn)
+            pool_id = repo.get_pool(conn, pool_ref).id if pool_ref else None
+            views = []
+            for policy in state.policies.values():
+                owner = state.components[policy.component_id]
+                if pool_id is not None and policy.pool_id != pool_id:
+                    continue
+                if component is not None and owner.name != component:
+                    continue
+                if kind is not None and owner.type != kind:
+                    continue
+                views.append(self._policy_view(state, policy))
+            return sorted(views, key=lambda v: (v.pool, -v.priority, v.component))
+
+    # -- requests ----------------------------------------------------------------------
+
+    def create_request(
+        self,
+        component: str,
+        component_type: str = "orchestrator",
+        demand: Mapping[str, int] | None = None,
+        preemptible: bool = True,
+        max_retries: int = 0,
+        labels: Mapping[str, str] | None = None,
+    ) -> RequestView:
+        kind = _component_type(component_type)
+        amounts = dict(demand or {})
+        if not amounts:
+            raise InvalidInput("resources", amounts, "a request must ask for at least one key")
+        for key, amount in amounts.items():
+            if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+                raise InvalidInput(f"resources.{key}", amount, "must be a positive integer")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise InvalidInput("max_retries", max_retries, "must be a non-negative integer")
+        with self.db.write() as conn:
+            found = repo.get_component_by_name(conn, component, kind)
+            if found is None:
+                raise NotFound(
+                    f"no {kind} named `{component}`: attach a policy first "
+                    f"(fairpool resource-pool attach-policy POOL {component})"
+                )
+            request_id = repo.insert_request(
+                conn, found.id, amounts, preemptible, max_retries, dict(labels or {}), self.clock()
+            )
+            repo.insert_event(conn, self.clock(), "created", "request created",
+                              request_id=request_id)
+            self._pass(conn)
+            return self._request_view(conn, request_id)
+
+    def get_request(self, ref: str) -> RequestView:
+        with self.db.read() as conn:
+            return self._request_view(conn, repo.get_request(conn, ref).id)
+
+    def list_requests(
+        self, status: str | None = None, component: str | None = None, pool: str | None = None
+    ) -> list[RequestView]:
+        if status is not None:
+            try:
+                RequestStatus(status)
+            except ValueError:
+                raise InvalidInput(
+                    "status", status, f"must be one of {', '.join(s.value for s in RequestStatus)}"
+                ) from None
+        with self.db.read() as conn:
+            state = _State.load(conn)
+            pool_id = repo.get_pool(conn, pool).id if pool else None
+            plan = reconcile(state.snapshot(self.clock()))
+            waiting = {w.request_id: w for w in plan.waiting}
+            views = []
+            for request in repo.list_requests(conn, status=status):
+                view = self._request_view_of(conn, state, request, waiting.get(request.id))
+                if component is not None and view.component != component:
+                    continue
+                if pool_id is not None and not self._touches_pool(state, view, pool_id):
+                    continue
+                views.append(view)
+            return views
+
+    def release_request(self, ref: str) -> RequestView:
+        with self.db.write() as conn:
+            request = repo.get_request(conn, ref)
+            if request.status is not RequestStatus.ALLOCATED:
+                hint = ": use cancel" if request.status is RequestStatus.QUEUED else ""
+                raise Conflict(f"request {request.id} is {request.status.value}, not allocated{hint}")
+            self._finish(conn, request, RequestStatus.RELEASED, "released by its holder")
+            self._pass(conn)
+            return self._request_view(conn, request.id)
+
+    def cancel_request(self, ref: str) -> RequestView:
+        with self.db.write() as conn:
+            request = repo.get_request(conn, ref)
+            if request.status not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED):
+                raise Conflict(f"request {request.id} is already {request.status.value}")
+            self._finish(conn, request, RequestStatus.CANCELLED, "cancelled by user")
+            self._pass(conn)
+            return self._request_view(conn, request.id)
+
+    def delete_request(self, ref: str) -> None:
+        with self.db.write() as conn:
+            request = repo.get_request(conn, ref)
+            now = self.clock()
+            if request.status is RequestStatus.ALLOCATED:
+                repo.release_allocation(conn, request.id, now)
+            repo.delete_request(conn, request.id)
+            repo.insert_event(conn, now, "deleted", f"request deleted ({request.status.value})",
+                              request_id=request.id)
+            self._pass(conn)
+
+    def reconcile(self) -> PassSummary:
+        with self.db.write() as conn:
+            return self._pass(conn)
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def _pass(self, conn: Connection) -> PassSummary:
+        """Run the engine and apply its plan, again while preemptions create retries."""
+        started = time.perf_counter()
+        summary = PassSummary()
+        for _ in range(_MAX_PASSES):
+            now = self.clock()
+            state = _State.load(conn)
+            snapshot = state.snapshot(now)
+            retried = self._apply(conn, state, snapshot, reconcile(snapshot), now, summary)
+            summary.waiting = len(plan.waiting)
+            if not retried:
+                break
+        return PassSummary(
+            summary.granted, summary.preempted, summary.rejected, summary.retried,
+            summary.waiting, round(time.perf_counter() - started, 6),
+        )
+
+    def _apply(
+        self,
+        conn: Connection,
+        state: _State,
+        snapshot: Snapshot,
+        plan: Plan,
+        now: datetime,
+        summary: PassSummary,
+    ) -> int:
+        """Write the plan; returns how many retry attempts it queued."""
+        retried = 0
+        for preemption in plan.preemptions:
+            victim = state.holders[preemption.victim_id]
+            repo.release_allocation(conn, victim.id, now)
+            repo.set_request_status(conn, victim.id, RequestStatus.PREEMPTED, preemption.message,
+                                    now, preempted_by_id=preemption.preemptor_id)
+            repo.insert_event(conn, now, "preempted", preemption.message, request_id=victim.id,
+                              pool_id=state.allocations[victim.id].pool_id,
+                              data={"rule": preemption.rule.value, "by": preemption.preemptor_id})
+            summary.preempted.append(victim.id)
+            if victim.attempt <= victim.max_retries:
+                retry_id = repo.insert_request(
+                    conn, victim.component_id, victim.demand, victim.preemptible,
+                    victim.max_retries, victim.labels, now,
+                    attempt=victim.attempt + 1, previous_attempt_id=victim.id,
+                )
+                repo.insert_event(
+                    conn, now, "retried",
+                    f"attempt {victim.attempt + 1} of {victim.max_retries + 1} after preemption",
+                    request_id=retry_id, data={"previous_attempt_id": victim.id},
+                )
+                summary.retried.append(retry_id)
+                retried += 1
+        snapshot_requests = {r.id: r for r in snapshot.queue}
+        for grant in plan.grants:
+            request = state.queued[grant.request_id]
+            placement = snapshot_requests[request.id].placements[grant.placement_index]
+            policy = state.policies[placement.charges[0].leaf]
+            pool = state.pools[policy.pool_id]
+            repo.insert_allocation(conn, request.id, pool.id, policy.id, pool.name,
+                                   policy.priority, now)
+            message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
+            repo.set_request_status(conn, request.id, RequestStatus.ALLOCATED, message, now)
+            repo.insert_event(conn, now, "allocated", message, request_id=request.id,
+                              pool_id=pool.id)
+            summary.granted.append(request.id)
+        for rejection in plan.rejections:
+            request = state.queued[rejection.request_id]
+            message = "; ".join(r.message for r in rejection.reasons) or (
+                f"{state.components[request.component_id].type.value} "
+                f"`{state.components[request.component_id].name}` has no policy on any pool"
+            )
+            repo.set_request_status(conn, request.id, RequestStatus.REJECTED, message, now)
+            repo.insert_event(conn, now, "rejected", message, request_id=request.id)
+            summary.rejected.append(request.id)
+        for waiting in plan.waiting:
+            # Only a changed reason is written, so a long idle queue costs no writes.
+            message = _waiting_reason(waiting)
+            if state.queued[waiting.request_id].status_reason != message:
+                repo.set_request_reason(conn, waiting.request_id, message, now)
+        return retried
+
+    def _finish(self, conn: Connection, request: Request, status: RequestStatus, why: str) -> None:
+        now = self.clock()
+        if request.status is RequestStatus.ALLOCATED:
+            repo.release_allocation(conn, request.id, now)
+        repo.set_request_status(conn, request.id, status, why, now)
+        repo.insert_event(conn, now, status.value, why, request_id=request.id)
+
+    # -- views -------------------------------------------------------------------------
+
+    def _pool_view(self, conn: Connection, pool_id: str, detail: bool = False) -> PoolView:
+        state = _State.load(conn)
+        plan = reconcile(state.snapshot(self.clock()))
+        return self._pool_view_of(state, plan, state.pools[pool_id], conn if detail else None)
+
+    def _pool_view_of(
+        self, state: _State, plan: Plan, pool: Pool, conn: Connection | None = None
+    ) -> PoolView:
+        occupied = dict.fromkeys(pool.capacity, 0)
+        active = [a for a in state.allocations.values() if a.pool_id == pool.id]
+        for allocation in active:
+            for key, amount in state.holders[allocation.request_id].demand.items():
+                if key in occupied:
+                    occupied[key] += amount
+        queued: list[tuple[int, Waiting]] = []
+        for waiting in plan.waiting:
+            for entry in waiting.entries:
+                if entry.queue == f"pool {pool.name}" and entry.position > 0:
+                    queued.append((entry.position, waiting))
+        queued.sort(key=lambda item: item[0])
+        policies: tuple[PolicyView, ...] = ()
+        active_views: tuple[RequestView, ...] = ()
+        queued_views: tuple[RequestView, ...] = ()
+        if conn is not None:
+            policies = tuple(sorted(
+                (self._policy_view(state, p) for p in state.policies.values()
+                 if p.pool_id == pool.id),
+                key=lambda v: (-v.priority, v.component),
+            ))
+            active_views = tuple(
+                self._request_view_of(conn, state, state.holders[a.request_id], None, "active")
+                for a in sorted(active, key=lambda a: (a.allocated_at, a.request_id))
+            )
+            queued_views = tuple(
+                self._request_view_of(conn, state, state.queued[w.request_id], w, "queued")
+                for _, w in queued
+            )
+        return PoolView(
+            id=pool.id, name=pool.name, description=pool.description,
+            capacity=dict(pool.capacity), occupied=occupied, queue_length=len(queued),
+            created=pool.created_at, updated=pool.updated_at, policies=policies,
+            active_requests=active_views, queued_requests=queued_views,
+        )
+
+    def _policy_view(self, state: _State, policy: Policy) -> PolicyView:
+        pool = state.pools[policy.pool_id]
+        owner = state.components[policy.component_id]
+        return PolicyView(
+            id=policy.id, pool=pool.name, pool_id=pool.id, component=owner.name,
+            component_type=owner.type.value, priority=policy.priority,
+            reserved=dict(policy.reserved), limit=dict(policy.limit),
+            effective_reserved={k: policy.reserved.get(k, 0) for k in pool.capacity},
+            effective_limit={k: policy.limit.get(k, v) for k, v in pool.capacity.items()},
+            created=policy.created_at,
+        )
+
+    def _request_view(self, conn: Connection, request_id: str) -> RequestView:
+        state = _State.load(conn)
+        request = repo.get_request(conn, request_id)
+        waiting = None
+        if request.status is RequestStatus.QUEUED:
+            plan = reconcile(state.snapshot(self.clock()))
+            waiting = next((w for w in plan.waiting if w.request_id == request.id), None)
+        return self._request_view_of(conn, state, request, waiting)
+
+    def _request_view_of(
+        self,
+        conn: Connection,
+        state: _State,
+        request: Request,
+        waiting: Waiting | None,
+        pool_state: str | None = None,
+    ) -> RequestView:
+        owner = state.components[request.component_id]
+        allocation = repo.get_allocation(conn, request.id)
+        queue = tuple(
+            QueuePlace(e.queue.removeprefix("pool "), e.position, e.reason.message,
+                       e.reason.check.value, e.holding)
+            for e in (waiting.entries if waiting else ())
+        )
+        return RequestView(
+            id=request.id, status=request.status.value, status_reason=request.status_reason,
+            component=owner.name, component_type=owner.type.value,
+            resources=dict(request.demand), preemptible=request.preemptible,
+            max_retries=request.max_retries, attempt=request.attempt,
+            previous_attempt_id=request.previous_attempt_id,
+            retried_as_id=repo.retry_of(conn, request.id),
+            preempted_by_id=request.preempted_by_id, labels=dict(request.labels),
+            pool=allocation.pool_name if allocation else None,
+            priority=allocation.priority if allocation else None,
+            created=request.created_at, updated=request.updated_at,
+            allocated_at=allocation.allocated_at if allocation else None,
+            released_at=allocation.released_at if allocation else None,
+            queue=queue, state=pool_state,
+        )
+
+    @staticmethod
+    def _touches_pool(state: _State, view: RequestView, pool_id: str) -> bool:
+        pool = state.pools[pool_id]
+        return view.pool == pool.name or any(p.pool == pool.name for p in view.queue)
+
+
+def _waiting_reason(waiting: Waiting) -> str:
+    queued = [e for e in waiting.entries if e.position > 0]
+    return "waiting: " + "; ".join(e.reason.message for e in queued)
+
+
+def _component_type(value: str) -> ComponentType:
+    try:
+        return ComponentType(value)
+    except ValueError:
+        raise InvalidInput(
+            "component_type", value, f"must be one of {', '.join(t.value for t in ComponentType)}"
+        ) from None
+
+
+def _by_name(pools: Mapping[str, Pool]) -> list[Pool]:
+    return sorted(pools.values(), key=lambda p: p.name)
+
+
+def _ids(ids: Iterable[str]) -> str:
+    return ", ".join(i[:8] for i in ids)

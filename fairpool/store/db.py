@@ -1,0 +1,162 @@
+"""Opening the database, migrating it, and its read and write transactions.
+
+Writers are serialized: on SQLite every write transaction starts with BEGIN IMMEDIATE, so it
+holds the database's one write lock from its first statement and never fails half-way with
+"database is locked"; it waits (busy_timeout) instead. Readers run on a WAL snapshot and
+never block writers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import platformdirs
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+_MIGRATIONS = Path(__file__).parent / "migrations"
+
+# Execution option telling the SQLite "begin" hook which kind of transaction to open.
+_MODE = "fairpool_mode"
+Mode = Literal["read", "write"]
+
+_SQLITE_PRAGMAS = (
+    # First, so that switching to WAL below waits for a concurrent opener instead of failing.
+    "PRAGMA busy_timeout = 30000",
+    "PRAGMA foreign_keys = ON",
+    "PRAGMA journal_mode = WAL",
+    # Safe with WAL: a power cut may lose the last commits but never corrupts the file.
+    "PRAGMA synchronous = NORMAL",
+)
+
+
+def fairpool_home(explicit: str | None = None) -> Path:
+    """Where fairpool keeps its data: ``explicit``, else $FAIRPOOL_HOME, else the user data dir."""
+    chosen = (
+        explicit
+        or os.environ.get("FAIRPOOL_HOME")
+        or platformdirs.user_data_dir("fairpool", appauthor=False)
+    )
+    return Path(chosen).expanduser()
+
+
+def default_url(home: Path) -> str:
+    return f"sqlite:///{home / 'fairpool.db'}"
+
+
+def migration_config(connection: Connection) -> Config:
+    """Alembic configuration that runs ``migrations/`` on ``connection`` (no alembic.ini)."""
+    config = Config()
+    # ConfigParser would read a "%" in the path as interpolation.
+    config.set_main_option("script_location", str(_MIGRATIONS).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+def serialize_writers(connection: Connection) -> None:
+    """Make write transactions mutually exclusive across processes; runs first in each one.
+
+    Nothing to do on SQLite, where BEGIN IMMEDIATE already took the single write lock.
+    PostgreSQL support takes ``pg_advisory_xact_lock`` here.
+    """
+
+
+class Database:
+    """One database: hands out transactions; open it once per process (not across fork)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @classmethod
+    def open(cls, url: str) -> Database:
+        """Connect to ``url`` and bring its schema to the latest revision."""
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed)
+        if engine.dialect.name == "sqlite":
+            _control_sqlite_transactions(engine)
+        db = cls(engine)
+        try:
+            db._upgrade()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        with self._connect("write") as connection, connection.begin():
+            serialize_writers(connection)
+            yield connection
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """One read-only transaction on a consistent snapshot."""
+        with self._connect("read") as connection, connection.begin():
+            yield connection
+
+    @contextmanager
+    def _connect(self, mode: Mode) -> Iterator[Connection]:
+        with self._engine.connect() as connection:
+            connection.execution_options(**{_MODE: mode})
+            if mode == "read" and connection.dialect.name == "postgresql":
+                connection.execution_options(
+                    isolation_level="REPEATABLE READ", postgresql_readonly=True
+                )
+            yield connection
+
+    def _upgrade(self) -> None:
+        with self.read() as connection:
+            head = ScriptDirectory.from_config(migration_config(connection)).get_current_head()
+            if MigrationContext.configure(connection).get_current_revision() == head:
+                return
+        # Under the write lock, so that of several processes opening a new database at once
+        # one migrates and the others then find it at head.
+        with self.write() as connection:
+            command.upgrade(migration_config(connection), "head")
+
+
+def _control_sqlite_transactions(engine: Engine) -> None:
+    """Emit BEGIN ourselves: pysqlite's implicit BEGIN is DEFERRED and comes too late.
+
+    The recipe from SQLAlchemy's pysqlite docs ("Serializable isolation / Savepoints /
+    Transactional DDL"): the DBAPI connection is left in autocommit and the "begin" event
+    opens the transaction. Read transactions also set query_only, so a stray write in one
+    fails at once rather than racing for the lock a write transaction would have held.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(_MODE) == "write":
+            connection.exec_driver_sql("PRAGMA query_only = OFF")
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            connection.exec_driver_sql("PRAGMA query_only = ON")
+            connection.exec_driver_sql("BEGIN")

@@ -1,0 +1,204 @@
+"""Frozen records read from the store, each built from its row by an explicit ``from_row``.
+
+Resource maps (capacity, reserved, limit, demand) live in child tables; the caller loads
+them in bulk and passes them in, so building N records never costs N queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import RowMapping
+
+
+class ComponentType(StrEnum):
+    """The kind of stack component that sends requests."""
+
+    #: Runs whole pipelines.
+    ORCHESTRATOR = "orchestrator"
+    #: Runs single steps on separate infrastructure.
+    STEP_OPERATOR = "step_operator"
+
+
+class RequestStatus(StrEnum):
+    """Where a request is in its life; the last four are final."""
+
+    #: Waiting for capacity.
+    QUEUED = "queued"
+    #: Holds an allocation in a pool.
+    ALLOCATED = "allocated"
+    #: Finished and gave its units back.
+    RELEASED = "released"
+    #: Could never fit anywhere; never queued.
+    REJECTED = "rejected"
+    #: Lost its allocation to a more entitled request (a retry may follow).
+    PREEMPTED = "preempted"
+    #: Withdrawn by its owner.
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """True once the request can change no more."""
+        return self not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED)
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    id: str
+    name: str
+    type: ComponentType
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Component:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            type=ComponentType(row["type"]),
+            created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    id: str
+    name: str
+    description: str | None
+    created_at: datetime
+    updated_at: datetime
+    #: Total units per resource key.
+    capacity: dict[str, int]
+
+    @classmethod
+    def from_row(cls, row: RowMapping, capacity: Mapping[str, int]) -> Pool:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            description=row["description"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            capacity=dict(capacity),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    id: str
+    pool_id: str
+    component_id: str
+    priority: int
+    created_at: datetime
+    updated_at: datetime
+    #: Guaranteed units, for every key the policy names (0 when it only limits the key).
+    reserved: dict[str, int]
+    #: Caps, only for the keys that have one.
+    limit: dict[str, int]
+
+    @classmethod
+    def from_row(
+        cls, row: RowMapping, reserved: Mapping[str, int], limit: Mapping[str, int]
+    ) -> Policy:
+        return cls(
+            id=row["id"],
+            pool_id=row["pool_id"],
+            component_id=row["component_id"],
+            priority=row["priority"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            reserved=dict(reserved),
+            limit=dict(limit),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: str
+    component_id: str
+    status: RequestStatus
+    status_reason: str | None
+    preemptible: bool
+    max_retries: int
+    #: 1 for the first try, +1 for each retry after a preemption.
+    attempt: int
+    previous_attempt_id: str | None
+    preempted_by_id: str | None
+    labels: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    #: Set when the status becomes final.
+    finished_at: datetime | None
+    #: Units asked for per resource key.
+    demand: dict[str, int]
+
+    @classmethod
+    def from_row(cls, row: RowMapping, demand: Mapping[str, int]) -> Request:
+        return cls(
+            id=row["id"],
+            component_id=row["component_id"],
+            status=RequestStatus(row["status"]),
+            status_reason=row["status_reason"],
+            preemptible=row["preemptible"],
+            max_retries=row["max_retries"],
+            attempt=row["attempt"],
+            previous_attempt_id=row["previous_attempt_id"],
+            preempted_by_id=row["preempted_by_id"],
+            labels=row["labels"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            finished_at=row["finished_at"],
+            demand=dict(demand),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    request_id: str
+    #: None once the pool is deleted; ``pool_name`` keeps the history readable.
+    pool_id: str | None
+    #: None once the policy is deleted.
+    policy_id: str | None
+    pool_name: str
+    #: The policy's priority when the units were granted.
+    priority: int
+    allocated_at: datetime
+    #: None while the allocation holds its units.
+    released_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Allocation:
+        return cls(
+            request_id=row["request_id"],
+            pool_id=row["pool_id"],
+            policy_id=row["policy_id"],
+            pool_name=row["pool_name"],
+            priority=row["priority"],
+            allocated_at=row["allocated_at"],
+            released_at=row["released_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    at: datetime
+    kind: str
+    request_id: str | None
+    pool_id: str | None
+    message: str
+    data: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Event:
+        return cls(
+            id=row["id"],
+            at=row["at"],
+            kind=row["kind"],
+            request_id=row["request_id"],
+            pool_id=row["pool_id"],
+            message=row["message"],
+            data=row["data"],
+        )

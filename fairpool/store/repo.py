@@ -1,0 +1,587 @@
+"""Queries: plain functions on a transaction's connection, returning frozen records.
+
+Functions never open or commit transactions; the caller's ``Database.read()`` or
+``Database.write()`` block decides what is atomic. Lists load their resource maps with one
+extra query for the whole list, never one per record. ``get_*`` raise ``NotFound``, updates
+and deletes of a missing row too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    Table,
+    delete,
+    insert,
+    select,
+    true,
+    update,
+)
+
+from fairpool.errors import AmbiguousReference, NotFound
+from fairpool.store import schema
+from fairpool.store.records import (
+    Allocation,
+    Component,
+    ComponentType,
+    Event,
+    Policy,
+    Pool,
+    Request,
+    RequestStatus,
+)
+from fairpool.store.schema import as_utc
+
+Amounts = Mapping[str, int]
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _resolve_id(connection: Connection, table: Table, ref: str, what: str) -> str:
+    """The id of the one row of ``table`` whose id is ``ref``, or else starts with it."""
+    if connection.execute(select(table.c.id).where(table.c.id == ref)).first() is not None:
+        return ref
+    if ref:
+        # uuid4 strings are lower case; LIKE would be case-sensitive on PostgreSQL.
+        prefix = table.c.id.startswith(ref.lower(), autoescape=True)
+        matches: Sequence[str] = connection.scalars(select(table.c.id).where(prefix).limit(2)).all()
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise AmbiguousReference(f"{what} id prefix {ref!r} is ambiguous; type more of it")
+    raise NotFound(f"no {what} {ref!r}")
+
+
+def _check_found(rowcount: int, what: str, id_: str) -> None:
+    if rowcount == 0:
+        raise NotFound(f"no {what} {id_!r}")
+
+
+def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
+    result = connection.execute(update(table).where(table.c.id == id_).values(**values))
+    _check_found(result.rowcount, what, id_)
+
+
+def _amounts_by_owner(
+    connection: Connection, statement: Select[tuple[str, str, int]]
+) -> dict[str, dict[str, int]]:
+    by_owner: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    for owner, key, amount in connection.execute(statement):
+        by_owner[owner][key] = amount
+    return by_owner
+
+
+# Components
+
+
+def insert_component(
+    connection: Connection, name: str, type_: ComponentType, now: datetime
+) -> Component:
+    component = Component(id=_new_id(), name=name, type=type_, created_at=as_utc(now))
+    connection.execute(
+        insert(schema.component).values(
+            id=component.id, name=name, type=type_.value, created_at=component.created_at
+        )
+    )
+    return component
+
+
+def get_component_by_name(connection: Connection, name: str, type_: ComponentType) -> Component:
+    table = schema.component
+    row = (
+        connection.execute(select(table).where(table.c.name == name, table.c.type == type_.value))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFound(f"no {type_.value} component {name!r}")
+    return Component.from_row(row)
+
+
+def list_components(connection: Connection) -> list[Component]:
+    table = schema.component
+    rows = connection.execute(select(table).order_by(table.c.name, table.c.type)).mappings()
+    return [Component.from_row(row) for row in rows]
+
+
+def delete_component(connection: Connection, component_id: str) -> None:
+    """Its policies go with it; a component that has requests cannot be deleted."""
+    table = schema.component
+    result = connection.execute(delete(table).where(table.c.id == component_id))
+    _check_found(result.rowcount, "component", component_id)
+
+
+# Pools
+
+
+def _pools(connection: Connection, where: ColumnElement[bool]) -> list[Pool]:
+    table, resource = schema.pool, schema.pool_resource
+    statement = select(table).where(where).order_by(table.c.name)
+    capacity = _amounts_by_owner(
+        connection,
+        select(resource.c.pool_id, resource.c.key, resource.c.total)
+        .where(resource.c.pool_id.in_(statement.with_only_columns(table.c.id)))
+        .order_by(resource.c.key),
+    )
+    rows = connection.execute(statement).mappings()
+    return [Pool.from_row(row, capacity.get(row["id"], {})) for row in rows]
+
+
+def _write_capacity(connection: Connection, pool_id: str, capacity: Amounts) -> None:
+    resource = schema.pool_resource
+    connection.execute(delete(resource).where(resource.c.pool_id == pool_id))
+    if capacity:
+        connection.execute(
+            insert(resource),
+            [{"pool_id": pool_id, "key": key, "total": total} for key, total in capacity.items()],
+        )
+
+
+def insert_pool(
+    connection: Connection,
+    name: str,
+    description: str | None,
+    capacity: Amounts,
+    now: datetime,
+) -> Pool:
+    now = as_utc(now)
+    pool = Pool(
+        id=_new_id(),
+        name=name,
+        description=description,
+        created_at=now,
+        updated_at=now,
+        capacity=dict(capacity),
+    )
+    connection.execute(
+        insert(schema.pool).values(
+            id=pool.id, name=name, description=description, created_at=now, updated_at=now
+        )
+    )
+    _write_capacity(connection, pool.id, capacity)
+    return pool
+
+
+def get_pool(connection: Connection, ref: str) -> Pool:
+    """The pool named ``ref``, else with id ``ref``, else whose id alone starts with ``ref``."""
+    table = schema.pool
+    pool_id = connection.scalar(select(table.c.id).where(table.c.name == ref))
+    if pool_id is None:
+        pool_id = _resolve_id(connection, table, ref, "pool")
+    return _pools(connection, table.c.id == pool_id)[0]
+
+
+def list_pools(connection: Connection) -> list[Pool]:
+    """All pools, by name."""
+    return _pools(connection, true())
+
+
+def set_pool_capacity(
+    connection: Connection, pool_id: str, capacity: Amounts, now: datetime
+) -> None:
+    """Replace the pool's whole capacity map."""
+    _update(connection, schema.pool, pool_id, "pool", updated_at=now)
+    _write_capacity(connection, pool_id, capacity)
+
+
+def update_pool_description(
+    connection: Connection, pool_id: str, description: str | None, now: datetime
+) -> None:
+    _update(connection, schema.pool, pool_id, "pool", description=description, updated_at=now)
+
+
+def delete_pool(connection: Connection, pool_id: str) -> None:
+    """Its capacity and policies go with it; its allocations keep ``pool_name``."""
+    table = schema.pool
+    result = connection.execute(delete(table).where(table.c.id == pool_id))
+    _check_found(result.rowcount, "pool", pool_id)
+
+
+# Policies
+
+
+def _policies(connection: Connection, where: ColumnElement[bool]) -> list[Policy]:
+    table, resource = schema.policy, schema.policy_resource
+    statement = select(table).where(where).order_by(table.c.created_at, table.c.id)
+    reserved: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    limit: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    resources = connection.execute(
+        select(resource.c.policy_id, resource.c.key, resource.c.reserved, resource.c.limit)
+        .where(resource.c.policy_id.in_(statement.with_only_columns(table.c.id)))
+        .order_by(resource.c.key)
+    )
+    for policy_id, key, reserved_units, limit_units in resources:
+        reserved[policy_id][key] = reserved_units
+        if limit_units is not None:
+            limit[policy_id][key] = limit_units
+    rows = connection.execute(statement).mappings()
+    return [
+        Policy.from_row(row, reserved.get(row["id"], {}), limit.get(row["id"], {})) for row in rows
+    ]
+
+
+def _write_policy_resources(connection: Connection, policy: Policy) -> None:
+    resource = schema.policy_resource
+    connection.execute(delete(resource).where(resource.c.policy_id == policy.id))
+    if policy.reserved:
+        connection.execute(
+            insert(resource),
+            [
+                {
+                    "policy_id": policy.id,
+                    "key": key,
+                    "reserved": reserved,
+                    "limit": policy.limit.get(key),
+                }
+                for key, reserved in policy.reserved.items()
+            ],
+        )
+
+
+def _with_every_key(reserved: Amounts, limit: Amounts) -> dict[str, int]:
+    """``reserved`` plus 0 for the keys only ``limit`` names: they share one row per key."""
+    return {key: reserved.get(key, 0) for key in sorted(reserved.keys() | limit.keys())}
+
+
+def insert_policy(
+    connection: Connection,
+    pool_id: str,
+    component_id: str,
+    priority: int,
+    reserved: Amounts,
+    limit: Amounts,
+    now: datetime,
+) -> Policy:
+    """A key only in ``limit`` is stored (and read back) with 0 reserved."""
+    now = as_utc(now)
+    policy = Policy(
+        id=_new_id(),
+        pool_id=pool_id,
+        component_id=component_id,
+        priority=priority,
+        created_at=now,
+        updated_at=now,
+        reserved=_with_every_key(reserved, limit),
+        limit=dict(limit),
+    )
+    connection.execute(
+        insert(schema.policy).values(
+            id=policy.id,
+            pool_id=pool_id,
+            component_id=component_id,
+            priority=priority,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    _write_policy_resources(connection, policy)
+    return policy
+
+
+def get_policy(connection: Connection, policy_id: str) -> Policy:
+    policies = _policies(connection, schema.policy.c.id == policy_id)
+    if not policies:
+        raise NotFound(f"no policy {policy_id!r}")
+    return policies[0]
+
+
+def update_policy(
+    connection: Connection,
+    policy_id: str,
+    now: datetime,
+    *,
+    priority: int | None = None,
+    reserved: Amounts | None = None,
+    limit: Amounts | None = None,
+) -> Policy:
+    """Change what is given; ``reserved`` and ``limit`` each replace their whole map."""
+    current = get_policy(connection, policy_id)
+    new_limit = current.limit if limit is None else dict(limit)
+    policy = replace(
+        current,
+        priority=current.priority if priority is None else priority,
+        updated_at=as_utc(now),
+        reserved=_with_every_key(current.reserved if reserved is None else reserved, new_limit),
+        limit=new_limit,
+    )
+    _update(
+        connection,
+        schema.policy,
+        policy_id,
+        "policy",
+        priority=policy.priority,
+        updated_at=policy.updated_at,
+    )
+    _write_policy_resources(connection, policy)
+    return policy
+
+
+def delete_policy(connection: Connection, policy_id: str) -> None:
+    table = schema.policy
+    result = connection.execute(delete(table).where(table.c.id == policy_id))
+    _check_found(result.rowcount, "policy", policy_id)
+
+
+def list_policies(
+    connection: Connection, pool_id: str | None = None, component_id: str | None = None
+) -> list[Policy]:
+    """Oldest first."""
+    table = schema.policy
+    where: ColumnElement[bool] = true()
+    if pool_id is not None:
+        where = where & (table.c.pool_id == pool_id)
+    if component_id is not None:
+        where = where & (table.c.component_id == component_id)
+    return _policies(connection, where)
+
+
+# Requests
+
+
+def _requests(connection: Connection, statement: Select[Any]) -> list[Request]:
+    """Requests selected by ``statement`` (over the request table), with their demand."""
+    resource = schema.request_resource
+    demand = _amounts_by_owner(
+        connection,
+        select(resource.c.request_id, resource.c.key, resource.c.amount)
+        .where(resource.c.request_id.in_(statement.with_only_columns(schema.request.c.id)))
+        .order_by(resource.c.key),
+    )
+    rows = connection.execute(statement).mappings()
+    return [Request.from_row(row, demand.get(row["id"], {})) for row in rows]
+
+
+def insert_request(
+    connection: Connection,
+    component_id: str,
+    demand: Amounts,
+    now: datetime,
+    *,
+    preemptible: bool,
+    max_retries: int = 0,
+    labels: Mapping[str, str] | None = None,
+    attempt: int = 1,
+    previous_attempt_id: str | None = None,
+) -> Request:
+    """A new queued request."""
+    now = as_utc(now)
+    request = Request(
+        id=_new_id(),
+        component_id=component_id,
+        status=RequestStatus.QUEUED,
+        status_reason=None,
+        preemptible=preemptible,
+        max_retries=max_retries,
+        attempt=attempt,
+        previous_attempt_id=previous_attempt_id,
+        preempted_by_id=None,
+        labels=dict(labels or {}),
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+        demand=dict(demand),
+    )
+    connection.execute(
+        insert(schema.request).values(
+            id=request.id,
+            component_id=component_id,
+            status=request.status.value,
+            preemptible=preemptible,
+            max_retries=max_retries,
+            attempt=attempt,
+            previous_attempt_id=previous_attempt_id,
+            labels=request.labels,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    if demand:
+        connection.execute(
+            insert(schema.request_resource),
+            [
+                {"request_id": request.id, "key": key, "amount": amount}
+                for key, amount in demand.items()
+            ],
+        )
+    return request
+
+
+def get_request(connection: Connection, ref: str) -> Request:
+    """The request with id ``ref``, else the one whose id alone starts with ``ref``."""
+    table = schema.request
+    request_id = _resolve_id(connection, table, ref, "request")
+    return _requests(connection, select(table).where(table.c.id == request_id))[0]
+
+
+def list_requests(
+    connection: Connection,
+    status: RequestStatus | None = None,
+    component_id: str | None = None,
+    pool_id: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Request]:
+    """Oldest first, in queue order (created_at, id); ``pool_id``: allocated there."""
+    table = schema.request
+    statement = select(table).order_by(table.c.created_at, table.c.id)
+    if limit is not None:
+        statement = statement.limit(limit)
+    if offset:
+        statement = statement.offset(offset)
+    if status is not None:
+        statement = statement.where(table.c.status == status.value)
+    if component_id is not None:
+        statement = statement.where(table.c.component_id == component_id)
+    if pool_id is not None:
+        allocation = schema.allocation
+        statement = statement.join(allocation, allocation.c.request_id == table.c.id).where(
+            allocation.c.pool_id == pool_id
+        )
+    return _requests(connection, statement)
+
+
+def queued_requests(connection: Connection) -> list[Request]:
+    """The whole queue, in order; two queries however long it is."""
+    return list_requests(connection, status=RequestStatus.QUEUED)
+
+
+def set_request_status(
+    connection: Connection,
+    request_id: str,
+    status: RequestStatus,
+    reason: str | None,
+    now: datetime,
+    preempted_by_id: str | None = None,
+) -> None:
+    """Move the request to ``status``; a final status also sets ``finished_at``."""
+    _update(
+        connection,
+        schema.request,
+        request_id,
+        "request",
+        status=status.value,
+        status_reason=reason,
+        preempted_by_id=preempted_by_id,
+        updated_at=now,
+        finished_at=now if status.is_final else None,
+    )
+
+
+def delete_request(connection: Connection, request_id: str) -> None:
+    """Its demand and allocation go with it; retries and preemptees lose the link."""
+    table = schema.request
+    result = connection.execute(delete(table).where(table.c.id == request_id))
+    _check_found(result.rowcount, "request", request_id)
+
+
+# Allocations
+
+
+def insert_allocation(
+    connection: Connection,
+    request_id: str,
+    pool_id: str,
+    policy_id: str | None,
+    pool_name: str,
+    priority: int,
+    now: datetime,
+) -> Allocation:
+    allocation = Allocation(
+        request_id=request_id,
+        pool_id=pool_id,
+        policy_id=policy_id,
+        pool_name=pool_name,
+        priority=priority,
+        allocated_at=as_utc(now),
+        released_at=None,
+    )
+    connection.execute(
+        insert(schema.allocation).values(
+            request_id=request_id,
+            pool_id=pool_id,
+            policy_id=policy_id,
+            pool_name=pool_name,
+            priority=priority,
+            allocated_at=allocation.allocated_at,
+        )
+    )
+    return allocation
+
+
+def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
+    """Give the request's units back; NotFound unless it holds a live allocation."""
+    table = schema.allocation
+    result = connection.execute(
+        update(table)
+        .where(table.c.request_id == request_id, table.c.released_at.is_(None))
+        .values(released_at=now)
+    )
+    _check_found(result.rowcount, "live allocation for request", request_id)
+
+
+def live_allocations(connection: Connection, pool_id: str | None = None) -> list[Allocation]:
+    """Allocations still holding units, oldest first."""
+    table = schema.allocation
+    statement = (
+        select(table)
+        .where(table.c.released_at.is_(None))
+        .order_by(table.c.allocated_at, table.c.request_id)
+    )
+    if pool_id is not None:
+        statement = statement.where(table.c.pool_id == pool_id)
+    return [Allocation.from_row(row) for row in connection.execute(statement).mappings()]
+
+
+# Events
+
+
+def insert_event(
+    connection: Connection,
+    kind: str,
+    message: str,
+    now: datetime,
+    *,
+    request_id: str | None = None,
+    pool_id: str | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> Event:
+    at, data = as_utc(now), dict(data or {})
+    result = connection.execute(
+        insert(schema.event).values(
+            at=at, kind=kind, request_id=request_id, pool_id=pool_id, message=message, data=data
+        )
+    )
+    primary_key = result.inserted_primary_key
+    assert primary_key is not None  # always set after a single-row INSERT
+    return Event(
+        id=primary_key[0],
+        at=at,
+        kind=kind,
+        request_id=request_id,
+        pool_id=pool_id,
+        message=message,
+        data=data,
+    )
+
+
+def list_events(
+    connection: Connection, request_id: str | None = None, limit: int | None = None
+) -> list[Event]:
+    """The latest ``limit`` events (all if None), oldest first."""
+    table = schema.event
+    statement = select(table).order_by(table.c.id.desc()).limit(limit)
+    if request_id is not None:
+        statement = statement.where(table.c.request_id == request_id)
+    rows = connection.execute(statement).mappings().all()
+    return [Event.from_row(row) for row in reversed(rows)]

@@ -1,0 +1,237 @@
+"""The tables, as SQLAlchemy Core metadata. Invariants are constraints, not application code.
+
+Every change here needs a migration in ``migrations/versions`` (the tests check both agree).
+The SQL stays portable between SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+from fairpool.store.records import ComponentType, RequestStatus
+
+# Constraints get deterministic names so that migrations can refer to them and both SQLite
+# and PostgreSQL report the same names as this metadata.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC, as the store gives it back; a naive one is refused, its zone unknown."""
+    if moment.tzinfo is None:
+        raise ValueError(f"naive datetime {moment.isoformat()}: pass an aware one")
+    return moment.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware datetime in, an aware UTC datetime out, on every backend.
+
+    SQLite keeps no offset, so values are stored as UTC and tagged UTC again when read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _one_of(column: str, values: Iterable[StrEnum]) -> str:
+    quoted = ", ".join(f"'{v.value}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+def _id() -> Column[str]:
+    return Column("id", String(36), primary_key=True)
+
+
+def _time(name: str, *, nullable: bool = False) -> Column[datetime]:
+    return Column(name, UTCDateTime(), nullable=nullable)
+
+
+component = Table(
+    "component",
+    metadata,
+    _id(),
+    Column("name", String(255), nullable=False),
+    Column("type", String(32), nullable=False),
+    _time("created_at"),
+    UniqueConstraint("name", "type"),
+    CheckConstraint(_one_of("type", ComponentType), name="type"),
+)
+
+pool = Table(
+    "pool",
+    metadata,
+    _id(),
+    Column("name", String(255), nullable=False, unique=True),
+    Column("description", Text, nullable=True),
+    _time("created_at"),
+    _time("updated_at"),
+)
+
+pool_resource = Table(
+    "pool_resource",
+    metadata,
+    Column("pool_id", String(36), ForeignKey("pool.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("total", BigInteger, nullable=False),
+    PrimaryKeyConstraint("pool_id", "key"),
+    CheckConstraint("total > 0", name="total_positive"),
+)
+
+policy = Table(
+    "policy",
+    metadata,
+    _id(),
+    Column("pool_id", String(36), ForeignKey("pool.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "component_id",
+        String(36),
+        ForeignKey("component.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("priority", Integer, nullable=False),
+    _time("created_at"),
+    _time("updated_at"),
+    # One policy per (component, pool): the engine looks a grant's policy up by that pair.
+    UniqueConstraint("component_id", "pool_id"),
+    CheckConstraint("priority >= 0", name="priority_non_negative"),
+)
+
+policy_resource = Table(
+    "policy_resource",
+    metadata,
+    Column("policy_id", String(36), ForeignKey("policy.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("reserved", BigInteger, nullable=False, server_default=text("0")),
+    # NULL: no cap on this key. "limit" is reserved in SQL, hence the quotes below.
+    Column("limit", BigInteger, nullable=True),
+    PrimaryKeyConstraint("policy_id", "key"),
+    CheckConstraint("reserved >= 0", name="reserved_non_negative"),
+    CheckConstraint('"limit" IS NULL OR "limit" >= reserved', name="limit_covers_reserved"),
+)
+
+request = Table(
+    "request",
+    metadata,
+    _id(),
+    # RESTRICT: a component with history cannot vanish from under its requests.
+    Column(
+        "component_id",
+        String(36),
+        ForeignKey("component.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    Column("status", String(16), nullable=False),
+    Column("status_reason", Text, nullable=True),
+    Column("preemptible", Boolean, nullable=False),
+    Column("max_retries", Integer, nullable=False, server_default=text("0")),
+    Column("attempt", Integer, nullable=False, server_default=text("1")),
+    # UNIQUE: a preempted attempt is retried at most once.
+    Column(
+        "previous_attempt_id",
+        String(36),
+        ForeignKey("request.id", ondelete="SET NULL"),
+        nullable=True,
+        unique=True,
+    ),
+    Column(
+        "preempted_by_id",
+        String(36),
+        ForeignKey("request.id", ondelete="SET NULL"),
+        nullable=True,
+    ),
+    Column("labels", JSON, nullable=False),
+    _time("created_at"),
+    _time("updated_at"),
+    _time("finished_at", nullable=True),
+    CheckConstraint(_one_of("status", RequestStatus), name="status"),
+    CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
+    CheckConstraint("attempt >= 1", name="attempt_positive"),
+    # The queue is read as status = 'queued' ORDER BY created_at, id.
+    Index(None, "status", "created_at", "id"),
+)
+
+request_resource = Table(
+    "request_resource",
+    metadata,
+    Column("request_id", String(36), ForeignKey("request.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    PrimaryKeyConstraint("request_id", "key"),
+    CheckConstraint("amount > 0", name="amount_positive"),
+)
+
+allocation = Table(
+    "allocation",
+    metadata,
+    # The primary key is the invariant: a request holds at most one allocation, ever.
+    Column(
+        "request_id",
+        String(36),
+        ForeignKey("request.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("pool_id", String(36), ForeignKey("pool.id", ondelete="SET NULL"), nullable=True),
+    Column("policy_id", String(36), ForeignKey("policy.id", ondelete="SET NULL"), nullable=True),
+    # Copied so the history still names the pool after it is deleted.
+    Column("pool_name", String(255), nullable=False),
+    Column("priority", Integer, nullable=False),
+    _time("allocated_at"),
+    _time("released_at", nullable=True),
+    # Live allocations of a pool: pool_id = ? AND released_at IS NULL.
+    Index(None, "pool_id", "released_at"),
+)
+
+event = Table(
+    "event",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    _time("at"),
+    Column("kind", String(32), nullable=False),
+    # No foreign keys: the log outlives the requests and pools it mentions.
+    Column("request_id", String(36), nullable=True),
+    Column("pool_id", String(36), nullable=True),
+    Column("message", Text, nullable=False),
+    Column("data", JSON, nullable=False, server_default=text("'{}'")),
+    Index(None, "request_id"),
+    Index(None, "at"),
+)

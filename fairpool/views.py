@@ -1,0 +1,121 @@
+"""What the service returns: read models with one JSON-ready ``as_dict()`` each.
+
+The CLI, and later the HTTP API, print these; nothing downstream re-derives a field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: _iso(value) if isinstance(value, datetime) or value is None else value
+        for key, value in data.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlace:
+    """Where a waiting request stands in one pool (position 0: not eligible there)."""
+
+    pool: str
+    position: int
+    reason: str
+    check: str
+    holding: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    id: str
+    status: str
+    status_reason: str | None
+    component: str
+    component_type: str
+    resources: dict[str, int]
+    preemptible: bool
+    max_retries: int
+    attempt: int
+    previous_attempt_id: str | None
+    retried_as_id: str | None
+    preempted_by_id: str | None
+    labels: dict[str, str]
+    pool: str | None
+    priority: int | None
+    created: datetime
+    updated: datetime
+    allocated_at: datetime | None
+    released_at: datetime | None
+    queue: tuple[QueuePlace, ...] = ()
+    #: In a pool's request list: "queued" or "active".
+    state: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["queue"] = [asdict(place) for place in self.queue]
+        if self.state is None:
+            del data["state"]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    id: str
+    pool: str
+    pool_id: str
+    component: str
+    component_type: str
+    priority: int
+    reserved: dict[str, int]
+    limit: dict[str, int]
+    #: Per pool key, what the engine enforces: omitted keys reserve 0, limit the pool total.
+    effective_reserved: dict[str, int]
+    effective_limit: dict[str, int]
+    created: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    id: str
+    name: str
+    description: str | None
+    capacity: dict[str, int]
+    occupied: dict[str, int]
+    queue_length: int
+    created: datetime
+    updated: datetime
+    policies: tuple[PolicyView, ...] = ()
+    active_requests: tuple[RequestView, ...] = ()
+    queued_requests: tuple[RequestView, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["policies"] = [p.as_dict() for p in self.policies]
+        data["active_requests"] = [r.as_dict() for r in self.active_requests]
+        data["queued_requests"] = [r.as_dict() for r in self.queued_requests]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PassSummary:
+    """What one reconcile pass changed."""
+
+    granted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    waiting: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

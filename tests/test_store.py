@@ -1,0 +1,522 @@
+"""The store: transactions, repository round trips, references, and several processes at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, event, func, select
+from sqlalchemy.exc import OperationalError
+
+from fairpool.errors import AmbiguousReference, NotFound
+from fairpool.store import repo, schema
+from fairpool.store.db import Database, default_url, fairpool_home
+from fairpool.store.records import Allocation, ComponentType, Event, RequestStatus
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+PROCESSES = 8
+WRITES_PER_PROCESS = 50
+
+
+def at(minutes: int) -> datetime:
+    return NOW + timedelta(minutes=minutes)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    with Database.open(f"sqlite:///{tmp_path / 'fairpool.db'}") as database:
+        yield database
+
+
+@pytest.fixture
+def component_id(db: Database) -> str:
+    with db.write() as connection:
+        return repo.insert_component(connection, "k8s", ComponentType.ORCHESTRATOR, NOW).id
+
+
+# Transactions
+
+
+def test_write_rolls_back_when_the_block_raises(db: Database) -> None:
+    with pytest.raises(RuntimeError), db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+        raise RuntimeError
+    with db.read() as connection:
+        assert repo.list_pools(connection) == []
+
+
+def test_read_transactions_cannot_write(db: Database) -> None:
+    with pytest.raises(OperationalError, match="readonly"), db.read() as connection:
+        repo.insert_pool(connection, "gpus", None, {}, NOW)
+    # The connection went back to the pool read-only; the next writer must not inherit that.
+    with db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {}, NOW)
+
+
+def test_read_sees_one_snapshot(db: Database) -> None:
+    with db.read() as reader:
+        assert repo.list_pools(reader) == []
+        with db.write() as writer:
+            repo.insert_pool(writer, "gpus", None, {}, NOW)
+        assert repo.list_pools(reader) == []
+    with db.read() as reader:
+        assert [pool.name for pool in repo.list_pools(reader)] == ["gpus"]
+
+
+def test_connections_are_configured(db: Database) -> None:
+    with db.write() as connection:
+        pragmas = {
+            name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "foreign_keys", "synchronous", "busy_timeout")
+        }
+    # synchronous: 1 is NORMAL.
+    assert pragmas == {
+        "journal_mode": "wal",
+        "foreign_keys": 1,
+        "synchronous": 1,
+        "busy_timeout": 30000,
+    }
+
+
+def test_write_takes_the_lock_before_its_first_statement(db: Database, tmp_path: Path) -> None:
+    other = sqlite3.connect(tmp_path / "fairpool.db", timeout=0, isolation_level=None)
+    try:
+        with db.write():
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_home_and_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAIRPOOL_HOME", str(tmp_path / "env"))
+    assert fairpool_home(str(tmp_path / "explicit")) == tmp_path / "explicit"
+    assert fairpool_home(None) == tmp_path / "env"
+    monkeypatch.delenv("FAIRPOOL_HOME")
+    assert fairpool_home(None).name == "fairpool"
+    assert default_url(tmp_path) == f"sqlite:///{tmp_path}/fairpool.db"
+
+
+# Components and pools
+
+
+def test_components(db: Database) -> None:
+    with db.write() as connection:
+        orchestrator = repo.insert_component(connection, "k8s", ComponentType.ORCHESTRATOR, NOW)
+        operator = repo.insert_component(connection, "k8s", ComponentType.STEP_OPERATOR, NOW)
+    with db.read() as connection:
+        assert repo.get_component_by_name(connection, "k8s", ComponentType.ORCHESTRATOR) == (
+            orchestrator
+        )
+        assert repo.list_components(connection) == [orchestrator, operator]
+        with pytest.raises(NotFound, match="no step_operator component 'sagemaker'"):
+            repo.get_component_by_name(connection, "sagemaker", ComponentType.STEP_OPERATOR)
+    with db.write() as connection:
+        repo.delete_component(connection, operator.id)
+        assert repo.list_components(connection) == [orchestrator]
+        with pytest.raises(NotFound):
+            repo.delete_component(connection, operator.id)
+
+
+def test_pool_round_trip(db: Database) -> None:
+    with db.write() as connection:
+        pool = repo.insert_pool(connection, "gpus", "the A100s", {"gpu": 8, "cpu": 64}, NOW)
+        repo.insert_pool(connection, "cpus", None, {}, NOW)
+    with db.read() as connection:
+        assert repo.get_pool(connection, "gpus") == pool
+        assert [p.name for p in repo.list_pools(connection)] == ["cpus", "gpus"]
+    with db.write() as connection:
+        repo.set_pool_capacity(connection, pool.id, {"gpu": 4, "memory": 2**40}, at(1))
+        repo.update_pool_description(connection, pool.id, None, at(2))
+    with db.read() as connection:
+        changed = repo.get_pool(connection, pool.id)
+    assert changed.capacity == {"gpu": 4, "memory": 2**40}
+    assert changed.description is None
+    assert (changed.created_at, changed.updated_at) == (NOW, at(2))
+    with db.write() as connection:
+        repo.delete_pool(connection, pool.id)
+        with pytest.raises(NotFound):
+            repo.get_pool(connection, "gpus")
+        for missing in (
+            lambda: repo.delete_pool(connection, pool.id),
+            lambda: repo.set_pool_capacity(connection, pool.id, {}, NOW),
+            lambda: repo.update_pool_description(connection, pool.id, "x", NOW),
+        ):
+            with pytest.raises(NotFound):
+                missing()
+        assert connection.scalar(select(func.count()).select_from(schema.pool_resource)) == 0
+
+
+def _shortest_unique_prefix(target: str, others: list[str]) -> str:
+    return next(
+        target[:n]
+        for n in range(1, len(target) + 1)
+        if not any(other.startswith(target[:n]) for other in others if other != target)
+    )
+
+
+def _shared_first_char(ids: list[str]) -> str:
+    firsts = [id_[0] for id_ in ids]
+    return next(char for char in firsts if firsts.count(char) > 1)
+
+
+def test_pool_references(db: Database) -> None:
+    # 17 ids: at least two share their first hex digit.
+    with db.write() as connection:
+        pools = [repo.insert_pool(connection, f"pool-{i}", None, {}, NOW) for i in range(17)]
+    ids = [pool.id for pool in pools]
+    with db.read() as connection:
+        for pool in pools:
+            assert repo.get_pool(connection, pool.id) == pool
+            assert repo.get_pool(connection, pool.name) == pool
+            prefix = _shortest_unique_prefix(pool.id, ids)
+            assert repo.get_pool(connection, prefix) == pool
+            assert repo.get_pool(connection, prefix.upper()) == pool
+        shared = _shared_first_char(ids)
+        with pytest.raises(AmbiguousReference, match=f"pool id prefix '{shared}' is ambiguous"):
+            repo.get_pool(connection, shared)
+        for missing in ("", "nope", "%", "_", ids[0] + "0"):
+            with pytest.raises(NotFound, match="no pool"):
+                repo.get_pool(connection, missing)
+
+
+def test_pool_name_wins_over_id_prefix(db: Database) -> None:
+    with db.write() as connection:
+        target = repo.insert_pool(connection, "gpus", None, {}, NOW)
+        named_like_it = repo.insert_pool(connection, target.id[:4], None, {}, NOW)
+    with db.read() as connection:
+        assert repo.get_pool(connection, target.id[:4]) == named_like_it
+
+
+# Policies
+
+
+def test_policy_round_trip(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        policy = repo.insert_policy(
+            connection, pool_id, component_id, 5, {"gpu": 2}, {"gpu": 4, "cpu": 16}, NOW
+        )
+    # A key only limited is stored with 0 reserved: both maps come from one row per key.
+    assert policy.reserved == {"cpu": 0, "gpu": 2}
+    assert policy.limit == {"cpu": 16, "gpu": 4}
+    with db.read() as connection:
+        assert repo.get_policy(connection, policy.id) == policy
+        assert repo.list_policies(connection) == [policy]
+        assert repo.list_policies(connection, pool_id=pool_id, component_id=component_id) == [
+            policy
+        ]
+        assert repo.list_policies(connection, pool_id="other") == []
+        assert repo.list_policies(connection, component_id="other") == []
+
+    with db.write() as connection:
+        priority_only = repo.update_policy(connection, policy.id, at(1), priority=9)
+        assert (priority_only.reserved, priority_only.limit) == (policy.reserved, policy.limit)
+        unlimited = repo.update_policy(connection, policy.id, at(2), limit={})
+        assert (unlimited.reserved, unlimited.limit) == ({"cpu": 0, "gpu": 2}, {})
+        reserved = repo.update_policy(connection, policy.id, at(3), reserved={"gpu": 1})
+        assert (reserved.priority, reserved.reserved, reserved.limit) == (9, {"gpu": 1}, {})
+        assert reserved.updated_at == at(3)
+    with db.read() as connection:
+        assert repo.get_policy(connection, policy.id) == reserved
+
+    with db.write() as connection:
+        repo.delete_policy(connection, policy.id)
+        with pytest.raises(NotFound):
+            repo.get_policy(connection, policy.id)
+        with pytest.raises(NotFound):
+            repo.update_policy(connection, policy.id, NOW, priority=1)
+        with pytest.raises(NotFound):
+            repo.delete_policy(connection, policy.id)
+        assert connection.scalar(select(func.count()).select_from(schema.policy_resource)) == 0
+
+
+def test_deleting_a_pool_keeps_allocation_history(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        policy_id = repo.insert_policy(connection, pool_id, component_id, 1, {}, {}, NOW).id
+        request_id = repo.insert_request(
+            connection, component_id, {"gpu": 1}, NOW, preemptible=True
+        ).id
+        repo.insert_allocation(connection, request_id, pool_id, policy_id, "gpus", 1, NOW)
+        repo.delete_pool(connection, pool_id)
+        assert repo.list_policies(connection) == []
+        assert repo.live_allocations(connection) == [
+            Allocation(request_id, None, None, "gpus", 1, NOW, None)
+        ]
+
+
+# Requests and allocations
+
+
+def test_request_round_trip(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        request = repo.insert_request(
+            connection,
+            component_id,
+            {"gpu": 2, "memory": 2**35},
+            NOW,
+            preemptible=False,
+            max_retries=3,
+            labels={"pipeline": "train", "step": "fit"},
+        )
+    assert request.status is RequestStatus.QUEUED
+    assert (request.attempt, request.previous_attempt_id, request.finished_at) == (1, None, None)
+    with db.read() as connection:
+        assert repo.get_request(connection, request.id) == request
+        assert repo.get_request(connection, request.id[:8]) == request
+        assert repo.queued_requests(connection) == [request]
+
+    with db.write() as connection:
+        repo.set_request_status(connection, request.id, RequestStatus.ALLOCATED, "fits", at(1))
+        allocated = repo.get_request(connection, request.id)
+        assert (allocated.status, allocated.status_reason) == (RequestStatus.ALLOCATED, "fits")
+        assert (allocated.updated_at, allocated.finished_at) == (at(1), None)
+        repo.set_request_status(connection, request.id, RequestStatus.RELEASED, None, at(2))
+        released = repo.get_request(connection, request.id)
+        assert (released.status, released.finished_at) == (RequestStatus.RELEASED, at(2))
+        assert released.created_at == NOW
+        with pytest.raises(NotFound):
+            repo.set_request_status(connection, "nope", RequestStatus.RELEASED, None, NOW)
+
+
+def test_request_references(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        ids = [
+            repo.insert_request(connection, component_id, {}, NOW, preemptible=True).id
+            for _ in range(17)
+        ]
+    with db.read() as connection:
+        for id_ in ids:
+            assert repo.get_request(connection, _shortest_unique_prefix(id_, ids)).id == id_
+        with pytest.raises(AmbiguousReference, match="request id prefix"):
+            repo.get_request(connection, _shared_first_char(ids))
+        with pytest.raises(NotFound, match="no request 'x'"):
+            repo.get_request(connection, "x")
+
+
+def test_preemption_and_retry_links(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        victim = repo.insert_request(connection, component_id, {"gpu": 1}, NOW, preemptible=True)
+        winner = repo.insert_request(connection, component_id, {"gpu": 1}, NOW, preemptible=True)
+        repo.set_request_status(
+            connection, victim.id, RequestStatus.PREEMPTED, "priority", at(1), winner.id
+        )
+        retry = repo.insert_request(
+            connection,
+            component_id,
+            {"gpu": 1},
+            at(1),
+            preemptible=True,
+            attempt=2,
+            previous_attempt_id=victim.id,
+        )
+        preempted = repo.get_request(connection, victim.id)
+        assert (preempted.preempted_by_id, preempted.finished_at) == (winner.id, at(1))
+        assert repo.get_request(connection, retry.id) == retry
+
+        repo.delete_request(connection, winner.id)
+        repo.delete_request(connection, victim.id)
+        assert repo.get_request(connection, retry.id).previous_attempt_id is None
+        assert connection.scalar(select(func.count()).select_from(schema.request_resource)) == 1
+        with pytest.raises(NotFound):
+            repo.delete_request(connection, victim.id)
+
+
+def test_list_requests_filters_and_pages(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        other_component = repo.insert_component(
+            connection, "sagemaker", ComponentType.STEP_OPERATOR, NOW
+        ).id
+        pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        # Inserted out of time order: the listing is by (created_at, id), not insertion.
+        requests = {
+            minute: repo.insert_request(
+                connection,
+                other_component if minute == 3 else component_id,
+                {"gpu": minute},
+                at(minute),
+                preemptible=True,
+            )
+            for minute in (4, 1, 3, 2, 5)
+        }
+        for minute in (1, 3):
+            repo.set_request_status(
+                connection, requests[minute].id, RequestStatus.ALLOCATED, None, at(minute)
+            )
+            repo.insert_allocation(
+                connection, requests[minute].id, pool_id, None, "gpus", 0, at(minute)
+            )
+
+    def demands(found: list[Any]) -> list[int]:
+        return [request.demand["gpu"] for request in found]
+
+    with db.read() as connection:
+        assert demands(repo.list_requests(connection)) == [1, 2, 3, 4, 5]
+        assert demands(repo.list_requests(connection, status=RequestStatus.QUEUED)) == [2, 4, 5]
+        assert demands(repo.queued_requests(connection)) == [2, 4, 5]
+        assert demands(repo.list_requests(connection, component_id=other_component)) == [3]
+        assert demands(repo.list_requests(connection, pool_id=pool_id)) == [1, 3]
+        assert demands(repo.list_requests(connection, limit=2, offset=1)) == [2, 3]
+        assert demands(repo.list_requests(connection, offset=3)) == [4, 5]
+        assert demands(
+            repo.list_requests(
+                connection, status=RequestStatus.ALLOCATED, pool_id=pool_id, limit=1, offset=1
+            )
+        ) == [3]
+
+
+def test_allocations(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        gpus = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        cpus = repo.insert_pool(connection, "cpus", None, {"cpu": 8}, NOW).id
+        policy_id = repo.insert_policy(connection, gpus, component_id, 3, {}, {}, NOW).id
+        first, second, third = (
+            repo.insert_request(connection, component_id, {}, NOW, preemptible=True).id
+            for _ in range(3)
+        )
+        a = repo.insert_allocation(connection, first, gpus, policy_id, "gpus", 3, at(1))
+        b = repo.insert_allocation(connection, second, cpus, None, "cpus", 0, at(2))
+        c = repo.insert_allocation(connection, third, gpus, policy_id, "gpus", 3, at(3))
+        assert repo.live_allocations(connection) == [a, b, c]
+        assert repo.live_allocations(connection, pool_id=gpus) == [a, c]
+
+        repo.release_allocation(connection, first, at(4))
+        assert repo.live_allocations(connection) == [b, c]
+        with pytest.raises(NotFound, match="no live allocation for request"):
+            repo.release_allocation(connection, first, at(5))
+        released = connection.execute(
+            select(schema.allocation).where(schema.allocation.c.request_id == first)
+        ).mappings()
+        assert Allocation.from_row(released.one()).released_at == at(4)
+
+
+# Events
+
+
+def test_events(db: Database) -> None:
+    with db.write() as connection:
+        events = [
+            repo.insert_event(
+                connection,
+                "granted",
+                f"event {i}",
+                at(i),
+                request_id="r1" if i % 2 else "r2",
+                pool_id="p",
+                data={"i": i, "nested": {"ok": True}},
+            )
+            for i in range(5)
+        ]
+        bare = repo.insert_event(connection, "note", "no extras", at(9))
+    assert bare == Event(bare.id, at(9), "note", None, None, "no extras", {})
+    with db.read() as connection:
+        assert repo.list_events(connection) == [*events, bare]
+        assert repo.list_events(connection, limit=2) == [events[4], bare]
+        assert repo.list_events(connection, request_id="r1") == [events[1], events[3]]
+        assert repo.list_events(connection, request_id="r2", limit=1) == [events[4]]
+
+
+# Bulk loading
+
+
+def _count_statements(connection: Connection) -> Callable[[], int]:
+    statements: list[str] = []
+
+    def record(*args: Any) -> None:
+        statements.append(args[2])
+
+    event.listen(connection, "before_cursor_execute", record)
+    return lambda: len(statements)
+
+
+def test_queued_requests_take_two_queries(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        for i in range(200):
+            repo.insert_request(
+                connection, component_id, {"gpu": 1, "cpu": i + 1}, at(i), preemptible=True
+            )
+    with db.read() as connection:
+        count = _count_statements(connection)
+        queue = repo.queued_requests(connection)
+        assert count() == 2
+    assert len(queue) == 200
+    assert [request.demand for request in queue[:2]] == [{"cpu": 1, "gpu": 1}, {"cpu": 2, "gpu": 1}]
+
+
+# Several processes
+
+
+def _report(results: Queue[str], work: Callable[[], None]) -> None:
+    try:
+        work()
+    except BaseException:
+        results.put(traceback.format_exc())
+        raise
+    results.put("ok")
+
+
+def _count_then_append(url: str, start: Barrier, results: Queue[str]) -> None:
+    def work() -> None:
+        with Database.open(url) as db:
+            start.wait()
+            for _ in range(WRITES_PER_PROCESS):
+                with db.write() as connection:
+                    seen = connection.scalar(select(func.count()).select_from(schema.event))
+                    repo.insert_event(connection, "tick", "tick", NOW, data={"seen": seen})
+
+    _report(results, work)
+
+
+def _open_at_once(url: str, start: Barrier, results: Queue[str]) -> None:
+    def work() -> None:
+        start.wait()
+        with Database.open(url) as db, db.write() as connection:
+            repo.insert_event(connection, "opened", "opened", NOW)
+
+    _report(results, work)
+
+
+def _run_processes(target: Callable[[str, Barrier, Queue[str]], None], url: str) -> list[str]:
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(PROCESSES)
+    results: Queue[str] = context.Queue()
+    processes = [
+        context.Process(target=target, args=(url, start, results)) for _ in range(PROCESSES)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+    return outcomes
+
+
+def test_concurrent_writers_are_serialized(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fairpool.db'}"
+    Database.open(url).close()
+    assert _run_processes(_count_then_append, url) == ["ok"] * PROCESSES
+    with Database.open(url) as db, db.read() as connection:
+        events = repo.list_events(connection)
+    total = PROCESSES * WRITES_PER_PROCESS
+    # Each transaction saw every earlier commit and none later: no lost or doubled counts.
+    assert sorted(e.data["seen"] for e in events) == list(range(total))
+
+
+def test_processes_opening_a_new_database_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new' / 'fairpool.db'}"
+    assert _run_processes(_open_at_once, url) == ["ok"] * PROCESSES
+    with Database.open(url) as db, db.read() as connection:
+        assert len(repo.list_events(connection)) == PROCESSES
+        assert MigrationContext.configure(connection).get_current_revision() == "0001"

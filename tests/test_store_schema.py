@@ -1,0 +1,282 @@
+"""The schema: migrations agree with the metadata, and the constraints hold the invariants."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, create_engine, inspect, text, update
+from sqlalchemy.exc import IntegrityError, StatementError
+
+from fairpool.store import repo, schema
+from fairpool.store.db import Database, migration_config
+from fairpool.store.records import ComponentType, RequestStatus
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    with Database.open(f"sqlite:///{tmp_path / 'fairpool.db'}") as database:
+        yield database
+
+
+def _describe(path: Path) -> dict[str, dict[str, Any]]:
+    """Everything SQLAlchemy's inspector reports about the tables of a SQLite file."""
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        inspector = inspect(engine)
+
+        def by_name(items: list[Any]) -> list[Any]:
+            return sorted(items, key=lambda item: item["name"])
+
+        return {
+            table: {
+                # Type objects compare by identity: compare their DDL instead.
+                "columns": [
+                    {**column, "type": str(column["type"])}
+                    for column in inspector.get_columns(table)
+                ],
+                "pk": inspector.get_pk_constraint(table),
+                "fks": by_name(inspector.get_foreign_keys(table)),
+                "uniques": by_name(inspector.get_unique_constraints(table)),
+                "indexes": by_name(inspector.get_indexes(table)),
+                "checks": by_name(inspector.get_check_constraints(table)),
+            }
+            for table in inspector.get_table_names()
+            if table != "alembic_version"
+        }
+    finally:
+        engine.dispose()
+
+
+def test_migrations_match_metadata(db: Database) -> None:
+    with db.read() as connection:
+        context = MigrationContext.configure(
+            connection, opts={"compare_type": True, "compare_server_default": True}
+        )
+        assert compare_metadata(context, schema.metadata) == []
+
+
+def test_migrated_database_inspects_like_create_all(tmp_path: Path) -> None:
+    migrated, created = tmp_path / "migrated.db", tmp_path / "created.db"
+    Database.open(f"sqlite:///{migrated}").close()
+    engine = create_engine(f"sqlite:///{created}")
+    schema.metadata.create_all(engine)
+    engine.dispose()
+
+    described = _describe(migrated)
+    assert described == _describe(created)
+    assert sorted(described) == sorted(schema.metadata.tables)
+    # Every constraint carries the naming convention's name, so later migrations can drop it.
+    for table in described.values():
+        assert table["pk"]["name"]
+        for kind in ("fks", "uniques", "indexes", "checks"):
+            assert all(item["name"] for item in table[kind])
+
+
+def test_downgrade_to_base_and_back(db: Database) -> None:
+    with db.write() as connection:
+        command.downgrade(migration_config(connection), "base")
+    with db.read() as connection:
+        assert inspect(connection).get_table_names() == ["alembic_version"]
+    with db.write() as connection:
+        command.upgrade(migration_config(connection), "head")
+    with db.read() as connection:
+        assert set(inspect(connection).get_table_names()) == {
+            "alembic_version",
+            *schema.metadata.tables,
+        }
+
+
+def test_reopening_keeps_data(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'nested' / 'dir' / 'fairpool.db'}"
+    with Database.open(url) as db, db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+    with Database.open(url) as db, db.read() as connection:
+        assert repo.get_pool(connection, "gpus").capacity == {"gpu": 8}
+
+
+def test_times_come_back_aware_in_utc(db: Database) -> None:
+    cest = timezone(timedelta(hours=2))
+    local = datetime(2025, 6, 1, 14, 30, 15, 123456, tzinfo=cest)
+    with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {}, local).id
+    with db.read() as connection:
+        pool = repo.get_pool(connection, pool_id)
+    assert pool.created_at == local
+    assert pool.created_at.tzinfo is UTC
+    assert pool.created_at.hour == 12
+
+
+def test_naive_times_are_refused(db: Database) -> None:
+    naive = datetime(2025, 1, 1)
+    with pytest.raises(ValueError, match="naive"), db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {}, naive)
+    with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {}, NOW).id
+    with pytest.raises(StatementError, match="naive"), db.write() as connection:
+        repo.update_pool_description(connection, pool_id, "x", naive)
+
+
+def _component(connection: Connection) -> str:
+    return repo.insert_component(connection, "k8s", ComponentType.ORCHESTRATOR, NOW).id
+
+
+def _pool(connection: Connection, name: str = "gpus") -> str:
+    return repo.insert_pool(connection, name, None, {"gpu": 8}, NOW).id
+
+
+def _zero_capacity(connection: Connection) -> None:
+    repo.insert_pool(connection, "gpus", None, {"gpu": 0}, NOW)
+
+
+def _duplicate_pool_name(connection: Connection) -> None:
+    _pool(connection)
+    _pool(connection)
+
+
+def _reserved_above_limit(connection: Connection) -> None:
+    repo.insert_policy(
+        connection, _pool(connection), _component(connection), 1, {"gpu": 4}, {"gpu": 2}, NOW
+    )
+
+
+def _negative_reserved(connection: Connection) -> None:
+    repo.insert_policy(
+        connection, _pool(connection), _component(connection), 1, {"gpu": -1}, {}, NOW
+    )
+
+
+def _negative_priority(connection: Connection) -> None:
+    repo.insert_policy(connection, _pool(connection), _component(connection), -1, {}, {}, NOW)
+
+
+def _duplicate_policy(connection: Connection) -> None:
+    pool_id, component_id = _pool(connection), _component(connection)
+    repo.insert_policy(connection, pool_id, component_id, 1, {}, {}, NOW)
+    repo.insert_policy(connection, pool_id, component_id, 2, {}, {}, NOW)
+
+
+def _policy_for_unknown_pool(connection: Connection) -> None:
+    repo.insert_policy(connection, "no-such-pool", _component(connection), 1, {}, {}, NOW)
+
+
+def _duplicate_component(connection: Connection) -> None:
+    _component(connection)
+    _component(connection)
+
+
+def _unknown_component_type(connection: Connection) -> None:
+    connection.execute(
+        schema.component.insert().values(id="c", name="x", type="deployer", created_at=NOW)
+    )
+
+
+def _zero_demand(connection: Connection) -> None:
+    repo.insert_request(connection, _component(connection), {"gpu": 0}, NOW, preemptible=True)
+
+
+def _request(connection: Connection) -> str:
+    return repo.insert_request(
+        connection, _component(connection), {"gpu": 1}, NOW, preemptible=True
+    ).id
+
+
+def _unknown_status(connection: Connection) -> None:
+    request = schema.request
+    connection.execute(
+        update(request).where(request.c.id == _request(connection)).values(status="running")
+    )
+
+
+def _negative_retries(connection: Connection) -> None:
+    repo.insert_request(
+        connection, _component(connection), {}, NOW, preemptible=True, max_retries=-1
+    )
+
+
+def _attempt_zero(connection: Connection) -> None:
+    repo.insert_request(connection, _component(connection), {}, NOW, preemptible=True, attempt=0)
+
+
+def _two_retries_of_one_attempt(connection: Connection) -> None:
+    first = _request(connection)
+    component_id = repo.list_components(connection)[0].id
+    for _ in range(2):
+        repo.insert_request(
+            connection,
+            component_id,
+            {},
+            NOW,
+            preemptible=True,
+            attempt=2,
+            previous_attempt_id=first,
+        )
+
+
+def _two_allocations_for_one_request(connection: Connection) -> None:
+    request_id, pool_id = _request(connection), _pool(connection)
+    repo.insert_allocation(connection, request_id, pool_id, None, "gpus", 1, NOW)
+    repo.release_allocation(connection, request_id, NOW)
+    repo.insert_allocation(connection, request_id, pool_id, None, "gpus", 1, NOW)
+
+
+def _delete_component_with_requests(connection: Connection) -> None:
+    _request(connection)
+    repo.delete_component(connection, repo.list_components(connection)[0].id)
+
+
+def _null_labels(connection: Connection) -> None:
+    connection.execute(
+        text(
+            "INSERT INTO request (id, component_id, status, preemptible, labels, created_at,"
+            " updated_at) VALUES ('r', :component_id, 'queued', 1, NULL, :now, :now)"
+        ),
+        {"component_id": _component(connection), "now": "2025-01-01 00:00:00.000000"},
+    )
+
+
+@pytest.mark.parametrize(
+    "violation",
+    [
+        _zero_capacity,
+        _duplicate_pool_name,
+        _reserved_above_limit,
+        _negative_reserved,
+        _negative_priority,
+        _duplicate_policy,
+        _policy_for_unknown_pool,
+        _duplicate_component,
+        _unknown_component_type,
+        _zero_demand,
+        _unknown_status,
+        _negative_retries,
+        _attempt_zero,
+        _two_retries_of_one_attempt,
+        _two_allocations_for_one_request,
+        _delete_component_with_requests,
+        _null_labels,
+    ],
+)
+def test_constraints_reject(db: Database, violation: Callable[[Connection], None]) -> None:
+    with pytest.raises(IntegrityError), db.write() as connection:
+        violation(connection)
+    # The failed transaction left nothing behind.
+    with db.read() as connection:
+        assert repo.list_pools(connection) == []
+        assert repo.list_components(connection) == []
+
+
+def test_every_status_is_accepted(db: Database) -> None:
+    with db.write() as connection:
+        request_id = _request(connection)
+        for status in RequestStatus:
+            repo.set_request_status(connection, request_id, status, None, NOW)
+            assert repo.get_request(connection, request_id).status is status
