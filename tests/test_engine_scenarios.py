@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from fairpool.engine.explain import queue_entries
 from fairpool.engine.model import Check, Rule
 from tests.worlds import World, demand, only, outcome
 
@@ -380,7 +381,7 @@ def test_seed_scenario(case: Case) -> None:
     assert outcome(plan, snapshot) == case.expect
     if case.reason is not None:
         reasons = [r.reasons[0] for r in plan.rejections] + [
-            w.entries[0].reason for w in plan.waiting
+            entries[0].reason for entries in queue_entries(plan).values()
         ]
         reason = only(reasons)
         assert case.reason in reason.message  # type: ignore[attr-defined]
@@ -395,8 +396,8 @@ def test_multi_pool_request_waiting_in_both_queues_has_a_position_in_each() -> N
         .run("y", "other", "b", demand(gpu_count=2), preemptible=False)
         .wait("r", "orch", demand(gpu_count=1))
     )
-    waiting = only(world.plan().waiting)
-    assert [(e.queue, e.position) for e in waiting.entries] == [("pool a", 1), ("pool b", 1)]  # type: ignore[attr-defined]
+    entries = only(list(queue_entries(world.plan()).values()))
+    assert [(e.queue, e.position) for e in entries] == [("pool a", 1), ("pool b", 1)]  # type: ignore[attr-defined]
 
 
 def test_ineligible_pool_is_explained_with_position_zero() -> None:
@@ -406,8 +407,7 @@ def test_ineligible_pool_is_explained_with_position_zero() -> None:
         .run("x", "other", "b", {"tpu": 1}, preemptible=False)
         .wait("r", "orch", demand(gpu_count=1, pool_resources={"tpu": 1}))
     )
-    waiting = only(world.plan().waiting)
-    entries = {e.queue: e for e in waiting.entries}  # type: ignore[attr-defined]
+    entries = {e.queue: e for e in only(list(queue_entries(world.plan()).values()))}  # type: ignore[attr-defined]
     assert entries["pool a"].position == 0
     assert "has no tpu" in entries["pool a"].reason.message
     assert entries["pool b"].position == 1
@@ -441,7 +441,7 @@ def test_small_requests_pass_a_blocked_one_until_it_has_waited_too_long() -> Non
     late = world(now=10_000.0)
     plan = late.plan()
     assert outcome(plan, late.snapshot()) == {"big": "waiting", "small": "waiting"}
-    holding = {w.request_id: w.entries[0] for w in plan.waiting}
+    holding = {r: entries[0] for r, entries in queue_entries(plan).items()}
     assert holding["big"].holding
     assert "held for an older request" in holding["small"].reason.message
 
@@ -475,3 +475,29 @@ def test_higher_priority_borrower_cannot_evict_units_within_their_owners_reserve
     # cannot be freed and nobody is preempted for nothing.
     assert plan.preemptions == ()
     assert outcome(plan, world.snapshot()) == {"burst-1": "waiting"}
+
+
+def test_waiting_reason_is_the_final_state_of_the_pass() -> None:
+    # "big" is considered first (oldest) when 1 GPU is free; "small" then takes that GPU. The
+    # explanation says what big waits for now: no GPU free, not the 1 seen earlier.
+    world = (
+        World().pool("p", {"gpu": 3}).policy("orch", "p").policy("other", "p")
+        .run("x", "other", "p", demand(gpu_count=2), preemptible=False)
+        .wait("big", "orch", demand(gpu_count=2), at=1.0)
+        .wait("small", "orch", demand(gpu_count=1), at=2.0)
+    )
+    world.now = 100.0  # nobody has waited long enough to hold units
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {"big": "waiting", "small": "allocated:p"}
+    assert queue_entries(plan)["big"][0].reason.message == "pool p: gpu requested 2, free 0 of 3"
+
+
+def test_identical_waiters_get_consecutive_positions_in_time_order() -> None:
+    world = World().pool("p", {"gpu": 1}).policy("a", "p").policy("b", "p")
+    world.run("x", "a", "p", demand(gpu_count=1), preemptible=False)
+    for i in range(6):
+        world.wait(f"{'ab'[i % 2]}-{i}", "ab"[i % 2], demand(gpu_count=1), at=float(10 - i))
+    entries = queue_entries(world.plan())
+    order = sorted(entries, key=lambda r: entries[r][0].position)
+    assert order == ["b-5", "a-4", "b-3", "a-2", "b-1", "a-0"]
+    assert [entries[r][0].position for r in order] == [1, 2, 3, 4, 5, 6]

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from fairpool.engine.explain import queue_entries
 from fairpool.engine.model import Allocation, Charge, Placement, Plan, Request, Snapshot
 from fairpool.engine.reconcile import reconcile
 from fairpool.frontends import pools as frontend
@@ -102,8 +103,8 @@ def outcome(plan: Plan, snapshot: Snapshot) -> dict[str, str]:
         )
     for rejection in plan.rejections:
         result[rejection.request_id] = "rejected"
-    for waiting in plan.waiting:
-        result[waiting.request_id] = "waiting"
+    for request_id in queue_entries(plan):
+        result[request_id] = "waiting"
     for preemption in plan.preemptions:
         result[preemption.victim_id] = f"preempted:{preemption.rule.value}"
     return result

@@ -152,21 +152,23 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueEntry:
-    """Where a waiting request stands in one queue, and what it waits for."""
+class WaitingGroup:
+    """Requests waiting in one queue for one reason (a stretch of identical requests).
 
-    placement_index: int
+    ``fairpool.engine.explain`` turns groups into per-request queue positions.
+    """
+
     queue: str
-    position: int
+    placement_index: int
     reason: Reason
-    #: True when this waiter holds free units back from requests behind it.
-    holding: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    request_id: str
-    entries: tuple[QueueEntry, ...]
+    #: (queued_at, request id), in queue order.
+    members: tuple[tuple[float, str], ...]
+    #: The part of the queue order before time: (0 within guarantee | 1 borrowing, -priority).
+    rank: tuple[int, int] = (0, 0)
+    #: The member that holds free units back from requests behind it, if any.
+    holder: str | None = None
+    #: False: these requests can never fit on this queue (explained, not queued there).
+    eligible: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,4 +176,5 @@ class Plan:
     grants: tuple[Grant, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     rejections: tuple[Rejection, ...] = ()
-    waiting: tuple[Waiting, ...] = ()
+    #: May list a request granted elsewhere in the same pass; see ``explain``.
+    waiting: tuple[WaitingGroup, ...] = ()

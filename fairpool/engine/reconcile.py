@@ -17,15 +17,22 @@ Order of work (see docs/semantics.md for the rules in prose):
    check as its reason; a waiter blocked past its queue's ``backfill_after`` holds the units it
    needs so that smaller requests stop passing it.
 
-Blocked entries of one shape are tested once per state of their tree (the shape cache), so a
-pass over a long queue where nothing fits costs a dictionary lookup per entry.
+Identical requests form a class; each (class, placement) is a run in time order, merged with
+the other runs by a heap. When a run's head waits, the whole run is parked: within a pass only
+a preemption frees units, so until one happens under the same root every later member would
+wait too. A preemption puts the parked runs back from that point on. A pass where nothing fits
+costs a few operations per run, not per request; waiting requests are explained with the
+pass's final state.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import defaultdict
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 
 from fairpool.engine.model import (
     Allocation,
@@ -35,13 +42,12 @@ from fairpool.engine.model import (
     Placement,
     Plan,
     Preemption,
-    QueueEntry,
     Reason,
     Rejection,
     Request,
     Rule,
     Snapshot,
-    Waiting,
+    WaitingGroup,
 )
 
 # Per node, per key: the units a placement adds there (its charges summed up the tree).
@@ -140,6 +146,23 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
     return None
 
 
+# (share, -priority, queued_at, request id, class number, placement index, cursor)
+_HeapEntry = tuple[int, int, float, str, int, int, int]
+
+
+@dataclass(slots=True)
+class _Class:
+    """Queued requests identical but for id and time, in time order."""
+
+    preemptible: bool
+    placements: tuple[Placement, ...]
+    members: list[Request] = field(default_factory=list)
+    keys: list[tuple[float, str]] = field(default_factory=list)
+    possible: list[int] = field(default_factory=list)
+    #: Members granted in this pass (so waiting stretches must filter them out).
+    granted: int = 0
+
+
 class _Pass:
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -149,13 +172,16 @@ class _Pass:
         self.held: dict[str, dict[str, int]] = defaultdict(dict)
         # Bumped on every change under a root, so cached verdicts know when they went stale.
         self.version: dict[str, int] = defaultdict(int)
-        # Live allocations by the nodes they charge: the preemption candidates there.
+        # Live preemptible allocations by the nodes they charge: the candidate victims there.
         self.running: dict[str, dict[str, Allocation]] = defaultdict(dict)
-        self.allocations: dict[str, Allocation] = {}
         self.granted_now: dict[str, Grant] = {}
         self.preemptions: list[Preemption] = []
         self.blocked: dict[tuple[object, ...], Reason] = {}
         self.holders: set[str] = set()
+        self.classes: list[_Class] = []
+        # Blocked runs per root: (class number, placement index, cursor, share, rank, reason).
+        self.parked: dict[str, list[tuple[int, int, int, int, int, Reason]]] = defaultdict(list)
+        self.groups: list[WaitingGroup] = []
         for allocation in snapshot.allocations:
             self._add(allocation)
 
@@ -176,15 +202,15 @@ class _Pass:
 
     def _add(self, allocation: Allocation) -> None:
         self._apply(allocation, +1)
-        self.allocations[allocation.request_id] = allocation
-        for node_id in self.forest.delta(allocation.placement):
-            self.running[node_id][allocation.request_id] = allocation
+        if allocation.preemptible:
+            for node_id in self.forest.delta(allocation.placement):
+                self.running[node_id][allocation.request_id] = allocation
 
     def _remove(self, allocation: Allocation) -> None:
         self._apply(allocation, -1)
-        del self.allocations[allocation.request_id]
-        for node_id in self.forest.delta(allocation.placement):
-            del self.running[node_id][allocation.request_id]
+        if allocation.preemptible:
+            for node_id in self.forest.delta(allocation.placement):
+                del self.running[node_id][allocation.request_id]
 
     # -- checks ------------------------------------------------------------------------
 
@@ -245,7 +271,7 @@ class _Pass:
     # -- preemption --------------------------------------------------------------------
 
     def _rule(
-        self, waiter: Placement, short_keys: set[str], victim: Allocation
+        self, waiter: Placement, short_keys: set[str], victim: Allocation, reclaim: bool
     ) -> Rule | None:
         """Which rule, if any, lets ``waiter`` evict ``victim``.
 
@@ -259,7 +285,7 @@ class _Pass:
             return None
         if victim.placement.priority < waiter.priority:
             return Rule.PRIORITY
-        if not same_leaf and self._within_guarantee(waiter, short_keys):
+        if not same_leaf and reclaim:
             return Rule.RECLAIM
         return None
 
@@ -291,17 +317,21 @@ class _Pass:
         shortage: dict[str, set[str]] = defaultdict(set)
         for failure in failures:
             shortage[by_name[failure.node]].add(failure.key)
+        short_keys = {f.key for f in failures}
+        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
+        # that, so it is computed again only then.
+        reclaim = self._within_guarantee(placement, short_keys)
+        waiter_leaves = {c.leaf for c in placement.charges}
         candidates: dict[str, Allocation] = {}
         for node_id, keys in shortage.items():
             for victim in self.running[node_id].values():
                 # Grants of this pass are not victims: their own victims would be wasted.
                 if (
-                    victim.preemptible
+                    (reclaim or victim.placement.priority < placement.priority)
                     and victim.request_id not in self.granted_now
                     and keys & _charged_keys(victim.placement)
                 ):
                     candidates[victim.request_id] = victim
-        short_keys = {f.key for f in failures}
         ordered = sorted(
             candidates.values(),
             key=lambda a: (a.placement.priority, -a.allocated_at, _Desc(a.request_id)),
@@ -309,11 +339,13 @@ class _Pass:
         chosen: list[tuple[Allocation, Rule]] = []
         fits = False
         for victim in ordered:
-            rule = self._rule(placement, short_keys, victim)
+            rule = self._rule(placement, short_keys, victim, reclaim)
             if rule is None:
                 continue
             self._remove(victim)
             chosen.append((victim, rule))
+            if any(c.leaf in waiter_leaves for c in victim.placement.charges):
+                reclaim = self._within_guarantee(placement, short_keys)
             if self._fits(placement, request.preemptible):
                 fits = True
                 break
@@ -347,52 +379,36 @@ class _Pass:
     # -- the pass ----------------------------------------------------------------------
 
     def run(self) -> Plan:
-        rejections: list[Rejection] = []
-        heap: list[tuple[int, int, float, str, int]] = []
-        requests: dict[str, Request] = {}
-        impossible_cache: dict[tuple[object, ...], Reason | None] = {}
-        ineligible: dict[str, list[QueueEntry]] = defaultdict(list)
-        for request in self.snapshot.queue:
-            requests[request.id] = request
-            reasons: list[Reason] = []
-            possible = 0
-            for index, placement in enumerate(request.placements):
-                shape = (_shape(placement), request.preemptible)
-                if shape not in impossible_cache:
-                    impossible_cache[shape] = _impossible(
-                        self.forest, placement, request.preemptible
-                    )
-                reason = impossible_cache[shape]
-                if reason is not None:
-                    reasons.append(reason)
-                    queue_name = self.forest.nodes[placement.queue].name
-                    ineligible[request.id].append(QueueEntry(index, queue_name, 0, reason))
-                    continue
-                possible += 1
-                share = 0 if self._in_share(placement) else 1
-                heap.append((share, -placement.priority, request.queued_at, request.id, index))
-            if not possible:
-                rejections.append(Rejection(request.id, tuple(reasons)))
-        heapq.heapify(heap)
-
-        waits: dict[str, list[QueueEntry]] = defaultdict(list)
-        queue_lengths: dict[str, int] = defaultdict(int)
+        self.classes, rejections, ineligible = self._classify()
+        # One run per (class, eligible placement): its members in time order, consumed from a
+        # cursor. The heap holds each run's head, keyed by the queue order.
+        heap: list[_HeapEntry] = []
+        for number, cls in enumerate(self.classes):
+            for index in cls.possible:
+                self._push(heap, number, index, 0)
         now = self.snapshot.now
         while heap:
             entry = heapq.heappop(heap)
-            share, _, _, request_id, index = entry
-            if request_id in self.granted_now:
+            share, rank, _, _, number, index, pos = entry
+            cls = self.classes[number]
+            request = cls.members[pos]
+            placement = cls.placements[index]
+            if request.id in self.granted_now:
+                self._push(heap, number, index, pos + 1, share)
                 continue
-            request = requests[request_id]
-            placement = request.placements[index]
             # In-share only turns into borrowing as the pass grants, so re-queue lazily.
             if share == 0 and not self._in_share(placement):
                 heapq.heappush(heap, (1, *entry[1:]))
                 continue
+            root = self.forest.root(placement.queue)
+            preempted = len(self.preemptions)
             reason = self._try(request, index)
             if reason is None:
+                cls.granted += 1
+                if len(self.preemptions) > preempted:
+                    self._unpark(heap, root, entry)
+                self._push(heap, number, index, pos + 1, share)
                 continue
-            holding = False
             queue = self.forest.nodes[placement.queue]
             if (
                 reason.check is Check.CAPACITY
@@ -402,23 +418,110 @@ class _Pass:
             ):
                 self._hold(placement)
                 self.holders.add(queue.id)
-                holding = True
-            queue_lengths[queue.id] += 1
-            waits[request_id].append(
-                QueueEntry(index, queue.name, queue_lengths[queue.id], reason, holding)
-            )
-
-        # A waiting request also says why it is not queued on its other pools (position 0).
-        waiting = tuple(
-            Waiting(r.id, tuple(sorted(waits[r.id] + ineligible.get(r.id, []),
-                                       key=lambda e: e.placement_index)))
-            for r in self.snapshot.queue
-            if r.id in waits and r.id not in self.granted_now
-        )
-        grants = tuple(
-            self.granted_now[r.id] for r in self.snapshot.queue if r.id in self.granted_now
-        )
+                self._wait(number, index, pos, pos + 1, reason, (share, rank), request.id)
+                self._push(heap, number, index, pos + 1, share)
+                continue
+            # Until units are freed under this root (only a preemption does that within a
+            # pass), the rest of this run waits too: park it instead of testing each member.
+            self.parked[root].append((number, index, pos, share, rank, reason))
+        for parked in self.parked.values():
+            for number, index, pos, _, _, reason in parked:
+                cls = self.classes[number]
+                placement = cls.placements[index]
+                # Explain with the pass's final state (what they wait for now).
+                failures = self._failures(placement, cls.preemptible)
+                share = 0 if self._in_share(placement) else 1
+                self._wait(number, index, pos, len(cls.members),
+                           failures[0] if failures else reason,
+                           (share, -placement.priority))
+        grants = tuple(sorted(self.granted_now.values(), key=lambda g: g.request_id))
+        waiting = (*self.groups, *ineligible)
         return Plan(grants, tuple(self.preemptions), tuple(rejections), waiting)
+
+    def _unpark(self, heap: list[_HeapEntry], root: str, entry: _HeapEntry) -> None:
+        """Units were freed under ``root`` while serving ``entry``: parked members ahead of it
+        waited for their recorded reason; the rest go back on the heap to be tried again."""
+        for number, index, pos, share, rank, reason in self.parked.pop(root, []):
+            cls = self.classes[number]
+            if (share, rank) < entry[:2]:
+                end = len(cls.members)
+            else:
+                end = bisect.bisect_left(cls.keys, (entry[2], entry[3]), pos)
+            self._wait(number, index, pos, end, reason, (share, rank))
+            self._push(heap, number, index, end, share)
+
+    def _wait(
+        self,
+        number: int,
+        index: int,
+        start: int,
+        end: int,
+        reason: Reason,
+        rank: tuple[int, int],
+        holder: str | None = None,
+    ) -> None:
+        cls = self.classes[number]
+        members = tuple(cls.keys[start:end])
+        if cls.granted:
+            members = tuple(m for m in members if m[1] not in self.granted_now)
+        if members:
+            queue = self.forest.nodes[cls.placements[index].queue].name
+            self.groups.append(WaitingGroup(queue, index, reason, members, rank, holder))
+
+    def _classify(self) -> tuple[list[_Class], list[Rejection], list[WaitingGroup]]:
+        """Group identical requests (same placements, same preemptibility) into classes.
+
+        Front-ends share one placements tuple between requests of one shape, so grouping costs
+        a dictionary lookup per request; equal tuples that are distinct objects still group.
+        """
+        by_object: dict[tuple[bool, int], _Class] = {}
+        by_shape: dict[tuple[object, ...], _Class] = {}
+        for request in self.snapshot.queue:
+            fast = (request.preemptible, id(request.placements))
+            cls = by_object.get(fast)
+            if cls is None:
+                shape = (request.preemptible, tuple(_shape(p) for p in request.placements))
+                cls = by_shape.get(shape)
+                if cls is None:
+                    cls = by_shape[shape] = _Class(request.preemptible, request.placements)
+                by_object[fast] = cls
+            cls.members.append(request)
+        classes: list[_Class] = []
+        rejections: list[Rejection] = []
+        ineligible: list[WaitingGroup] = []
+        for cls in by_shape.values():
+            cls.members.sort(key=_time_order)
+            cls.keys = [(r.queued_at, r.id) for r in cls.members]
+            reasons = []
+            for index, placement in enumerate(cls.placements):
+                reason = _impossible(self.forest, placement, cls.preemptible)
+                if reason is None:
+                    cls.possible.append(index)
+                else:
+                    reasons.append((index, placement, reason))
+            if not cls.possible:
+                only = tuple(r for _, _, r in reasons)
+                rejections.extend(Rejection(r.id, only) for r in cls.members)
+                continue
+            classes.append(cls)
+            for index, placement, reason in reasons:
+                name = self.forest.nodes[placement.queue].name
+                ineligible.append(WaitingGroup(
+                    name, index, reason, tuple(cls.keys), eligible=False,
+                ))
+        return classes, rejections, ineligible
+
+    def _push(
+        self, heap: list[_HeapEntry], number: int, index: int, pos: int, share: int | None = None
+    ) -> None:
+        """Put a run's next member on the heap (nothing when the run is done)."""
+        cls = self.classes[number]
+        if pos >= len(cls.members):
+            return
+        placement = cls.placements[index]
+        if share is None:
+            share = 0 if self._in_share(placement) else 1
+        heapq.heappush(heap, (share, -placement.priority, *cls.keys[pos], number, index, pos))
 
     def _try(self, request: Request, index: int) -> Reason | None:
         """Grant the entry (None) or say why it waits."""
@@ -452,19 +555,22 @@ class _Pass:
         self.version[self.forest.root(placement.queue)] += 1
 
 
-def _charged_keys(placement: Placement) -> set[str]:
+def _charged_keys(placement: Placement) -> AbstractSet[str]:
+    if len(placement.charges) == 1:
+        return placement.charges[0].amounts.keys()
     keys: set[str] = set()
     for charge in placement.charges:
-        keys.update(k for k, v in charge.amounts.items() if v > 0)
+        keys.update(charge.amounts)
     return keys
 
 
 def _shape(placement: Placement) -> tuple[object, ...]:
-    """Placements of one shape get the same verdict in the same state."""
+    """Placements of one shape get the same verdict in the same state. (Equal amounts listed
+    in another key order make another shape: only a cache miss, never a wrong verdict.)"""
     return (
         placement.queue,
         placement.priority,
-        tuple((c.leaf, tuple(sorted(c.amounts.items()))) for c in placement.charges),
+        tuple((c.leaf, tuple(c.amounts.items())) for c in placement.charges),
     )
 
 
@@ -486,15 +592,8 @@ class _Desc:
         return hash(self.value)
 
 
-def usage_by_node(snapshot: Snapshot) -> dict[str, dict[str, int]]:
-    """Units in use per node after the snapshot's allocations (for reports)."""
-    forest = _Forest(snapshot.nodes)
-    usage: dict[str, dict[str, int]] = defaultdict(dict)
-    for allocation in snapshot.allocations:
-        for node_id, units in forest.delta(allocation.placement).items():
-            for key, amount in units.items():
-                usage[node_id][key] = usage[node_id].get(key, 0) + amount
-    return dict(usage)
+def _time_order(request: Request) -> tuple[float, str]:
+    return (request.queued_at, request.id)
 
 
-__all__ = ["reconcile", "usage_by_node"]
+__all__ = ["reconcile"]

@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` (the main job on the embedded SQLite store)
+# and `make test`. Both create .venv and install the project on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/fairpool: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(BIN)/fairpool
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/tour.sh
+
+test: $(BIN)/fairpool
+	$(BIN)/ruff check fairpool tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/fairpool
+	$(BIN)/python benchmarks/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
