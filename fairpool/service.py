@@ -16,8 +16,9 @@ from typing import Literal
 
 from sqlalchemy import Connection
 
+from fairpool.engine.explain import QueueEntry, queue_entries
 from fairpool.engine.model import Allocation as EngineAllocation
-from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot, Waiting
+from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
 from fairpool.errors import Conflict, InvalidInput, NotFound
@@ -47,7 +48,8 @@ def _utcnow() -> datetime:
 
 
 def open_service(home: str | None = None, url: str | None = None) -> Service:
-    """The embedded default: a SQLite file under ``home`` (FAIRPOOL_HOME, else the user data dir)."""
+    """The embedded default: a SQLite file under ``home`` (else FAIRPOOL_HOME, else the user
+    data dir)."""
     return Service(Database.open(url or default_url(fairpool_home(home))))
 
 
@@ -97,21 +99,28 @@ class _State:
                 (Charge(allocation.policy_id, holder.demand),),
                 allocation.priority,
             )
-            allocations.append(EngineAllocation(
-                allocation.request_id, placement, allocation.allocated_at.timestamp(),
-                holder.preemptible,
-            ))
-        by_component = self.policies_of()
-        queue = tuple(
-            EngineRequest(
-                r.id,
-                r.created_at.timestamp(),
-                frontend.placements(r.demand, by_component.get(r.component_id, ()), self.pools),
-                r.preemptible,
+            allocations.append(
+                EngineAllocation(
+                    allocation.request_id,
+                    placement,
+                    allocation.allocated_at.timestamp(),
+                    holder.preemptible,
+                )
             )
-            for r in self.queued.values()
-        )
-        return Snapshot(now.timestamp(), nodes, tuple(allocations), queue)
+        by_component = self.policies_of()
+        # One placements tuple per (component, demand): the engine groups identical requests
+        # by it.
+        interned: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[Placement, ...]] = {}
+        queue = []
+        for r in self.queued.values():
+            shape = (r.component_id, tuple(sorted(r.demand.items())))
+            placements = interned.get(shape)
+            if placements is None:
+                placements = interned[shape] = frontend.placements(
+                    r.demand, by_component.get(r.component_id, ()), self.pools
+                )
+            queue.append(EngineRequest(r.id, r.created_at.timestamp(), placements, r.preemptible))
+        return Snapshot(now.timestamp(), nodes, tuple(allocations), tuple(queue))
 
 
 class Service:
@@ -128,9 +137,9 @@ class Service:
             raise InvalidInput("name", name, "must not be empty")
         amounts = frontend.validate_capacity(capacity)
         with self.db.write() as conn:
-            if repo.find_pool_by_name(conn, name) is not None:
+            if any(p.name == name for p in repo.list_pools(conn)):
                 raise Conflict(f"a resource pool named `{name}` already exists")
-            pool_id = repo.insert_pool(conn, name, description, amounts, self.clock())
+            pool_id = repo.insert_pool(conn, name, description, amounts, self.clock()).id
             self._pass(conn)
             return self._pool_view(conn, pool_id)
 
@@ -164,8 +173,9 @@ class Service:
                     f"({_ids(a.request_id for a in live)}): release or cancel them first"
                 )
             repo.delete_pool(conn, pool.id)
-            repo.insert_event(conn, self.clock(), "pool_deleted", f"pool {pool.name} deleted",
-                              pool_id=pool.id)
+            repo.insert_event(
+                conn, "pool_deleted", f"pool {pool.name} deleted", self.clock(), pool_id=pool.id
+            )
             self._pass(conn)
 
     def get_pool(self, ref: str) -> PoolView:
@@ -175,8 +185,8 @@ class Service:
     def list_pools(self) -> list[PoolView]:
         with self.db.read() as conn:
             state = _State.load(conn)
-            plan = reconcile(state.snapshot(self.clock()))
-            return [self._pool_view_of(state, plan, pool) for pool in _by_name(state.pools)]
+            entries = queue_entries(reconcile(state.snapshot(self.clock())))
+            return [self._pool_view_of(state, entries, pool) for pool in _by_name(state.pools)]
 
     def pool_requests(self, ref: str, view: PoolRequestView = "all") -> list[RequestView]:
         detail = self.get_pool(ref)
@@ -207,8 +217,8 @@ class Service:
                 pool, reserved or {}, limit or {}, priority
             )
             now = self.clock()
-            found = repo.get_component_by_name(conn, component, kind)
-            component_id = found.id if found else repo.insert_component(conn, component, kind, now)
+            found = _component(conn, component, kind)
+            component_id = (found or repo.insert_component(conn, component, kind, now)).id
             existing = repo.list_policies(conn, pool_id=pool.id)
             if any(p.component_id == component_id for p in existing):
                 raise Conflict(
@@ -216,34 +226,50 @@ class Service:
                     "detach it first"
                 )
             candidate = Policy(
-                id="", pool_id=pool.id, component_id=component_id, priority=priority,
-                created_at=now, updated_at=now, reserved=reserved_amounts, limit=limit_amounts,
+                id="",
+                pool_id=pool.id,
+                component_id=component_id,
+                priority=priority,
+                created_at=now,
+                updated_at=now,
+                reserved=reserved_amounts,
+                limit=limit_amounts,
             )
             frontend.check_reserved_total(pool.capacity, [*existing, candidate], pool.name)
             policy_id = repo.insert_policy(
                 conn, pool.id, component_id, priority, reserved_amounts, limit_amounts, now
-            )
+            ).id
             self._pass(conn)
             state = _State.load(conn)
             return self._policy_view(state, state.policies[policy_id])
 
-    def detach_policy(self, pool_ref: str, component: str, component_type: str = "orchestrator") -> None:
+    def detach_policy(
+        self, pool_ref: str, component: str, component_type: str = "orchestrator"
+    ) -> None:
         kind = _component_type(component_type)
         with self.db.write() as conn:
             pool = repo.get_pool(conn, pool_ref)
-            found = repo.get_component_by_name(conn, component, kind)
+            found = _component(conn, component, kind)
             policy = next(
-                (p for p in repo.list_policies(conn, pool_id=pool.id)
-                 if found is not None and p.component_id == found.id),
+                (
+                    p
+                    for p in repo.list_policies(conn, pool_id=pool.id)
+                    if found is not None and p.component_id == found.id
+                ),
                 None,
             )
             if policy is None:
-                raise NotFound(f"No policy found for {kind} `{component}` in resource pool `{pool.name}`")
-            live = [a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id]
+                raise NotFound(
+                    f"No policy found for {kind} `{component}` in resource pool `{pool.name}`"
+                )
+            live = [
+                a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id
+            ]
             if live:
                 raise Conflict(
                     f"policy of {kind} `{component}` on `{pool.name}` has {len(live)} live "
-                    f"allocation(s) ({_ids(a.request_id for a in live)}): release or cancel them first"
+                    f"allocation(s) ({_ids(a.request_id for a in live)}): "
+                    "release or cancel them first"
                 )
             repo.delete_policy(conn, policy.id)
             self._pass(conn)
@@ -291,17 +317,24 @@ class Service:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidInput("max_retries", max_retries, "must be a non-negative integer")
         with self.db.write() as conn:
-            found = repo.get_component_by_name(conn, component, kind)
+            found = _component(conn, component, kind)
             if found is None:
                 raise NotFound(
                     f"no {kind} named `{component}`: attach a policy first "
                     f"(fairpool resource-pool attach-policy POOL {component})"
                 )
             request_id = repo.insert_request(
-                conn, found.id, amounts, preemptible, max_retries, dict(labels or {}), self.clock()
+                conn,
+                found.id,
+                amounts,
+                self.clock(),
+                preemptible=preemptible,
+                max_retries=max_retries,
+                labels=dict(labels or {}),
+            ).id
+            repo.insert_event(
+                conn, "created", "request created", self.clock(), request_id=request_id
             )
-            repo.insert_event(conn, self.clock(), "created", "request created",
-                              request_id=request_id)
             self._pass(conn)
             return self._request_view(conn, request_id)
 
@@ -322,11 +355,11 @@ class Service:
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool else None
-            plan = reconcile(state.snapshot(self.clock()))
-            waiting = {w.request_id: w for w in plan.waiting}
+            entries = queue_entries(reconcile(state.snapshot(self.clock())))
             views = []
-            for request in repo.list_requests(conn, status=status):
-                view = self._request_view_of(conn, state, request, waiting.get(request.id))
+            wanted = RequestStatus(status) if status is not None else None
+            for request in repo.list_requests(conn, status=wanted):
+                view = self._request_view_of(conn, state, request, entries.get(request.id, ()))
                 if component is not None and view.component != component:
                     continue
                 if pool_id is not None and not self._touches_pool(state, view, pool_id):
@@ -339,7 +372,9 @@ class Service:
             request = repo.get_request(conn, ref)
             if request.status is not RequestStatus.ALLOCATED:
                 hint = ": use cancel" if request.status is RequestStatus.QUEUED else ""
-                raise Conflict(f"request {request.id} is {request.status.value}, not allocated{hint}")
+                raise Conflict(
+                    f"request {request.id} is {request.status.value}, not allocated{hint}"
+                )
             self._finish(conn, request, RequestStatus.RELEASED, "released by its holder")
             self._pass(conn)
             return self._request_view(conn, request.id)
@@ -360,8 +395,13 @@ class Service:
             if request.status is RequestStatus.ALLOCATED:
                 repo.release_allocation(conn, request.id, now)
             repo.delete_request(conn, request.id)
-            repo.insert_event(conn, now, "deleted", f"request deleted ({request.status.value})",
-                              request_id=request.id)
+            repo.insert_event(
+                conn,
+                "deleted",
+                f"request deleted ({request.status.value})",
+                now,
+                request_id=request.id,
+            )
             self._pass(conn)
 
     def reconcile(self) -> PassSummary:
@@ -374,17 +414,23 @@ class Service:
         """Run the engine and apply its plan, again while preemptions create retries."""
         started = time.perf_counter()
         summary = PassSummary()
+        waiting = 0
         for _ in range(_MAX_PASSES):
             now = self.clock()
             state = _State.load(conn)
             snapshot = state.snapshot(now)
-            retried = self._apply(conn, state, snapshot, reconcile(snapshot), now, summary)
-            summary.waiting = len(plan.waiting)
+            plan = reconcile(snapshot)
+            retried = self._apply(conn, state, snapshot, plan, now, summary)
+            waiting = len(snapshot.queue) - len(plan.grants) - len(plan.rejections)
             if not retried:
                 break
         return PassSummary(
-            summary.granted, summary.preempted, summary.rejected, summary.retried,
-            summary.waiting, round(time.perf_counter() - started, 6),
+            summary.granted,
+            summary.preempted,
+            summary.rejected,
+            summary.retried,
+            waiting,
+            round(time.perf_counter() - started, 6),
         )
 
     def _apply(
@@ -401,22 +447,43 @@ class Service:
         for preemption in plan.preemptions:
             victim = state.holders[preemption.victim_id]
             repo.release_allocation(conn, victim.id, now)
-            repo.set_request_status(conn, victim.id, RequestStatus.PREEMPTED, preemption.message,
-                                    now, preempted_by_id=preemption.preemptor_id)
-            repo.insert_event(conn, now, "preempted", preemption.message, request_id=victim.id,
-                              pool_id=state.allocations[victim.id].pool_id,
-                              data={"rule": preemption.rule.value, "by": preemption.preemptor_id})
+            repo.set_request_status(
+                conn,
+                victim.id,
+                RequestStatus.PREEMPTED,
+                preemption.message,
+                now,
+                preempted_by_id=preemption.preemptor_id,
+            )
+            repo.insert_event(
+                conn,
+                "preempted",
+                preemption.message,
+                now,
+                request_id=victim.id,
+                pool_id=state.allocations[victim.id].pool_id,
+                data={"rule": preemption.rule.value, "by": preemption.preemptor_id},
+            )
             summary.preempted.append(victim.id)
             if victim.attempt <= victim.max_retries:
                 retry_id = repo.insert_request(
-                    conn, victim.component_id, victim.demand, victim.preemptible,
-                    victim.max_retries, victim.labels, now,
-                    attempt=victim.attempt + 1, previous_attempt_id=victim.id,
-                )
+                    conn,
+                    victim.component_id,
+                    victim.demand,
+                    now,
+                    preemptible=victim.preemptible,
+                    max_retries=victim.max_retries,
+                    labels=victim.labels,
+                    attempt=victim.attempt + 1,
+                    previous_attempt_id=victim.id,
+                ).id
                 repo.insert_event(
-                    conn, now, "retried",
+                    conn,
+                    "retried",
                     f"attempt {victim.attempt + 1} of {victim.max_retries + 1} after preemption",
-                    request_id=retry_id, data={"previous_attempt_id": victim.id},
+                    now,
+                    request_id=retry_id,
+                    data={"previous_attempt_id": victim.id},
                 )
                 summary.retried.append(retry_id)
                 retried += 1
@@ -426,12 +493,14 @@ class Service:
             placement = snapshot_requests[request.id].placements[grant.placement_index]
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
-            repo.insert_allocation(conn, request.id, pool.id, policy.id, pool.name,
-                                   policy.priority, now)
+            repo.insert_allocation(
+                conn, request.id, pool.id, policy.id, pool.name, policy.priority, now
+            )
             message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
             repo.set_request_status(conn, request.id, RequestStatus.ALLOCATED, message, now)
-            repo.insert_event(conn, now, "allocated", message, request_id=request.id,
-                              pool_id=pool.id)
+            repo.insert_event(
+                conn, "allocated", message, now, request_id=request.id, pool_id=pool.id
+            )
             summary.granted.append(request.id)
         for rejection in plan.rejections:
             request = state.queued[rejection.request_id]
@@ -440,13 +509,20 @@ class Service:
                 f"`{state.components[request.component_id].name}` has no policy on any pool"
             )
             repo.set_request_status(conn, request.id, RequestStatus.REJECTED, message, now)
-            repo.insert_event(conn, now, "rejected", message, request_id=request.id)
+            repo.insert_event(conn, "rejected", message, now, request_id=request.id)
             summary.rejected.append(request.id)
-        for waiting in plan.waiting:
-            # Only a changed reason is written, so a long idle queue costs no writes.
-            message = _waiting_reason(waiting)
-            if state.queued[waiting.request_id].status_reason != message:
-                repo.set_request_reason(conn, waiting.request_id, message, now)
+        # Only a changed reason is written, so a long idle queue costs no writes.
+        granted = {g.request_id for g in plan.grants}
+        reasons: dict[str, list[str]] = defaultdict(list)
+        for group in plan.waiting:
+            if group.eligible:
+                for _, request_id in group.members:
+                    if request_id not in granted:
+                        reasons[request_id].append(group.reason.message)
+        for request_id, messages in reasons.items():
+            message = "waiting: " + "; ".join(messages)
+            if state.queued[request_id].status_reason != message:
+                repo.set_request_reason(conn, request_id, message, now)
         return retried
 
     def _finish(self, conn: Connection, request: Request, status: RequestStatus, why: str) -> None:
@@ -454,17 +530,21 @@ class Service:
         if request.status is RequestStatus.ALLOCATED:
             repo.release_allocation(conn, request.id, now)
         repo.set_request_status(conn, request.id, status, why, now)
-        repo.insert_event(conn, now, status.value, why, request_id=request.id)
+        repo.insert_event(conn, status.value, why, now, request_id=request.id)
 
     # -- views -------------------------------------------------------------------------
 
     def _pool_view(self, conn: Connection, pool_id: str, detail: bool = False) -> PoolView:
         state = _State.load(conn)
-        plan = reconcile(state.snapshot(self.clock()))
-        return self._pool_view_of(state, plan, state.pools[pool_id], conn if detail else None)
+        entries = queue_entries(reconcile(state.snapshot(self.clock())))
+        return self._pool_view_of(state, entries, state.pools[pool_id], conn if detail else None)
 
     def _pool_view_of(
-        self, state: _State, plan: Plan, pool: Pool, conn: Connection | None = None
+        self,
+        state: _State,
+        entries: Mapping[str, tuple[QueueEntry, ...]],
+        pool: Pool,
+        conn: Connection | None = None,
     ) -> PoolView:
         occupied = dict.fromkeys(pool.capacity, 0)
         active = [a for a in state.allocations.values() if a.pool_id == pool.id]
@@ -472,43 +552,60 @@ class Service:
             for key, amount in state.holders[allocation.request_id].demand.items():
                 if key in occupied:
                     occupied[key] += amount
-        queued: list[tuple[int, Waiting]] = []
-        for waiting in plan.waiting:
-            for entry in waiting.entries:
+        queued: list[tuple[int, str]] = []
+        for request_id, found in entries.items():
+            for entry in found:
                 if entry.queue == f"pool {pool.name}" and entry.position > 0:
-                    queued.append((entry.position, waiting))
-        queued.sort(key=lambda item: item[0])
+                    queued.append((entry.position, request_id))
+        queued.sort()
         policies: tuple[PolicyView, ...] = ()
         active_views: tuple[RequestView, ...] = ()
         queued_views: tuple[RequestView, ...] = ()
         if conn is not None:
-            policies = tuple(sorted(
-                (self._policy_view(state, p) for p in state.policies.values()
-                 if p.pool_id == pool.id),
-                key=lambda v: (-v.priority, v.component),
-            ))
+            policies = tuple(
+                sorted(
+                    (
+                        self._policy_view(state, p)
+                        for p in state.policies.values()
+                        if p.pool_id == pool.id
+                    ),
+                    key=lambda v: (-v.priority, v.component),
+                )
+            )
             active_views = tuple(
-                self._request_view_of(conn, state, state.holders[a.request_id], None, "active")
+                self._request_view_of(conn, state, state.holders[a.request_id], (), "active")
                 for a in sorted(active, key=lambda a: (a.allocated_at, a.request_id))
             )
             queued_views = tuple(
-                self._request_view_of(conn, state, state.queued[w.request_id], w, "queued")
-                for _, w in queued
+                self._request_view_of(conn, state, state.queued[r], entries[r], "queued")
+                for _, r in queued
             )
         return PoolView(
-            id=pool.id, name=pool.name, description=pool.description,
-            capacity=dict(pool.capacity), occupied=occupied, queue_length=len(queued),
-            created=pool.created_at, updated=pool.updated_at, policies=policies,
-            active_requests=active_views, queued_requests=queued_views,
+            id=pool.id,
+            name=pool.name,
+            description=pool.description,
+            capacity=dict(pool.capacity),
+            occupied=occupied,
+            queue_length=len(queued),
+            created=pool.created_at,
+            updated=pool.updated_at,
+            policies=policies,
+            active_requests=active_views,
+            queued_requests=queued_views,
         )
 
     def _policy_view(self, state: _State, policy: Policy) -> PolicyView:
         pool = state.pools[policy.pool_id]
         owner = state.components[policy.component_id]
         return PolicyView(
-            id=policy.id, pool=pool.name, pool_id=pool.id, component=owner.name,
-            component_type=owner.type.value, priority=policy.priority,
-            reserved=dict(policy.reserved), limit=dict(policy.limit),
+            id=policy.id,
+            pool=pool.name,
+            pool_id=pool.id,
+            component=owner.name,
+            component_type=owner.type.value,
+            priority=policy.priority,
+            reserved=dict(policy.reserved),
+            limit=dict(policy.limit),
             effective_reserved={k: policy.reserved.get(k, 0) for k in pool.capacity},
             effective_limit={k: policy.limit.get(k, v) for k, v in pool.capacity.items()},
             created=policy.created_at,
@@ -517,41 +614,53 @@ class Service:
     def _request_view(self, conn: Connection, request_id: str) -> RequestView:
         state = _State.load(conn)
         request = repo.get_request(conn, request_id)
-        waiting = None
+        found: tuple[QueueEntry, ...] = ()
         if request.status is RequestStatus.QUEUED:
-            plan = reconcile(state.snapshot(self.clock()))
-            waiting = next((w for w in plan.waiting if w.request_id == request.id), None)
-        return self._request_view_of(conn, state, request, waiting)
+            found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
+        return self._request_view_of(conn, state, request, found)
 
     def _request_view_of(
         self,
         conn: Connection,
         state: _State,
         request: Request,
-        waiting: Waiting | None,
+        entries: tuple[QueueEntry, ...],
         pool_state: str | None = None,
     ) -> RequestView:
         owner = state.components[request.component_id]
         allocation = repo.get_allocation(conn, request.id)
         queue = tuple(
-            QueuePlace(e.queue.removeprefix("pool "), e.position, e.reason.message,
-                       e.reason.check.value, e.holding)
-            for e in (waiting.entries if waiting else ())
+            QueuePlace(
+                e.queue.removeprefix("pool "),
+                e.position,
+                e.reason.message,
+                e.reason.check.value,
+                e.holding,
+            )
+            for e in entries
         )
         return RequestView(
-            id=request.id, status=request.status.value, status_reason=request.status_reason,
-            component=owner.name, component_type=owner.type.value,
-            resources=dict(request.demand), preemptible=request.preemptible,
-            max_retries=request.max_retries, attempt=request.attempt,
+            id=request.id,
+            status=request.status.value,
+            status_reason=request.status_reason,
+            component=owner.name,
+            component_type=owner.type.value,
+            resources=dict(request.demand),
+            preemptible=request.preemptible,
+            max_retries=request.max_retries,
+            attempt=request.attempt,
             previous_attempt_id=request.previous_attempt_id,
             retried_as_id=repo.retry_of(conn, request.id),
-            preempted_by_id=request.preempted_by_id, labels=dict(request.labels),
+            preempted_by_id=request.preempted_by_id,
+            labels=dict(request.labels),
             pool=allocation.pool_name if allocation else None,
             priority=allocation.priority if allocation else None,
-            created=request.created_at, updated=request.updated_at,
+            created=request.created_at,
+            updated=request.updated_at,
             allocated_at=allocation.allocated_at if allocation else None,
             released_at=allocation.released_at if allocation else None,
-            queue=queue, state=pool_state,
+            queue=queue,
+            state=pool_state,
         )
 
     @staticmethod
@@ -560,9 +669,11 @@ class Service:
         return view.pool == pool.name or any(p.pool == pool.name for p in view.queue)
 
 
-def _waiting_reason(waiting: Waiting) -> str:
-    queued = [e for e in waiting.entries if e.position > 0]
-    return "waiting: " + "; ".join(e.reason.message for e in queued)
+def _component(conn: Connection, name: str, kind: ComponentType) -> Component | None:
+    try:
+        return repo.get_component_by_name(conn, name, kind)
+    except NotFound:
+        return None
 
 
 def _component_type(value: str) -> ComponentType:

@@ -6,6 +6,7 @@ import multiprocessing
 import sqlite3
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
@@ -148,13 +149,12 @@ def test_pool_round_trip(db: Database) -> None:
         repo.delete_pool(connection, pool.id)
         with pytest.raises(NotFound):
             repo.get_pool(connection, "gpus")
-        for missing in (
-            lambda: repo.delete_pool(connection, pool.id),
-            lambda: repo.set_pool_capacity(connection, pool.id, {}, NOW),
-            lambda: repo.update_pool_description(connection, pool.id, "x", NOW),
-        ):
-            with pytest.raises(NotFound):
-                missing()
+        with pytest.raises(NotFound):
+            repo.delete_pool(connection, pool.id)
+        with pytest.raises(NotFound):
+            repo.set_pool_capacity(connection, pool.id, {}, NOW)
+        with pytest.raises(NotFound):
+            repo.update_pool_description(connection, pool.id, "x", NOW)
         assert connection.scalar(select(func.count()).select_from(schema.pool_resource)) == 0
 
 
@@ -334,6 +334,56 @@ def test_preemption_and_retry_links(db: Database, component_id: str) -> None:
             repo.delete_request(connection, victim.id)
 
 
+def test_requests_by_ids_in_batches(
+    db: Database, component_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo, "_BATCH", 2)
+    with db.write() as connection:
+        requests = [
+            repo.insert_request(connection, component_id, {"gpu": i + 1}, at(i), preemptible=True)
+            for i in range(5)
+        ]
+    with db.read() as connection:
+        wanted = [requests[4].id, requests[0].id, "missing", requests[2].id, requests[1].id]
+        found = repo.requests_by_ids(connection, wanted)
+        assert sorted(found, key=lambda r: r.created_at) == [requests[i] for i in (0, 1, 2, 4)]
+        assert repo.requests_by_ids(connection, []) == []
+
+
+def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) -> None:
+    with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        first = repo.insert_request(connection, component_id, {"gpu": 1}, NOW, preemptible=True)
+        repo.set_request_reason(connection, first.id, "waiting: capacity", at(1))
+        waiting = repo.get_request(connection, first.id)
+        assert (waiting.status, waiting.status_reason) == (
+            RequestStatus.QUEUED,
+            "waiting: capacity",
+        )
+        assert waiting.updated_at == at(1)
+        with pytest.raises(NotFound):
+            repo.set_request_reason(connection, "nope", None, NOW)
+
+        assert repo.get_allocation(connection, first.id) is None
+        allocation = repo.insert_allocation(connection, first.id, pool_id, None, "gpus", 0, at(2))
+        assert repo.get_allocation(connection, first.id) == allocation
+        repo.release_allocation(connection, first.id, at(3))
+        assert repo.get_allocation(connection, first.id) == replace(allocation, released_at=at(3))
+
+        assert repo.retry_of(connection, first.id) is None
+        retry = repo.insert_request(
+            connection,
+            component_id,
+            {"gpu": 1},
+            at(4),
+            preemptible=True,
+            attempt=2,
+            previous_attempt_id=first.id,
+        )
+        assert repo.retry_of(connection, first.id) == retry.id
+        assert repo.retry_of(connection, retry.id) is None
+
+
 def test_list_requests_filters_and_pages(db: Database, component_id: str) -> None:
     with db.write() as connection:
         other_component = repo.insert_component(
@@ -470,7 +520,7 @@ def _report(results: Queue[str], work: Callable[[], None]) -> None:
 def _count_then_append(url: str, start: Barrier, results: Queue[str]) -> None:
     def work() -> None:
         with Database.open(url) as db:
-            start.wait()
+            start.wait(timeout=60)
             for _ in range(WRITES_PER_PROCESS):
                 with db.write() as connection:
                     seen = connection.scalar(select(func.count()).select_from(schema.event))
@@ -481,7 +531,7 @@ def _count_then_append(url: str, start: Barrier, results: Queue[str]) -> None:
 
 def _open_at_once(url: str, start: Barrier, results: Queue[str]) -> None:
     def work() -> None:
-        start.wait()
+        start.wait(timeout=60)
         with Database.open(url) as db, db.write() as connection:
             repo.insert_event(connection, "opened", "opened", NOW)
 
@@ -497,10 +547,13 @@ def _run_processes(target: Callable[[str, Barrier, Queue[str]], None], url: str)
     ]
     for process in processes:
         process.start()
-    outcomes = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
-    return outcomes
+    try:
+        return [results.get(timeout=120) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
 
 
 def test_concurrent_writers_are_serialized(tmp_path: Path) -> None:

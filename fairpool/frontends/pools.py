@@ -111,7 +111,8 @@ def validate_policy(
         for key in amounts:
             if key not in pool.capacity:
                 raise InvalidInput(
-                    f"{field}.{key}", amounts[key],
+                    f"{field}.{key}",
+                    amounts[key],
                     f"pool {pool.name!r} has no {key!r} (pool keys: "
                     f"{', '.join(sorted(pool.capacity))}); policy keys must be pool keys",
                 )
@@ -122,7 +123,9 @@ def validate_policy(
     return reserved, limit
 
 
-def check_reserved_total(capacity: Mapping[str, int], policies: Iterable[Policy], pool_name: str) -> None:
+def check_reserved_total(
+    capacity: Mapping[str, int], policies: Iterable[Policy], pool_name: str
+) -> None:
     """Sum of reserved over a pool's policies must fit its capacity, per key."""
     totals: dict[str, int] = {}
     for policy in policies:
@@ -132,6 +135,7 @@ def check_reserved_total(capacity: Mapping[str, int], policies: Iterable[Policy]
         available = capacity.get(key, 0)
         if total > available:
             raise InvalidInput(
-                f"reserved.{key}", total,
+                f"reserved.{key}",
+                total,
                 f"reserved totals on pool {pool_name!r} would exceed its capacity {available}",
             )

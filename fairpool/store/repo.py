@@ -2,8 +2,8 @@
 
 Functions never open or commit transactions; the caller's ``Database.read()`` or
 ``Database.write()`` block decides what is atomic. Lists load their resource maps with one
-extra query for the whole list, never one per record. ``get_*`` raise ``NotFound``, updates
-and deletes of a missing row too.
+extra query for the whole list, never one per record. Lookups raise ``NotFound`` (except
+``get_allocation``: most requests have none), and so do updates and deletes of a missing row.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ from fairpool.store.schema import as_utc
 
 Amounts = Mapping[str, int]
 
+# Ids per IN list: far below SQLite's 32766 and PostgreSQL's 65535 bound parameters.
+_BATCH = 10_000
+
 
 def _new_id() -> str:
     return str(uuid.uuid4())
@@ -70,6 +73,11 @@ def _check_found(rowcount: int, what: str, id_: str) -> None:
 
 def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
     result = connection.execute(update(table).where(table.c.id == id_).values(**values))
+    _check_found(result.rowcount, what, id_)
+
+
+def _delete(connection: Connection, table: Table, id_: str, what: str) -> None:
+    result = connection.execute(delete(table).where(table.c.id == id_))
     _check_found(result.rowcount, what, id_)
 
 
@@ -117,9 +125,7 @@ def list_components(connection: Connection) -> list[Component]:
 
 def delete_component(connection: Connection, component_id: str) -> None:
     """Its policies go with it; a component that has requests cannot be deleted."""
-    table = schema.component
-    result = connection.execute(delete(table).where(table.c.id == component_id))
-    _check_found(result.rowcount, "component", component_id)
+    _delete(connection, schema.component, component_id, "component")
 
 
 # Pools
@@ -132,7 +138,7 @@ def _pools(connection: Connection, where: ColumnElement[bool]) -> list[Pool]:
         connection,
         select(resource.c.pool_id, resource.c.key, resource.c.total)
         .where(resource.c.pool_id.in_(statement.with_only_columns(table.c.id)))
-        .order_by(resource.c.key),
+        .order_by(resource.c.pool_id, resource.c.key),
     )
     rows = connection.execute(statement).mappings()
     return [Pool.from_row(row, capacity.get(row["id"], {})) for row in rows]
@@ -203,9 +209,7 @@ def update_pool_description(
 
 def delete_pool(connection: Connection, pool_id: str) -> None:
     """Its capacity and policies go with it; its allocations keep ``pool_name``."""
-    table = schema.pool
-    result = connection.execute(delete(table).where(table.c.id == pool_id))
-    _check_found(result.rowcount, "pool", pool_id)
+    _delete(connection, schema.pool, pool_id, "pool")
 
 
 # Policies
@@ -219,7 +223,7 @@ def _policies(connection: Connection, where: ColumnElement[bool]) -> list[Policy
     resources = connection.execute(
         select(resource.c.policy_id, resource.c.key, resource.c.reserved, resource.c.limit)
         .where(resource.c.policy_id.in_(statement.with_only_columns(table.c.id)))
-        .order_by(resource.c.key)
+        .order_by(resource.c.policy_id, resource.c.key)
     )
     for policy_id, key, reserved_units, limit_units in resources:
         reserved[policy_id][key] = reserved_units
@@ -328,9 +332,7 @@ def update_policy(
 
 
 def delete_policy(connection: Connection, policy_id: str) -> None:
-    table = schema.policy
-    result = connection.execute(delete(table).where(table.c.id == policy_id))
-    _check_found(result.rowcount, "policy", policy_id)
+    _delete(connection, schema.policy, policy_id, "policy")
 
 
 def list_policies(
@@ -356,7 +358,7 @@ def _requests(connection: Connection, statement: Select[Any]) -> list[Request]:
         connection,
         select(resource.c.request_id, resource.c.key, resource.c.amount)
         .where(resource.c.request_id.in_(statement.with_only_columns(schema.request.c.id)))
-        .order_by(resource.c.key),
+        .order_by(resource.c.request_id, resource.c.key),
     )
     rows = connection.execute(statement).mappings()
     return [Request.from_row(row, demand.get(row["id"], {})) for row in rows]
@@ -451,6 +453,19 @@ def list_requests(
     return _requests(connection, statement)
 
 
+def requests_by_ids(connection: Connection, request_ids: Sequence[str]) -> list[Request]:
+    """The requests among ``request_ids`` that exist, in queue order within each batch."""
+    table = schema.request
+    found: list[Request] = []
+    for start in range(0, len(request_ids), _BATCH):
+        batch = request_ids[start : start + _BATCH]
+        statement = (
+            select(table).where(table.c.id.in_(batch)).order_by(table.c.created_at, table.c.id)
+        )
+        found.extend(_requests(connection, statement))
+    return found
+
+
 def queued_requests(connection: Connection) -> list[Request]:
     """The whole queue, in order; two queries however long it is."""
     return list_requests(connection, status=RequestStatus.QUEUED)
@@ -478,11 +493,22 @@ def set_request_status(
     )
 
 
+def set_request_reason(
+    connection: Connection, request_id: str, reason: str | None, now: datetime
+) -> None:
+    """Explain the current status anew (e.g. why a request still waits)."""
+    _update(connection, schema.request, request_id, "request", status_reason=reason, updated_at=now)
+
+
+def retry_of(connection: Connection, request_id: str) -> str | None:
+    """The id of the request that retries ``request_id``, if one was made."""
+    table = schema.request
+    return connection.scalar(select(table.c.id).where(table.c.previous_attempt_id == request_id))
+
+
 def delete_request(connection: Connection, request_id: str) -> None:
     """Its demand and allocation go with it; retries and preemptees lose the link."""
-    table = schema.request
-    result = connection.execute(delete(table).where(table.c.id == request_id))
-    _check_found(result.rowcount, "request", request_id)
+    _delete(connection, schema.request, request_id, "request")
 
 
 # Allocations
@@ -530,6 +556,14 @@ def release_allocation(connection: Connection, request_id: str, now: datetime) -
     _check_found(result.rowcount, "live allocation for request", request_id)
 
 
+def get_allocation(connection: Connection, request_id: str) -> Allocation | None:
+    """The request's allocation, live or released; None if it never had one."""
+    table = schema.allocation
+    statement = select(table).where(table.c.request_id == request_id)
+    row = connection.execute(statement).mappings().first()
+    return None if row is None else Allocation.from_row(row)
+
+
 def live_allocations(connection: Connection, pool_id: str | None = None) -> list[Allocation]:
     """Allocations still holding units, oldest first."""
     table = schema.allocation
@@ -556,10 +590,10 @@ def insert_event(
     pool_id: str | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> Event:
-    at, data = as_utc(now), dict(data or {})
+    at, payload = as_utc(now), dict(data or {})
     result = connection.execute(
         insert(schema.event).values(
-            at=at, kind=kind, request_id=request_id, pool_id=pool_id, message=message, data=data
+            at=at, kind=kind, request_id=request_id, pool_id=pool_id, message=message, data=payload
         )
     )
     primary_key = result.inserted_primary_key
@@ -571,7 +605,7 @@ def insert_event(
         request_id=request_id,
         pool_id=pool_id,
         message=message,
-        data=data,
+        data=payload,
     )
 
 
