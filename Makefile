@@ -18,7 +18,7 @@ demo: $(BIN)/fairpool
 test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/fairpool
 	$(BIN)/python benchmarks/engine.py

@@ -1,0 +1,271 @@
+"""The service on a real SQLite file: lifecycle, retries, validation, refusals, events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.service import Service
+from fairpool.store import repo, schema
+from fairpool.store.db import Database, default_url
+from tests.worlds import demand
+
+
+class Clock:
+    """Time the tests move by hand (the engine never reads the wall clock)."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 3, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(milliseconds=1)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def svc(tmp_path: Path, clock: Clock) -> Iterator[Service]:
+    db = Database.open(default_url(tmp_path))
+    yield Service(db, clock)
+    db.close()
+
+
+def table_counts(svc: Service) -> dict[str, int]:
+    with svc.db.read() as conn:
+        return {
+            name: conn.execute(select(func.count()).select_from(table)).scalar_one()
+            for name, table in schema.metadata.tables.items()
+        }
+
+
+def test_preempted_request_with_retries_is_queued_again_as_a_linked_attempt(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "sandbox", priority=1)
+    svc.attach_policy("p", "prod", priority=9)
+    low = svc.create_request("sandbox", demand=demand(gpu_count=2), max_retries=1)
+    assert low.status == "allocated"
+    high = svc.create_request("prod", demand=demand(gpu_count=2))
+    assert high.status == "allocated"
+
+    victim = svc.get_request(low.id)
+    assert victim.status == "preempted"
+    assert victim.preempted_by_id == high.id
+    assert victim.status_reason == f"preempted by request {high.id} on pool p (priority 9 > 1)"
+    assert victim.retried_as_id is not None
+    retry = svc.get_request(victim.retried_as_id)
+    assert (retry.status, retry.attempt, retry.previous_attempt_id) == ("queued", 2, low.id)
+    assert retry.queue[0].position == 1
+
+    # The retry is preempted again only if it runs; it has no retries left after that.
+    svc.release_request(high.id)
+    assert svc.get_request(retry.id).status == "allocated"
+    again = svc.create_request("prod", demand=demand(gpu_count=2))
+    assert again.status == "allocated"
+    final = svc.get_request(retry.id)
+    assert final.status == "preempted" and final.retried_as_id is None
+
+
+def test_reclaim_is_recorded_with_its_rule(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 4})
+    svc.attach_policy("p", "red", priority=5, reserved={"gpu": 2}, limit={"gpu": 4})
+    svc.attach_policy("p", "blue", priority=5, reserved={"gpu": 2}, limit={"gpu": 4})
+    first = svc.create_request("red", demand=demand(gpu_count=2))
+    second = svc.create_request("red", demand=demand(gpu_count=2))
+    blue = svc.create_request("blue", demand=demand(gpu_count=2))
+    assert blue.status == "allocated"
+    assert svc.get_request(first.id).status == "allocated"
+    taken = svc.get_request(second.id)
+    assert taken.status == "preempted"
+    assert "reclaim of borrowed units" in (taken.status_reason or "")
+    with svc.db.read() as conn:
+        (event,) = [e for e in repo.list_events(conn, request_id=second.id) if e.kind == "preempted"]
+    assert event.data == {"rule": "reclaim", "by": blue.id}
+
+
+def test_every_transition_is_an_event(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch", priority=1)
+    a = svc.create_request("orch", demand=demand(gpu_count=1))
+    b = svc.create_request("orch", demand=demand(gpu_count=1))
+    c = svc.create_request("orch", demand=demand(gpu_count=5))
+    svc.release_request(a.id)
+    svc.cancel_request(b.id)
+    with svc.db.read() as conn:
+        kinds = {r: [e.kind for e in repo.list_events(conn, request_id=r)] for r in (a.id, b.id, c.id)}
+    assert kinds == {
+        a.id: ["created", "allocated", "released"],
+        b.id: ["created", "allocated", "cancelled"],
+        c.id: ["created", "rejected"],
+    }
+
+
+def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch", priority=1)
+    svc.create_request("orch", demand=demand(gpu_count=1))
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    assert waiting.status_reason == "waiting: pool p: gpu requested 1, free 0 of 1"
+    before = svc.get_request(waiting.id).updated
+    svc.reconcile()
+    assert svc.get_request(waiting.id).updated == before
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.create_pool("q", {"gpu": 0}), "capacity.gpu"),
+        (lambda s: s.create_pool("q", {"gpu": "8"}), "capacity.gpu"),
+        (lambda s: s.create_pool("q", {}), "capacity"),
+        (lambda s: s.create_pool("", {"gpu": 1}), "name"),
+        (lambda s: s.update_pool("p", capacity={"gpu": -1}), "capacity.gpu"),
+        (lambda s: s.update_pool("p", capacity={"gpu": 0}), "reserved.gpu"),
+        (lambda s: s.update_pool("p", capacity={"gpu": 3}), "reserved.gpu"),
+        (lambda s: s.attach_policy("p", "x", priority=-1), "priority"),
+        (lambda s: s.attach_policy("p", "x", reserved={"npu": 1}), "reserved.npu"),
+        (lambda s: s.attach_policy("p", "x", limit={"gpu": 9, "npu": 1}), "limit.npu"),
+        (lambda s: s.attach_policy("p", "x", reserved={"gpu": 3}, limit={"gpu": 2}), "reserved.gpu"),
+        (lambda s: s.attach_policy("p", "x", reserved={"gpu": 5}), "reserved.gpu"),
+        (lambda s: s.attach_policy("p", "x", component_type="gpu-box"), "component_type"),
+        (lambda s: s.create_request("orch", demand={}), "resources"),
+        (lambda s: s.create_request("orch", demand={"gpu": 0}), "resources.gpu"),
+        (lambda s: s.create_request("orch", demand={"gpu": 1}, max_retries=-1), "max_retries"),
+        (lambda s: s.list_requests(status="sleeping"), "status"),
+    ],
+)
+def test_bad_input_names_the_field_and_writes_nothing(svc: Service, call, field: str) -> None:  # type: ignore[no-untyped-def]
+    svc.create_pool("p", {"gpu": 8, "tpu": 2})
+    svc.attach_policy("p", "orch", priority=1, reserved={"gpu": 4})
+    before = table_counts(svc)
+    with pytest.raises(InvalidInput) as raised:
+        call(svc)
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"{field}: ")
+    assert table_counts(svc) == before
+
+
+def test_reserved_total_is_checked_across_policies(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 8})
+    svc.attach_policy("p", "a", reserved={"gpu": 5})
+    with pytest.raises(InvalidInput, match="reserved totals on pool 'p' would exceed its capacity 8"):
+        svc.attach_policy("p", "b", reserved={"gpu": 4})
+    svc.attach_policy("p", "b", reserved={"gpu": 3})
+
+
+def test_one_policy_per_component_and_pool(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 8})
+    svc.attach_policy("p", "a")
+    with pytest.raises(Conflict, match="already has a policy"):
+        svc.attach_policy("p", "a", priority=3)
+    # The same name as a step operator is another component.
+    svc.attach_policy("p", "a", component_type="step_operator")
+
+
+def test_deleting_a_pool_or_detaching_a_policy_with_live_allocations_is_refused(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 8})
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand=demand(gpu_count=1))
+    with pytest.raises(Conflict, match=f"live allocation.*{held.id[:8]}.*release or cancel"):
+        svc.delete_pool("p")
+    with pytest.raises(Conflict, match="live allocation"):
+        svc.detach_policy("p", "orch")
+    svc.release_request(held.id)
+    svc.detach_policy("p", "orch")
+    svc.delete_pool("p")
+    with pytest.raises(NotFound):
+        svc.get_pool("p")
+
+
+def test_queued_requests_left_without_a_pool_are_rejected(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    svc.attach_policy("p", "other")
+    svc.create_request("other", demand=demand(gpu_count=1))
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    assert waiting.status == "queued"
+    svc.detach_policy("p", "orch")
+    rejected = svc.get_request(waiting.id)
+    assert rejected.status == "rejected"
+    assert rejected.status_reason == "orchestrator `orch` has no policy on any pool"
+
+
+def test_growing_a_pool_admits_and_shrinking_rejects_what_can_never_fit(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "orch")
+    svc.attach_policy("p", "other")
+    svc.create_request("other", demand=demand(gpu_count=2))
+    small = svc.create_request("orch", demand=demand(gpu_count=1))
+    big = svc.create_request("orch", demand=demand(gpu_count=2))
+    svc.update_pool("p", capacity={"gpu": 3})
+    assert svc.get_request(small.id).status == "allocated"
+    assert svc.get_request(big.id).status == "queued"
+    svc.update_pool("p", capacity={"gpu": 1})
+    gone = svc.get_request(big.id)
+    assert gone.status == "rejected"
+    assert gone.status_reason == "pool p: gpu requested 2 > capacity 1"
+
+
+def test_capacity_update_zero_removes_a_key(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 2, "tpu": 4})
+    assert svc.update_pool("p", capacity={"tpu": 0}).capacity == {"gpu": 2}
+
+
+def test_references_by_name_prefix_and_id(svc: Service) -> None:
+    pool = svc.create_pool("p", {"gpu": 2})
+    assert svc.get_pool(pool.id).name == "p"
+    assert svc.get_pool(pool.id[:6]).name == "p"
+    svc.attach_policy("p", "orch")
+    request = svc.create_request("orch", demand=demand(gpu_count=1))
+    assert svc.get_request(request.id[:8]).id == request.id
+    with pytest.raises(NotFound):
+        svc.get_request("zzzz")
+
+
+def test_unknown_component_is_a_clear_error(svc: Service) -> None:
+    with pytest.raises(NotFound, match="no orchestrator named `ghost`: attach a policy first"):
+        svc.create_request("ghost", demand=demand(gpu_count=1))
+
+
+def test_release_and_cancel_guard_their_states(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    svc.create_request("orch", demand=demand(gpu_count=1))
+    queued = svc.create_request("orch", demand=demand(gpu_count=1))
+    with pytest.raises(Conflict, match="is queued, not allocated: use cancel"):
+        svc.release_request(queued.id)
+    svc.cancel_request(queued.id)
+    with pytest.raises(Conflict, match="already cancelled"):
+        svc.cancel_request(queued.id)
+
+
+def test_deleting_an_allocated_request_returns_its_units(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand=demand(gpu_count=1))
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    svc.delete_request(held.id)
+    assert svc.get_request(waiting.id).status == "allocated"
+    with pytest.raises(NotFound):
+        svc.get_request(held.id)
+
+
+def test_pool_view_counts_occupied_and_queue(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 4, "step_run": 3})
+    svc.attach_policy("p", "orch")
+    for _ in range(4):
+        svc.create_request("orch", demand=demand(gpu_count=1, cpu_count=1))
+    (pool,) = svc.list_pools()
+    assert pool.occupied == {"gpu": 3, "step_run": 3}
+    assert pool.queue_length == 1
+    detail = svc.get_pool("p")
+    assert [r.state for r in detail.active_requests] == ["active"] * 3
+    assert [r.queue[0].position for r in detail.queued_requests] == [1]
+    assert [r.state for r in svc.pool_requests("p", "queued")] == ["queued"]
