@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A tour of fairpool on the embedded SQLite store: pools, policies, borrowing, queueing with
+# reasons, hard rejections, preemption with retry, release. Uses a fresh FAIRPOOL_HOME unless
+# one is given, so it never touches your own pools.
+set -euo pipefail
+export FAIRPOOL_HOME="${FAIRPOOL_HOME:-$(mktemp -d -t fairpool-tour-XXXXXX)}"
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+
+say "A pool of 8 GPUs and 32 step slots (store: $FAIRPOOL_HOME)"
+run fairpool resource-pool create training-gpus --capacity '{"gpu": 8, "step_run": 32}' \
+    --description "Shared training GPUs"
+
+say "Two teams: sandbox (priority 10) and prod (priority 100), 2 GPUs reserved each"
+run fairpool resource-pool attach-policy training-gpus sandbox-orch --priority 10 \
+    --reserved '{"gpu": 2}' --limit '{"gpu": 8}'
+run fairpool resource-pool attach-policy training-gpus prod-orch --priority 100 \
+    --reserved '{"gpu": 2}' --limit '{"gpu": 6}'
+run fairpool resource-pool list-policies training-gpus
+
+say "Sandbox bursts: 6 GPUs, 2 within its reserved share and 4 borrowed (preemptible)"
+run fairpool resource-request create --component sandbox-orch --gpu-count 2 --cpu-count 4 --memory 16GiB --max-retries 1
+run fairpool resource-request create --component sandbox-orch --gpu-count 2 --max-retries 1
+run fairpool resource-request create --component sandbox-orch --gpu-count 2 --max-retries 1
+
+say "Hard rejections never queue, and say why"
+run fairpool resource-request create --component prod-orch --gpu-count 10
+run fairpool resource-request create --component prod-orch --gpu-count 4 --non-preemptible
+
+say "Prod needs 4 GPUs; only 2 are free: sandbox's newest borrowed run is preempted and retried"
+prod=$(fairpool resource-request create --component prod-orch --gpu-count 4 -o json | field id)
+run fairpool resource-request describe "${prod:0:8}"
+run fairpool resource-pool requests training-gpus --view all
+
+say "The retried sandbox step waits, with its position and reason"
+run fairpool resource-request list --status queued
+queued=$(fairpool resource-request list --status queued -o json | python3 -c "import json,sys; print(json.load(sys.stdin)['items'][0]['id'])")
+run fairpool resource-request describe "${queued:0:8}"
+
+say "Prod finishes: its units go back and the retry is granted"
+run fairpool resource-request release "$prod"
+run fairpool resource-request describe "${queued:0:8}" -o yaml
+run fairpool resource-pool list
