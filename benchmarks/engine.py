@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairpool.engine.model import Allocation, Charge, Node, Placement, Request, Snapshot  # noqa: E402
-from fairpool.engine.reconcile import reconcile  # noqa: E402
+from fairpool.engine.model import Allocation, Charge, Node, Placement, Request, Snapshot
+from fairpool.engine.reconcile import reconcile
 
 POOLS = 10
 COMPONENTS = 100
@@ -131,7 +131,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[tuple[int, bool], float] = {}
-    print(f"{'queued':>8} {'case':<16} {'pass ms':>10} {'us/queued':>10} {'granted':>8} {'groups':>8}")
+    header = ("queued", "case", "pass ms", "us/queued", "granted", "groups")
+    print("{:>8} {:<16} {:>10} {:>10} {:>8} {:>8}".format(*header))
     for size in sizes:
         for admissible in (True, False):
             snapshot = build(size, admissible=admissible)
