@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from sqlalchemy import Connection
@@ -306,7 +306,10 @@ class Service:
         preemptible: bool = True,
         max_retries: int = 0,
         labels: Mapping[str, str] | None = None,
+        lease_ttl: int | None = None,
     ) -> RequestView:
+        """A new request, decided at once. With ``lease_ttl`` (seconds) its allocation is
+        released when no heartbeat renews it for that long (the holder died)."""
         kind = _component_type(component_type)
         amounts = dict(demand or {})
         if not amounts:
@@ -316,6 +319,10 @@ class Service:
                 raise InvalidInput(f"resources.{key}", amount, "must be a positive integer")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidInput("max_retries", max_retries, "must be a non-negative integer")
+        if lease_ttl is not None and (
+            isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int) or lease_ttl <= 0
+        ):
+            raise InvalidInput("lease_ttl", lease_ttl, "must be a positive number of seconds")
         with self.db.write() as conn:
             found = _component(conn, component, kind)
             if found is None:
@@ -331,6 +338,7 @@ class Service:
                 preemptible=preemptible,
                 max_retries=max_retries,
                 labels=dict(labels or {}),
+                lease_ttl=lease_ttl,
             ).id
             repo.insert_event(
                 conn, "created", "request created", self.clock(), request_id=request_id
@@ -366,6 +374,18 @@ class Service:
                     continue
                 views.append(view)
             return views
+
+    def heartbeat(self, ref: str) -> RequestView:
+        """The holder is alive: renew the lease of an allocated request. Any status is
+        answered, so a holder learns of a preemption at its next heartbeat."""
+        with self.db.write() as conn:
+            request = repo.get_request(conn, ref)
+            self._pass(conn)
+            request = repo.get_request(conn, request.id)
+            if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
+                now = self.clock()
+                repo.renew_lease(conn, request.id, now + timedelta(seconds=request.lease_ttl))
+            return self._request_view(conn, request.id)
 
     def release_request(self, ref: str) -> RequestView:
         with self.db.write() as conn:
@@ -415,6 +435,7 @@ class Service:
         started = time.perf_counter()
         summary = PassSummary()
         waiting = 0
+        self._expire_leases(conn, summary)
         for _ in range(_MAX_PASSES):
             now = self.clock()
             state = _State.load(conn)
@@ -429,9 +450,21 @@ class Service:
             summary.preempted,
             summary.rejected,
             summary.retried,
+            summary.expired,
             waiting,
             round(time.perf_counter() - started, 6),
         )
+
+    def _expire_leases(self, conn: Connection, summary: PassSummary) -> None:
+        now = self.clock()
+        for allocation in repo.expired_leases(conn, now):
+            request = repo.get_request(conn, allocation.request_id)
+            why = f"lease expired: no heartbeat for {request.lease_ttl} s; units returned"
+            repo.release_allocation(conn, request.id, now)
+            repo.set_request_status(conn, request.id, RequestStatus.RELEASED, why, now)
+            repo.insert_event(conn, "lease_expired", why, now, request_id=request.id,
+                              pool_id=allocation.pool_id)
+            summary.expired.append(request.id)
 
     def _apply(
         self,
@@ -476,6 +509,7 @@ class Service:
                     labels=victim.labels,
                     attempt=victim.attempt + 1,
                     previous_attempt_id=victim.id,
+                    lease_ttl=victim.lease_ttl,
                 ).id
                 repo.insert_event(
                     conn,
@@ -493,8 +527,10 @@ class Service:
             placement = snapshot_requests[request.id].placements[grant.placement_index]
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
+            lease = request.lease_ttl
             repo.insert_allocation(
-                conn, request.id, pool.id, policy.id, pool.name, policy.priority, now
+                conn, request.id, pool.id, policy.id, pool.name, policy.priority, now,
+                lease_expires_at=now + timedelta(seconds=lease) if lease else None,
             )
             message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
             repo.set_request_status(conn, request.id, RequestStatus.ALLOCATED, message, now)
@@ -659,6 +695,8 @@ class Service:
             updated=request.updated_at,
             allocated_at=allocation.allocated_at if allocation else None,
             released_at=allocation.released_at if allocation else None,
+            lease_ttl=request.lease_ttl,
+            lease_expires_at=allocation.lease_expires_at if allocation else None,
             queue=queue,
             state=pool_state,
         )

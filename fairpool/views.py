@@ -53,6 +53,8 @@ class RequestView:
     updated: datetime
     allocated_at: datetime | None
     released_at: datetime | None
+    lease_ttl: int | None = None
+    lease_expires_at: datetime | None = None
     queue: tuple[QueuePlace, ...] = ()
     #: In a pool's request list: "queued" or "active".
     state: str | None = None
@@ -114,6 +116,8 @@ class PassSummary:
     preempted: list[str] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
+    #: Allocations released because their holder stopped sending heartbeats.
+    expired: list[str] = field(default_factory=list)
     waiting: int = 0
     seconds: float = 0.0
 

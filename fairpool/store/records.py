@@ -133,6 +133,8 @@ class Request:
     finished_at: datetime | None
     #: Units asked for per resource key.
     demand: dict[str, int]
+    #: Seconds the allocation stays held without a heartbeat; None: until released.
+    lease_ttl: int | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping, demand: Mapping[str, int]) -> Request:
@@ -151,6 +153,7 @@ class Request:
             updated_at=row["updated_at"],
             finished_at=row["finished_at"],
             demand=dict(demand),
+            lease_ttl=row["lease_ttl"],
         )
 
 
@@ -167,6 +170,8 @@ class Allocation:
     allocated_at: datetime
     #: None while the allocation holds its units.
     released_at: datetime | None
+    #: The holder must renew before this; None: no lease.
+    lease_expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Allocation:
@@ -178,6 +183,7 @@ class Allocation:
             priority=row["priority"],
             allocated_at=row["allocated_at"],
             released_at=row["released_at"],
+            lease_expires_at=row["lease_expires_at"],
         )
 
 

@@ -375,6 +375,7 @@ def insert_request(
     labels: Mapping[str, str] | None = None,
     attempt: int = 1,
     previous_attempt_id: str | None = None,
+    lease_ttl: int | None = None,
 ) -> Request:
     """A new queued request."""
     now = as_utc(now)
@@ -393,6 +394,7 @@ def insert_request(
         updated_at=now,
         finished_at=None,
         demand=dict(demand),
+        lease_ttl=lease_ttl,
     )
     connection.execute(
         insert(schema.request).values(
@@ -406,6 +408,7 @@ def insert_request(
             labels=request.labels,
             created_at=now,
             updated_at=now,
+            lease_ttl=lease_ttl,
         )
     )
     if demand:
@@ -522,6 +525,7 @@ def insert_allocation(
     pool_name: str,
     priority: int,
     now: datetime,
+    lease_expires_at: datetime | None = None,
 ) -> Allocation:
     allocation = Allocation(
         request_id=request_id,
@@ -531,6 +535,7 @@ def insert_allocation(
         priority=priority,
         allocated_at=as_utc(now),
         released_at=None,
+        lease_expires_at=as_utc(lease_expires_at) if lease_expires_at else None,
     )
     connection.execute(
         insert(schema.allocation).values(
@@ -540,9 +545,30 @@ def insert_allocation(
             pool_name=pool_name,
             priority=priority,
             allocated_at=allocation.allocated_at,
+            lease_expires_at=allocation.lease_expires_at,
         )
     )
     return allocation
+
+
+def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -> None:
+    """Push a live allocation's lease out to ``expires_at``."""
+    table = schema.allocation
+    result = connection.execute(
+        update(table)
+        .where(table.c.request_id == request_id, table.c.released_at.is_(None))
+        .values(lease_expires_at=as_utc(expires_at))
+    )
+    _check_found(result.rowcount, "live allocation for request", request_id)
+
+
+def expired_leases(connection: Connection, now: datetime) -> list[Allocation]:
+    """Live allocations whose lease ran out before ``now``."""
+    table = schema.allocation
+    statement = select(table).where(
+        table.c.released_at.is_(None), table.c.lease_expires_at < as_utc(now)
+    )
+    return [Allocation.from_row(row) for row in connection.execute(statement).mappings()]
 
 
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:

@@ -183,7 +183,10 @@ request = Table(
     _time("created_at"),
     _time("updated_at"),
     _time("finished_at", nullable=True),
+    # Seconds an allocation stays held without a heartbeat; NULL: until released.
+    Column("lease_ttl", Integer, nullable=True),
     CheckConstraint(_one_of("status", RequestStatus), name="status"),
+    CheckConstraint("lease_ttl IS NULL OR lease_ttl > 0", name="lease_ttl_positive"),
     CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
     CheckConstraint("attempt >= 1", name="attempt_positive"),
     # The queue is read as status = 'queued' ORDER BY created_at, id.
@@ -217,6 +220,8 @@ allocation = Table(
     Column("priority", Integer, nullable=False),
     _time("allocated_at"),
     _time("released_at", nullable=True),
+    # When the holder's lease runs out unless a heartbeat renews it; NULL: no lease.
+    _time("lease_expires_at", nullable=True),
     # Live allocations of a pool: pool_id = ? AND released_at IS NULL.
     Index(None, "pool_id", "released_at"),
 )
