@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 
 from fairpool.errors import InvalidInput
 
@@ -25,15 +24,13 @@ def service(ctx: click.Context | None = None) -> Service:
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     root.ensure_object(dict)
-    svc = root.obj.get("service")
+    svc: Service | None = root.obj.get("service")
     if svc is None:
         from fairpool.service import open_service
 
         svc = open_service(root.obj.get("home"))
         root.obj["service"] = svc
-        close = getattr(svc, "close", None)
-        if callable(close):
-            root.call_on_close(close)
+        root.call_on_close(svc.db.close)
     return svc
 
 
@@ -46,6 +43,8 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     try:
         parsed: Any = json.loads(text)
     except ValueError:
+        import yaml
+
         try:
             parsed = yaml.safe_load(text)
         except yaml.YAMLError:

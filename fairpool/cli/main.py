@@ -1,8 +1,9 @@
 """The ``fairpool`` command: parse, call the service, print.
 
 Every error the service raises on purpose (``FairpoolError``, ``LookupError``, ``ValueError``,
-pydantic's ``ValidationError``) becomes one line ``Error: <message>`` on stderr and exit code 1;
-click's own usage errors keep exit code 2.
+pydantic's ``ValidationError``) and ``OSError`` become one line ``Error: <message>`` on stderr
+and exit code 1; click's own usage errors keep exit code 2. Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class FairpoolGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (FairpoolError, LookupError, ValueError) as error:
+        # OSError: e.g. --home names a file, or a directory we may not write to.
+        except (FairpoolError, LookupError, ValueError, OSError) as error:
             raise click.ClickException(one_line(error_message(error))) from error
 
 
@@ -64,7 +66,7 @@ def cli(ctx: click.Context, home: str | None) -> None:
 @o.output_option
 def reconcile(output: str) -> None:
     """Run one reconcile pass by hand and print what it changed."""
-    with o.err.status("Reconciling...\n"):
+    with o.spinner("Reconciling...\n"):
         summary = service().reconcile().as_dict()
     if output != "table":
         o.dump(summary, output)

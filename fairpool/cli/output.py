@@ -7,24 +7,63 @@ YAML go out as plain text (no rich markup, no wrapping) so that they always pars
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 #: Output formats of every read command (ZenML also has tsv and csv; not needed here).
 OUTPUT_FORMATS = ("table", "json", "yaml")
 
-#: Data: tables and the messages that stand in for them.
-out = Console(highlight=False, soft_wrap=False)
-#: Info, prompts, progress: never mixed into data.
-err = Console(stderr=True, highlight=False)
+#: Columns holding ISO timestamps; tables show them to the second, like ZenML.
+TIME_COLUMNS = frozenset(
+    {"created", "updated", "allocated_at", "released_at", "lease_expires_at"}
+)
 
 Row = dict[str, Any]
+
+
+# rich is imported on first use: json/yaml output and plain messages never pay for it.
+
+
+@cache
+def out() -> Console:
+    """Data: tables and the messages that stand in for them."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+@cache
+def err() -> Console:
+    """Progress on stderr, never mixed into data."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _text(value: str) -> Any:
+    from rich.text import Text
+
+    return Text(value)
+
+
+@contextmanager
+def spinner(message: str) -> Iterator[None]:
+    """ZenML's ``console.status(...)``: a spinner on stderr, only when it is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with err().status(message):
+        yield
 
 
 def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,7 +83,7 @@ def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def declare(message: str) -> None:
     """An informational line (stderr), like ``cli_utils.declare``."""
-    err.print(Text(message))
+    click.echo(message, err=True)
 
 
 def dump(data: Any, output: str) -> None:
@@ -52,6 +91,8 @@ def dump(data: Any, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
+        import yaml
+
         click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), nl=False)
 
 
@@ -77,6 +118,16 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def format_cell(column: str, value: Any) -> str:
+    """``format_value``, with ISO timestamps cut to the second (they are UTC)."""
+    if column in TIME_COLUMNS and isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return value
+    return format_value(value)
+
+
 def header(column: str) -> str:
     """ZenML's header style: ``queue_length`` -> ``QUEUE LENGTH``."""
     return column.replace("_", " ").upper()
@@ -85,11 +136,13 @@ def header(column: str) -> str:
 def table(
     rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
 ) -> Table:
+    from rich.table import Table
+
     result = Table(title=title, title_justify="left", show_lines=False)
     for column in columns:
         result.add_column(header(column), overflow="fold")
     for row in rows:
-        result.add_row(*(Text(format_value(row.get(column))) for column in columns))
+        result.add_row(*(_text(format_cell(column, row.get(column))) for column in columns))
     return result
 
 
@@ -106,23 +159,25 @@ def print_list(
         dump(page(rows), output)
         return
     if not rows:
-        out.print(Text(empty_message))
+        out().print(_text(empty_message))
         return
     shown = [row_formatter(row) for row in rows] if row_formatter else list(rows)
-    out.print(table(shown, columns))
+    out().print(table(shown, columns))
     count = len(rows)
     noun = "item" if count == 1 else "items"
-    out.print(Text(f"Page (1/1), {count} {noun} found for the applied filters."))
+    out().print(_text(f"Page (1/1), {count} {noun} found for the applied filters."))
 
 
 def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:
     """A key/value table, like ``cli_utils.print_pydantic_model``."""
+    from rich.table import Table
+
     result = Table(title=title, title_justify="left")
     result.add_column("PROPERTY", no_wrap=True)
     result.add_column("VALUE", overflow="fold")
     for key, value in properties:
-        result.add_row(Text(header(key)), Text(format_value(value)))
-    out.print(result)
+        result.add_row(_text(header(key)), _text(format_cell(key, value)))
+    out().print(result)
 
 
 def print_section(
@@ -130,6 +185,6 @@ def print_section(
 ) -> None:
     """A titled sub-table in a describe view; a one-line note when there is nothing to show."""
     if rows:
-        out.print(table(rows, columns, title=title))
+        out().print(table(rows, columns, title=title))
     else:
-        out.print(Text(f"{title}: {empty_message}"))
+        out().print(_text(f"{title}: {empty_message}"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -45,8 +45,11 @@ def position_cell(place: dict[str, Any] | None) -> str:
 def request_row(request: dict[str, Any], pool_name: str) -> dict[str, Any]:
     """A table row for a request as seen from one pool."""
     row = dict(request)
+    if request.get("state") == "active":
+        row["position"] = row["reason"] = ""
+        return row
     place = queue_place(request, pool_name)
-    row["position"] = position_cell(place) if request.get("state") != "active" else ""
+    row["position"] = position_cell(place)
     row["reason"] = (place or {}).get("reason") or request.get("status_reason") or ""
     return row
 
@@ -116,7 +119,7 @@ def create(name: str, capacity: str, description: str | None, output: str) -> No
     """Create a resource pool."""
     parsed = parse_mapping("capacity", capacity)
     assert parsed is not None
-    with o.err.status(f"Creating resource pool '{name}'...\n"):
+    with o.spinner(f"Creating resource pool '{name}'...\n"):
         pool = service().create_pool(name, parsed, description)
     o.declare(f"Created resource pool `{pool.name}`.")
     print_pool(pool.as_dict(), output)
@@ -157,7 +160,7 @@ def update(
         o.declare("No updates specified.")
         return
     parsed = parse_mapping("capacity", capacity)
-    with o.err.status(f"Updating resource pool '{name_id_or_prefix}'...\n"):
+    with o.spinner(f"Updating resource pool '{name_id_or_prefix}'...\n"):
         pool = service().update_pool(name_id_or_prefix, parsed, description)
     o.declare(f"Updated resource pool `{pool.name}`.")
     print_pool(pool.as_dict(), output)
@@ -260,7 +263,9 @@ def list_policies(
     help="Queued requests, active (allocated) ones, or both.",
 )
 @o.output_option
-def requests(resource_pool_name_or_id: str, view: str, output: str) -> None:
+def requests(
+    resource_pool_name_or_id: str, view: Literal["queued", "active", "all"], output: str
+) -> None:
     """List the requests queued in or holding units of a pool."""
     svc = service()
     pool_name = svc.get_pool(resource_pool_name_or_id).name

@@ -26,11 +26,12 @@ class WaitTimeout(click.ClickException):
 
 
 def reason_of(request: dict[str, Any]) -> str:
-    """Why a request is where it is: its status reason, else its best queue entry's reason."""
-    if request.get("status_reason"):
-        return str(request["status_reason"])
+    """Why a request is where it is: for a queued one the live reason of its first queue entry
+    (the stored reason dates from the last pass), else its status reason."""
     places = request.get("queue") or ()
-    return str(places[0].get("reason") or "") if places else ""
+    if request.get("status") == "queued" and places and places[0].get("reason"):
+        return str(places[0]["reason"])
+    return str(request.get("status_reason") or "")
 
 
 def queue_summary(request: dict[str, Any]) -> str:
@@ -68,6 +69,11 @@ def print_request(request: dict[str, Any], output: str) -> None:
             ("created", request.get("created")),
             ("allocated_at", request.get("allocated_at")),
             ("released_at", request.get("released_at")),
+            *(
+                [("lease_ttl", f"{request['lease_ttl']} s"),
+                 ("lease_expires_at", request.get("lease_expires_at"))]
+                if request.get("lease_ttl") is not None else []
+            ),
         ],
     )
     if request["status"] == "queued":
@@ -138,22 +144,23 @@ def create(
 
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait.")
-    settings = ResourceSettings(
-        gpu_count=gpu_count,
-        cpu_count=cpu_count,
-        memory=memory,
-        pool_resources=parse_pairs("pool_resources", pool_resources) or None,  # type: ignore[arg-type]
-        preemptible=not non_preemptible,
-    )
-    svc = service()
-    with o.err.status(f"Creating resource request for component '{component}'...\n"):
-        request = svc.create_request(
+    # model_validate: pydantic checks and converts the KEY=N strings (and names the bad one).
+    settings = ResourceSettings.model_validate({
+        "gpu_count": gpu_count,
+        "cpu_count": cpu_count,
+        "memory": memory,
+        "pool_resources": parse_pairs("pool_resources", pool_resources) or None,
+        "preemptible": not non_preemptible,
+    })
+    label_map = parse_pairs("labels", labels)
+    with o.spinner(f"Creating resource request for component '{component}'...\n"):
+        request = service().create_request(
             component,
             component_type,
             settings.requested_resources(),
             not non_preemptible,
             max_retries,
-            parse_pairs("labels", labels),
+            label_map,
         )
     data = request.as_dict()
     declare_status(data)
@@ -250,5 +257,7 @@ def cancel(request_id_or_prefix: str) -> None:
 @click.argument("request_id_or_prefix")
 def delete(request_id_or_prefix: str) -> None:
     """Delete a request (no confirmation, as in ZenML)."""
-    service().delete_request(request_id_or_prefix)
-    o.declare(f"Deleted resource request `{request_id_or_prefix}`.")
+    svc = service()
+    request_id = svc.get_request(request_id_or_prefix).id
+    svc.delete_request(request_id)
+    o.declare(f"Deleted resource request `{request_id}`.")
