@@ -1,6 +1,24 @@
 """fairpool: share scarce compute between teams and pipelines."""
 
-from fairpool.settings import ResourceSettings
+from __future__ import annotations
 
-__all__ = ["ResourceSettings"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fairpool.client import Client
+    from fairpool.settings import ResourceSettings
+
+__all__ = ["Client", "ResourceSettings"]
 __version__ = "0.1.0"
+
+# Loaded on first use: every CLI call imports this package, and most never need pydantic
+# or httpx.
+_LAZY = {"Client": "fairpool.client", "ResourceSettings": "fairpool.settings"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fairpool' has no attribute {name!r}")

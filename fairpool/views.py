@@ -5,6 +5,7 @@ The CLI, and later the HTTP API, print these; nothing downstream re-derives a fi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -65,6 +66,16 @@ class RequestView:
         if self.state is None:
             del data["state"]
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RequestView:
+        """The inverse of ``as_dict`` (what a remote client reads back)."""
+        values = dict(data)
+        for key in ("created", "updated", "allocated_at", "released_at", "lease_expires_at"):
+            if values.get(key) is not None:
+                values[key] = datetime.fromisoformat(values[key])
+        values["queue"] = tuple(QueuePlace(**place) for place in values.get("queue", ()))
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,389 @@
+"""The Python SDK: submit, wait, hold with heartbeats, release.
+
+``Client()`` talks to a server when ``FAIRPOOL_URL`` (or ``url=``) is set, else works directly
+on the embedded SQLite store: the same calls, the same answers.
+
+    from fairpool import Client, ResourceSettings
+    client = Client()
+    with client.acquire(ResourceSettings(gpu_count=2), component="team-a-orch") as grant:
+        train(grant.resources)        # heartbeats run in the background
+
+A preemption reaches the holder within one heartbeat interval: as ``Preempted`` raised in the
+main thread (when it holds the grant there), and from ``grant.check()`` anywhere. Used as a
+decorator, ``acquire`` runs the function again on the retry attempt the server queued, as long
+as the request's ``max_retries`` allows.
+"""
+
+from __future__ import annotations
+
+import _thread
+import functools
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.settings import ResourceSettings
+from fairpool.views import RequestView
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Seconds a held allocation survives without a heartbeat (the SDK heartbeats at a third).
+DEFAULT_LEASE_TTL = 60
+
+
+class NotGranted(FairpoolError):
+    """The request ended without an allocation (rejected, cancelled) or was taken back."""
+
+    def __init__(self, request: RequestView) -> None:
+        super().__init__(
+            f"request {request.id} was {request.status}: {request.status_reason or 'no reason'}"
+        )
+        self.request = request
+
+
+class Rejected(NotGranted):
+    pass
+
+
+class Cancelled(NotGranted):
+    pass
+
+
+class Preempted(NotGranted):
+    pass
+
+
+class WaitTimeout(FairpoolError):
+    def __init__(self, request: RequestView) -> None:
+        where = "; ".join(f"{q.pool} #{q.position}: {q.reason}" for q in request.queue)
+        super().__init__(f"request {request.id} still queued ({where or 'no queue'})")
+        self.request = request
+
+
+_ENDINGS: dict[str, type[NotGranted]] = {
+    "rejected": Rejected,
+    "cancelled": Cancelled,
+    "preempted": Preempted,
+    "released": Cancelled,
+}
+
+
+class _Backend(Protocol):
+    def create_request(self, **fields: Any) -> RequestView: ...
+    def get_request(self, ref: str) -> RequestView: ...
+    def wait(self, ref: str, seconds: float) -> RequestView: ...
+    def heartbeat(self, ref: str) -> RequestView: ...
+    def release_request(self, ref: str) -> RequestView: ...
+    def cancel_request(self, ref: str) -> RequestView: ...
+
+
+class _Local:
+    """The embedded store: the service in this process."""
+
+    def __init__(self, home: str | None) -> None:
+        from fairpool.service import open_service
+
+        self.service = open_service(home)
+
+    def create_request(self, **fields: Any) -> RequestView:
+        return self.service.create_request(**fields)
+
+    def get_request(self, ref: str) -> RequestView:
+        return self.service.get_request(ref)
+
+    def wait(self, ref: str, seconds: float) -> RequestView:
+        # No server to wake us: run passes ourselves, backing off (other processes' releases
+        # are only seen by polling the file).
+        deadline = time.monotonic() + seconds
+        delay = 0.1
+        while True:
+            self.service.reconcile()
+            request = self.service.get_request(ref)
+            left = deadline - time.monotonic()
+            if request.status != "queued" or left <= 0:
+                return request
+            time.sleep(min(left, _jitter(delay)))
+            delay = min(delay * 2, 2.0)
+
+    def heartbeat(self, ref: str) -> RequestView:
+        return self.service.heartbeat(ref)
+
+    def release_request(self, ref: str) -> RequestView:
+        return self.service.release_request(ref)
+
+    def cancel_request(self, ref: str) -> RequestView:
+        return self.service.cancel_request(ref)
+
+
+class _Remote:
+    """A fairpool server over HTTP."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers,
+                                 timeout=httpx.Timeout(10.0, read=75.0))
+        self.errors = (httpx.TransportError,)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        delay = 0.2
+        for attempt in range(6):
+            try:
+                response = self.http.request(method, path, **kwargs)
+                break
+            except self.errors:
+                # Server restarting or briefly unreachable: capped backoff with jitter.
+                if attempt == 5:
+                    raise
+                time.sleep(_jitter(delay))
+                delay = min(delay * 2, 5.0)
+        if response.status_code >= 400:
+            body = response.json() if response.headers.get("content-type", "").startswith(
+                "application/json") else {"detail": response.text}
+            detail = str(body.get("detail"))
+            if response.status_code == 404:
+                raise NotFound(detail)
+            if response.status_code == 422 and body.get("field"):
+                error = InvalidInput(body["field"], None, detail)
+                error.args = (detail,)
+                raise error
+            if response.status_code == 409:
+                raise Conflict(detail)
+            raise FairpoolError(f"HTTP {response.status_code}: {detail}")
+        return response.json()
+
+    def _view(self, method: str, path: str, **kwargs: Any) -> RequestView:
+        return RequestView.from_dict(self._call(method, path, **kwargs))
+
+    def create_request(self, **fields: Any) -> RequestView:
+        body = {("resources" if k == "demand" else k): v for k, v in fields.items()}
+        return self._view("POST", "/requests", json=body)
+
+    def get_request(self, ref: str) -> RequestView:
+        return self._view("GET", f"/requests/{ref}")
+
+    def wait(self, ref: str, seconds: float) -> RequestView:
+        # Long-poll: the server answers as soon as the status changes.
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            request = self._view("GET", f"/requests/{ref}/wait",
+                                 params={"timeout": max(0.0, min(left, 60.0))})
+            if request.status != "queued" or deadline - time.monotonic() <= 0:
+                return request
+
+    def heartbeat(self, ref: str) -> RequestView:
+        return self._view("POST", f"/requests/{ref}/heartbeat")
+
+    def release_request(self, ref: str) -> RequestView:
+        return self._view("POST", f"/requests/{ref}/release")
+
+    def cancel_request(self, ref: str) -> RequestView:
+        return self._view("POST", f"/requests/{ref}/cancel")
+
+
+class Grant:
+    """A held allocation: what was granted, and a heartbeat keeping it alive."""
+
+    def __init__(self, client: Client, request: RequestView, interval: float) -> None:
+        self.request = request
+        self.lost: RequestView | None = None
+        self._client = client
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._main = threading.current_thread() is threading.main_thread()
+        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
+                                        name=f"fairpool-heartbeat-{request.id[:8]}")
+        self._thread.start()
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def pool(self) -> str | None:
+        return self.request.pool
+
+    @property
+    def resources(self) -> dict[str, int]:
+        return self.request.resources
+
+    def check(self) -> None:
+        """Raise ``Preempted`` (or why else the units were lost) if they are gone."""
+        if self.lost is not None:
+            raise _ENDINGS.get(self.lost.status, NotGranted)(self.lost)
+
+    def finish(self) -> RequestView | None:
+        """Stop the heartbeat and give the units back; returns why they were lost, if so."""
+        with self._lock:
+            self._stop.set()
+        self._thread.join(timeout=10)
+        if self.lost is None:
+            try:
+                self._client.release(self.request.id)
+            except Conflict:
+                # Preempted, expired or released between two heartbeats.
+                self.lost = self._client.get(self.request.id)
+        return self.lost
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                request = self._client._backend.heartbeat(self.request.id)
+            except (FairpoolError, OSError):
+                continue  # the next beat tries again; the lease covers a few misses
+            if request.status != "allocated":
+                with self._lock:
+                    self.lost = request
+                    if self._main and not self._stop.is_set():
+                        _thread.interrupt_main()
+                return
+
+
+class Client:
+    def __init__(
+        self, url: str | None = None, *, home: str | None = None, token: str | None = None
+    ) -> None:
+        url = url or os.environ.get("FAIRPOOL_URL")
+        token = token or os.environ.get("FAIRPOOL_TOKEN")
+        self._backend: _Backend = _Remote(url, token) if url else _Local(home)
+
+    def submit(
+        self,
+        settings: ResourceSettings | Mapping[str, int],
+        *,
+        component: str,
+        component_type: str = "orchestrator",
+        max_retries: int = 0,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl: int | None = DEFAULT_LEASE_TTL,
+    ) -> RequestView:
+        """Create a request; the answer already carries the decision."""
+        if isinstance(settings, ResourceSettings):
+            demand = settings.requested_resources()
+            preemptible = settings.preemptible
+        else:
+            demand, preemptible = dict(settings), True
+        return self._backend.create_request(
+            component=component, component_type=component_type, demand=demand,
+            preemptible=preemptible, max_retries=max_retries, labels=dict(labels or {}),
+            lease_ttl=lease_ttl,
+        )
+
+    def get(self, ref: str) -> RequestView:
+        return self._backend.get_request(ref)
+
+    def wait(self, ref: str, timeout: float | None = None) -> RequestView:
+        """Block until the request leaves the queue (or ``timeout`` seconds pass)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            request = self._backend.wait(ref, max(0.0, left))
+            if request.status != "queued" or (deadline is not None and left <= 0):
+                return request
+
+    def release(self, ref: str) -> RequestView:
+        return self._backend.release_request(ref)
+
+    def cancel(self, ref: str) -> RequestView:
+        return self._backend.cancel_request(ref)
+
+    def acquire(
+        self,
+        settings: ResourceSettings | Mapping[str, int],
+        *,
+        component: str,
+        component_type: str = "orchestrator",
+        max_retries: int = 0,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl: int = DEFAULT_LEASE_TTL,
+        timeout: float | None = None,
+    ) -> _Acquire:
+        """Submit, wait, hold with heartbeats, release on exit (exceptions and Ctrl-C too)."""
+        request = functools.partial(
+            self.submit, settings, component=component, component_type=component_type,
+            max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
+        )
+        return _Acquire(self, request, lease_ttl, timeout)
+
+
+class _Acquire:
+    """``with client.acquire(...) as grant:`` or ``@client.acquire(...)``."""
+
+    def __init__(
+        self,
+        client: Client,
+        submit: Callable[[], RequestView],
+        lease_ttl: int,
+        timeout: float | None,
+    ) -> None:
+        self._client = client
+        self._submit = submit
+        self._interval = max(lease_ttl / 3, 0.2)
+        self._timeout = timeout
+        self._grant: Grant | None = None
+
+    def __enter__(self) -> Grant:
+        self._grant = self._start(self._submit())
+        return self._grant
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        grant, self._grant = self._grant, None
+        assert grant is not None
+        try:
+            lost = grant.finish()
+        except KeyboardInterrupt:
+            # The heartbeat's interrupt landed while we were already leaving.
+            lost = grant.lost
+        if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
+            raise _ENDINGS.get(lost.status, NotGranted)(lost) from None
+
+    def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(function)
+        def run(*args: P.args, **kwargs: P.kwargs) -> T:
+            request = self._submit()
+            while True:
+                self._grant = self._start(request)
+                try:
+                    try:
+                        result = function(*args, **kwargs)
+                    except BaseException as error:
+                        self.__exit__(type(error))
+                        raise
+                    self.__exit__(None)
+                    return result
+                except Preempted as preempted:
+                    # The server queued a retry attempt when max_retries allowed one.
+                    retry = self._client.get(preempted.request.id).retried_as_id
+                    if retry is None:
+                        raise
+                    request = self._client.get(retry)
+
+        return run
+
+    def _start(self, request: RequestView) -> Grant:
+        """Wait for the request, then hold it; a request still queued on the way out
+        (timeout, Ctrl-C) is cancelled so it does not get units nobody will use."""
+        try:
+            if request.status == "queued":
+                request = self._client.wait(request.id, self._timeout)
+            if request.status == "queued":
+                raise WaitTimeout(request)
+        except BaseException:
+            if self._client.get(request.id).status == "queued":
+                self._client.cancel(request.id)
+            raise
+        if request.status != "allocated":
+            raise _ENDINGS.get(request.status, NotGranted)(request)
+        return Grant(self._client, request, self._interval)
+
+
+def _jitter(delay: float) -> float:
+    """'Equal' jitter: somewhere in [delay/2, delay], so waiting clients do not align."""
+    return delay / 2 + random.uniform(0, delay / 2)

@@ -1,0 +1,105 @@
+"""The SDK on the embedded store: acquire, wait, heartbeats, preemption, retries, release."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fairpool import Client, ResourceSettings
+from fairpool.client import Preempted, Rejected, WaitTimeout
+from fairpool.service import open_service
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> str:
+    svc = open_service(str(tmp_path))
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "low", priority=1)
+    svc.attach_policy("p", "high", priority=9)
+    svc.db.close()
+    return str(tmp_path)
+
+
+def later(seconds: float, action: object) -> threading.Thread:
+    def run() -> None:
+        time.sleep(seconds)
+        action()  # type: ignore[operator]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_acquire_holds_then_releases(home: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FAIRPOOL_URL", raising=False)
+    client = Client(home=home)
+    with client.acquire(ResourceSettings(gpu_count=2), component="low") as grant:
+        assert grant.pool == "p"
+        assert grant.resources == {"gpu": 2, "step_run": 1}
+        assert client.get(grant.id).status == "allocated"
+    assert client.get(grant.id).status == "released"
+
+
+def test_acquire_waits_for_units_another_holder_releases(home: str) -> None:
+    client = Client(home=home)
+    first = client.submit({"gpu": 2}, component="low")
+    assert first.status == "allocated"
+    later(0.5, lambda: client.release(first.id))
+    started = time.monotonic()
+    with client.acquire({"gpu": 1}, component="low", timeout=20) as grant:
+        assert grant.request.status == "allocated"
+    assert 0.4 < time.monotonic() - started < 10
+
+
+def test_rejection_is_a_typed_error_with_the_reason(home: str) -> None:
+    with pytest.raises(Rejected, match="pool p: gpu requested 3 > capacity 2"):
+        with Client(home=home).acquire({"gpu": 3}, component="low"):
+            pytest.fail("never granted")
+
+
+def test_timeout_cancels_the_waiting_request(home: str) -> None:
+    client = Client(home=home)
+    client.submit({"gpu": 2}, component="high")
+    with pytest.raises(WaitTimeout, match="still queued") as raised:
+        with client.acquire({"gpu": 1}, component="low", timeout=0.5):
+            pytest.fail("never granted")
+    assert client.get(raised.value.request.id).status == "cancelled"
+
+
+def test_preemption_reaches_the_holder_within_a_heartbeat(home: str) -> None:
+    client = Client(home=home)
+    took: list[float] = []
+
+    def preempt() -> None:
+        took.append(time.monotonic())
+        client.submit({"gpu": 2}, component="high")
+
+    with pytest.raises(Preempted, match="priority 9 > 1"):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=1) as grant:
+            later(0.3, preempt)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+    # Heartbeats run every lease_ttl / 3 seconds: the holder hears within about one interval.
+    assert time.monotonic() - took[0] < 2.0
+    assert client.get(grant.id).status == "preempted"
+
+
+def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
+    client = Client(home=home)
+    runs: list[str] = []
+
+    @client.acquire({"gpu": 2}, component="low", lease_ttl=1, max_retries=1, timeout=20)
+    def train() -> str:
+        runs.append("start")
+        if len(runs) == 1:
+            boss = client.submit({"gpu": 2}, component="high")
+            later(0.8, lambda: client.release(boss.id))
+            time.sleep(10)  # interrupted by the preemption
+        return "done"
+
+    assert train() == "done"
+    assert runs == ["start", "start"]
