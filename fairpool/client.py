@@ -23,9 +23,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.errors import Conflict, FairpoolError
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
 
@@ -73,119 +73,24 @@ _ENDINGS: dict[str, type[NotGranted]] = {
 }
 
 
-class _Backend(Protocol):
-    def create_request(self, **fields: Any) -> RequestView: ...
+class Backend(Protocol):
+    """What the SDK needs: ``Service`` (embedded) and ``RemoteService`` (HTTP) both are one."""
+
+    def create_request(
+        self,
+        component: str,
+        component_type: str = ...,
+        demand: Mapping[str, int] | None = ...,
+        preemptible: bool = ...,
+        max_retries: int = ...,
+        labels: Mapping[str, str] | None = ...,
+        lease_ttl: int | None = ...,
+    ) -> RequestView: ...
     def get_request(self, ref: str) -> RequestView: ...
     def wait(self, ref: str, seconds: float) -> RequestView: ...
     def heartbeat(self, ref: str) -> RequestView: ...
     def release_request(self, ref: str) -> RequestView: ...
     def cancel_request(self, ref: str) -> RequestView: ...
-
-
-class _Local:
-    """The embedded store: the service in this process."""
-
-    def __init__(self, home: str | None) -> None:
-        from fairpool.service import open_service
-
-        self.service = open_service(home)
-
-    def create_request(self, **fields: Any) -> RequestView:
-        return self.service.create_request(**fields)
-
-    def get_request(self, ref: str) -> RequestView:
-        return self.service.get_request(ref)
-
-    def wait(self, ref: str, seconds: float) -> RequestView:
-        # No server to wake us: run passes ourselves, backing off (other processes' releases
-        # are only seen by polling the file).
-        deadline = time.monotonic() + seconds
-        delay = 0.1
-        while True:
-            self.service.reconcile()
-            request = self.service.get_request(ref)
-            left = deadline - time.monotonic()
-            if request.status != "queued" or left <= 0:
-                return request
-            time.sleep(min(left, _jitter(delay)))
-            delay = min(delay * 2, 2.0)
-
-    def heartbeat(self, ref: str) -> RequestView:
-        return self.service.heartbeat(ref)
-
-    def release_request(self, ref: str) -> RequestView:
-        return self.service.release_request(ref)
-
-    def cancel_request(self, ref: str) -> RequestView:
-        return self.service.cancel_request(ref)
-
-
-class _Remote:
-    """A fairpool server over HTTP."""
-
-    def __init__(self, url: str, token: str | None) -> None:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1", headers=headers,
-                                 timeout=httpx.Timeout(10.0, read=75.0))
-        self.errors = (httpx.TransportError,)
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        delay = 0.2
-        for attempt in range(6):
-            try:
-                response = self.http.request(method, path, **kwargs)
-                break
-            except self.errors:
-                # Server restarting or briefly unreachable: capped backoff with jitter.
-                if attempt == 5:
-                    raise
-                time.sleep(_jitter(delay))
-                delay = min(delay * 2, 5.0)
-        if response.status_code >= 400:
-            body = response.json() if response.headers.get("content-type", "").startswith(
-                "application/json") else {"detail": response.text}
-            detail = str(body.get("detail"))
-            if response.status_code == 404:
-                raise NotFound(detail)
-            if response.status_code == 422 and body.get("field"):
-                error = InvalidInput(body["field"], None, detail)
-                error.args = (detail,)
-                raise error
-            if response.status_code == 409:
-                raise Conflict(detail)
-            raise FairpoolError(f"HTTP {response.status_code}: {detail}")
-        return response.json()
-
-    def _view(self, method: str, path: str, **kwargs: Any) -> RequestView:
-        return RequestView.from_dict(self._call(method, path, **kwargs))
-
-    def create_request(self, **fields: Any) -> RequestView:
-        body = {("resources" if k == "demand" else k): v for k, v in fields.items()}
-        return self._view("POST", "/requests", json=body)
-
-    def get_request(self, ref: str) -> RequestView:
-        return self._view("GET", f"/requests/{ref}")
-
-    def wait(self, ref: str, seconds: float) -> RequestView:
-        # Long-poll: the server answers as soon as the status changes.
-        deadline = time.monotonic() + seconds
-        while True:
-            left = deadline - time.monotonic()
-            request = self._view("GET", f"/requests/{ref}/wait",
-                                 params={"timeout": max(0.0, min(left, 60.0))})
-            if request.status != "queued" or deadline - time.monotonic() <= 0:
-                return request
-
-    def heartbeat(self, ref: str) -> RequestView:
-        return self._view("POST", f"/requests/{ref}/heartbeat")
-
-    def release_request(self, ref: str) -> RequestView:
-        return self._view("POST", f"/requests/{ref}/release")
-
-    def cancel_request(self, ref: str) -> RequestView:
-        return self._view("POST", f"/requests/{ref}/cancel")
 
 
 class Grant:
@@ -252,7 +157,7 @@ class Client:
     ) -> None:
         url = url or os.environ.get("FAIRPOOL_URL")
         token = token or os.environ.get("FAIRPOOL_TOKEN")
-        self._backend: _Backend = _Remote(url, token) if url else _Local(home)
+        self._backend: Backend = _remote(url, token) if url else _local(home)
 
     def submit(
         self,
@@ -382,6 +287,18 @@ class _Acquire:
         if request.status != "allocated":
             raise _ENDINGS.get(request.status, NotGranted)(request)
         return Grant(self._client, request, self._interval)
+
+
+def _remote(url: str, token: str | None) -> Backend:
+    from fairpool.remote import RemoteService
+
+    return RemoteService(url, token)
+
+
+def _local(home: str | None) -> Backend:
+    from fairpool.service import open_service
+
+    return open_service(home)
 
 
 def _jitter(delay: float) -> float:

@@ -29,6 +29,15 @@ class InvalidInput(FairpoolError, ValueError):
         self.field = field
         self.value = value
 
+    @classmethod
+    def from_message(cls, field: str, message: str) -> InvalidInput:
+        """One already worded (by a server): kept as it is."""
+        error = cls.__new__(cls)
+        FairpoolError.__init__(error, message)
+        error.field = field
+        error.value = None
+        return error
+
 
 class Conflict(FairpoolError):
     """The request is valid but the current state forbids it (e.g. live allocations)."""

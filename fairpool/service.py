@@ -7,6 +7,7 @@ the engine decides; this module only loads, calls and writes.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -127,6 +128,9 @@ class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
         self.clock = clock
+
+    def close(self) -> None:
+        self.db.close()
 
     # -- pools -------------------------------------------------------------------------
 
@@ -374,6 +378,24 @@ class Service:
                     continue
                 views.append(view)
             return views
+
+    def wait(self, ref: str, seconds: float) -> RequestView:
+        """The request once it leaves the queue, or as it stands after ``seconds``.
+
+        Embedded, nobody else runs passes for us: reconcile, then poll with capped backoff
+        (other processes' releases reach us only through the file). Holds no transaction
+        while sleeping.
+        """
+        deadline = time.monotonic() + seconds
+        delay = 0.1
+        while True:
+            self.reconcile()
+            request = self.get_request(ref)
+            left = deadline - time.monotonic()
+            if request.status != RequestStatus.QUEUED.value or left <= 0:
+                return request
+            time.sleep(min(left, delay / 2 + random.uniform(0, delay / 2)))
+            delay = min(delay * 2, 2.0)
 
     def heartbeat(self, ref: str) -> RequestView:
         """The holder is alive: renew the lease of an allocated request. Any status is

@@ -96,6 +96,10 @@ class PolicyView:
     def as_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicyView:
+        return cls(**{**data, "created": datetime.fromisoformat(data["created"])})
+
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
@@ -118,6 +122,21 @@ class PoolView:
         data["queued_requests"] = [r.as_dict() for r in self.queued_requests]
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolView:
+        return cls(**{
+            **data,
+            "created": datetime.fromisoformat(data["created"]),
+            "updated": datetime.fromisoformat(data["updated"]),
+            "policies": tuple(PolicyView.from_dict(p) for p in data.get("policies", ())),
+            "active_requests": tuple(
+                RequestView.from_dict(r) for r in data.get("active_requests", ())
+            ),
+            "queued_requests": tuple(
+                RequestView.from_dict(r) for r in data.get("queued_requests", ())
+            ),
+        })
+
 
 @dataclass(frozen=True, slots=True)
 class PassSummary:
@@ -134,3 +153,7 @@ class PassSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PassSummary:
+        return cls(**data)

@@ -11,26 +11,33 @@ import click
 from fairpool.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from fairpool.remote import RemoteService
     from fairpool.service import Service
 
 COMPONENT_TYPES = ("orchestrator", "step_operator")
 
 
-def service(ctx: click.Context | None = None) -> Service:
-    """The service for ``--home``, opened once per invocation and closed when it ends.
+def service(ctx: click.Context | None = None) -> Service | RemoteService:
+    """The service: the server at ``--url`` when one is given, else the embedded store under
+    ``--home``; opened once per invocation and closed when it ends.
 
     Imported lazily so ``--help`` and ``--version`` never touch SQLAlchemy or the database.
     """
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     root.ensure_object(dict)
-    svc: Service | None = root.obj.get("service")
+    svc: Service | RemoteService | None = root.obj.get("service")
     if svc is None:
-        from fairpool.service import open_service
+        if root.obj.get("url"):
+            from fairpool.remote import RemoteService
 
-        svc = open_service(root.obj.get("home"))
+            svc = RemoteService(root.obj["url"], root.obj.get("token"))
+        else:
+            from fairpool.service import open_service
+
+            svc = open_service(root.obj.get("home"))
         root.obj["service"] = svc
-        root.call_on_close(svc.db.close)
+        root.call_on_close(svc.close)
     return svc
 
 

@@ -16,6 +16,7 @@ from fairpool.cli import output as o
 from fairpool.cli.common import one_line, service
 from fairpool.cli.resource_pool import resource_pool
 from fairpool.cli.resource_request import resource_request
+from fairpool.cli.run import run, server
 from fairpool.errors import FairpoolError
 
 
@@ -54,12 +55,21 @@ class FairpoolGroup(click.Group):
     help="Directory holding the fairpool database (env FAIRPOOL_HOME; default: the user data "
     "directory).",
 )
+@click.option(
+    "--url",
+    envvar="FAIRPOOL_URL",
+    default=None,
+    help="A fairpool server to talk to instead of the embedded store (env FAIRPOOL_URL).",
+)
+@click.option("--token", envvar="FAIRPOOL_TOKEN", default=None, hidden=True)
 @click.version_option(package_name="fairpool", prog_name="fairpool")
 @click.pass_context
-def cli(ctx: click.Context, home: str | None) -> None:
+def cli(ctx: click.Context, home: str | None, url: str | None, token: str | None) -> None:
     """fairpool: share GPUs and other scarce resources between teams and pipelines."""
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
+    ctx.obj["url"] = url
+    ctx.obj["token"] = token
 
 
 @cli.command("reconcile")
@@ -82,6 +92,8 @@ def reconcile(output: str) -> None:
 
 cli.add_command(resource_pool)
 cli.add_command(resource_request)
+cli.add_command(run)
+cli.add_command(server)
 
 
 def main() -> None:
@@ -91,3 +103,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -14,9 +15,9 @@ from fairpool.cli.common import COMPONENT_TYPES, parse_pairs, service
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
 
-#: ``--wait`` polls with capped exponential backoff (ZenML v1: 1 s -> 20 s; we are local).
-WAIT_INITIAL_DELAY = 0.2
-WAIT_MAX_DELAY = 2.0
+#: ``--wait`` asks in slices of this many seconds (a long-poll on a server, backing-off polls
+#: embedded), so the position and reason it shows stay current.
+WAIT_SLICE = 2.0
 #: Exit code when ``--wait`` gives up (1 is a failed request, 2 also marks click usage errors).
 EXIT_TIMEOUT = 2
 
@@ -99,33 +100,35 @@ def resource_request() -> None:
     """Create, inspect and clean up resource requests."""
 
 
-@resource_request.command("create")
-@click.option("--component", required=True, help="Name of the requesting stack component.")
-@click.option(
-    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
-    show_default=True, help="Kind of the requesting component.",
-)
-@click.option("--gpu-count", type=int, default=None, help="GPUs (ResourceSettings.gpu_count).")
-@click.option("--cpu-count", type=float, default=None, help="CPUs; becomes mcpu (x1000, ceil).")
-@click.option("--memory", default=None, help="Memory such as 16GiB; becomes memory_mb.")
-@click.option(
-    "--pool-resource", "pool_resources", multiple=True, metavar="KEY=N",
-    help="Any pool resource key (repeatable), e.g. --pool-resource tpu=4.",
-)
-@click.option(
-    "--non-preemptible", is_flag=True, default=False,
-    help="Never preempt; must fit within the policy's reserved units.",
-)
-@click.option("--max-retries", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Times to requeue after a preemption.")
-@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
-              help="Free-form label (repeatable).")
-@click.option("--wait", is_flag=True, default=False,
-              help="Reconcile and wait until the request is no longer queued.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
-              help="With --wait: give up after this many seconds (exit code 2).")
-@o.output_option
-def create(
+def request_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that describe a request (shared by ``resource-request create`` and
+    ``fairpool run``), ZenML's ResourceSettings fields among them."""
+    options = [
+        click.option("--component", required=True,
+                     help="Name of the requesting stack component."),
+        click.option("--component-type", "-t", type=click.Choice(COMPONENT_TYPES),
+                     default="orchestrator", show_default=True,
+                     help="Kind of the requesting component."),
+        click.option("--gpu-count", type=int, default=None,
+                     help="GPUs (ResourceSettings.gpu_count)."),
+        click.option("--cpu-count", type=float, default=None,
+                     help="CPUs; becomes mcpu (x1000, ceil)."),
+        click.option("--memory", default=None, help="Memory such as 16GiB; becomes memory_mb."),
+        click.option("--pool-resource", "pool_resources", multiple=True, metavar="KEY=N",
+                     help="Any pool resource key (repeatable), e.g. --pool-resource tpu=4."),
+        click.option("--non-preemptible", is_flag=True, default=False,
+                     help="Never preempt; must fit within the policy's reserved units."),
+        click.option("--max-retries", type=click.IntRange(min=0), default=0,
+                     show_default=True, help="Times to requeue after a preemption."),
+        click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+                     help="Free-form label (repeatable)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def request_fields(
     component: str,
     component_type: str,
     gpu_count: int | None,
@@ -135,15 +138,10 @@ def create(
     non_preemptible: bool,
     max_retries: int,
     labels: tuple[str, ...],
-    wait: bool,
-    timeout: float | None,
-    output: str,
-) -> None:
-    """Ask for units: allocated now, queued, or rejected with the reason."""
+) -> dict[str, Any]:
+    """The service's ``create_request`` arguments from ``request_options``."""
     from fairpool.settings import ResourceSettings
 
-    if timeout is not None and not wait:
-        raise click.UsageError("--timeout only applies with --wait.")
     # model_validate: pydantic checks and converts the KEY=N strings (and names the bad one).
     settings = ResourceSettings.model_validate({
         "gpu_count": gpu_count,
@@ -152,17 +150,35 @@ def create(
         "pool_resources": parse_pairs("pool_resources", pool_resources) or None,
         "preemptible": not non_preemptible,
     })
-    label_map = parse_pairs("labels", labels)
-    with o.spinner(f"Creating resource request for component '{component}'...\n"):
-        request = service().create_request(
-            component,
-            component_type,
-            settings.requested_resources(),
-            not non_preemptible,
-            max_retries,
-            label_map,
-        )
-    data = request.as_dict()
+    return {
+        "component": component,
+        "component_type": component_type,
+        "demand": settings.requested_resources(),
+        "preemptible": settings.preemptible,
+        "max_retries": max_retries,
+        "labels": parse_pairs("labels", labels),
+    }
+
+
+@resource_request.command("create")
+@request_options
+@click.option("--lease-ttl", type=click.IntRange(min=1), default=None,
+              help="Seconds the allocation stays held without a heartbeat (default: until "
+              "released).")
+@click.option("--wait", is_flag=True, default=False,
+              help="Reconcile and wait until the request is no longer queued.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="With --wait: give up after this many seconds (exit code 2).")
+@o.output_option
+def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str,
+           **fields: Any) -> None:
+    """Ask for units: allocated now, queued, or rejected with the reason."""
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout only applies with --wait.")
+    request = request_fields(**fields)
+    with o.spinner(f"Creating resource request for component '{request['component']}'...\n"):
+        created = service().create_request(**request, lease_ttl=lease_ttl)
+    data = created.as_dict()
     declare_status(data)
     if wait and data["status"] == "queued":
         data = wait_for(data["id"], timeout)
@@ -176,25 +192,19 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
     position and reason go to stderr whenever they change."""
     svc = service()
     deadline = None if timeout is None else time.monotonic() + timeout
-    delay = WAIT_INITIAL_DELAY
     shown = ""
     while True:
-        svc.reconcile()
-        data = svc.get_request(request_id).as_dict()
+        # Short slices, so the position and reason shown stay current.
+        left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+        data = svc.wait(request_id, max(left, 0.0)).as_dict()
         if data["status"] != "queued":
             return data
         summary = queue_summary(data)
         if summary != shown:
             o.declare(f"Waiting for resource request `{request_id}`: {summary}")
             shown = summary
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return data
-            time.sleep(min(delay, left))
-        else:
-            time.sleep(delay)
-        delay = min(delay * 2, WAIT_MAX_DELAY)
+        if deadline is not None and deadline - time.monotonic() <= 0:
+            return data
 
 
 def finish_wait(data: dict[str, Any]) -> None:

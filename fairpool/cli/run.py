@@ -1,0 +1,141 @@
+"""``fairpool run`` and ``fairpool server``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from types import FrameType
+from typing import Any
+
+import click
+
+from fairpool.cli import output as o
+from fairpool.cli.common import service
+from fairpool.cli.resource_request import (
+    EXIT_TIMEOUT,
+    queue_summary,
+    reason_of,
+    request_fields,
+    request_options,
+    wait_for,
+)
+from fairpool.errors import Conflict
+from fairpool.views import RequestView
+
+
+@click.command(
+    "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@request_options
+@click.option("--lease-ttl", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Seconds the units stay held if fairpool stops hearing from this command.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Give up waiting for units after this many seconds (exit code 2).")
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="On preemption: seconds between SIGTERM and SIGKILL.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str, ...],
+        **fields: Any) -> None:
+    """Run COMMAND once units are granted; release them when it exits.
+
+    Waits (showing position and reason), runs COMMAND with FAIRPOOL_REQUEST_ID, FAIRPOOL_POOL
+    and FAIRPOOL_RESOURCES (JSON) in its environment, heartbeats while it runs, forwards
+    SIGINT/SIGTERM, and exits with its exit code. If the units are preempted, COMMAND gets
+    SIGTERM, then SIGKILL after --grace seconds, and runs again on the retry attempt when
+    --max-retries allows.
+    """
+    svc = service()
+    request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
+    while True:
+        data = request.as_dict()
+        if data["status"] == "queued":
+            data = wait_for(request.id, timeout)
+        if data["status"] == "queued":
+            svc.cancel_request(request.id)
+            o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
+            sys.exit(EXIT_TIMEOUT)
+        if data["status"] != "allocated":
+            raise click.ClickException(
+                f"Resource request `{data['id']}` was {data['status']}: {reason_of(data)}"
+            )
+        request = svc.get_request(request.id)
+        o.declare(f"Allocated on pool `{request.pool}`: {json.dumps(request.resources)}")
+        code, lost = _run_once(request, command, lease_ttl, grace)
+        if lost is None:
+            try:
+                svc.release_request(request.id)
+            except Conflict:
+                pass  # expired or preempted just as the command ended
+            sys.exit(code)
+        o.declare(f"Resource request `{lost.id}` was {lost.status}: {lost.status_reason}")
+        if lost.retried_as_id is None:
+            sys.exit(code if code != 0 else 1)
+        request = svc.get_request(lost.retried_as_id)
+        o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
+
+
+def _run_once(
+    request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
+) -> tuple[int, RequestView | None]:
+    """Run the command while heartbeating; (exit code, the request if its units were lost)."""
+    svc = service()
+    env = {
+        **os.environ,
+        "FAIRPOOL_REQUEST_ID": request.id,
+        "FAIRPOOL_POOL": request.pool or "",
+        "FAIRPOOL_RESOURCES": json.dumps(request.resources, sort_keys=True),
+    }
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as error:
+        svc.release_request(request.id)
+        raise click.ClickException(f"cannot run {command[0]!r}: {error}") from None
+
+    def forward(signum: int, _: FrameType | None) -> None:
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        interval = max(lease_ttl / 3, 0.2)
+        while True:
+            try:
+                return _exit_code(child.wait(timeout=interval)), None
+            except subprocess.TimeoutExpired:
+                pass
+            current = svc.heartbeat(request.id)
+            if current.status != "allocated":
+                child.terminate()
+                try:
+                    child.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                return _exit_code(child.wait()), current
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _exit_code(code: int) -> int:
+    """A shell's convention: killed by signal N exits 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+@click.command("server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; the default serves this machine only.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8600, show_default=True)
+@click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
+              help="postgresql+psycopg://... or sqlite:///PATH (default: the embedded store "
+              "under --home).")
+@click.option("--tick", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between reconcile passes (lease expiry, timeouts).")
+@click.pass_context
+def server(ctx: click.Context, host: str, port: int, database_url: str | None,
+           tick: float) -> None:
+    """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM or Ctrl-C."""
+    from fairpool.api.server import serve
+
+    serve(host, port, ctx.find_root().obj.get("home"), database_url, tick)

@@ -1,0 +1,191 @@
+"""``RemoteService``: the service's operations over a fairpool server's HTTP API.
+
+Same methods, same arguments, same view objects as ``fairpool.service.Service``, so the CLI and
+the SDK work identically embedded or remote. Errors come back as the same exceptions
+(``InvalidInput`` naming the field, ``NotFound``, ``Conflict``) with the server's message.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
+
+#: Transport failures (server restarting) are retried this many times, backing off.
+_ATTEMPTS = 6
+
+
+class RemoteService:
+    def __init__(self, url: str, token: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Reads may long-poll for up to a minute.
+        self.http = httpx.Client(
+            base_url=url.rstrip("/") + "/api/v1",
+            headers=headers,
+            timeout=httpx.Timeout(10.0, read=75.0),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- pools -------------------------------------------------------------------------
+
+    def create_pool(
+        self, name: str, capacity: Mapping[str, object], description: str | None = None
+    ) -> PoolView:
+        body = {"name": name, "capacity": dict(capacity), "description": description}
+        return PoolView.from_dict(self._call("POST", "/pools", json=body))
+
+    def update_pool(
+        self,
+        ref: str,
+        capacity: Mapping[str, object] | None = None,
+        description: str | None = None,
+    ) -> PoolView:
+        body = {"capacity": dict(capacity) if capacity is not None else None,
+                "description": description}
+        return PoolView.from_dict(self._call("PATCH", f"/pools/{ref}", json=body))
+
+    def delete_pool(self, ref: str) -> None:
+        self._call("DELETE", f"/pools/{ref}")
+
+    def get_pool(self, ref: str) -> PoolView:
+        return PoolView.from_dict(self._call("GET", f"/pools/{ref}"))
+
+    def list_pools(self) -> list[PoolView]:
+        return [PoolView.from_dict(p) for p in self._call("GET", "/pools")["items"]]
+
+    def pool_requests(self, ref: str, view: str = "all") -> list[RequestView]:
+        page = self._call("GET", f"/pools/{ref}/requests", params={"view": view})
+        return [RequestView.from_dict(r) for r in page["items"]]
+
+    # -- policies ----------------------------------------------------------------------
+
+    def attach_policy(
+        self,
+        pool_ref: str,
+        component: str,
+        component_type: str = "orchestrator",
+        priority: int = 0,
+        reserved: Mapping[str, object] | None = None,
+        limit: Mapping[str, object] | None = None,
+    ) -> PolicyView:
+        body = {"component": component, "component_type": component_type,
+                "priority": priority, "reserved": dict(reserved or {}),
+                "limit": dict(limit or {})}
+        return PolicyView.from_dict(self._call("POST", f"/pools/{pool_ref}/policies", json=body))
+
+    def detach_policy(
+        self, pool_ref: str, component: str, component_type: str = "orchestrator"
+    ) -> None:
+        self._call("DELETE", f"/pools/{pool_ref}/policies/{component}",
+                   params={"component_type": component_type})
+
+    def list_policies(
+        self,
+        pool_ref: str | None = None,
+        component: str | None = None,
+        component_type: str | None = None,
+    ) -> list[PolicyView]:
+        params = {k: v for k, v in (("pool", pool_ref), ("component", component),
+                                    ("component_type", component_type)) if v is not None}
+        return [PolicyView.from_dict(p)
+                for p in self._call("GET", "/policies", params=params)["items"]]
+
+    # -- requests ----------------------------------------------------------------------
+
+    def create_request(
+        self,
+        component: str,
+        component_type: str = "orchestrator",
+        demand: Mapping[str, int] | None = None,
+        preemptible: bool = True,
+        max_retries: int = 0,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl: int | None = None,
+    ) -> RequestView:
+        body = {"component": component, "component_type": component_type,
+                "resources": dict(demand or {}), "preemptible": preemptible,
+                "max_retries": max_retries, "labels": dict(labels or {}),
+                "lease_ttl": lease_ttl}
+        return RequestView.from_dict(self._call("POST", "/requests", json=body))
+
+    def get_request(self, ref: str) -> RequestView:
+        return RequestView.from_dict(self._call("GET", f"/requests/{ref}"))
+
+    def list_requests(
+        self, status: str | None = None, component: str | None = None, pool: str | None = None
+    ) -> list[RequestView]:
+        params: dict[str, Any] = {k: v for k, v in (("status", status), ("component", component),
+                                                     ("pool", pool)) if v is not None}
+        views: list[RequestView] = []
+        while True:
+            page = self._call("GET", "/requests",
+                              params={**params, "offset": len(views), "limit": 500})
+            views += [RequestView.from_dict(r) for r in page["items"]]
+            if not page["items"] or len(views) >= page["pagination"]["total"]:
+                return views
+
+    def wait(self, ref: str, seconds: float) -> RequestView:
+        """Long-poll: the server answers as soon as the request leaves the queue."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            request = RequestView.from_dict(
+                self._call("GET", f"/requests/{ref}/wait", params={"timeout": min(left, 60.0)})
+            )
+            if request.status != "queued" or deadline - time.monotonic() <= 0:
+                return request
+
+    def heartbeat(self, ref: str) -> RequestView:
+        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/heartbeat"))
+
+    def release_request(self, ref: str) -> RequestView:
+        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/release"))
+
+    def cancel_request(self, ref: str) -> RequestView:
+        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/cancel"))
+
+    def delete_request(self, ref: str) -> None:
+        self._call("DELETE", f"/requests/{ref}")
+
+    def reconcile(self) -> PassSummary:
+        return PassSummary.from_dict(self._call("POST", "/reconcile"))
+
+    # -- transport ---------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        delay = 0.2
+        for attempt in range(_ATTEMPTS):
+            try:
+                response = self.http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as error:
+                if attempt == _ATTEMPTS - 1:
+                    raise FairpoolError(f"cannot reach the fairpool server: {error}") from None
+                # Capped exponential backoff with jitter, so restarting servers are not stormed.
+                time.sleep(delay / 2 + random.uniform(0, delay / 2))
+                delay = min(delay * 2, 5.0)
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text.strip() or response.reason_phrase}
+        if response.status_code < 400:
+            return body
+        detail = str(body.get("detail", response.reason_phrase))
+        field = body.get("field")
+        if response.status_code == 422 and field:
+            raise InvalidInput.from_message(field, detail)
+        raise {404: NotFound, 409: Conflict}.get(response.status_code, FairpoolError)(
+            detail if response.status_code in (404, 409)
+            else f"HTTP {response.status_code}: {detail}"
+        )
+
