@@ -1,10 +1,10 @@
-"""The service on a real SQLite file: lifecycle, retries, validation, refusals, events."""
+"""The service on a real database, SQLite and PostgreSQL: lifecycle, retries, validation,
+refusals, events."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.service import Service
 from fairpool.store import repo, schema
-from fairpool.store.db import Database, default_url
+from fairpool.store.db import Database
 from tests.worlds import demand
 
 
@@ -33,8 +33,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def svc(tmp_path: Path, clock: Clock) -> Iterator[Service]:
-    db = Database.open(default_url(tmp_path))
+def svc(database_url: str, clock: Clock) -> Iterator[Service]:
+    db = Database.open(database_url)
     yield Service(db, clock)
     db.close()
 
@@ -269,3 +269,43 @@ def test_pool_view_counts_occupied_and_queue(svc: Service) -> None:
     assert [r.state for r in detail.active_requests] == ["active"] * 3
     assert [r.queue[0].position for r in detail.queued_requests] == [1]
     assert [r.state for r in svc.pool_requests("p", "queued")] == ["queued"]
+
+
+def test_an_expired_lease_returns_the_units_with_an_event(svc: Service, clock: Clock) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60)
+    assert held.lease_expires_at is not None
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    clock.now += timedelta(seconds=50)
+    assert svc.heartbeat(held.id).status == "allocated"  # renewed: 60 s from now
+    clock.now += timedelta(seconds=50)
+    svc.reconcile()
+    assert svc.get_request(held.id).status == "allocated"
+    clock.now += timedelta(seconds=11)
+    summary = svc.reconcile()
+    assert summary.expired == [held.id]
+    gone = svc.get_request(held.id)
+    assert gone.status == "released"
+    assert gone.status_reason == "lease expired: no heartbeat for 60 s; units returned"
+    assert svc.get_request(waiting.id).status == "allocated"
+    with svc.db.read() as conn:
+        assert [e.kind for e in repo.list_events(conn, request_id=held.id)][-1] == "lease_expired"
+
+
+def test_without_a_lease_an_allocation_is_held_until_released(svc: Service, clock: Clock) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand=demand(gpu_count=1))
+    clock.now += timedelta(days=30)
+    svc.reconcile()
+    assert svc.get_request(held.id).status == "allocated"
+
+
+def test_heartbeat_tells_the_holder_it_was_preempted(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "low", priority=1)
+    svc.attach_policy("p", "high", priority=2)
+    held = svc.create_request("low", demand=demand(gpu_count=1), lease_ttl=30)
+    svc.create_request("high", demand=demand(gpu_count=1))
+    assert svc.heartbeat(held.id).status == "preempted"

@@ -1,9 +1,22 @@
 """Opening the database, migrating it, and its read and write transactions.
 
-Writers are serialized: on SQLite every write transaction starts with BEGIN IMMEDIATE, so it
-holds the database's one write lock from its first statement and never fails half-way with
-"database is locked"; it waits (busy_timeout) instead. Readers run on a WAL snapshot and
-never block writers.
+Two backends, one behaviour: SQLite (the embedded default) and PostgreSQL (``postgresql://``
+or ``postgresql+psycopg://`` URLs, driven by psycopg 3).
+
+Writers are serialized across every process and replica using the database, so each write
+transaction sees all earlier commits and nothing else writes until it ends:
+
+- SQLite: every write transaction starts with BEGIN IMMEDIATE, so it holds the database's one
+  write lock from its first statement and never fails half-way with "database is locked".
+- PostgreSQL: every write transaction is READ COMMITTED and its first statement takes the
+  transaction-scoped advisory lock ``WRITE_LOCK_KEY``, released at commit or rollback; each
+  later statement's snapshot therefore includes every earlier writer's commit.
+
+A writer waits for the lock up to ``LOCK_TIMEOUT_MS`` (SQLite busy_timeout, PostgreSQL
+lock_timeout), then fails with ``sqlalchemy.exc.OperationalError`` before it wrote anything.
+Readers run on one consistent snapshot (SQLite: WAL; PostgreSQL: REPEATABLE READ, READ ONLY)
+and never block writers. Opening a database migrates it under the write lock, so several
+processes may open a brand-new database at once.
 """
 
 from __future__ import annotations
@@ -24,13 +37,21 @@ from sqlalchemy.engine import make_url
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
+#: How long a writer waits for the write lock before it fails, on both backends.
+LOCK_TIMEOUT_MS = 30_000
+
+#: The PostgreSQL advisory lock every write transaction takes first: "fairpool" in ASCII, a
+#: positive signed 64-bit integer. Advisory locks are per database, so several fairpool
+#: databases on one server do not contend.
+WRITE_LOCK_KEY = int.from_bytes(b"fairpool", "big")
+
 # Execution option telling the SQLite "begin" hook which kind of transaction to open.
 _MODE = "fairpool_mode"
 Mode = Literal["read", "write"]
 
 _SQLITE_PRAGMAS = (
     # First, so that switching to WAL below waits for a concurrent opener instead of failing.
-    "PRAGMA busy_timeout = 30000",
+    f"PRAGMA busy_timeout = {LOCK_TIMEOUT_MS}",
     "PRAGMA foreign_keys = ON",
     "PRAGMA journal_mode = WAL",
     # Safe with WAL: a power cut may lose the last commits but never corrupts the file.
@@ -64,9 +85,13 @@ def migration_config(connection: Connection) -> Config:
 def serialize_writers(connection: Connection) -> None:
     """Make write transactions mutually exclusive across processes; runs first in each one.
 
-    Nothing to do on SQLite, where BEGIN IMMEDIATE already took the single write lock.
-    PostgreSQL support takes ``pg_advisory_xact_lock`` here.
+    Nothing to do on SQLite, where BEGIN IMMEDIATE already took the single write lock. On
+    PostgreSQL it must be the transaction's first statement, in READ COMMITTED: a REPEATABLE
+    READ snapshot would be taken by this very statement, before the wait, and miss the commit
+    of the writer it waited for.
     """
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
 
 
 class Database:
@@ -77,13 +102,28 @@ class Database:
 
     @classmethod
     def open(cls, url: str) -> Database:
-        """Connect to ``url`` and bring its schema to the latest revision."""
+        """Connect to ``url`` and bring its schema to the latest revision.
+
+        ``url``: ``sqlite:///<path>`` or ``postgresql[+psycopg]://<user>@<host>/<database>``.
+        """
         parsed = make_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed)
-        if engine.dialect.name == "sqlite":
+        backend = parsed.get_backend_name()
+        if backend == "sqlite":
+            if parsed.database not in (None, "", ":memory:"):
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(parsed)
             _control_sqlite_transactions(engine)
+        elif backend == "postgresql":
+            if parsed.drivername == "postgresql":
+                # psycopg 3 is the driver fairpool depends on; SQLAlchemy's default is psycopg2.
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            # Writes need READ COMMITTED (see serialize_writers); reads switch per connection.
+            engine = create_engine(parsed, isolation_level="READ COMMITTED")
+            _configure_postgresql(engine)
+        else:
+            raise ValueError(
+                f"unsupported database {parsed.drivername!r}: use sqlite:// or postgresql://"
+            )
         db = cls(engine)
         try:
             db._upgrade()
@@ -129,8 +169,9 @@ class Database:
             head = ScriptDirectory.from_config(migration_config(connection)).get_current_head()
             if MigrationContext.configure(connection).get_current_revision() == head:
                 return
-        # Under the write lock, so that of several processes opening a new database at once
-        # one migrates and the others then find it at head.
+        # Under the write lock (PostgreSQL: the advisory lock; its DDL is transactional too),
+        # so that of several processes opening a new database at once one migrates and the
+        # others then find it at head. No writer runs against a half-migrated schema.
         with self.write() as connection:
             command.upgrade(migration_config(connection), "head")
 
@@ -160,3 +201,18 @@ def _control_sqlite_transactions(engine: Engine) -> None:
         else:
             connection.exec_driver_sql("PRAGMA query_only = ON")
             connection.exec_driver_sql("BEGIN")
+
+
+def _configure_postgresql(engine: Engine) -> None:
+    """Every session waits at most LOCK_TIMEOUT_MS for a lock, as SQLite's busy_timeout.
+
+    Set per session rather than per transaction so that the advisory lock stays the first
+    statement of a write transaction.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        cursor.close()
+        dbapi_connection.commit()
