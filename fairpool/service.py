@@ -37,6 +37,9 @@ from fairpool.store.records import (
 )
 from fairpool.views import PassSummary, PolicyView, PoolView, QueuePlace, RequestView
 
+MAX_RETRIES = 1000
+MAX_LEASE_TTL = 30 * 24 * 3600
+
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
 #: this many extra passes.
 _MAX_PASSES = 4
@@ -137,8 +140,7 @@ class Service:
     def create_pool(
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
-        if not name or not name.strip():
-            raise InvalidInput("name", name, "must not be empty")
+        frontend.validate_name("name", name)
         amounts = frontend.validate_capacity(capacity)
         with self.db.write() as conn:
             if any(p.name == name for p in repo.list_pools(conn)):
@@ -213,8 +215,7 @@ class Service:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         kind = _component_type(component_type)
-        if not component or not component.strip():
-            raise InvalidInput("component", component, "must not be empty")
+        frontend.validate_name("component", component)
         with self.db.write() as conn:
             pool = repo.get_pool(conn, pool_ref)
             reserved_amounts, limit_amounts = frontend.validate_policy(
@@ -315,18 +316,15 @@ class Service:
         """A new request, decided at once. With ``lease_ttl`` (seconds) its allocation is
         released when no heartbeat renews it for that long (the holder died)."""
         kind = _component_type(component_type)
-        amounts = dict(demand or {})
-        if not amounts:
-            raise InvalidInput("resources", amounts, "a request must ask for at least one key")
-        for key, amount in amounts.items():
-            if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-                raise InvalidInput(f"resources.{key}", amount, "must be a positive integer")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise InvalidInput("max_retries", max_retries, "must be a non-negative integer")
-        if lease_ttl is not None and (
-            isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int) or lease_ttl <= 0
-        ):
-            raise InvalidInput("lease_ttl", lease_ttl, "must be a positive number of seconds")
+        frontend.validate_name("component", component)
+        amounts = frontend.validate_demand(demand or {})
+        frontend.validate_int("max_retries", max_retries, 0, MAX_RETRIES)
+        if lease_ttl is not None:
+            frontend.validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
+        for key, value in (labels or {}).items():
+            frontend.validate_name("labels key", key)
+            if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:
+                raise InvalidInput(f"labels.{key}", value, "must be text up to 1024 characters")
         with self.db.write() as conn:
             found = _component(conn, component, kind)
             if found is None:

@@ -60,19 +60,53 @@ def placements(
 
 # -- validation --------------------------------------------------------------------------
 
+#: Bounds every backend can store (PostgreSQL columns are VARCHAR(255), INTEGER, BIGINT), so
+#: SQLite and PostgreSQL refuse the same input with the same message.
+MAX_NAME = 255
+MAX_AMOUNT = 10**12
+MAX_PRIORITY = 1_000_000
+
+
+def validate_name(field: str, value: object) -> str:
+    """A name or key: non-empty text up to MAX_NAME characters, no NUL."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, value, "must be a non-empty string")
+    if len(value) > MAX_NAME:
+        raise InvalidInput(field, value[:20] + "...", f"must be at most {MAX_NAME} characters")
+    if "\x00" in value:
+        raise InvalidInput(field, value, "must not contain NUL characters")
+    return value
+
+
+def validate_int(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, value, "must be an integer")
+    if not low <= value <= high:
+        raise InvalidInput(field, value, f"must be between {low} and {high}")
+    return value
+
 
 def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict[str, int]:
     amounts: dict[str, int] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not key.strip():
-            raise InvalidInput(field, key, "resource keys must be non-empty strings")
+        validate_name(f"{field} key", key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInput(f"{field}.{key}", value, "must be an integer")
         if value < 0 or (value == 0 and not allow_zero):
             bound = "non-negative" if allow_zero else "positive"
             raise InvalidInput(f"{field}.{key}", value, f"must be a {bound} integer")
+        if value > MAX_AMOUNT:
+            raise InvalidInput(f"{field}.{key}", value, f"must be at most {MAX_AMOUNT}")
         amounts[key] = value
     return amounts
+
+
+def validate_demand(raw: Mapping[str, object]) -> dict[str, int]:
+    """A request's units: positive integers, at least one key."""
+    demand = _amounts("resources", raw, allow_zero=False)
+    if not demand:
+        raise InvalidInput("resources", dict(raw), "a request must ask for at least one key")
+    return demand
 
 
 def validate_capacity(raw: Mapping[str, object]) -> dict[str, int]:
@@ -103,8 +137,7 @@ def validate_policy(
     priority: int,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Per-policy rules: priority >= 0, keys are pool keys, reserved <= limit per key."""
-    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
-        raise InvalidInput("priority", priority, "must be a non-negative integer")
+    validate_int("priority", priority, 0, MAX_PRIORITY)
     reserved = _amounts("reserved", reserved_raw, allow_zero=True)
     limit = _amounts("limit", limit_raw, allow_zero=True)
     for field, amounts in (("reserved", reserved), ("limit", limit)):

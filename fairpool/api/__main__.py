@@ -1,0 +1,39 @@
+"""``python -m fairpool.api [--host H] [--port P] [--home DIR] [--database-url URL]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairpool.api", description="Serve the fairpool HTTP API."
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    parser.add_argument(
+        "--home", default=None, help="directory of the embedded SQLite store ($FAIRPOOL_HOME)"
+    )
+    parser.add_argument(
+        "--database-url", default=None, help="sqlite:///PATH or postgresql+psycopg://..."
+    )
+    parser.add_argument(
+        "--tick", type=float, default=1.0, help="seconds between reconcile passes (default 1)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    args = parser.parse_args(argv)
+    if not args.tick > 0:
+        parser.error("--tick must be a positive number of seconds")
+    serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The HTTP API: thin over ``Service`` (validate, call, map errors), under ``/api/v1``.
+
+Every endpoint but the long-poll is a plain ``def``: FastAPI runs it in its thread pool and
+the service makes each call one database transaction. The long-poll is a coroutine that holds
+neither a thread nor a transaction while it waits (see ``ChangeNotifier``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+
+from fastapi import APIRouter, FastAPI, Path, Query
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import AfterValidator, StringConstraints
+from starlette.concurrency import run_in_threadpool
+
+from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
+from fairpool.api.metrics import Metrics, PassObserver, changed_ids
+from fairpool.api.models import (
+    MAX_BODY_BYTES,
+    MAX_NAME,
+    TEXT_PATTERN,
+    ComponentType,
+    ErrorBody,
+    PolicyCreate,
+    PoolCreate,
+    PoolUpdate,
+    RequestCreate,
+    text,
+)
+from fairpool.api.notify import ChangeNotifier
+from fairpool.api.reconciler import Reconciler
+from fairpool.service import Service
+from fairpool.store import repo
+from fairpool.views import PassSummary, RequestView
+
+log = logging.getLogger("fairpool.api")
+
+PREFIX = "/api/v1"
+#: A long-poll never waits longer than this, whatever its ``timeout``.
+MAX_WAIT_SECONDS = 60.0
+#: A long-poll re-reads the database at least this often, to see changes made by other
+#: processes on the same database (this process's own changes wake it at once).
+RECHECK_SECONDS = 1.0
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 10_000
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Ref = Annotated[
+    str,
+    Path(description="Name, id or unique id prefix."),
+    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=TEXT_PATTERN),
+    AfterValidator(text),
+]
+QueryText = Annotated[
+    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+Status = Literal["queued", "allocated", "released", "rejected", "preempted", "cancelled"]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": description}
+    for code, description in (
+        (400, "Malformed JSON"),
+        (404, "Unknown name, id or prefix"),
+        (409, "Ambiguous id prefix, or the current state forbids it"),
+        (413, "Request body too large"),
+        (422, "Invalid input; `field` names it"),
+        (503, "Database busy or unreachable"),
+    )
+}
+
+
+class Api:
+    """What the endpoints share: the service, change notifications, metrics, the reconciler."""
+
+    def __init__(self, service: Service, tick: float) -> None:
+        self.service = service
+        self.notifier = ChangeNotifier()
+        self.metrics = Metrics(service)
+        self.observer = PassObserver(service)
+        self.reconciler = Reconciler(self.reconcile, tick)
+        self.stopping = False
+
+    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """One service operation (one transaction). Once it has committed, its passes are
+        counted and the requests they changed wake their long-polls."""
+        self.observer.begin()
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            seen = self.observer.take()  # dropped when ``fn`` raised: it was rolled back
+        self.metrics.record(seen)
+        changed = {i for one in seen for i in changed_ids(one.summary)}
+        if changed:
+            self.notifier.notify(changed)
+        return result
+
+    def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call`` for an operation on one request: also wakes that request's long-polls
+        (e.g. a cancel)."""
+        result = self.call(fn, *args, **kwargs)
+        if isinstance(result, RequestView):
+            self.notifier.notify([result.id])
+        return result
+
+    def reconcile(self) -> PassSummary:
+        return self.call(self.service.reconcile)
+
+    def begin_shutdown(self) -> None:
+        """No more waiting: long-polls answer now so that in-flight requests can finish."""
+        self.stopping = True
+        self.notifier.close()
+
+    def status_of(self, request_id: str) -> str:
+        """A request's status alone: one small read, no engine run."""
+        with self.service.db.read() as conn:
+            return repo.get_request(conn, request_id).status.value
+
+
+def _json(data: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status)
+
+
+def _page(items: Sequence[dict[str, Any]], total: int, limit: int, offset: int) -> dict[str, Any]:
+    """ZenML's page shape, as the CLI prints it: 1-based index, at least one page."""
+    return {
+        "items": list(items),
+        "pagination": {
+            "index": offset // limit + 1,
+            "max_size": limit,
+            "total_pages": max(1, math.ceil(total / limit)),
+            "total": total,
+        },
+    }
+
+
+def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One page holding everything (pools and policies are few)."""
+    return _page(items, len(items), max(1, len(items)), 0)
+
+
+def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
+    """The API over ``service``. Its lifespan runs the reconciler thread (one pass every
+    ``tick`` seconds). The caller owns the service and closes its database."""
+    api = Api(service, tick)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        api.reconciler.start()
+        try:
+            yield
+        finally:
+            api.begin_shutdown()
+            await run_in_threadpool(api.reconciler.stop)
+
+    app = FastAPI(
+        title="fairpool",
+        summary="Shares scarce compute (GPUs first) between teams and pipelines.",
+        version="1",
+        lifespan=lifespan,
+        responses=_ERRORS,
+    )
+    app.state.api = api
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
+    router = APIRouter(prefix=PREFIX)
+
+    # -- pools -------------------------------------------------------------------------
+
+    @router.post("/pools", status_code=201, tags=["pools"])
+    def create_pool(body: PoolCreate) -> JSONResponse:
+        """Create a resource pool."""
+        pool = api.write(service.create_pool, body.name, body.capacity, body.description)
+        return _json(pool.as_dict(), 201)
+
+    @router.get("/pools", tags=["pools"])
+    def list_pools() -> JSONResponse:
+        """Every pool with occupied vs total per key and its queue length."""
+        return _json(_whole([p.as_dict() for p in api.call(service.list_pools)]))
+
+    @router.get("/pools/{ref}", tags=["pools"])
+    def get_pool(ref: Ref) -> JSONResponse:
+        """One pool with its policies, active and queued requests."""
+        return _json(api.call(service.get_pool, ref).as_dict())
+
+    @router.patch("/pools/{ref}", tags=["pools"])
+    def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
+        """Change capacity (0 removes a key) and/or description."""
+        pool = api.write(service.update_pool, ref, body.capacity, body.description)
+        return _json(pool.as_dict())
+
+    @router.delete("/pools/{ref}", status_code=204, tags=["pools"])
+    def delete_pool(ref: Ref) -> Response:
+        """Delete a pool; refused (409) while it has live allocations."""
+        api.write(service.delete_pool, ref)
+        return Response(status_code=204)
+
+    @router.get("/pools/{ref}/requests", tags=["pools"])
+    def pool_requests(
+        ref: Ref, view: Literal["queued", "active", "all"] = "all"
+    ) -> JSONResponse:
+        """The pool's active requests and/or its queue in order."""
+        rows = [r.as_dict() for r in api.call(service.pool_requests, ref, view)]
+        return _json(_whole(rows))
+
+    # -- policies ----------------------------------------------------------------------
+
+    @router.post("/pools/{ref}/policies", status_code=201, tags=["policies"])
+    def attach_policy(ref: Ref, body: PolicyCreate) -> JSONResponse:
+        """Attach a component's policy (priority, reserved, limit) to a pool."""
+        policy = api.write(
+            service.attach_policy,
+            ref,
+            body.component,
+            body.component_type,
+            body.priority,
+            body.reserved,
+            body.limit,
+        )
+        return _json(policy.as_dict(), 201)
+
+    @router.get("/policies", tags=["policies"])
+    def list_policies(
+        pool: QueryText | None = None,
+        component: QueryText | None = None,
+        component_type: ComponentType | None = None,
+    ) -> JSONResponse:
+        """Policies, optionally of one pool, component or component type."""
+        views = api.call(service.list_policies, pool or None, component, component_type)
+        return _json(_whole([v.as_dict() for v in views]))
+
+    @router.delete("/pools/{ref}/policies/{component}", status_code=204, tags=["policies"])
+    def detach_policy(
+        ref: Ref,
+        component: Ref,
+        component_type: ComponentType = "orchestrator",
+    ) -> Response:
+        """Detach a policy; refused (409) while it has live allocations."""
+        api.write(service.detach_policy, ref, component, component_type)
+        return Response(status_code=204)
+
+    # -- requests ----------------------------------------------------------------------
+
+    @router.post("/requests", status_code=201, tags=["requests"])
+    def create_request(body: RequestCreate) -> JSONResponse:
+        """Submit a request; the answer carries the decision already made: allocated, queued
+        (with position and reason per pool) or rejected (with the reason)."""
+        view = api.write(
+            service.create_request,
+            body.component,
+            body.component_type,
+            body.resources,
+            preemptible=body.preemptible,
+            max_retries=body.max_retries,
+            labels=body.labels,
+            lease_ttl=body.lease_ttl,
+        )
+        return _json(view.as_dict(), 201)
+
+    @router.get("/requests", tags=["requests"])
+    def list_requests(
+        status: Status | None = None,
+        component: QueryText | None = None,
+        pool: QueryText | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    ) -> JSONResponse:
+        """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
+        views = api.call(service.list_requests, status, component, pool or None)
+        rows = [v.as_dict() for v in views[offset : offset + limit]]
+        return _json(_page(rows, len(views), limit, offset))
+
+    @router.get("/requests/{ref}", tags=["requests"])
+    def get_request(ref: Ref) -> JSONResponse:
+        """One request: status, reason, pool, and per pool its queue position and reason."""
+        return _json(api.call(service.get_request, ref).as_dict())
+
+    @router.get("/requests/{ref}/wait", tags=["requests"])
+    async def wait_request(
+        ref: Ref,
+        timeout: Annotated[
+            float,
+            Query(
+                ge=0,
+                allow_inf_nan=False,
+                description=f"Seconds; at most {MAX_WAIT_SECONDS:g} are waited.",
+            ),
+        ] = 30.0,
+    ) -> JSONResponse:
+        """Long-poll: answers as soon as the request is no longer queued, or when the timeout
+        ends, with the request (its queue position and reason while it still waits)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout, MAX_WAIT_SECONDS)
+        view = await run_in_threadpool(api.call, service.get_request, ref)
+        if view.status != "queued" or api.notifier.closed:
+            return _json(view.as_dict())
+        with api.notifier.watch(view.id) as watch:
+            # Read again now that a change would wake us: none can slip in between.
+            status = await run_in_threadpool(api.status_of, view.id)
+            while status == "queued" and not api.notifier.closed:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await watch.wait(min(remaining, RECHECK_SECONDS))
+                watch.clear()
+                status = await run_in_threadpool(api.status_of, view.id)
+        view = await run_in_threadpool(api.call, service.get_request, view.id)
+        return _json(view.as_dict())
+
+    @router.post("/requests/{ref}/heartbeat", tags=["requests"])
+    def heartbeat(ref: Ref) -> JSONResponse:
+        """The holder is alive: renew the lease. Answers with the request in any status, so a
+        holder learns of a preemption at its next heartbeat."""
+        return _json(api.write(service.heartbeat, ref).as_dict())
+
+    @router.post("/requests/{ref}/release", tags=["requests"])
+    def release(ref: Ref) -> JSONResponse:
+        """The work finished: the units go back to the pool."""
+        return _json(api.write(service.release_request, ref).as_dict())
+
+    @router.post("/requests/{ref}/cancel", tags=["requests"])
+    def cancel(ref: Ref) -> JSONResponse:
+        """Withdraw a queued or allocated request."""
+        return _json(api.write(service.cancel_request, ref).as_dict())
+
+    @router.delete("/requests/{ref}", status_code=204, tags=["requests"])
+    def delete_request(ref: Ref) -> Response:
+        """Delete a request (an allocation it holds is released)."""
+        api.write(service.delete_request, ref)
+        return Response(status_code=204)
+
+    # -- operations --------------------------------------------------------------------
+
+    @router.post("/reconcile", tags=["operations"])
+    def reconcile() -> JSONResponse:
+        """Run one reconcile pass now; answers what it changed."""
+        summary = api.reconcile()
+        return _json(summary.as_dict())
+
+    app.include_router(router)
+
+    def healthz() -> JSONResponse:
+        """The process is up."""
+        return _json({"status": "ok"})
+
+    def readyz() -> JSONResponse:
+        """The database is reachable: a read transaction succeeds."""
+        if api.stopping:
+            return error_response(503, "shutting down")
+        try:
+            with service.db.read() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except Exception as error:
+            return error_response(503, f"database unreachable: {one_line(str(error))[:200]}")
+        return _json({"status": "ready"})
+
+    def metrics() -> Response:
+        """Prometheus text format."""
+        return PlainTextResponse(api.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    for path, endpoint, response_class in (
+        ("/healthz", healthz, JSONResponse),
+        ("/readyz", readyz, JSONResponse),
+        ("/metrics", metrics, PlainTextResponse),
+    ):
+        app.add_api_route(
+            path, endpoint, methods=["GET"], tags=["operations"], response_class=response_class
+        )
+        # The same under the API prefix, for clients that only know the base URL.
+        app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
+
+    return app

@@ -1,0 +1,207 @@
+"""Every error is JSON ``{"detail": "<one line>", "field": "<path>" | null}``.
+
+Mapping: ``InvalidInput`` and body/query/path validation → 422 naming the field; malformed
+JSON → 400; a body not sent as JSON → 415; ``NotFound`` → 404; ``AmbiguousReference`` and
+``Conflict`` → 409; bodies over ``MAX_BODY_BYTES`` → 413; the database busy or away → 503.
+Anything else is a bug: 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fairpool.errors import AmbiguousReference, Conflict, FairpoolError, InvalidInput, NotFound
+
+log = logging.getLogger("fairpool.api")
+
+_MAX_SHOWN = 80
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def error_response(
+    status: int,
+    detail: str,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        {"detail": one_line(detail), "field": field}, status_code=status, headers=headers
+    )
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> str:
+    """pydantic's message, in the service's words where they say the same thing."""
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be an integer"
+    if (kind, ctx.get("gt", ctx.get("ge"))) in (("greater_than", 0), ("greater_than_equal", 1)):
+        return "must be a positive integer"
+    if (kind, ctx.get("ge")) == ("greater_than_equal", 0):
+        return "must be a non-negative integer"
+    if kind == "less_than_equal" and "le" in ctx:
+        return f"must be at most {ctx['le']}"
+    if kind == "string_pattern_mismatch":
+        if isinstance(value, str) and "\x00" in value:
+            return "must not contain NUL characters"
+        return "must not be empty or only whitespace"
+    return default.removeprefix("Value error, ")
+
+
+def validation_error(errors: Sequence[Any]) -> JSONResponse:
+    """The first error, in the service's own style: ``field: problem (got value)``."""
+    if not errors:
+        return error_response(422, "invalid request")
+    first: Mapping[str, Any] = errors[0]
+    loc = tuple(first.get("loc", ()))
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        problem = (first.get("ctx") or {}).get("error", "invalid JSON")
+        where = f" at position {loc[1]}" if len(loc) > 1 else ""
+        return error_response(400, f"malformed JSON body: {problem}{where}")
+    path = [str(part) for part in loc[1:]] if loc and loc[0] in (
+        "body", "query", "path", "header", "cookie"
+    ) else [str(part) for part in loc]
+    field = ".".join(path) or None
+    if field is None and isinstance(first.get("input"), bytes | bytearray):
+        # FastAPI hands the body over unparsed when it is not declared as JSON.
+        return error_response(415, "request body must be JSON (Content-Type: application/json)")
+    message = _message(
+        kind, first.get("ctx") or {}, first.get("input"), str(first.get("msg", "invalid value"))
+    )
+    detail = f"{field or 'request body'}: {message}"
+    if kind != "missing" and "input" in first:
+        detail += f" (got {_shown(first['input'])})"
+    if len(errors) > 1:
+        detail += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return error_response(422, detail, field)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return validation_error(exc.errors())
+
+    async def on_fairpool(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, InvalidInput):
+            return error_response(422, str(exc), exc.field)
+        if isinstance(exc, NotFound):
+            return error_response(404, str(exc))
+        if isinstance(exc, AmbiguousReference | Conflict):
+            return error_response(409, str(exc))
+        return error_response(400, str(exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path only.
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+    async def on_database(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", one_line(str(exc))[:300])
+        return error_response(
+            503, "database busy or unreachable; retry later", headers={"Retry-After": "1"}
+        )
+
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error", exc_info=exc)
+        return error_response(500, f"internal error ({type(exc).__name__})")
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(FairpoolError, on_fairpool)
+    app.add_exception_handler(HTTPException, on_http)
+    app.add_exception_handler(OperationalError, on_database)
+    app.add_exception_handler(PoolTimeout, on_database)
+    app.add_exception_handler(Exception, on_bug)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            allowed |= set(getattr(route, "methods", None) or ())
+    return sorted(allowed)
+
+
+class BodySizeLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, before the app reads any of it.
+
+    A declared Content-Length over the limit is refused at once; a body without one (chunked)
+    is read up to the limit and then handed to the app whole.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await self._refuse(scope, receive, send)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            {"detail": f"request body larger than {self.max_bytes} bytes", "field": None},
+            status_code=413,
+            headers={"Connection": "close"},
+        )
+        await response(scope, receive, send)
+

@@ -1,0 +1,193 @@
+"""Prometheus metrics on a registry of the app's own (never the process-global one).
+
+Gauges (queue length, capacity, allocated and free units per pool and key) are read from the
+database at scrape time. Counters and histograms are fed by the reconcile passes this process
+runs: every service operation ends with a pass, and the reconciler thread runs one per tick.
+A pass's summary is recorded only once its transaction has committed (see ``PassObserver``),
+so a rolled-back operation counts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Connection
+
+from fairpool.service import Service
+from fairpool.store import repo
+from fairpool.views import PassSummary
+
+log = logging.getLogger("fairpool.api")
+
+PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+WAIT_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+    4 * 3600.0, 24 * 3600.0,
+)
+
+
+@dataclass(slots=True)
+class _Seen:
+    """One pass as observed: its summary and, per granted request, created → allocated."""
+
+    summary: PassSummary
+    waits: list[float] = field(default_factory=list)
+
+
+class Metrics:
+    def __init__(self, service: Service) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.admissions = Counter(
+            "fairpool_admissions", "Requests granted an allocation.", registry=self.registry
+        )
+        self.rejections = Counter(
+            "fairpool_rejections", "Requests rejected (could never fit).", registry=self.registry
+        )
+        self.preemptions = Counter(
+            "fairpool_preemptions", "Allocations preempted.", registry=self.registry
+        )
+        self.retries = Counter(
+            "fairpool_retries", "Retry attempts queued after a preemption.", registry=self.registry
+        )
+        self.lease_expiries = Counter(
+            "fairpool_lease_expiries",
+            "Allocations released because their lease expired.",
+            registry=self.registry,
+        )
+        self.pass_seconds = Histogram(
+            "fairpool_reconcile_pass_seconds",
+            "Duration of one reconcile pass (load, engine, apply).",
+            buckets=PASS_BUCKETS,
+            registry=self.registry,
+        )
+        self.wait_seconds = Histogram(
+            "fairpool_wait_seconds",
+            "Time from a request's creation to its allocation.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(PoolCollector(service))
+
+    def record(self, seen: Iterable[_Seen]) -> None:
+        for one in seen:
+            summary = one.summary
+            self.admissions.inc(len(summary.granted))
+            self.rejections.inc(len(summary.rejected))
+            self.preemptions.inc(len(summary.preempted))
+            self.retries.inc(len(summary.retried))
+            self.lease_expiries.inc(len(summary.expired))
+            self.pass_seconds.observe(summary.seconds)
+            for wait in one.waits:
+                self.wait_seconds.observe(wait)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class PoolCollector(Collector):
+    """Per-pool gauges, read in one read transaction at scrape time."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        queue, capacity, allocated, free = self._families()
+        up = GaugeMetricFamily(
+            "fairpool_database_up", "1 when the last scrape could read the database."
+        )
+        try:
+            pools = self._service.list_pools()
+        except Exception:  # a scrape must not fail because the database is away
+            log.exception("metrics: could not read the pools")
+            up.add_metric([], 0)
+            return [up]
+        up.add_metric([], 1)
+        for pool in pools:
+            queue.add_metric([pool.name], pool.queue_length)
+            for key, total in pool.capacity.items():
+                used = pool.occupied.get(key, 0)
+                capacity.add_metric([pool.name, key], total)
+                allocated.add_metric([pool.name, key], used)
+                free.add_metric([pool.name, key], max(0, total - used))
+        return [up, queue, capacity, allocated, free]
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        labels = ["pool", "key"]
+        return (
+            GaugeMetricFamily(
+                "fairpool_pool_queue_length", "Requests waiting in the pool.", labels=["pool"]
+            ),
+            GaugeMetricFamily(
+                "fairpool_pool_capacity_units", "Units of a key the pool has.", labels=labels
+            ),
+            GaugeMetricFamily(
+                "fairpool_pool_allocated_units", "Units of a key held by allocations.",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "fairpool_pool_free_units", "Capacity minus allocated (at least 0).",
+                labels=labels,
+            ),
+        )
+
+
+class PassObserver:
+    """Sees the summary of every pass the service runs in this process.
+
+    The service has no public hook for it yet, so this wraps the service instance's pass
+    method. Summaries are kept per thread until the operation that ran them returns
+    (``committed``): each service operation is one transaction, so returning means committed,
+    raising means rolled back and the summaries are dropped.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self._local = threading.local()
+        # Wrap the service's own method once, even if several apps are made over it.
+        original: Callable[[Connection], PassSummary] = getattr(
+            service, "_unobserved_pass", service._pass
+        )
+
+        def observed(conn: Connection) -> PassSummary:
+            summary = original(conn)
+            pending: list[_Seen] | None = getattr(self._local, "pending", None)
+            if pending is None:  # not inside ``begin()`` … ``take()``: nobody will read it
+                return summary
+            seen = _Seen(summary)
+            if summary.granted:
+                now = service.clock()
+                for request in repo.requests_by_ids(conn, summary.granted):
+                    seen.waits.append(max(0.0, (now - request.created_at).total_seconds()))
+            pending.append(seen)
+            return summary
+
+        # Instance attributes shadow the method, for this service object only.
+        setattr(service, "_unobserved_pass", original)  # noqa: B010
+        setattr(service, "_pass", observed)  # noqa: B010
+
+    def begin(self) -> None:
+        """This thread starts a service operation."""
+        self._local.pending = []
+
+    def take(self) -> list[_Seen]:
+        """The passes this thread's operation ran; ends it."""
+        pending: list[_Seen] = getattr(self._local, "pending", None) or []
+        self._local.pending = None
+        return pending
+
+
+def changed_ids(summary: PassSummary) -> set[str]:
+    """The requests whose status the pass changed (and the retries it created)."""
+    return {
+        *summary.granted, *summary.preempted, *summary.rejected, *summary.retried,
+        *summary.expired,
+    }

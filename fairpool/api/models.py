@@ -1,0 +1,112 @@
+"""Request bodies: strict pydantic models with bounded sizes.
+
+Strict: 8 is an integer, "8", 8.0 and true are not. Unknown keys are refused. Sizes are bounded
+so that no input can make the server do unbounded work or overflow a database column; signs
+are in the schema too. Rules that depend on the state (policy keys are pool keys, reserved ≤
+limit, the reserved total fits the pool) are the service's, which names the field in its
+error just as these models do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+#: Request bodies larger than this are refused with 413.
+MAX_BODY_BYTES = 64 * 1024
+MAX_KEYS = 64
+MAX_AMOUNT = 10**12
+MAX_NAME = 255
+MAX_LABELS = 64
+MAX_LABEL_VALUE = 1024
+MAX_DESCRIPTION = 4096
+#: Database columns for these are 32-bit integers.
+MAX_PRIORITY = 1_000_000
+MAX_RETRIES = 1000
+MAX_LEASE_TTL = 30 * 24 * 3600
+
+
+def text(value: str) -> str:
+    """Text every database stores as it is: no NUL characters, no lone surrogates."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text") from None
+    return value
+
+
+#: Patterns in the schema, so that clients and fuzzers know: no NUL characters anywhere,
+#: and names hold at least one non-space character.
+TEXT_PATTERN = r"^[^\x00]*$"
+NAME_PATTERN = r"^[^\x00]*\S[^\x00]*$"
+Name = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
+    AfterValidator(text),
+]
+Key = Name
+Description = Annotated[
+    str, StringConstraints(max_length=MAX_DESCRIPTION, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+LabelValue = Annotated[
+    str, StringConstraints(max_length=MAX_LABEL_VALUE, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+#: Capacity on creation and request demands: positive.
+Positive = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
+#: Capacity updates (0 removes a key), reserved and limit: non-negative.
+NonNegative = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
+PositiveAmounts = Annotated[dict[Key, Positive], Field(min_length=1, max_length=MAX_KEYS)]
+Amounts = Annotated[dict[Key, NonNegative], Field(max_length=MAX_KEYS)]
+ComponentType = Literal["orchestrator", "step_operator"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class PoolCreate(Strict):
+    name: Name
+    capacity: PositiveAmounts = Field(description="Units per resource key, e.g. {\"gpu\": 8}.")
+    description: Description | None = None
+
+
+class PoolUpdate(Strict):
+    capacity: Amounts | None = Field(
+        default=None, description="New totals per key; 0 removes a key."
+    )
+    description: Description | None = None
+
+
+class PolicyCreate(Strict):
+    component: Name
+    component_type: ComponentType = "orchestrator"
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] = Field(
+        default=0, description="Higher is preferred."
+    )
+    reserved: Amounts = Field(default_factory=dict)
+    limit: Amounts = Field(default_factory=dict)
+
+
+class RequestCreate(Strict):
+    component: Name
+    component_type: ComponentType = "orchestrator"
+    resources: PositiveAmounts = Field(description="Units per resource key, e.g. {\"gpu\": 2}.")
+    preemptible: bool = True
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] = 0
+    labels: Annotated[dict[Key, LabelValue], Field(max_length=MAX_LABELS)] = Field(
+        default_factory=dict
+    )
+    lease_ttl: Annotated[int, Field(ge=1, le=MAX_LEASE_TTL)] | None = Field(
+        default=None,
+        description="Seconds: the allocation is released when no heartbeat renews it in time.",
+    )
+
+
+class ErrorBody(BaseModel):
+    """Every error response."""
+
+    detail: str = Field(description="One line saying what is wrong.")
+    field: str | None = Field(description="The offending field's path, e.g. resources.gpu.")

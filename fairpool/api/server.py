@@ -1,0 +1,68 @@
+"""Running the API with uvicorn: ``serve()`` and ``python -m fairpool.api``.
+
+Shutdown on SIGTERM or SIGINT is graceful: the listening socket closes, long-polls answer at
+once, in-flight requests finish (for at most ``GRACE_SECONDS``), the reconciler thread ends
+its pass and stops, and the database is closed. The process then exits normally (status 0).
+A second SIGINT forces the exit.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+
+from fairpool.api.app import Api, create_app
+from fairpool.service import open_service
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8600
+#: How long in-flight requests may take to finish once shutdown has begun.
+GRACE_SECONDS = 30
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the app at once that shutdown has begun (so that
+    long-polls answer instead of holding the shutdown up), and which does not re-raise the
+    signal after a clean shutdown (uvicorn does, to die of it)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+
+def serve(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    home: str | None = None,
+    database_url: str | None = None,
+    tick: float = 1.0,
+    log_level: str = "info",
+) -> None:
+    """Serve the API until SIGTERM or SIGINT, on the embedded store under ``home`` (else
+    ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``."""
+    service = open_service(home, database_url)
+    try:
+        app = create_app(service, tick=tick)
+        api: Api = app.state.api
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACE_SECONDS,
+            server_header=False,
+        )
+        _Server(config, on_exit=api.begin_shutdown).run()
+    finally:
+        service.db.close()

@@ -1,0 +1,493 @@
+"""The HTTP API against a real server: ``python -m fairpool.api`` in a subprocess on a free
+loopback port, with a temporary ``--home``, driven with httpx.
+
+One server serves the module (each test uses pools and components of its own); the shutdown
+test runs servers of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+API = "/api/v1"
+TERMINAL = {"released", "rejected", "preempted", "cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A ``python -m fairpool.api`` process on a free port."""
+
+    def __init__(self, home: Path, log: Path) -> None:
+        self.home = home
+        self.log_path = log
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+        for _ in range(3):  # another process may take the free port before the server binds it
+            self.port = free_port()
+            with self.log_path.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "fairpool.api", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--home", str(self.home), "--log-level", "warning"],
+                    stdout=log, stderr=subprocess.STDOUT, env=env,
+                )
+            if self._wait_up(20.0):
+                return
+            self.stop()
+        pytest.fail(f"the server did not start:\n{self.log_path.read_text()}")
+
+    def _wait_up(self, seconds: float) -> bool:
+        assert self.process is not None
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def terminate(self) -> int:
+        """SIGTERM; the exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=15)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("api")
+    running = Server(root / "home", root / "server.log")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url + API, timeout=30.0) as c:
+        yield c
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return response.json() if response.content else None
+
+
+def setup_pool(
+    client: httpx.Client, pool: str, component: str, capacity: dict[str, int], **policy: Any
+) -> None:
+    ok(client.post("/pools", json={"name": pool, "capacity": capacity}), 201)
+    ok(client.post(f"/pools/{pool}/policies", json={"component": component, **policy}), 201)
+
+
+def submit(client: httpx.Client, component: str, **resources: int) -> dict[str, Any]:
+    body: dict[str, Any] = ok(
+        client.post("/requests", json={"component": component, "resources": resources}), 201
+    )
+    return body
+
+
+def poll_until(check: Callable[[], bool], seconds: float, every: float = 0.1) -> float:
+    """Seconds until ``check()`` held; fails after ``seconds``."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > seconds:
+            pytest.fail(f"condition not met within {seconds} s")
+        time.sleep(every)
+    return time.monotonic() - started
+
+
+# -- the tour ----------------------------------------------------------------------------
+
+
+def test_tour(client: httpx.Client) -> None:
+    pool = ok(client.post("/pools", json={"name": "tour-gpus", "capacity": {"gpu": 4, "step_run": 32},
+                                          "description": "Shared training GPUs"}), 201)
+    assert pool["capacity"] == {"gpu": 4, "step_run": 32} and pool["occupied"] == {"gpu": 0, "step_run": 0}
+    policy = ok(client.post("/pools/tour-gpus/policies", json={
+        "component": "tour-orch", "priority": 10, "reserved": {"gpu": 2}, "limit": {"gpu": 4}}), 201)
+    assert policy["effective_limit"] == {"gpu": 4, "step_run": 32}
+    listed = ok(client.get("/policies", params={"pool": "tour-gpus"}))
+    assert [p["component"] for p in listed["items"]] == ["tour-orch"]
+    assert listed["pagination"] == {"index": 1, "max_size": 1, "total_pages": 1, "total": 1}
+
+    first = submit(client, "tour-orch", gpu=3, step_run=1)
+    assert first["status"] == "allocated" and first["pool"] == "tour-gpus"
+    second = submit(client, "tour-orch", gpu=2, step_run=1)
+    assert second["status"] == "queued"
+    assert second["queue"][0]["pool"] == "tour-gpus" and second["queue"][0]["position"] == 1
+    assert "gpu" in second["queue"][0]["reason"] and second["status_reason"].startswith("waiting")
+
+    detail = ok(client.get(f"/pools/{pool['id'][:8]}"))
+    assert detail["occupied"]["gpu"] == 3 and detail["queue_length"] == 1
+    assert [r["id"] for r in detail["queued_requests"]] == [second["id"]]
+    assert [r["id"] for r in ok(client.get("/pools/tour-gpus/requests", params={"view": "active"}))["items"]] == [first["id"]]
+    assert [r["id"] for r in ok(client.get("/pools/tour-gpus/requests", params={"view": "queued"}))["items"]] == [second["id"]]
+    assert ok(client.get(f"/requests/{second['id'][:13]}"))["queue"][0]["position"] == 1
+
+    # A long-poll on the waiter returns as soon as a release allocates it.
+    result: dict[str, Any] = {}
+
+    def wait() -> None:
+        with httpx.Client(base_url=client.base_url, timeout=30.0) as waiter:
+            response = waiter.get(f"/requests/{second['id']}/wait", params={"timeout": 20})
+            result["at"] = time.monotonic()
+            result["body"] = ok(response)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    assert "body" not in result, "the long-poll returned while the request was still queued"
+    released_at = time.monotonic()
+    assert ok(client.post(f"/requests/{first['id']}/release"))["status"] == "released"
+    thread.join(10)
+    assert result["body"]["status"] == "allocated"
+    latency = result["at"] - released_at
+    print(f"long-poll wake latency after release: {latency * 1000:.1f} ms")
+    assert latency < 1.0, latency  # the timeout was 20 s
+
+    # A long-poll on a request that is not queued answers at once.
+    started = time.monotonic()
+    assert ok(client.get(f"/requests/{first['id']}/wait", params={"timeout": 20}))["status"] == "released"
+    assert time.monotonic() - started < 1.0
+
+    page = ok(client.get("/requests", params={"component": "tour-orch", "limit": 1}))
+    assert page["pagination"] == {"index": 1, "max_size": 1, "total_pages": 2, "total": 2}
+    assert [r["id"] for r in page["items"]] == [first["id"]]
+    page = ok(client.get("/requests", params={"component": "tour-orch", "limit": 1, "offset": 1}))
+    assert page["pagination"]["index"] == 2 and [r["id"] for r in page["items"]] == [second["id"]]
+    assert ok(client.get("/requests", params={"status": "allocated", "pool": "tour-gpus"}))["pagination"]["total"] == 1
+
+    assert ok(client.post(f"/requests/{second['id']}/heartbeat"))["status"] == "allocated"
+    assert ok(client.post(f"/requests/{second['id']}/cancel"))["status"] == "cancelled"
+    summary = ok(client.post("/reconcile"))
+    assert set(summary) >= {"granted", "preempted", "rejected", "retried", "expired", "waiting", "seconds"}
+    ok(client.delete(f"/requests/{first['id']}"), 204)
+    assert client.get(f"/requests/{first['id']}").status_code == 404
+
+    updated = ok(client.patch("/pools/tour-gpus", json={"capacity": {"gpu": 8}, "description": "more"}))
+    assert updated["capacity"]["gpu"] == 8 and updated["description"] == "more"
+    ok(client.delete("/pools/tour-gpus/policies/tour-orch", params={"component_type": "orchestrator"}), 204)
+    ok(client.delete("/pools/tour-gpus"), 204)
+    assert client.get("/pools/tour-gpus").status_code == 404
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+def state(client: httpx.Client) -> Any:
+    """Everything a bad request could have changed."""
+    pools = ok(client.get("/pools"))["items"]
+    policies = ok(client.get("/policies"))["items"]
+    requests = ok(client.get("/requests", params={"limit": 10000}))["items"]
+    return (
+        [(p["id"], p["name"], p["description"], p["capacity"], p["occupied"]) for p in pools],
+        [(p["id"], p["priority"], p["reserved"], p["limit"]) for p in policies],
+        [(r["id"], r["status"], r["resources"], r["lease_expires_at"]) for r in requests],
+    )
+
+
+ANY = object()
+
+
+def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
+    client: httpx.Client, server: Server
+) -> None:
+    setup_pool(client, "err-gpus", "err-orch", {"gpu": 2}, reserved={"gpu": 1})
+    held = submit(client, "err-orch", gpu=2)
+    assert held["status"] == "allocated"
+    # Requests until two ids share a first character: an ambiguous prefix.
+    ids = [r["id"] for r in ok(client.get("/requests", params={"limit": 10000}))["items"]]
+    while len({i[0] for i in ids}) == len(ids):
+        ids.append(submit(client, "err-orch", gpu=99)["id"])  # rejected at once
+    ambiguous = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)
+    request = {"component": "err-orch", "resources": {"gpu": 1}}
+    before = state(client)
+
+    json_headers = {"content-type": "application/json"}
+    big = {**request, "labels": {"x": "y" * 70_000}}
+    cases: list[tuple[str, str, dict[str, Any], int, object]] = [
+        ("POST", "/requests", {"json": {**request, "colour": "red"}}, 422, "colour"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": "8"}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": 1.0}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": True}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": -1}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": 0}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": 10**13}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {"gpu": 10**40}}}, 422, "resources.gpu"),
+        ("POST", "/requests", {"json": {**request, "resources": {f"k{i}": 1 for i in range(65)}}}, 422, "resources"),
+        ("POST", "/requests", {"json": {**request, "resources": {}}}, 422, "resources"),
+        ("POST", "/requests", {"json": {**request, "labels": {f"k{i}": "v" for i in range(65)}}}, 422, "labels"),
+        ("POST", "/requests", {"json": {**request, "labels": {"a": 1}}}, 422, "labels.a"),
+        ("POST", "/requests", {"json": {**request, "max_retries": "1"}}, 422, "max_retries"),
+        ("POST", "/requests", {"json": {**request, "max_retries": -1}}, 422, "max_retries"),
+        ("POST", "/requests", {"json": {**request, "lease_ttl": 0}}, 422, "lease_ttl"),
+        ("POST", "/requests", {"json": {**request, "lease_ttl": 1.5}}, 422, "lease_ttl"),
+        ("POST", "/requests", {"json": {**request, "preemptible": "yes"}}, 422, "preemptible"),
+        ("POST", "/requests", {"json": {**request, "component_type": "bogus"}}, 422, "component_type"),
+        ("POST", "/requests", {"json": {**request, "component": "x" * 256}}, 422, "component"),
+        ("POST", "/requests", {"json": {**request, "component": "a\x00b"}}, 422, "component"),
+        ("POST", "/requests", {"json": {"resources": {"gpu": 1}}}, 422, "component"),
+        ("POST", "/requests", {"json": [request]}, 422, None),
+        ("POST", "/requests", {"json": {**request, "component": "nobody"}}, 404, None),
+        ("POST", "/requests", {"content": b'{"component": "err-orch", ', "headers": json_headers}, 400, None),
+        ("POST", "/requests", {"content": b"\xff\xfe", "headers": json_headers}, 400, None),
+        ("POST", "/requests", {"content": json.dumps(request).encode()}, 415, None),
+        ("POST", "/requests", {"json": big}, 413, None),
+        ("POST", "/requests", {"content": iter([b"[" * 40_000, b"]" * 40_000]), "headers": json_headers}, 413, None),
+        ("POST", "/pools", {"json": {"name": "err-gpus", "capacity": {"gpu": 1}}}, 409, None),
+        ("POST", "/pools", {"json": {"name": "new", "capacity": {}}}, 422, "capacity"),
+        ("POST", "/pools", {"json": {"name": "new", "capacity": {"gpu": 1}, "extra": 1}}, 422, "extra"),
+        ("POST", "/pools", {"json": {"name": 5, "capacity": {"gpu": 1}}}, 422, "name"),
+        ("POST", "/pools", {"json": {"name": "", "capacity": {"gpu": 1}}}, 422, "name"),
+        ("PATCH", "/pools/err-gpus", {"json": {"capacity": {"gpu": -1}}}, 422, "capacity.gpu"),
+        ("PATCH", "/pools/err-gpus", {"json": {"capacity": {"gpu": "2"}}}, 422, "capacity.gpu"),
+        ("PATCH", "/pools/nope", {"json": {"description": "x"}}, 404, None),
+        ("POST", "/pools/err-gpus/policies", {"json": {"component": "other", "reserved": {"tpu": 1}}}, 422, "reserved.tpu"),
+        ("POST", "/pools/err-gpus/policies", {"json": {"component": "other", "priority": -1}}, 422, "priority"),
+        ("POST", "/pools/err-gpus/policies", {"json": {"component": "err-orch"}}, 409, None),
+        ("DELETE", "/pools/err-gpus", {}, 409, None),
+        ("DELETE", "/pools/err-gpus/policies/err-orch", {}, 409, None),
+        ("DELETE", "/pools/err-gpus/policies/nobody", {}, 404, None),
+        ("DELETE", "/pools/err-gpus/policies/err-orch", {"params": {"component_type": "x"}}, 422, "component_type"),
+        ("GET", "/pools/nope", {}, 404, None),
+        ("GET", "/requests/00000000-0000-4000-8000-000000000000", {}, 404, None),
+        ("GET", f"/requests/{ambiguous}", {}, 409, None),
+        ("GET", f"/requests/{ambiguous}/wait", {}, 409, None),
+        ("GET", "/requests/%00", {}, 422, "ref"),
+        ("GET", "/requests", {"params": {"status": "bogus"}}, 422, "status"),
+        ("GET", "/requests", {"params": {"limit": 0}}, 422, "limit"),
+        ("GET", "/requests", {"params": {"limit": "ten"}}, 422, "limit"),
+        ("GET", "/requests", {"params": {"pool": "nope"}}, 404, None),
+        ("GET", "/pools/err-gpus/requests", {"params": {"view": "some"}}, 422, "view"),
+        ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": -1}}, 422, "timeout"),
+        ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": "nan"}}, 422, "timeout"),
+        ("POST", f"/requests/{ids[-1]}/release", {}, 409, None),
+        ("POST", f"/requests/{ids[-1]}/cancel", {}, 409, None),
+        ("PUT", "/pools/err-gpus", {"json": {}}, 405, None),
+        ("GET", "/nowhere", {}, 404, None),
+    ]
+    for method, path, kwargs, status, field in cases:
+        response = client.request(method, path, **kwargs)
+        where = f"{method} {path} {kwargs}"[:200]
+        assert response.status_code == status, f"{where}: {response.status_code} {response.text[:300]}"
+        body = response.json()
+        assert set(body) == {"detail", "field"}, where
+        assert isinstance(body["detail"], str) and body["detail"] and "\n" not in body["detail"], where
+        if field is not ANY:
+            assert body["field"] == field, f"{where}: {body}"
+    assert state(client) == before
+    assert "Traceback" not in server.log_path.read_text()
+
+
+# -- operations --------------------------------------------------------------------------
+
+
+def test_health_readiness_metrics_and_docs(client: httpx.Client, server: Server) -> None:
+    setup_pool(client, "metrics-gpus", "metrics-orch", {"gpu": 2})
+    holder = submit(client, "metrics-orch", gpu=2)
+    waiter = submit(client, "metrics-orch", gpu=1)
+    assert (holder["status"], waiter["status"]) == ("allocated", "queued")
+
+    assert ok(httpx.get(server.url + "/healthz")) == {"status": "ok"}
+    assert ok(httpx.get(server.url + "/readyz")) == {"status": "ready"}
+    assert ok(client.get("/healthz")) == {"status": "ok"}
+
+    def scrape() -> dict[str, list[Any]]:
+        response = httpx.get(server.url + "/metrics")
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        return {f.name: f.samples for f in text_string_to_metric_families(response.text)}
+
+    def value(metrics: dict[str, list[Any]], family: str, sample: str, **labels: str) -> float:
+        found = [s.value for s in metrics[family] if s.name == sample and s.labels == labels]
+        assert len(found) == 1, (family, sample, labels, metrics.get(family))
+        return float(found[0])
+
+    metrics = scrape()
+    assert value(metrics, "fairpool_pool_queue_length", "fairpool_pool_queue_length", pool="metrics-gpus") == 1
+    assert value(metrics, "fairpool_pool_capacity_units", "fairpool_pool_capacity_units", pool="metrics-gpus", key="gpu") == 2
+    assert value(metrics, "fairpool_pool_allocated_units", "fairpool_pool_allocated_units", pool="metrics-gpus", key="gpu") == 2
+    assert value(metrics, "fairpool_pool_free_units", "fairpool_pool_free_units", pool="metrics-gpus", key="gpu") == 0
+    assert value(metrics, "fairpool_database_up", "fairpool_database_up") == 1
+    admitted = value(metrics, "fairpool_admissions", "fairpool_admissions_total")
+    waits = value(metrics, "fairpool_wait_seconds", "fairpool_wait_seconds_count")
+    assert admitted >= 1 and waits >= 1
+    assert value(metrics, "fairpool_reconcile_pass_seconds", "fairpool_reconcile_pass_seconds_count") >= 1
+    for counter in ("fairpool_rejections", "fairpool_preemptions", "fairpool_lease_expiries"):
+        assert value(metrics, counter, counter + "_total") >= 0
+
+    ok(client.post(f"/requests/{holder['id']}/release"))  # the waiter is allocated by this pass
+    metrics = scrape()
+    assert value(metrics, "fairpool_admissions", "fairpool_admissions_total") == admitted + 1
+    assert value(metrics, "fairpool_wait_seconds", "fairpool_wait_seconds_count") == waits + 1
+    assert value(metrics, "fairpool_pool_queue_length", "fairpool_pool_queue_length", pool="metrics-gpus") == 0
+    assert value(metrics, "fairpool_pool_allocated_units", "fairpool_pool_allocated_units", pool="metrics-gpus", key="gpu") == 1
+    rejected = value(metrics, "fairpool_rejections", "fairpool_rejections_total")
+    assert submit(client, "metrics-orch", gpu=3)["status"] == "rejected"
+    assert value(scrape(), "fairpool_rejections", "fairpool_rejections_total") == rejected + 1
+    ok(client.post(f"/requests/{waiter['id']}/release"))
+
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    assert {f"{API}/requests", f"{API}/requests/{{ref}}/wait", f"{API}/pools/{{ref}}/policies", "/metrics"} <= set(schema["paths"])
+    docs = httpx.get(server.url + "/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_leases_expire_through_the_reconciler_tick(client: httpx.Client) -> None:
+    setup_pool(client, "lease-gpus", "lease-orch", {"gpu": 1})
+    body = {"component": "lease-orch", "resources": {"gpu": 1}, "lease_ttl": 1}
+    holder = ok(client.post("/requests", json=body), 201)
+    assert holder["status"] == "allocated" and holder["lease_expires_at"] is not None
+    waiter = submit(client, "lease-orch", gpu=1)
+    assert waiter["status"] == "queued"
+
+    # Nobody heartbeats the holder: the tick expires its lease and the waiter gets the GPU.
+    started = time.monotonic()
+    woken = ok(client.get(f"/requests/{waiter['id']}/wait", params={"timeout": 10}))
+    assert woken["status"] == "allocated"
+    assert time.monotonic() - started < 3.0
+    expired = ok(client.get(f"/requests/{holder['id']}"))
+    assert expired["status"] == "released" and "lease expired" in expired["status_reason"]
+    ok(client.post(f"/requests/{waiter['id']}/release"))
+
+    # Heartbeats every 0.3 s keep a 1 s lease alive.
+    kept = ok(client.post("/requests", json=body), 201)
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:
+        assert ok(client.post(f"/requests/{kept['id']}/heartbeat"))["status"] == "allocated"
+        time.sleep(0.3)
+    assert ok(client.get(f"/requests/{kept['id']}"))["status"] == "allocated"
+    ok(client.post(f"/requests/{kept['id']}/release"))
+    assert ok(client.get("/pools/lease-gpus"))["occupied"] == {"gpu": 0}
+
+
+def test_sigterm_finishes_in_flight_requests_and_loses_nothing(tmp_path: Path) -> None:
+    first = Server(tmp_path / "home", tmp_path / "server.log")
+    first.start()
+    try:
+        with httpx.Client(base_url=first.url + API, timeout=30.0) as c:
+            setup_pool(c, "gpus", "orch", {"gpu": 2}, priority=5, reserved={"gpu": 1})
+            held = submit(c, "orch", gpu=2)
+            queued = submit(c, "orch", gpu=1)
+            before = state(c)
+
+        # A long-poll in flight when SIGTERM arrives is answered, then the process exits 0.
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(
+                httpx.get, f"{first.url}{API}/requests/{queued['id']}/wait",
+                params={"timeout": 30}, timeout=30.0,
+            )
+            time.sleep(0.5)
+            started = time.monotonic()
+            assert first.terminate() == 0
+            assert time.monotonic() - started < 5.0
+            answer = future.result(timeout=5)
+        assert answer.status_code == 200 and answer.json()["status"] == "queued"
+    finally:
+        first.stop()
+
+    second = Server(tmp_path / "home", tmp_path / "server.log")
+    second.start()
+    try:
+        with httpx.Client(base_url=second.url + API, timeout=30.0) as c:
+            assert state(c) == before
+            assert ok(c.get(f"/requests/{held['id']}"))["status"] == "allocated"
+            assert ok(c.get(f"/requests/{queued['id']}"))["queue"][0]["position"] == 1
+            assert ok(c.get("/policies"))["items"][0]["priority"] == 5
+    finally:
+        second.stop()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+def test_concurrent_clients_never_overcommit(client: httpx.Client, server: Server) -> None:
+    setup_pool(client, "conc-gpus", "conc-orch", {"gpu": 4})
+    threads, per_thread = 16, 10
+    stop = threading.Event()
+    samples: list[int] = []
+
+    def monitor() -> None:
+        with httpx.Client(base_url=client.base_url, timeout=30.0) as c:
+            while not stop.is_set():
+                pool = ok(c.get("/pools/conc-gpus"))
+                occupied = pool["occupied"]["gpu"]
+                assert occupied <= 4, pool
+                assert sum(r["resources"]["gpu"] for r in pool["active_requests"]) == occupied
+                samples.append(occupied)
+                time.sleep(0.01)
+
+    def worker(seed: int) -> list[str]:
+        rng = random.Random(seed)
+        ids = []
+        with httpx.Client(base_url=client.base_url, timeout=30.0) as c:
+            for _ in range(per_thread):
+                request = submit(c, "conc-orch", gpu=rng.choice((1, 1, 2)))
+                ids.append(request["id"])
+                while request["status"] == "queued":
+                    request = ok(c.get(f"/requests/{request['id']}/wait", params={"timeout": 10}))
+                assert request["status"] == "allocated", request
+                time.sleep(rng.uniform(0, 0.01))
+                assert ok(c.post(f"/requests/{request['id']}/release"))["status"] == "released"
+        return ids
+
+    with ThreadPoolExecutor(threads + 1) as pool:
+        watching = pool.submit(monitor)
+        try:
+            ids = [i for f in [pool.submit(worker, n) for n in range(threads)] for i in f.result()]
+        finally:
+            stop.set()
+        watching.result()
+
+    assert len(ids) == len(set(ids)) == threads * per_thread
+    assert samples and max(samples) <= 4
+    final = ok(client.get("/requests", params={"component": "conc-orch", "limit": 10000}))
+    assert final["pagination"]["total"] == threads * per_thread
+    assert {r["id"] for r in final["items"]} == set(ids)
+    assert all(r["status"] == "released" and r["released_at"] for r in final["items"])
+    pool_after = ok(client.get("/pools/conc-gpus"))
+    assert pool_after["occupied"] == {"gpu": 0} and pool_after["queue_length"] == 0
+    assert "Traceback" not in server.log_path.read_text()
