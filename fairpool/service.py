@@ -131,6 +131,9 @@ class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
         self.clock = clock
+        #: Called with every pass's summary, inside its transaction (the server's metrics and
+        #: long-poll wake-ups): a pass whose transaction rolls back was still reported.
+        self.on_pass: Callable[[PassSummary], None] | None = None
 
     def close(self) -> None:
         self.db.close()
@@ -465,7 +468,7 @@ class Service:
             waiting = len(snapshot.queue) - len(plan.grants) - len(plan.rejections)
             if not retried:
                 break
-        return PassSummary(
+        result = PassSummary(
             summary.granted,
             summary.preempted,
             summary.rejected,
@@ -473,7 +476,11 @@ class Service:
             summary.expired,
             waiting,
             round(time.perf_counter() - started, 6),
+            summary.waits,
         )
+        if self.on_pass is not None:
+            self.on_pass(result)
+        return result
 
     def _expire_leases(self, conn: Connection, summary: PassSummary) -> None:
         now = self.clock()
@@ -558,6 +565,7 @@ class Service:
                 conn, "allocated", message, now, request_id=request.id, pool_id=pool.id
             )
             summary.granted.append(request.id)
+            summary.waits.append(max(0.0, (now - request.created_at).total_seconds()))
         for rejection in plan.rejections:
             request = state.queued[rejection.request_id]
             message = "; ".join(r.message for r in rejection.reasons) or (

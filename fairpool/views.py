@@ -150,6 +150,8 @@ class PassSummary:
     expired: list[str] = field(default_factory=list)
     waiting: int = 0
     seconds: float = 0.0
+    #: Per granted request, seconds from its creation to its allocation.
+    waits: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

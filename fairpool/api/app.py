@@ -23,7 +23,6 @@ from fairpool.api.errors import BodySizeLimit, error_response, install_error_han
 from fairpool.api.metrics import Metrics, PassObserver, changed_ids
 from fairpool.api.models import (
     MAX_BODY_BYTES,
-    MAX_NAME,
     TEXT_PATTERN,
     ComponentType,
     ErrorBody,
@@ -35,6 +34,7 @@ from fairpool.api.models import (
 )
 from fairpool.api.notify import ChangeNotifier
 from fairpool.api.reconciler import Reconciler
+from fairpool.frontends.pools import MAX_NAME
 from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.views import PassSummary, RequestView
@@ -98,7 +98,7 @@ class Api:
         finally:
             seen = self.observer.take()  # dropped when ``fn`` raised: it was rolled back
         self.metrics.record(seen)
-        changed = {i for one in seen for i in changed_ids(one.summary)}
+        changed = {i for summary in seen for i in changed_ids(summary)}
         if changed:
             self.notifier.notify(changed)
         return result

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Connection
 
 from fairpool.service import Service
-from fairpool.store import repo
 from fairpool.views import PassSummary
 
 log = logging.getLogger("fairpool.api")
@@ -30,14 +27,6 @@ WAIT_BUCKETS = (
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
     4 * 3600.0, 24 * 3600.0,
 )
-
-
-@dataclass(slots=True)
-class _Seen:
-    """One pass as observed: its summary and, per granted request, created → allocated."""
-
-    summary: PassSummary
-    waits: list[float] = field(default_factory=list)
 
 
 class Metrics:
@@ -74,16 +63,15 @@ class Metrics:
         )
         self.registry.register(PoolCollector(service))
 
-    def record(self, seen: Iterable[_Seen]) -> None:
-        for one in seen:
-            summary = one.summary
+    def record(self, summaries: Iterable[PassSummary]) -> None:
+        for summary in summaries:
             self.admissions.inc(len(summary.granted))
             self.rejections.inc(len(summary.rejected))
             self.preemptions.inc(len(summary.preempted))
             self.retries.inc(len(summary.retried))
             self.lease_expiries.inc(len(summary.expired))
             self.pass_seconds.observe(summary.seconds)
-            for wait in one.waits:
+            for wait in summary.waits:
                 self.wait_seconds.observe(wait)
 
     def render(self) -> bytes:
@@ -144,43 +132,27 @@ class PoolCollector(Collector):
 class PassObserver:
     """Sees the summary of every pass the service runs in this process.
 
-    The service has no public hook for it yet, so this wraps the service instance's pass
-    method. Summaries are kept per thread until the operation that ran them returns
-    (``committed``): each service operation is one transaction, so returning means committed,
-    raising means rolled back and the summaries are dropped.
+    Summaries are kept per thread until the operation that ran them returns (``take``): each
+    service operation is one transaction, so returning means committed, raising means rolled
+    back and the summaries are dropped.
     """
 
     def __init__(self, service: Service) -> None:
         self._local = threading.local()
-        # Wrap the service's own method once, even if several apps are made over it.
-        original: Callable[[Connection], PassSummary] = getattr(
-            service, "_unobserved_pass", service._pass
-        )
+        service.on_pass = self._seen
 
-        def observed(conn: Connection) -> PassSummary:
-            summary = original(conn)
-            pending: list[_Seen] | None = getattr(self._local, "pending", None)
-            if pending is None:  # not inside ``begin()`` … ``take()``: nobody will read it
-                return summary
-            seen = _Seen(summary)
-            if summary.granted:
-                now = service.clock()
-                for request in repo.requests_by_ids(conn, summary.granted):
-                    seen.waits.append(max(0.0, (now - request.created_at).total_seconds()))
-            pending.append(seen)
-            return summary
-
-        # Instance attributes shadow the method, for this service object only.
-        setattr(service, "_unobserved_pass", original)  # noqa: B010
-        setattr(service, "_pass", observed)  # noqa: B010
+    def _seen(self, summary: PassSummary) -> None:
+        pending: list[PassSummary] | None = getattr(self._local, "pending", None)
+        if pending is not None:  # outside ``begin()`` … ``take()`` nobody would read it
+            pending.append(summary)
 
     def begin(self) -> None:
         """This thread starts a service operation."""
         self._local.pending = []
 
-    def take(self) -> list[_Seen]:
+    def take(self) -> list[PassSummary]:
         """The passes this thread's operation ran; ends it."""
-        pending: list[_Seen] = getattr(self._local, "pending", None) or []
+        pending: list[PassSummary] = getattr(self._local, "pending", None) or []
         self._local.pending = None
         return pending
 

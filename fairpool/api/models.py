@@ -13,18 +13,15 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from fairpool.frontends.pools import MAX_AMOUNT, MAX_NAME, MAX_PRIORITY
+from fairpool.service import MAX_LEASE_TTL, MAX_RETRIES
+
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
 MAX_KEYS = 64
-MAX_AMOUNT = 10**12
-MAX_NAME = 255
 MAX_LABELS = 64
 MAX_LABEL_VALUE = 1024
 MAX_DESCRIPTION = 4096
-#: Database columns for these are 32-bit integers.
-MAX_PRIORITY = 1_000_000
-MAX_RETRIES = 1000
-MAX_LEASE_TTL = 30 * 24 * 3600
 
 
 def text(value: str) -> str:
