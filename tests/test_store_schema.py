@@ -315,3 +315,16 @@ def test_every_status_is_accepted(db: Database) -> None:
         for status in RequestStatus:
             repo.set_request_status(connection, request_id, status, None, NOW)
             assert repo.get_request(connection, request_id).status is status
+
+
+def test_schema_head_constant_is_the_migrations_head(tmp_path: Path) -> None:
+    # Opening skips Alembic when the database is at SCHEMA_HEAD: a new migration must move it.
+    from alembic.script import ScriptDirectory
+
+    from fairpool.store.db import SCHEMA_HEAD, Database, default_url, migration_config
+
+    db = Database.open(default_url(tmp_path))
+    with db.read() as connection:
+        head = ScriptDirectory.from_config(migration_config(connection)).get_current_head()
+    db.close()
+    assert head == SCHEMA_HEAD
