@@ -161,6 +161,7 @@ class _Class:
     possible: list[int] = field(default_factory=list)
     #: Members granted in this pass (so waiting stretches must filter them out).
     granted: int = 0
+    unsorted: bool = False
 
 
 class _Pass:
@@ -485,13 +486,19 @@ class _Pass:
                 if cls is None:
                     cls = by_shape[shape] = _Class(request.preemptible, request.placements)
                 by_object[fast] = cls
+            key = (request.queued_at, request.id)
+            # Callers usually list the queue in time order already; sort only when not.
+            if cls.keys and key < cls.keys[-1]:
+                cls.unsorted = True
             cls.members.append(request)
+            cls.keys.append(key)
         classes: list[_Class] = []
         rejections: list[Rejection] = []
         ineligible: list[WaitingGroup] = []
         for cls in by_shape.values():
-            cls.members.sort(key=_time_order)
-            cls.keys = [(r.queued_at, r.id) for r in cls.members]
+            if cls.unsorted:
+                cls.members.sort(key=_time_order)
+                cls.keys = [(r.queued_at, r.id) for r in cls.members]
             reasons = []
             for index, placement in enumerate(cls.placements):
                 reason = _impossible(self.forest, placement, cls.preemptible)
