@@ -20,10 +20,11 @@ import _thread
 import functools
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, Self, TypeVar
 
 from fairpool.errors import Conflict, FairpoolError
 from fairpool.settings import ResourceSettings
@@ -91,6 +92,7 @@ class Backend(Protocol):
     def heartbeat(self, ref: str) -> RequestView: ...
     def release_request(self, ref: str) -> RequestView: ...
     def cancel_request(self, ref: str) -> RequestView: ...
+    def close(self) -> None: ...
 
 
 class Grant:
@@ -147,7 +149,7 @@ class Grant:
                 with self._lock:
                     self.lost = request
                     if self._main and not self._stop.is_set():
-                        _thread.interrupt_main()
+                        _interrupt_main()
                 return
 
 
@@ -198,6 +200,16 @@ class Client:
 
     def cancel(self, ref: str) -> RequestView:
         return self._backend.cancel_request(ref)
+
+    def close(self) -> None:
+        """Close the connections to the server or the embedded database."""
+        self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def acquire(
         self,
@@ -299,6 +311,19 @@ def _local(home: str | None) -> Backend:
     from fairpool.service import open_service
 
     return open_service(home)
+
+
+def _interrupt_main() -> None:
+    """KeyboardInterrupt in the main thread now, even when it is blocked in a call such as
+    ``time.sleep`` or a socket read: a real SIGINT sent to that thread interrupts the call,
+    where ``_thread.interrupt_main`` only raises once the call has returned by itself."""
+    main = threading.main_thread().ident
+    if main is not None and hasattr(signal, "pthread_kill") and callable(
+        signal.getsignal(signal.SIGINT)
+    ):
+        signal.pthread_kill(main, signal.SIGINT)
+    else:  # no Python handler for SIGINT (a real one could kill the process): simulate it
+        _thread.interrupt_main()
 
 
 def _jitter(delay: float) -> float:

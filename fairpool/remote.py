@@ -19,6 +19,8 @@ from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
 
 #: Transport failures (server restarting) are retried this many times, backing off.
 _ATTEMPTS = 6
+#: ``RequestStatus`` values (not imported: remote mode never loads SQLAlchemy).
+_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
 
 
 class RemoteService:
@@ -122,6 +124,9 @@ class RemoteService:
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
+        if status is not None and status not in _STATUSES:
+            # As the service words it (the API's own check would word it differently).
+            raise InvalidInput("status", status, f"must be one of {', '.join(_STATUSES)}")
         params: dict[str, Any] = {k: v for k, v in (("status", status), ("component", component),
                                                      ("pool", pool)) if v is not None}
         views: list[RequestView] = []
@@ -147,13 +152,16 @@ class RemoteService:
         return RequestView.from_dict(self._call("POST", f"/requests/{ref}/heartbeat"))
 
     def release_request(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/release"))
+        return self._finish(ref, "release", "released")
 
     def cancel_request(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/cancel"))
+        return self._finish(ref, "cancel", "cancelled")
 
     def delete_request(self, ref: str) -> None:
-        self._call("DELETE", f"/requests/{ref}")
+        response, maybe_done = self._send("DELETE", f"/requests/{ref}")
+        if maybe_done and response.status_code == 404:
+            return  # the lost attempt deleted it
+        _answer(response)
 
     def reconcile(self) -> PassSummary:
         return PassSummary.from_dict(self._call("POST", "/reconcile"))
@@ -161,31 +169,57 @@ class RemoteService:
     # -- transport ---------------------------------------------------------------------
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return _answer(self._send(method, path, **kwargs)[0])
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, bool]:
+        """The server's response, retrying transport failures (a restarting server); and
+        whether an earlier attempt may have reached the server and been carried out although
+        its answer was lost (the connection broke after the request was sent)."""
         delay = 0.2
+        maybe_done = False
         for attempt in range(_ATTEMPTS):
             try:
-                response = self.http.request(method, path, **kwargs)
-                break
+                return self.http.request(method, path, **kwargs), maybe_done
             except httpx.TransportError as error:
                 if attempt == _ATTEMPTS - 1:
                     raise FairpoolError(f"cannot reach the fairpool server: {error}") from None
+                if not isinstance(error, _NOT_SENT):
+                    maybe_done = True
                 # Capped exponential backoff with jitter, so restarting servers are not stormed.
                 time.sleep(delay / 2 + random.uniform(0, delay / 2))
                 delay = min(delay * 2, 5.0)
-        if response.status_code == 204:
-            return None
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"detail": response.text.strip() or response.reason_phrase}
-        if response.status_code < 400:
-            return body
-        detail = str(body.get("detail", response.reason_phrase))
-        field = body.get("field")
-        if response.status_code == 422 and field:
-            raise InvalidInput.from_message(field, detail)
-        raise {404: NotFound, 409: Conflict}.get(response.status_code, FairpoolError)(
-            detail if response.status_code in (404, 409)
-            else f"HTTP {response.status_code}: {detail}"
-        )
+        raise AssertionError("unreachable")
 
+    def _finish(self, ref: str, action: str, status: str) -> RequestView:
+        """Release or cancel. When the answer to an earlier attempt was lost, that attempt may
+        have done it: the retry's conflict then only means it is done already."""
+        response, maybe_done = self._send("POST", f"/requests/{ref}/{action}")
+        if maybe_done and response.status_code == 409:
+            current = self.get_request(ref)
+            if current.status == status:
+                return current
+        return RequestView.from_dict(_answer(response))
+
+
+#: Transport failures that mean the request never reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _answer(response: httpx.Response) -> Any:
+    """The response's JSON body, or the service's exception for an error status."""
+    if response.status_code == 204:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text.strip() or response.reason_phrase}
+    if response.status_code < 400:
+        return body
+    detail = str(body.get("detail", response.reason_phrase))
+    field = body.get("field")
+    if response.status_code == 422 and field:
+        raise InvalidInput.from_message(field, detail)
+    raise {404: NotFound, 409: Conflict}.get(response.status_code, FairpoolError)(
+        detail if response.status_code in (404, 409)
+        else f"HTTP {response.status_code}: {detail}"
+    )

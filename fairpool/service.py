@@ -7,7 +7,9 @@ the engine decides; this module only loads, calls and writes.
 
 from __future__ import annotations
 
+import hashlib
 import random
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -28,12 +30,14 @@ from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.records import (
     Allocation,
+    ApiToken,
     Component,
     ComponentType,
     Policy,
     Pool,
     Request,
     RequestStatus,
+    TokenRole,
 )
 from fairpool.views import PassSummary, PolicyView, PoolView, QueuePlace, RequestView
 
@@ -45,6 +49,18 @@ MAX_LEASE_TTL = 30 * 24 * 3600
 _MAX_PASSES = 4
 
 PoolRequestView = Literal["queued", "active", "all"]
+
+
+#: Every API token secret starts with this, so that it is recognizable (e.g. by secret scanners).
+TOKEN_PREFIX = "fp_"
+#: Characters of a secret kept in the clear to recognize it: the prefix and 8 more.
+TOKEN_SHOWN = len(TOKEN_PREFIX) + 8
+
+
+def hash_token(secret: str) -> str:
+    """How a token secret is stored and looked up: SHA-256, hex. The secrets are 256 random
+    bits, so a salt or a slow hash would add nothing."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _utcnow() -> datetime:
@@ -315,9 +331,12 @@ class Service:
         max_retries: int = 0,
         labels: Mapping[str, str] | None = None,
         lease_ttl: int | None = None,
+        *,
+        created_by: str | None = None,
     ) -> RequestView:
         """A new request, decided at once. With ``lease_ttl`` (seconds) its allocation is
-        released when no heartbeat renews it for that long (the holder died)."""
+        released when no heartbeat renews it for that long (the holder died). ``created_by``:
+        the id of the API token it was submitted with (its owner)."""
         kind = _component_type(component_type)
         frontend.validate_name("component", component)
         amounts = frontend.validate_demand(demand or {})
@@ -344,6 +363,7 @@ class Service:
                 max_retries=max_retries,
                 labels=dict(labels or {}),
                 lease_ttl=lease_ttl,
+                created_by_token_id=created_by,
             ).id
             repo.insert_event(
                 conn, "created", "request created", self.clock(), request_id=request_id
@@ -372,7 +392,9 @@ class Service:
             views = []
             wanted = RequestStatus(status) if status is not None else None
             for request in repo.list_requests(conn, status=wanted):
-                view = self._request_view_of(conn, state, request, entries.get(request.id, ()))
+                view = self._request_view_of(
+                    conn, state.components, request, entries.get(request.id, ())
+                )
                 if component is not None and view.component != component:
                     continue
                 if pool_id is not None and not self._touches_pool(state, view, pool_id):
@@ -403,7 +425,9 @@ class Service:
         answered, so a holder learns of a preemption at its next heartbeat."""
         with self.db.write() as conn:
             request = repo.get_request(conn, ref)
-            self._pass(conn)
+            # A lease that ran out is not revived; no full pass here: heartbeats are frequent,
+            # and the next pass (the server's tick, any command) grants what expiry freed.
+            self._expire_leases(conn, PassSummary())
             request = repo.get_request(conn, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 now = self.clock()
@@ -450,6 +474,58 @@ class Service:
     def reconcile(self) -> PassSummary:
         with self.db.write() as conn:
             return self._pass(conn)
+
+    # -- API tokens --------------------------------------------------------------------
+
+    def create_token(
+        self, role: str, components: Iterable[str] = (), name: str | None = None
+    ) -> tuple[ApiToken, str]:
+        """A new token and its secret, which is stored only hashed: shown now or never.
+        A submitter names the components it may create requests for; an admin names none."""
+        try:
+            kind = TokenRole(role)
+        except ValueError:
+            raise InvalidInput(
+                "role", role, f"must be one of {', '.join(r.value for r in TokenRole)}"
+            ) from None
+        allowed = sorted({frontend.validate_name("component", c) for c in components})
+        if kind is TokenRole.SUBMITTER and not allowed:
+            raise InvalidInput.from_message(
+                "component",
+                "component: a submitter token needs at least one --component, naming what it "
+                "may create requests for",
+            )
+        if kind is TokenRole.ADMIN and allowed:
+            raise InvalidInput(
+                "component", allowed[0], "an admin token may use every component: give none"
+            )
+        if name is not None:
+            frontend.validate_name("name", name)
+        secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self.db.write() as conn:
+            token = repo.insert_token(
+                conn, name, kind, allowed, secret[:TOKEN_SHOWN], hash_token(secret), self.clock()
+            )
+        return token, secret
+
+    def list_tokens(self) -> list[ApiToken]:
+        with self.db.read() as conn:
+            return repo.list_tokens(conn)
+
+    def revoke_token(self, ref: str) -> tuple[ApiToken, bool]:
+        """Revoke a token (id or id prefix) at once: (the token, whether this revoked it).
+        Revoking it again changes nothing."""
+        with self.db.write() as conn:
+            token = repo.get_token(conn, ref)
+            if token.revoked_at is not None:
+                return token, False
+            repo.revoke_token(conn, token.id, self.clock())
+            return repo.get_token(conn, token.id), True
+
+    def authenticate(self, secret: str) -> ApiToken | None:
+        """The token with this secret, revoked or not; None if there is none."""
+        with self.db.read() as conn:
+            return repo.token_by_hash(conn, hash_token(secret))
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -537,6 +613,7 @@ class Service:
                     attempt=victim.attempt + 1,
                     previous_attempt_id=victim.id,
                     lease_ttl=victim.lease_ttl,
+                    created_by_token_id=victim.created_by_token_id,
                 ).id
                 repo.insert_event(
                     conn,
@@ -637,11 +714,15 @@ class Service:
                 )
             )
             active_views = tuple(
-                self._request_view_of(conn, state, state.holders[a.request_id], (), "active")
+                self._request_view_of(
+                    conn, state.components, state.holders[a.request_id], (), "active"
+                )
                 for a in sorted(active, key=lambda a: (a.allocated_at, a.request_id))
             )
             queued_views = tuple(
-                self._request_view_of(conn, state, state.queued[r], entries[r], "queued")
+                self._request_view_of(
+                    conn, state.components, state.queued[r], entries[r], "queued"
+                )
                 for _, r in queued
             )
         return PoolView(
@@ -676,22 +757,24 @@ class Service:
         )
 
     def _request_view(self, conn: Connection, request_id: str) -> RequestView:
-        state = _State.load(conn)
         request = repo.get_request(conn, request_id)
-        found: tuple[QueueEntry, ...] = ()
-        if request.status is RequestStatus.QUEUED:
-            found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
-        return self._request_view_of(conn, state, request, found)
+        if request.status is not RequestStatus.QUEUED:
+            # Only a waiting request needs the whole state (its queue positions).
+            components = {c.id: c for c in repo.list_components(conn)}
+            return self._request_view_of(conn, components, request, ())
+        state = _State.load(conn)
+        found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
+        return self._request_view_of(conn, state.components, request, found)
 
     def _request_view_of(
         self,
         conn: Connection,
-        state: _State,
+        components: Mapping[str, Component],
         request: Request,
         entries: tuple[QueueEntry, ...],
         pool_state: str | None = None,
     ) -> RequestView:
-        owner = state.components[request.component_id]
+        owner = components[request.component_id]
         allocation = repo.get_allocation(conn, request.id)
         queue = tuple(
             QueuePlace(

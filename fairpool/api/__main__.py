@@ -1,10 +1,12 @@
-"""``python -m fairpool.api [--host H] [--port P] [--home DIR] [--database-url URL]``."""
+"""``python -m fairpool.api [--host H] [--port P] [--home DIR] [--database-url URL]
+[--auth | --no-auth [--insecure]]``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from fairpool.api.auth import AuthSetupError, auth_enabled
 from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
 
 
@@ -28,10 +30,26 @@ def main(argv: list[str] | None = None) -> int:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
+    parser.add_argument(
+        "--auth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="require API tokens (default: only when --host is not a loopback address)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --no-auth on a non-loopback host (a trusted network only)",
+    )
     args = parser.parse_args(argv)
     if not args.tick > 0:
         parser.error("--tick must be a positive number of seconds")
-    serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level)
+    try:
+        auth_enabled(args.host, args.auth, args.insecure)
+    except AuthSetupError as error:
+        parser.error(str(error))
+    serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level,
+          auth=args.auth, insecure=args.insecure)
     return 0
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import AfterValidator, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
+from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
 from fairpool.api.metrics import Metrics, PassObserver, changed_ids
 from fairpool.api.models import (
@@ -32,7 +33,7 @@ from fairpool.api.models import (
     RequestCreate,
     text,
 )
-from fairpool.api.notify import ChangeNotifier
+from fairpool.api.notify import notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.service import Service
@@ -83,7 +84,7 @@ class Api:
 
     def __init__(self, service: Service, tick: float) -> None:
         self.service = service
-        self.notifier = ChangeNotifier()
+        self.notifier = notifier_for(service.db)
         self.metrics = Metrics(service)
         self.observer = PassObserver(service)
         self.reconciler = Reconciler(self.reconcile, tick)
@@ -147,19 +148,22 @@ def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return _page(items, len(items), max(1, len(items)), 0)
 
 
-def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
+def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> FastAPI:
     """The API over ``service``. Its lifespan runs the reconciler thread (one pass every
-    ``tick`` seconds). The caller owns the service and closes its database."""
+    ``tick`` seconds). The caller owns the service and closes its database. With ``auth``,
+    ``/api/v1`` needs API tokens (see ``fairpool.api.auth``)."""
     api = Api(service, tick)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(api.notifier.start)
         api.reconciler.start()
         try:
             yield
         finally:
             api.begin_shutdown()
             await run_in_threadpool(api.reconciler.stop)
+            await run_in_threadpool(api.notifier.stop)
 
     app = FastAPI(
         title="fairpool",
@@ -171,7 +175,8 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
     app.state.api = api
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
-    router = APIRouter(prefix=PREFIX)
+    app.state.auth = tokens = Auth(service, auth)
+    router = APIRouter(prefix=PREFIX, dependencies=tokens.dependencies())
 
     # -- pools -------------------------------------------------------------------------
 
@@ -187,9 +192,9 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
         return _json(_whole([p.as_dict() for p in api.call(service.list_pools)]))
 
     @router.get("/pools/{ref}", tags=["pools"])
-    def get_pool(ref: Ref) -> JSONResponse:
+    def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
         """One pool with its policies, active and queued requests."""
-        return _json(api.call(service.get_pool, ref).as_dict())
+        return _json(visible_pool(tokens, caller, api.call(service.get_pool, ref)).as_dict())
 
     @router.patch("/pools/{ref}", tags=["pools"])
     def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
@@ -205,10 +210,11 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
 
     @router.get("/pools/{ref}/requests", tags=["pools"])
     def pool_requests(
-        ref: Ref, view: Literal["queued", "active", "all"] = "all"
+        ref: Ref, caller: Caller, view: Literal["queued", "active", "all"] = "all"
     ) -> JSONResponse:
         """The pool's active requests and/or its queue in order."""
-        rows = [r.as_dict() for r in api.call(service.pool_requests, ref, view)]
+        views = visible_requests(tokens, caller, api.call(service.pool_requests, ref, view))
+        rows = [r.as_dict() for r in views]
         return _json(_whole(rows))
 
     # -- policies ----------------------------------------------------------------------
@@ -250,7 +256,7 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
     # -- requests ----------------------------------------------------------------------
 
     @router.post("/requests", status_code=201, tags=["requests"])
-    def create_request(body: RequestCreate) -> JSONResponse:
+    def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
         """Submit a request; the answer carries the decision already made: allocated, queued
         (with position and reason per pool) or rejected (with the reason)."""
         view = api.write(
@@ -262,11 +268,13 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
             max_retries=body.max_retries,
             labels=body.labels,
             lease_ttl=body.lease_ttl,
+            created_by=owner_of_new_request(caller, body.component),
         )
         return _json(view.as_dict(), 201)
 
     @router.get("/requests", tags=["requests"])
     def list_requests(
+        caller: Caller,
         status: Status | None = None,
         component: QueryText | None = None,
         pool: QueryText | None = None,
@@ -275,6 +283,7 @@ def create_app(service: Service, *, tick: float = 1.0) -> FastAPI:
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
         views = api.call(service.list_requests, status, component, pool or None)
+        views = visible_requests(tokens, caller, views)
         rows = [v.as_dict() for v in views[offset : offset + limit]]
         return _json(_page(rows, len(views), limit, offset))
 

@@ -8,16 +8,51 @@ re-reads X's status, then sleeps on the watch's event: a change committed betwee
 the sleep has already set the event, so no wake-up is lost, and a write wakes only the
 waiters it concerns instead of every waiter re-reading the database.
 
-Changes made by other processes on the same database are not notified here: waiters also
-re-read on a short interval for those.
+On SQLite the server is the only process writing through the API, and that is all.
+
+On PostgreSQL several server processes (replicas) may share one database, and a request
+waited for in replica A may be granted by a pass in replica B. ``PostgresChangeNotifier``
+therefore also publishes: once an operation has committed, its ids go to a sender thread that
+sends ``NOTIFY fairpool_changes, '<id>,<id>,...'`` on a connection of its own (ids gathered
+while the previous NOTIFY was on its way go out together; payloads are split below
+PostgreSQL's 8000-byte limit). A listener thread, on another connection, ``LISTEN``s on
+``fairpool_changes`` and wakes this process's waiters for the ids it receives (skipping the
+ones its own sender published: they were woken locally already). NOTIFY is sent only after the
+commit, so a woken waiter always reads the new state.
+
+Nothing depends on a notification arriving: a waiter still re-reads its request every second
+(``RECHECK_SECONDS`` in ``app.py``) and the reconciler tick still runs. A failed NOTIFY is
+logged and dropped; when the listener's connection breaks it reconnects (backing off) and,
+having maybe missed notifications meanwhile, wakes every local waiter once to re-read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+    from sqlalchemy import URL
+
+    from fairpool.store.db import Database
+
+log = logging.getLogger("fairpool.api")
+
+#: The channel every fairpool server on a PostgreSQL database publishes and listens on.
+CHANNEL = "fairpool_changes"
+#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; ids are sent in chunks below.
+MAX_PAYLOAD_BYTES = 7900
+#: How long the listener waits for notifications before it looks whether it should stop.
+LISTEN_POLL_SECONDS = 0.5
+#: ``start()`` waits at most this long for the listener to be listening.
+START_SECONDS = 5.0
+#: Reconnecting after a lost connection backs off up to this many seconds.
+MAX_BACKOFF_SECONDS = 5.0
 
 
 class Watch:
@@ -49,6 +84,8 @@ class Watch:
 
 
 class ChangeNotifier:
+    """Wakes the waiters of this process (all there is on SQLite)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watches: dict[str, set[Watch]] = {}
@@ -57,6 +94,12 @@ class ChangeNotifier:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def start(self) -> None:
+        """Begin hearing about other processes' changes (nothing to do in one process)."""
+
+    def stop(self) -> None:
+        """Stop the threads ``start`` began, once the last operation has notified."""
 
     @contextmanager
     def watch(self, key: str) -> Iterator[Watch]:
@@ -75,21 +118,208 @@ class ChangeNotifier:
                         del self._watches[key]
 
     def notify(self, keys: Iterable[str]) -> None:
-        """These requests changed: wake whoever waits on them."""
-        with self._lock:
-            woken = [w for key in keys for w in self._watches.get(key, ())]
-        for watch in woken:
-            watch.set_threadsafe()
+        """These requests changed (committed): wake whoever waits on them."""
+        self._wake(keys)
 
     def close(self) -> None:
         """Shutting down: wake every waiter now; later waits return at once."""
         self._closed = True
-        with self._lock:
-            woken = [w for watchers in self._watches.values() for w in watchers]
-        for watch in woken:
-            watch.set_threadsafe()
+        self._wake_all()
 
     def waiting(self) -> int:
         """How many waiters are registered (for tests and metrics)."""
         with self._lock:
             return sum(len(w) for w in self._watches.values())
+
+    def _wake(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            woken = [w for key in keys for w in self._watches.get(key, ())]
+        for watch in woken:
+            watch.set_threadsafe()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            woken = [w for watchers in self._watches.values() for w in watchers]
+        for watch in woken:
+            watch.set_threadsafe()
+
+
+class PostgresChangeNotifier(ChangeNotifier):
+    """Also tells, and hears from, the other server processes on the same PostgreSQL
+    database through ``LISTEN``/``NOTIFY`` on ``CHANNEL`` (see the module's docstring)."""
+
+    def __init__(self, conninfo: str) -> None:
+        super().__init__()
+        self._conninfo = conninfo
+        self._cond = threading.Condition()
+        self._outbox: set[str] = set()
+        self._stopping = threading.Event()
+        self._listening = threading.Event()
+        self._threads: list[threading.Thread] = []
+        #: The backend pid of the sender's connection: notifications from it are our own.
+        self._sender_pid: int | None = None
+
+    @property
+    def listening(self) -> bool:
+        """The listener is connected and LISTENing (for tests and readiness)."""
+        return self._listening.is_set()
+
+    def start(self) -> None:
+        """Start the sender and the listener; return once listening (or after
+        ``START_SECONDS``, the listener then keeps trying in the background)."""
+        if self._threads:
+            raise RuntimeError("the notifier is already running")
+        self._stopping.clear()
+        for target, name in ((self._send_loop, "fairpool-notify"),
+                             (self._listen_loop, "fairpool-listen")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        if not self._listening.wait(START_SECONDS):
+            log.warning("not yet listening on %s: other replicas' changes reach waiters "
+                        "at their next re-read until the listener connects", CHANNEL)
+
+    def stop(self) -> None:
+        """Send what is still pending, then end both threads and their connections."""
+        with self._cond:
+            self._stopping.set()
+            self._cond.notify_all()
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join(timeout=LISTEN_POLL_SECONDS + 5.0)
+
+    def notify(self, keys: Iterable[str]) -> None:
+        ids = set(keys)
+        self._wake(ids)
+        if not ids or not self._threads or self._stopping.is_set():
+            return
+        with self._cond:
+            self._outbox |= ids
+            self._cond.notify()
+
+    # -- the sender --------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        conn: psycopg.Connection[tuple[object, ...]] | None = None
+        delay = 0.1
+        try:
+            while True:
+                with self._cond:
+                    while not self._outbox and not self._stopping.is_set():
+                        self._cond.wait()
+                    if not self._outbox:
+                        return  # stopping, and everything was sent
+                    batch, self._outbox = self._outbox, set()
+                for attempt in (1, 2):  # once more on a fresh connection if it broke
+                    try:
+                        if conn is None:
+                            conn = self._connect()
+                            self._sender_pid = conn.info.backend_pid
+                        conn.execute(
+                            "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                            (CHANNEL, payloads(batch)),
+                        )
+                        delay = 0.1
+                        break
+                    except Exception as error:
+                        _close_quietly(conn)
+                        conn = None
+                        if attempt == 2:
+                            log.warning(
+                                "NOTIFY %s failed (%s): %d change(s) reach other replicas at "
+                                "their next re-read", CHANNEL, _one_line(error), len(batch),
+                            )
+                            # Do not hammer a database that is away.
+                            self._stopping.wait(delay)
+                            delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+        finally:
+            _close_quietly(conn)
+
+    # -- the listener ------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        delay = 0.1
+        connected_before = False
+        while not self._stopping.is_set():
+            try:
+                with self._connect() as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._listening.set()
+                    if connected_before:
+                        # Notifications sent while we were away are lost: re-read them all.
+                        self._wake_all()
+                    connected_before = True
+                    delay = 0.1
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=LISTEN_POLL_SECONDS):
+                            if note.pid != self._sender_pid:
+                                self._wake(i for i in note.payload.split(",") if i)
+            except Exception as error:
+                self._listening.clear()
+                if self._stopping.is_set():
+                    return
+                log.warning("LISTEN %s: %s; reconnecting in %.1f s", CHANNEL,
+                            _one_line(error), delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+        self._listening.clear()
+
+    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        import psycopg
+
+        return psycopg.connect(
+            self._conninfo, autocommit=True, connect_timeout=5,
+            application_name="fairpool-notify",
+        )
+
+
+def payloads(ids: Iterable[str]) -> list[str]:
+    """``ids`` as comma-separated NOTIFY payloads, each under ``MAX_PAYLOAD_BYTES``."""
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    for request_id in sorted(ids):
+        length = len(request_id.encode()) + 1
+        if current and size + length > MAX_PAYLOAD_BYTES:
+            chunks.append(",".join(current))
+            current, size = [], 0
+        current.append(request_id)
+        size += length
+    if current:
+        chunks.append(",".join(current))
+    return chunks
+
+
+def conninfo(url: URL) -> str:
+    """A libpq connection string for a SQLAlchemy PostgreSQL ``url``."""
+    from psycopg.conninfo import make_conninfo
+
+    params = {k: v for k, v in url.query.items() if isinstance(v, str)}
+    params.update(
+        (k, str(v))
+        for k, v in url.translate_connect_args(username="user", database="dbname").items()
+        if v is not None
+    )
+    return make_conninfo(**params)
+
+
+def notifier_for(db: Database) -> ChangeNotifier:
+    """The notifier a server on ``db`` needs: ``PostgresChangeNotifier`` on PostgreSQL, where
+    other replicas may share the database, else the in-process ``ChangeNotifier``."""
+    with db.read() as connection:
+        url = connection.engine.url
+    if url.get_backend_name() == "postgresql":
+        return PostgresChangeNotifier(conninfo(url))
+    return ChangeNotifier()
+
+
+def _close_quietly(conn: psycopg.Connection[tuple[object, ...]] | None) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300] or type(error).__name__

@@ -8,6 +8,7 @@ A second SIGINT forces the exit.
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable
 from types import FrameType
@@ -15,7 +16,9 @@ from types import FrameType
 import uvicorn
 
 from fairpool.api.app import Api, create_app
-from fairpool.service import open_service
+from fairpool.api.auth import auth_enabled
+from fairpool.service import Service, open_service
+from fairpool.store.records import TokenRole
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8600
@@ -47,12 +50,19 @@ def serve(
     database_url: str | None = None,
     tick: float = 1.0,
     log_level: str = "info",
+    auth: bool | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serve the API until SIGTERM or SIGINT, on the embedded store under ``home`` (else
-    ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``."""
+    ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
+
+    ``auth``: require API tokens; by default only when ``host`` is not a loopback address.
+    ``auth=False`` on such a host raises ``AuthSetupError`` unless ``insecure``.
+    """
+    enabled = auth_enabled(host, auth, insecure)
     service = open_service(home, database_url)
     try:
-        app = create_app(service, tick=tick)
+        app = create_app(service, tick=tick, auth=enabled)
         api: Api = app.state.api
         config = uvicorn.Config(
             app,
@@ -63,6 +73,20 @@ def serve(
             timeout_graceful_shutdown=GRACE_SECONDS,
             server_header=False,
         )
+        _announce_auth(service, enabled)  # after Config: it sets uvicorn's logging up
         _Server(config, on_exit=api.begin_shutdown).run()
     finally:
         service.db.close()
+
+
+def _announce_auth(service: Service, enabled: bool) -> None:
+    log = logging.getLogger("uvicorn.error")
+    if not enabled:
+        log.info("API tokens not required (auth off: loopback host or --no-auth)")
+        return
+    log.info("API tokens required (auth on): Authorization: Bearer <token>")
+    if not any(t.active and t.role is TokenRole.ADMIN for t in service.list_tokens()):
+        log.warning(
+            "auth is on but no admin token exists: create one with "
+            "`fairpool token create --role admin` on this database"
+        )

@@ -14,9 +14,11 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import one_line, service
+from fairpool.cli.config import config
 from fairpool.cli.resource_pool import resource_pool
 from fairpool.cli.resource_request import resource_request
 from fairpool.cli.run import run, server
+from fairpool.cli.token import token
 from fairpool.errors import FairpoolError
 
 
@@ -90,10 +92,12 @@ def reconcile(output: str) -> None:
     )
 
 
+cli.add_command(config)
 cli.add_command(resource_pool)
 cli.add_command(resource_request)
 cli.add_command(run)
 cli.add_command(server)
+cli.add_command(token)
 
 
 def main() -> None:

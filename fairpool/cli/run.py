@@ -132,10 +132,21 @@ def _exit_code(code: int) -> int:
               "under --home).")
 @click.option("--tick", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between reconcile passes (lease expiry, timeouts).")
+@click.option("--auth/--no-auth", default=None,
+              help="Require API tokens (`fairpool token create`). Default: only when --host is "
+              "not a loopback address.")
+@click.option("--insecure", is_flag=True,
+              help="Allow --no-auth on a non-loopback host (a trusted network only).")
 @click.pass_context
 def server(ctx: click.Context, host: str, port: int, database_url: str | None,
-           tick: float) -> None:
+           tick: float, auth: bool | None, insecure: bool) -> None:
     """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM or Ctrl-C."""
+    from fairpool.api.auth import AuthSetupError, auth_enabled
     from fairpool.api.server import serve
 
-    serve(host, port, ctx.find_root().obj.get("home"), database_url, tick)
+    try:
+        auth_enabled(host, auth, insecure)
+    except AuthSetupError as error:
+        raise click.UsageError(str(error)) from None
+    serve(host, port, ctx.find_root().obj.get("home"), database_url, tick,
+          auth=auth, insecure=insecure)

@@ -46,6 +46,15 @@ class RequestStatus(StrEnum):
         return self not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED)
 
 
+class TokenRole(StrEnum):
+    """What an API token may do when the server checks tokens."""
+
+    #: Everything.
+    ADMIN = "admin"
+    #: Read pools and policies; create requests for its components and manage its own.
+    SUBMITTER = "submitter"
+
+
 @dataclass(frozen=True, slots=True)
 class Component:
     id: str
@@ -135,6 +144,9 @@ class Request:
     demand: dict[str, int]
     #: Seconds the allocation stays held without a heartbeat; None: until released.
     lease_ttl: int | None = None
+    #: The API token it was submitted with (its retries inherit it); None: not through an
+    #: authenticated API call.
+    created_by_token_id: str | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping, demand: Mapping[str, int]) -> Request:
@@ -154,6 +166,7 @@ class Request:
             finished_at=row["finished_at"],
             demand=dict(demand),
             lease_ttl=row["lease_ttl"],
+            created_by_token_id=row["created_by_token_id"],
         )
 
 
@@ -207,4 +220,41 @@ class Event:
             pool_id=row["pool_id"],
             message=row["message"],
             data=row["data"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """An API token as stored: never its secret, only the secret's hash and first characters."""
+
+    id: str
+    #: A label for people (who or what holds it); not unique.
+    name: str | None
+    role: TokenRole
+    #: Component names a submitter may create requests for; empty for an admin.
+    components: tuple[str, ...]
+    #: The secret's first characters (``fp_`` and 8 more): enough to recognize it, useless
+    #: to authenticate.
+    prefix: str
+    #: SHA-256 of the whole secret, hex.
+    secret_hash: str
+    created_at: datetime
+    #: None while the token is valid.
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> ApiToken:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            role=TokenRole(row["role"]),
+            components=tuple(row["components"]),
+            prefix=row["prefix"],
+            secret_hash=row["secret_hash"],
+            created_at=row["created_at"],
+            revoked_at=row["revoked_at"],
         )

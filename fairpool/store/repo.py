@@ -31,6 +31,7 @@ from fairpool.errors import AmbiguousReference, NotFound
 from fairpool.store import schema
 from fairpool.store.records import (
     Allocation,
+    ApiToken,
     Component,
     ComponentType,
     Event,
@@ -38,6 +39,7 @@ from fairpool.store.records import (
     Pool,
     Request,
     RequestStatus,
+    TokenRole,
 )
 from fairpool.store.schema import as_utc
 
@@ -51,14 +53,24 @@ def _new_id() -> str:
     return str(uuid.uuid4())
 
 
-def _resolve_id(connection: Connection, table: Table, ref: str, what: str) -> str:
-    """The id of the one row of ``table`` whose id is ``ref``, or else starts with it."""
-    if connection.execute(select(table.c.id).where(table.c.id == ref)).first() is not None:
+def _resolve_id(
+    connection: Connection,
+    table: Table,
+    ref: str,
+    what: str,
+    among: ColumnElement[bool] | None = None,
+) -> str:
+    """The id of the one row of ``table`` whose id is ``ref``, or else starts with it;
+    ``among``: only rows matching it count (the others might as well not exist)."""
+    scope = true() if among is None else among
+    if connection.execute(select(table.c.id).where(table.c.id == ref, scope)).first() is not None:
         return ref
     if ref:
         # uuid4 strings are lower case; LIKE would be case-sensitive on PostgreSQL.
         prefix = table.c.id.startswith(ref.lower(), autoescape=True)
-        matches: Sequence[str] = connection.scalars(select(table.c.id).where(prefix).limit(2)).all()
+        matches: Sequence[str] = connection.scalars(
+            select(table.c.id).where(prefix, scope).limit(2)
+        ).all()
         if len(matches) == 1:
             return matches[0]
         if matches:
@@ -376,6 +388,7 @@ def insert_request(
     attempt: int = 1,
     previous_attempt_id: str | None = None,
     lease_ttl: int | None = None,
+    created_by_token_id: str | None = None,
 ) -> Request:
     """A new queued request."""
     now = as_utc(now)
@@ -395,6 +408,7 @@ def insert_request(
         finished_at=None,
         demand=dict(demand),
         lease_ttl=lease_ttl,
+        created_by_token_id=created_by_token_id,
     )
     connection.execute(
         insert(schema.request).values(
@@ -409,6 +423,7 @@ def insert_request(
             created_at=now,
             updated_at=now,
             lease_ttl=lease_ttl,
+            created_by_token_id=created_by_token_id,
         )
     )
     if demand:
@@ -427,6 +442,33 @@ def get_request(connection: Connection, ref: str) -> Request:
     table = schema.request
     request_id = _resolve_id(connection, table, ref, "request")
     return _requests(connection, select(table).where(table.c.id == request_id))[0]
+
+
+def resolve_own_request(connection: Connection, ref: str, token_id: str) -> str:
+    """The id of the request created with token ``token_id`` whose id is, or else alone
+    starts with, ``ref``; other requests are not found, nor counted as ambiguous."""
+    table = schema.request
+    return _resolve_id(
+        connection, table, ref, "request", among=table.c.created_by_token_id == token_id
+    )
+
+
+def requests_created_by(
+    connection: Connection, token_id: str, request_ids: Sequence[str]
+) -> set[str]:
+    """Those of ``request_ids`` created with token ``token_id``."""
+    table = schema.request
+    found: set[str] = set()
+    for start in range(0, len(request_ids), _BATCH):
+        batch = request_ids[start : start + _BATCH]
+        found.update(
+            connection.scalars(
+                select(table.c.id).where(
+                    table.c.id.in_(batch), table.c.created_by_token_id == token_id
+                )
+            )
+        )
+    return found
 
 
 def list_requests(
@@ -645,3 +687,67 @@ def list_events(
         statement = statement.where(table.c.request_id == request_id)
     rows = connection.execute(statement).mappings().all()
     return [Event.from_row(row) for row in reversed(rows)]
+
+
+# API tokens
+
+
+def insert_token(
+    connection: Connection,
+    name: str | None,
+    role: TokenRole,
+    components: Sequence[str],
+    prefix: str,
+    secret_hash: str,
+    now: datetime,
+) -> ApiToken:
+    token = ApiToken(
+        id=_new_id(),
+        name=name,
+        role=role,
+        components=tuple(components),
+        prefix=prefix,
+        secret_hash=secret_hash,
+        created_at=as_utc(now),
+        revoked_at=None,
+    )
+    connection.execute(
+        insert(schema.api_token).values(
+            id=token.id,
+            name=name,
+            role=role.value,
+            components=list(token.components),
+            prefix=prefix,
+            secret_hash=secret_hash,
+            created_at=token.created_at,
+        )
+    )
+    return token
+
+
+def get_token(connection: Connection, ref: str) -> ApiToken:
+    """The token with id ``ref``, else the one whose id alone starts with ``ref``."""
+    table = schema.api_token
+    token_id = _resolve_id(connection, table, ref, "token")
+    row = connection.execute(select(table).where(table.c.id == token_id)).mappings().one()
+    return ApiToken.from_row(row)
+
+
+def token_by_hash(connection: Connection, secret_hash: str) -> ApiToken | None:
+    """The token whose secret hashes to ``secret_hash``, revoked or not."""
+    table = schema.api_token
+    row = connection.execute(
+        select(table).where(table.c.secret_hash == secret_hash)
+    ).mappings().first()
+    return None if row is None else ApiToken.from_row(row)
+
+
+def list_tokens(connection: Connection) -> list[ApiToken]:
+    """Oldest first."""
+    table = schema.api_token
+    rows = connection.execute(select(table).order_by(table.c.created_at, table.c.id)).mappings()
+    return [ApiToken.from_row(row) for row in rows]
+
+
+def revoke_token(connection: Connection, token_id: str, now: datetime) -> None:
+    _update(connection, schema.api_token, token_id, "token", revoked_at=as_utc(now))

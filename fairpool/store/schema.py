@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from fairpool.store.records import ComponentType, RequestStatus
+from fairpool.store.records import ComponentType, RequestStatus, TokenRole
 
 # Constraints get deterministic names so that migrations can refer to them and both SQLite
 # and PostgreSQL report the same names as this metadata.
@@ -149,6 +149,23 @@ policy_resource = Table(
     CheckConstraint('"limit" IS NULL OR "limit" >= reserved', name="limit_covers_reserved"),
 )
 
+api_token = Table(
+    "api_token",
+    metadata,
+    _id(),
+    Column("name", String(255), nullable=True),
+    Column("role", String(16), nullable=False),
+    # Component names (a JSON list) a submitter may create requests for.
+    Column("components", JSON, nullable=False),
+    # Never the secret: its first characters, to recognize it, and its SHA-256 (hex), to
+    # look it up. High-entropy secrets need no salt or slow hash.
+    Column("prefix", String(16), nullable=False),
+    Column("secret_hash", String(64), nullable=False, unique=True),
+    _time("created_at"),
+    _time("revoked_at", nullable=True),
+    CheckConstraint(_one_of("role", TokenRole), name="role"),
+)
+
 request = Table(
     "request",
     metadata,
@@ -185,12 +202,21 @@ request = Table(
     _time("finished_at", nullable=True),
     # Seconds an allocation stays held without a heartbeat; NULL: until released.
     Column("lease_ttl", Integer, nullable=True),
+    # The API token it was submitted with; NULL: not through an authenticated API call.
+    Column(
+        "created_by_token_id",
+        String(36),
+        ForeignKey("api_token.id", ondelete="SET NULL"),
+        nullable=True,
+    ),
     CheckConstraint(_one_of("status", RequestStatus), name="status"),
     CheckConstraint("lease_ttl IS NULL OR lease_ttl > 0", name="lease_ttl_positive"),
     CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
     CheckConstraint("attempt >= 1", name="attempt_positive"),
     # The queue is read as status = 'queued' ORDER BY created_at, id.
     Index(None, "status", "created_at", "id"),
+    # A submitter's own requests.
+    Index(None, "created_by_token_id"),
 )
 
 request_resource = Table(

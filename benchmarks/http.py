@@ -1,0 +1,438 @@
+"""HTTP benchmark: sustained submit -> allocated -> release cycles against a real server.
+
+    python benchmarks/http.py [--clients 8] [--duration 10] [--backends sqlite,postgresql]
+
+Starts ``python -m fairpool.api`` on a free loopback port, once per backend (SQLite under a
+temporary home; PostgreSQL in a throwaway database created here and dropped after), and a
+bare FastAPI app (one POST route that does nothing) on the same stack: uvicorn, one process,
+the same uvicorn settings as ``fairpool server``, plain ``def`` endpoints in the thread pool.
+
+N client threads (httpx, one connection each) then loop for ``--duration`` seconds after a
+short warm-up, on a pool of their own per case:
+
+* uncontended: capacity N, so every submit is allocated at once; a cycle is submit + release.
+* contended: capacity N/4 (``--contended-capacity``), so most clients wait: submit answers
+  "queued", the client long-polls ``/requests/{id}/wait`` until allocated, then releases.
+
+Prints per case the admissions per second and, for the contended case, p50/p99 of the time
+from a client sending a release to the next waiter's long-poll answering "allocated" (the
+waiter is the one the server allocated in that release's transaction: writes are serialized,
+so it is the release with the latest ``released_at`` at or before the waiter's
+``allocated_at``). Then the ratio of admissions/s to the bare endpoint's requests/s, measured
+by the same clients in the same run (target >= 0.3). All numbers come from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+# This file is named http.py: with its folder on the path (``python benchmarks/http.py``) it
+# would shadow the standard library's http package, which httpx imports.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+
+import httpx  # noqa: E402
+
+ROOT = _HERE.parent
+API = "/api/v1"
+WARMUP_SECONDS = 1.0
+#: A long-poll's timeout: short enough that a client notices the end of the run.
+WAIT_SECONDS = 2.0
+POSTGRES_CONNINFO = os.environ.get(
+    "FAIRPOOL_TEST_POSTGRES", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
+
+
+# -- servers -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Process:
+    """A server subprocess on a free loopback port, ready once ``/readyz`` answers 200."""
+
+    def __init__(self, name: str, argv: Callable[[int], list[str]], log: Path) -> None:
+        self.name = name
+        self._argv = argv
+        self.log = log
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        for _ in range(3):  # another process may take the free port before the server binds
+            self.port = free_port()
+            with self.log.open("ab") as log:
+                self.process = subprocess.Popen(
+                    self._argv(self.port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                    cwd=ROOT, start_new_session=True,  # Ctrl-C reaches us, not the servers
+                )
+            if self._ready(30.0):
+                return
+            self.stop()
+        raise RuntimeError(f"{self.name} did not become ready; its log:\n{self.log.read_text()}")
+
+    def _ready(self, seconds: float) -> bool:
+        assert self.process is not None
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def fairpool_server(workdir: Path, database_url: str | None) -> Process:
+    def argv(port: int) -> list[str]:
+        args = [sys.executable, "-m", "fairpool.api", "--host", "127.0.0.1", "--port",
+                str(port), "--home", str(workdir / "home"), "--log-level", "warning"]
+        return args + (["--database-url", database_url] if database_url else [])
+
+    return Process("fairpool server", argv, workdir / "server.log")
+
+
+def baseline_server(workdir: Path) -> Process:
+    def argv(port: int) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--serve-baseline", str(port)]
+
+    return Process("bare FastAPI server", argv, workdir / "baseline.log")
+
+
+def serve_baseline(port: int) -> None:
+    """The bare app: FastAPI, one POST route that does nothing, uvicorn configured as
+    ``fairpool.api.server.serve`` configures it (one process, default loop and HTTP)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from fairpool.api.server import GRACE_SECONDS
+
+    app = FastAPI()
+
+    @app.post("/noop")
+    def noop() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        return JSONResponse({"status": "ready"})
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+        timeout_graceful_shutdown=GRACE_SECONDS, server_header=False,
+    )
+    uvicorn.Server(config).run()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A new, empty database (the server migrates it); dropped on exit."""
+    import psycopg
+    from psycopg import sql
+    from sqlalchemy import URL
+
+    name = f"fairpool_bench_{uuid.uuid4().hex}"
+    with psycopg.connect(POSTGRES_CONNINFO, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        info = admin.info
+        url = URL.create("postgresql+psycopg", username=info.user,
+                         password=info.password or None, host=info.host, port=info.port,
+                         database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(POSTGRES_CONNINFO, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+# -- load --------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What one client thread saw; merged after the run."""
+
+    admissions: int = 0
+    waited: int = 0
+    requests: int = 0
+    #: (server released_at, client monotonic time the release was sent)
+    releases: list[tuple[datetime, float]] = field(default_factory=list)
+    #: (server allocated_at, client monotonic time the long-poll answered "allocated")
+    woken: list[tuple[datetime, float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Window:
+    """The measured interval: after the warm-up, for ``duration`` seconds."""
+
+    def __init__(self, duration: float) -> None:
+        self.start = time.monotonic() + WARMUP_SECONDS
+        self.end = self.start + duration
+        self.stopped = threading.Event()
+
+    def counts(self, at: float) -> bool:
+        return self.start <= at < self.end
+
+    def over(self) -> bool:
+        return self.stopped.is_set() or time.monotonic() >= self.end
+
+
+def _body(response: httpx.Response, expected: int) -> dict[str, Any]:
+    if response.status_code != expected:
+        raise RuntimeError(f"{response.request.method} {response.request.url.path}: "
+                           f"{response.status_code} {response.text[:200]}")
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def run_clients(clients: int, duration: float, work: Callable[[httpx.Client, Window, Tally],
+                                                          None], url: str) -> tuple[Tally, float]:
+    """``clients`` threads each run ``work`` until the window is over; their merged tally
+    and the measured seconds."""
+    window = Window(duration)
+    tallies = [Tally() for _ in range(clients)]
+
+    def client(tally: Tally) -> None:
+        with httpx.Client(base_url=url, timeout=30.0) as http:
+            try:
+                work(http, window, tally)
+            except Exception as error:
+                tally.errors.append(f"{type(error).__name__}: {error}")
+                window.stopped.set()
+
+    threads = [threading.Thread(target=client, args=(t,), daemon=True) for t in tallies]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    finally:
+        window.stopped.set()
+    merged = Tally()
+    for tally in tallies:
+        merged.admissions += tally.admissions
+        merged.waited += tally.waited
+        merged.requests += tally.requests
+        merged.releases += tally.releases
+        merged.woken += tally.woken
+        merged.errors += tally.errors
+    return merged, duration
+
+
+def bare_requests(http: httpx.Client, window: Window, tally: Tally) -> None:
+    body = {"component": "bench", "resources": {"gpu": 1}}
+    while not window.over():
+        _body(http.post("/noop", json=body), 200)
+        if window.counts(time.monotonic()):
+            tally.requests += 1
+
+
+def cycles(pool: str, component: str) -> Callable[[httpx.Client, Window, Tally], None]:
+    """Submit, wait (long-poll) while queued, release; again until the window is over."""
+    body = {"component": component, "resources": {"gpu": 1}}
+
+    def work(http: httpx.Client, window: Window, tally: Tally) -> None:
+        while not window.over():
+            request = _body(http.post(f"{API}/requests", json=body), 201)
+            waited = False
+            while request["status"] == "queued":
+                if window.stopped.is_set():  # another client failed: give up the place
+                    _body(http.post(f"{API}/requests/{request['id']}/cancel"), 200)
+                    return
+                waited = True
+                request = _body(http.get(f"{API}/requests/{request['id']}/wait",
+                                         params={"timeout": WAIT_SECONDS}), 200)
+            if request["status"] != "allocated":
+                raise RuntimeError(f"request {request['id']} ended {request['status']}: "
+                                   f"{request['status_reason']}")
+            observed = time.monotonic()
+            if window.counts(observed):
+                tally.admissions += 1
+                if waited:
+                    tally.waited += 1
+                    tally.woken.append((datetime.fromisoformat(request["allocated_at"]),
+                                        observed))
+            # Every release, measured or not, so that each woken waiter finds its own.
+            sent = time.monotonic()
+            released = _body(http.post(f"{API}/requests/{request['id']}/release"), 200)
+            tally.releases.append((datetime.fromisoformat(released["released_at"]), sent))
+
+    return work
+
+
+def wake_latencies(tally: Tally) -> list[float]:
+    """Per woken waiter: seconds from the release that allocated it being sent to its
+    long-poll answering. That release is the latest one at or before its allocation."""
+    releases = sorted(tally.releases)
+    times = [at for at, _ in releases]
+    latencies = []
+    for allocated_at, observed in tally.woken:
+        index = bisect.bisect_right(times, allocated_at) - 1
+        if index >= 0:
+            latencies.append(observed - releases[index][1])
+    return latencies
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    backend: str
+    name: str
+    capacity: int
+    rate: float
+    waited: float
+    latencies: list[float]
+
+
+def measure_backend(backend: str, url: str, args: argparse.Namespace) -> list[Case]:
+    results = []
+    with httpx.Client(base_url=url + API, timeout=30.0) as admin:
+        for name, capacity in (("uncontended", args.clients),
+                               ("contended", args.contended_capacity)):
+            pool, component = f"bench-{name}", f"bench-{name}"
+            _body(admin.post("/pools", json={"name": pool, "capacity": {"gpu": capacity}}), 201)
+            _body(admin.post(f"/pools/{pool}/policies", json={"component": component}), 201)
+            tally, seconds = run_clients(args.clients, args.duration, cycles(pool, component), url)
+            if tally.errors:
+                raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
+            results.append(Case(backend, name, capacity, tally.admissions / seconds,
+                                tally.waited / max(1, tally.admissions), wake_latencies(tally)))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
+    parser.add_argument("--duration", type=float, default=10.0,
+                        help="measured seconds per case (default 10)")
+    parser.add_argument("--contended-capacity", type=int, default=None,
+                        help="pool capacity of the contended case (default clients/4)")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--serve-baseline", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_baseline is not None:
+        serve_baseline(args.serve_baseline)
+        return
+    if args.clients < 2 or args.duration <= 0:
+        parser.error("--clients must be at least 2 and --duration positive")
+    if args.contended_capacity is None:
+        args.contended_capacity = max(1, args.clients // 4)
+    if not 1 <= args.contended_capacity < args.clients:
+        parser.error("--contended-capacity must be at least 1 and less than --clients")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not set(backends) <= {"sqlite", "postgresql"}:
+        parser.error("--backends: sqlite and/or postgresql")
+
+    def interrupted(signum: int, _: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    workdir = Path(tempfile.mkdtemp(prefix="fairpool-bench-http-"))
+    cases: list[Case] = []
+    try:
+        with ExitStack() as stack:
+            baseline = baseline_server(workdir)
+            stack.callback(baseline.stop)
+            baseline.start()
+            tally, seconds = run_clients(args.clients, args.duration, bare_requests, baseline.url)
+            baseline.stop()
+            if tally.errors:
+                raise RuntimeError(f"bare endpoint: {tally.errors[0]}")
+            bare = tally.requests / seconds
+            print(f"bare FastAPI POST endpoint, {args.clients} clients: {bare:,.0f} requests/s",
+                  flush=True)
+            for backend in backends:
+                database_url = None
+                if backend == "postgresql":
+                    try:
+                        database_url = stack.enter_context(postgres_database())
+                    except Exception as error:  # unreachable: say so, measure the rest
+                        print(f"postgresql: skipped, {type(error).__name__}: "
+                              f"{str(error).strip().splitlines()[0]}")
+                        continue
+                (workdir / backend).mkdir()
+                server = fairpool_server(workdir / backend, database_url)
+                stack.callback(server.stop)
+                server.start()
+                cases += measure_backend(backend, server.url, args)
+                server.stop()
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped, databases dropped", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n{args.clients} clients, {args.duration:g} s per case after {WARMUP_SECONDS:g} s "
+          f"warm-up, a pool of its own per case; {os.cpu_count()} CPUs, load average {load}\n")
+    header = ("backend", "case", "capacity", "admissions/s", "waited", "wake p50 ms",
+              "wake p99 ms", "wakes", "ratio")
+    print("{:<11} {:<12} {:>8} {:>12} {:>7} {:>11} {:>11} {:>6} {:>6}".format(*header))
+    for case in cases:
+        p50 = p99 = "-"
+        if case.latencies:
+            p50 = f"{statistics.median(case.latencies) * 1e3:.1f}"
+            p99 = f"{percentile(case.latencies, 99) * 1e3:.1f}"
+        print(f"{case.backend:<11} {case.name:<12} {case.capacity:>8} {case.rate:>12,.0f} "
+              f"{case.waited:>7.0%} {p50:>11} {p99:>11} {len(case.latencies):>6} "
+              f"{case.rate / bare:>6.2f}")
+    print()
+    for case in cases:
+        print(f"ratio admissions/s / bare requests/s ({case.backend}, {case.name}): "
+              f"{case.rate / bare:.2f}  (target >= 0.3)")
+
+
+if __name__ == "__main__":
+    main()

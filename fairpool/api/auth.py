@@ -1,0 +1,242 @@
+"""API tokens on the server: who is calling (authentication) and what it may do (authorization).
+
+Off unless the server is bound to a non-loopback address (``auth_enabled``). When on, every
+route under ``/api/v1`` (``/healthz``, ``/readyz`` and ``/metrics`` excepted) runs ``authorize``
+first, as a router dependency:
+
+* no ``Authorization: Bearer <token>`` header, an unknown or a revoked token → 401 with
+  ``WWW-Authenticate: Bearer``;
+* the route's rule (``RULES``, by endpoint name; a route missing from it is admin-only)
+  forbids it for the token's role → 403;
+* a submitter naming a request that it did not create → 404, exactly as for a request that
+  does not exist (its id prefix is resolved among its own requests only, so another's request
+  neither matches nor makes a prefix ambiguous).
+
+Endpoints that need the caller take ``Caller`` (the same cached ``authorize`` call): creating a
+request checks the component (``owner_of_new_request``); lists and pool details keep only the
+submitter's own requests (``visible_requests``, ``visible_pool``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import replace
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request, params
+from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from fairpool.api.models import TEXT_PATTERN
+from fairpool.frontends.pools import MAX_NAME
+from fairpool.store import repo
+from fairpool.store.records import ApiToken, TokenRole
+from fairpool.views import PoolView, RequestView
+
+if TYPE_CHECKING:
+    from fairpool.service import Service
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class AuthSetupError(ValueError):
+    """The server's auth flags make no sense together (e.g. ``--no-auth`` on a public host)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (as given to ``--host``) only serves this machine."""
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_enabled(host: str, auth: bool | None = None, insecure: bool = False) -> bool:
+    """Whether the server checks tokens: ``auth`` when given, else on unless ``host`` is a
+    loopback address. Serving a non-loopback host without tokens needs ``insecure``."""
+    enabled = not is_loopback(host) if auth is None else auth
+    if not enabled and not is_loopback(host) and not insecure:
+        raise AuthSetupError(
+            f"refusing to serve {host} without auth: anyone who can reach it could change "
+            "pools and requests. Drop --no-auth (and create tokens with `fairpool token "
+            "create`), or add --insecure if the network is trusted"
+        )
+    return enabled
+
+
+class Rule(Enum):
+    """What a route demands of a token; admins pass every rule."""
+
+    #: Admin tokens only.
+    ADMIN = "admin"
+    #: Any valid token (reads of pools and policies; submitters see only their own requests).
+    ANY = "any"
+    #: Any valid token; a submitter only on the requests it created (path parameter ``ref``).
+    OWN_REQUEST = "own request"
+
+
+#: Every ``/api/v1`` route by endpoint name. A route not listed here is admin-only.
+RULES: dict[str, Rule] = {
+    "create_pool": Rule.ADMIN,
+    "update_pool": Rule.ADMIN,
+    "delete_pool": Rule.ADMIN,
+    "list_pools": Rule.ANY,
+    "get_pool": Rule.ANY,
+    "pool_requests": Rule.ANY,
+    "attach_policy": Rule.ADMIN,
+    "detach_policy": Rule.ADMIN,
+    "list_policies": Rule.ANY,
+    # The component is checked by the endpoint, which has the parsed body.
+    "create_request": Rule.ANY,
+    "list_requests": Rule.ANY,
+    "get_request": Rule.OWN_REQUEST,
+    "wait_request": Rule.OWN_REQUEST,
+    "heartbeat": Rule.OWN_REQUEST,
+    "release": Rule.OWN_REQUEST,
+    "cancel": Rule.OWN_REQUEST,
+    "delete_request": Rule.OWN_REQUEST,
+    "reconcile": Rule.ADMIN,
+}
+
+_REF = re.compile(TEXT_PATTERN)
+
+
+class Auth:
+    """The server's auth switch and token lookups (``app.state.auth``)."""
+
+    def __init__(self, service: Service, enabled: bool) -> None:
+        self.service = service
+        self.enabled = enabled
+
+    def dependencies(self) -> list[params.Depends]:
+        """The router's dependencies: none when auth is off (the API and its OpenAPI schema
+        are then exactly as without auth); else the bearer scheme (for ``/docs``) and
+        ``authorize``."""
+        if not self.enabled:
+            return []
+        return [Depends(HTTPBearer(auto_error=False)), Depends(authorize)]
+
+    def authenticate(self, header: str | None) -> ApiToken:
+        """The valid token named by an ``Authorization`` header; 401 otherwise."""
+        if not header:
+            raise _unauthorized(
+                "missing API token: send 'Authorization: Bearer <token>' "
+                "(the CLI and SDK send $FAIRPOOL_TOKEN)"
+            )
+        scheme, _, secret = header.strip().partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise _unauthorized("the Authorization header must be 'Bearer <token>'")
+        token = self.service.authenticate(secret)
+        if token is None:
+            raise _unauthorized("invalid API token", invalid=True)
+        if token.revoked_at is not None:
+            raise _unauthorized(f"API token {label(token)} was revoked", invalid=True)
+        return token
+
+    def resolve_own_request(self, token: ApiToken, ref: str) -> str:
+        """The full id of the caller's request ``ref`` (id or prefix); ``NotFound`` else."""
+        with self.service.db.read() as conn:
+            return repo.resolve_own_request(conn, ref, token.id)
+
+    def own_request_ids(self, token: ApiToken, request_ids: list[str]) -> set[str]:
+        with self.service.db.read() as conn:
+            return repo.requests_created_by(conn, token.id, request_ids)
+
+
+async def authorize(request: Request) -> ApiToken | None:
+    """The calling token once it passed the route's rule; None when auth is off (at no cost:
+    no thread, no database read)."""
+    auth: Auth = request.app.state.auth
+    if not auth.enabled:
+        return None
+    return await run_in_threadpool(_authorize, auth, request)
+
+
+def _authorize(auth: Auth, request: Request) -> ApiToken:
+    """``authorize``'s checks, which read the database. For a submitter on a request route,
+    the path's ``ref`` is replaced by the full id of its own request, so the endpoint acts on
+    that one whatever else shares the prefix."""
+    token = auth.authenticate(request.headers.get("authorization"))
+    if token.role is TokenRole.ADMIN:
+        return token
+    route = request.scope.get("route")
+    rule = RULES.get(getattr(route, "name", ""), Rule.ADMIN)
+    if rule is Rule.ADMIN:
+        raise HTTPException(
+            403, f"this operation needs an admin token; {label(token)} is a {token.role.value}"
+        )
+    if rule is Rule.OWN_REQUEST:
+        path_params = request.scope["path_params"]
+        ref = path_params.get("ref")
+        # A malformed ref is left to the endpoint's validation (422), not looked up.
+        if isinstance(ref, str) and _valid_ref(ref):
+            path_params["ref"] = auth.resolve_own_request(token, ref)
+    return token
+
+
+#: The caller's token in an endpoint (None when auth is off).
+Caller = Annotated[ApiToken | None, Depends(authorize)]
+
+
+def owner_of_new_request(caller: ApiToken | None, component: str) -> str | None:
+    """The token id to record as a new request's owner; 403 if a submitter's token does not
+    allow ``component``."""
+    if caller is None:
+        return None
+    if caller.role is TokenRole.SUBMITTER and component not in caller.components:
+        allowed = ", ".join(f"`{c}`" for c in caller.components)
+        raise HTTPException(
+            403,
+            f"{label(caller)} may not create requests for component `{component}`; "
+            f"it allows {allowed}",
+        )
+    return caller.id
+
+
+def visible_requests(
+    auth: Auth, caller: ApiToken | None, views: list[RequestView]
+) -> list[RequestView]:
+    """All of ``views`` for an admin (or without auth); a submitter's own only."""
+    if caller is None or caller.role is TokenRole.ADMIN or not views:
+        return views
+    own = auth.own_request_ids(caller, [v.id for v in views])
+    return [v for v in views if v.id in own]
+
+
+def visible_pool(auth: Auth, caller: ApiToken | None, pool: PoolView) -> PoolView:
+    """The pool with only the requests the caller may see (its totals stay whole)."""
+    if caller is None or caller.role is TokenRole.ADMIN:
+        return pool
+    return replace(
+        pool,
+        active_requests=tuple(visible_requests(auth, caller, list(pool.active_requests))),
+        queued_requests=tuple(visible_requests(auth, caller, list(pool.queued_requests))),
+    )
+
+
+def label(token: ApiToken) -> str:
+    """How messages name a token: its name and prefix, never more of the secret."""
+    return f"token `{token.name}` ({token.prefix}…)" if token.name else f"token {token.prefix}…"
+
+
+def _valid_ref(ref: str) -> bool:
+    """What the endpoints' ``Ref`` accepts (and a database can store)."""
+    if not 1 <= len(ref) <= MAX_NAME or not _REF.fullmatch(ref):
+        return False
+    try:
+        ref.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unauthorized(detail: str, *, invalid: bool = False) -> HTTPException:
+    challenge = 'Bearer error="invalid_token"' if invalid else "Bearer"
+    return HTTPException(401, detail, headers={"WWW-Authenticate": challenge})

@@ -1,0 +1,430 @@
+"""API tokens: a real ``python -m fairpool.api --auth`` server, tokens made by the real CLI,
+the CLI's remote mode with FAIRPOOL_TOKEN; plus the token store on both backends, the
+auth switch, and the route rules.
+
+One server serves the module; each test uses pools and components of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
+
+from fairpool.api.app import PREFIX, create_app
+from fairpool.api.auth import RULES, AuthSetupError, auth_enabled, is_loopback
+from fairpool.errors import InvalidInput, NotFound
+from fairpool.service import Service, hash_token, open_service
+from fairpool.store import repo
+from fairpool.store.db import Database
+from tests.test_api import Server, free_port, ok
+
+CLI = [sys.executable, "-m", "fairpool.cli.main"]
+
+
+def fairpool(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+    clean.update(FAIRPOOL_HOME=str(home), COLUMNS="250", NO_COLOR="1", **env)
+    return subprocess.run([*CLI, *args], env=clean, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def make_token(home: Path, *args: str) -> dict[str, Any]:
+    result = fairpool(home, "token", "create", *args, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+class AuthServer(Server):
+    """test_api's server, started with ``--auth`` (on 127.0.0.1, where it is off by default)."""
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+        for _ in range(3):  # another process may take the free port before the server binds it
+            self.port = free_port()
+            with self.log_path.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "fairpool.api", "--auth", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--home", str(self.home), "--log-level", "warning"],
+                    stdout=log, stderr=subprocess.STDOUT, env=env,
+                )
+            if self._wait_up(20.0):
+                return
+            self.stop()
+        pytest.fail(f"the server did not start:\n{self.log_path.read_text()}")
+
+
+@dataclass
+class World:
+    server: Server
+    home: Path
+    #: Secrets by role name: admin, a (submitter for c-a), b (submitter for c-b and c-b2).
+    tokens: dict[str, str]
+    ids: dict[str, str]
+
+    def client(self, who: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}"} if who else {}
+        return httpx.Client(base_url=self.server.url + PREFIX, headers=headers, timeout=30.0)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("auth")
+    home = root / "home"
+    # The tokens exist before the server starts: the admin's made by the CLI (which also
+    # creates the store), the submitters' in this process (a CLI call costs a Python start).
+    made = make_token(home, "--role", "admin", "--name", "ops")
+    service = open_service(str(home))
+    try:
+        a, a_secret = service.create_token("submitter", ["c-a"], "team-a")
+        b, b_secret = service.create_token("submitter", ["c-b", "c-b2"])
+    finally:
+        service.close()
+    server = AuthServer(home, root / "server.log")
+    server.start()
+    try:
+        yield World(
+            server, home,
+            {"admin": made["token"], "a": a_secret, "b": b_secret},
+            {"admin": made["id"], "a": a.id, "b": b.id},
+        )
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pools(world: World) -> str:
+    """A pool with policies for c-a, c-b and c-b2, made by the admin."""
+    with world.client("admin") as admin:
+        ok(admin.post("/pools", json={"name": "shared", "capacity": {"gpu": 8}}), 201)
+        for component in ("c-a", "c-b", "c-b2"):
+            ok(admin.post("/pools/shared/policies", json={"component": component}), 201)
+    return "shared"
+
+
+def assert_401(response: httpx.Response, needle: str) -> None:
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    body = response.json()
+    assert body["field"] is None and needle in body["detail"], body
+
+
+def assert_403(response: httpx.Response, *needles: str) -> None:
+    assert response.status_code == 403, response.text
+    body = response.json()
+    assert body["field"] is None
+    for needle in needles:
+        assert needle in body["detail"], body
+
+
+# -- authentication --------------------------------------------------------------------
+
+
+def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
+    with world.client(None) as anonymous:
+        for method, path in [("GET", "/pools"), ("POST", "/pools"), ("GET", "/requests"),
+                             ("GET", "/requests/x"), ("GET", "/requests/x/wait"),
+                             ("POST", "/reconcile")]:
+            assert_401(anonymous.request(method, path), "missing API token")
+        assert_401(anonymous.get("/pools", headers={"Authorization": "Basic b3BzOm9wcw=="}),
+                   "must be 'Bearer <token>'")
+        assert_401(anonymous.get("/pools", headers={"Authorization": "Bearer"}),
+                   "must be 'Bearer <token>'")
+        forged = world.tokens["admin"][:-4] + "AAAA"
+        assert_401(anonymous.get("/pools", headers={"Authorization": f"Bearer {forged}"}),
+                   "invalid API token")
+        # Health, readiness, metrics and the schema stay open.
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert anonymous.get(path).status_code == 200
+            assert httpx.get(world.server.url + path).status_code == 200
+        schema = ok(httpx.get(world.server.url + "/openapi.json"))
+        assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> None:
+    service = open_service(str(world.home))
+    try:
+        token, secret = service.create_token("submitter", ["c-a"])
+    finally:
+        service.close()
+    extra = {"id": token.id, "token": secret}
+    headers = {"Authorization": f"Bearer {secret}"}
+    with world.client(None) as client:
+        assert ok(client.get("/pools", headers=headers))["pagination"]["total"] >= 1
+        revoked = fairpool(world.home, "token", "revoke", extra["id"][:8])
+        assert revoked.returncode == 0 and "Revoked submitter token" in revoked.stderr
+        assert_401(client.get("/pools", headers=headers), "was revoked")
+    listed = fairpool(world.home, "token", "list", "-o", "json")
+    rows = {t["id"]: t for t in json.loads(listed.stdout)["items"]}
+    assert rows[extra["id"]]["status"] == "revoked" and rows[extra["id"]]["revoked"]
+    assert extra["token"] not in listed.stdout and world.tokens["admin"] not in listed.stdout
+
+
+def test_tokens_are_not_stored_in_clear(world: World) -> None:
+    with sqlite3.connect(world.home / "fairpool.db") as conn:
+        dump = "\n".join(conn.iterdump())
+        rows = dict(conn.execute("SELECT id, secret_hash FROM api_token").fetchall())
+        prefixes = dict(conn.execute("SELECT id, prefix FROM api_token").fetchall())
+    for who, secret in world.tokens.items():
+        assert secret not in dump
+        assert secret[3:] not in dump  # nor without its fp_ prefix
+        token_id = world.ids[who]
+        assert rows[token_id] == hashlib.sha256(secret.encode()).hexdigest()
+        assert secret.startswith(prefixes[token_id]) and len(prefixes[token_id]) == 11
+
+
+# -- roles -------------------------------------------------------------------------------
+
+
+def test_admin_manages_pools_and_policies(world: World) -> None:
+    with world.client("admin") as admin:
+        ok(admin.post("/pools", json={"name": "admin-pool", "capacity": {"gpu": 2}}), 201)
+        ok(admin.post("/pools/admin-pool/policies", json={"component": "adm-orch"}), 201)
+        ok(admin.patch("/pools/admin-pool", json={"capacity": {"gpu": 4}}))
+        held = ok(admin.post("/requests", json={"component": "adm-orch",
+                                                "resources": {"gpu": 1}}), 201)
+        assert held["status"] == "allocated"
+        ok(admin.post(f"/requests/{held['id']}/release"))
+        ok(admin.post("/reconcile"))
+        ok(admin.delete("/pools/admin-pool/policies/adm-orch"), 204)
+        ok(admin.delete("/pools/admin-pool"), 204)
+
+
+def test_submitter_creates_for_its_components_only_and_cannot_write_pools(
+    world: World, pools: str
+) -> None:
+    with world.client("a") as a:
+        mine = ok(a.post("/requests", json={"component": "c-a", "resources": {"gpu": 1}}), 201)
+        assert mine["status"] == "allocated"
+        assert_403(a.post("/requests", json={"component": "c-b", "resources": {"gpu": 1}}),
+                   "component `c-b`", "allows `c-a`", "team-a")
+        # Reads of pools and policies are allowed.
+        assert [p["name"] for p in ok(a.get("/pools"))["items"]] == ["shared"]
+        assert ok(a.get(f"/pools/{pools}"))["name"] == pools
+        assert ok(a.get("/policies", params={"pool": pools}))["pagination"]["total"] == 3
+        for method, path, body in [
+            ("POST", "/pools", {"name": "mine", "capacity": {"gpu": 1}}),
+            ("PATCH", f"/pools/{pools}", {"capacity": {"gpu": 99}}),
+            ("DELETE", f"/pools/{pools}", None),
+            ("POST", f"/pools/{pools}/policies", {"component": "c-a", "priority": 9}),
+            ("DELETE", f"/pools/{pools}/policies/c-a", None),
+            ("POST", "/reconcile", None),
+        ]:
+            assert_403(a.request(method, path, json=body), "needs an admin token",
+                       "is a submitter")
+        ok(a.post(f"/requests/{mine['id']}/release"))
+    with world.client("admin") as admin:
+        assert ok(admin.get(f"/pools/{pools}"))["capacity"] == {"gpu": 8}
+
+
+def test_submitters_see_and_touch_only_their_own_requests(world: World, pools: str) -> None:
+    with world.client("a") as a, world.client("b") as b, world.client("admin") as admin:
+        mine = ok(a.post("/requests", json={"component": "c-a", "resources": {"gpu": 1},
+                                            "lease_ttl": 600}), 201)
+        theirs = ok(b.post("/requests", json={"component": "c-b2", "resources": {"gpu": 1}}),
+                    201)
+        rid = mine["id"]
+        for method, path in [("GET", f"/requests/{rid}"), ("GET", f"/requests/{rid}/wait"),
+                             ("POST", f"/requests/{rid}/heartbeat"),
+                             ("POST", f"/requests/{rid}/release"),
+                             ("POST", f"/requests/{rid}/cancel"),
+                             ("DELETE", f"/requests/{rid}"),
+                             ("GET", f"/requests/{rid[:8]}")]:
+            response = b.request(method, path)
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["detail"] == f"no request {path.split('/')[2]!r}"
+        assert ok(a.get(f"/requests/{rid}"))["status"] == "allocated"  # untouched
+        assert ok(a.post(f"/requests/{rid[:8]}/heartbeat"))["id"] == rid
+
+        listed = {r["id"] for r in ok(b.get("/requests", params={"limit": 10000}))["items"]}
+        assert theirs["id"] in listed and rid not in listed
+        page = ok(a.get("/requests", params={"component": "c-b2"}))
+        assert page["items"] == [] and page["pagination"]["total"] == 0
+        everything = {r["id"] for r in ok(admin.get("/requests", params={"limit": 10000}))["items"]}
+        assert {rid, theirs["id"]} <= everything
+
+        # Pool details and pool request lists: totals whole, requests only one's own.
+        seen_by_b = ok(b.get(f"/pools/{pools}"))
+        assert [r["id"] for r in seen_by_b["active_requests"]] == [theirs["id"]]
+        assert seen_by_b["occupied"]["gpu"] == 2
+        assert [r["id"] for r in ok(b.get(f"/pools/{pools}/requests"))["items"]] == [theirs["id"]]
+        assert {r["id"] for r in ok(admin.get(f"/pools/{pools}"))["active_requests"]} == {
+            rid, theirs["id"]}
+
+        # The admin may act on anyone's request.
+        assert ok(admin.post(f"/requests/{rid}/release"))["status"] == "released"
+
+
+def test_id_prefixes_resolve_among_ones_own_requests(world: World, pools: str) -> None:
+    # A fresh submitter with one request, whose first character is then its unique prefix.
+    service = open_service(str(world.home))
+    try:
+        _, secret = service.create_token("submitter", ["c-a"])
+    finally:
+        service.close()
+    headers = {"Authorization": f"Bearer {secret}"}
+    with world.client(None) as c, world.client("b") as b, world.client("admin") as admin:
+        mine = ok(c.post("/requests", headers=headers,
+                         json={"component": "c-a", "resources": {"gpu": 99}}), 201)
+        # b submits (rejected at once: cheap) until one of its ids shares that character.
+        theirs = ""
+        while theirs[:1] != mine["id"][0]:
+            theirs = ok(b.post("/requests", json={"component": "c-b",
+                                                  "resources": {"gpu": 99}}), 201)["id"]
+        prefix = mine["id"][0]
+        assert ok(c.get(f"/requests/{prefix}", headers=headers))["id"] == mine["id"]
+        assert ok(c.delete(f"/requests/{prefix}", headers=headers), 204) is None
+        assert admin.get(f"/requests/{mine['id']}").status_code == 404
+        assert ok(admin.get(f"/requests/{theirs}"))["id"] == theirs
+
+
+# -- the CLI, remote, with FAIRPOOL_TOKEN ------------------------------------------------
+
+
+def test_remote_cli_with_a_token(world: World, pools: str) -> None:
+    remote = {"FAIRPOOL_URL": world.server.url}
+    with world.client("a") as a:
+        held = ok(a.post("/requests", json={"component": "c-a", "resources": {"gpu": 1}}), 201)
+    calls = [
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["a"]},
+         ("resource-request", "create", "--component", "c-a", "--gpu-count", "1", "-o", "json")),
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["a"]},
+         ("resource-pool", "create", "cli-pool", "--capacity", '{"gpu": 1}')),
+        (remote, ("resource-pool", "list")),
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["admin"]},
+         ("resource-pool", "list", "-o", "json")),
+        # The request is a's: the other submitter cannot release it, its holder can.
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["b"]},
+         ("resource-request", "release", held["id"])),
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["a"]},
+         ("resource-request", "release", held["id"][:8])),
+    ]
+    with ThreadPoolExecutor(len(calls)) as workers:
+        created, refused, anonymous, listed, as_b, as_a = workers.map(
+            lambda call: fairpool(world.home, *call[1], **call[0]), calls
+        )
+    assert created.returncode == 0, created.stderr
+    request = json.loads(created.stdout)
+    assert request["status"] == "allocated" and request["component"] == "c-a"
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("Error: HTTP 403: this operation needs an admin token")
+    assert anonymous.returncode == 1 and "HTTP 401: missing API token" in anonymous.stderr
+    assert listed.returncode == 0 and "shared" in {p["name"] for p in json.loads(listed.stdout)["items"]}
+    assert as_b.returncode == 1 and f"no request '{held['id']}'" in as_b.stderr
+    assert as_a.returncode == 0, as_a.stderr
+    with world.client("admin") as admin:
+        assert ok(admin.get(f"/requests/{held['id']}"))["status"] == "released"
+
+
+# -- the switch, the rules, the token store (no server) ----------------------------------
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.53", True), ("::1", True), ("[::1]", True),
+    ("localhost", True), ("LOCALHOST", True), ("0.0.0.0", False), ("::", False),
+    ("10.1.2.3", False), ("gpu-box.example.com", False), ("", False),
+])
+def test_auth_is_on_unless_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+    assert auth_enabled(host) is not loopback
+    assert auth_enabled(host, auth=True) is True
+    if loopback:
+        assert auth_enabled(host, auth=False) is False
+    else:
+        with pytest.raises(AuthSetupError, match="--insecure"):
+            auth_enabled(host, auth=False)
+        assert auth_enabled(host, auth=False, insecure=True) is False
+
+
+def test_no_auth_on_a_public_host_is_refused_by_the_cli(tmp_path: Path) -> None:
+    result = fairpool(tmp_path, "server", "--host", "0.0.0.0", "--no-auth")
+    assert result.returncode == 2
+    assert "refusing to serve 0.0.0.0 without auth" in result.stderr
+    assert "--insecure" in result.stderr
+
+
+def test_every_api_route_has_a_rule(tmp_path: Path) -> None:
+    service = Service(Database.open(f"sqlite:///{tmp_path / 'f.db'}"))
+    try:
+        app = create_app(service, auth=True)
+    finally:
+        service.close()
+
+    def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
+        for route in routes:
+            if isinstance(route, APIRoute):
+                yield route
+            else:  # FastAPI >= 0.16x keeps an included router whole
+                yield from api_routes(getattr(getattr(route, "original_router", None),
+                                              "routes", ()))
+
+    open_routes = {"healthz", "readyz", "metrics"}
+    guarded = {
+        route.name for route in api_routes(app.routes)
+        if route.path.startswith(PREFIX) and route.name not in open_routes
+    }
+    assert guarded == set(RULES)
+
+
+@pytest.fixture
+def svc(database_url: str) -> Iterator[Service]:
+    db = Database.open(database_url)
+    yield Service(db)
+    db.close()
+
+
+def test_token_store(svc: Service) -> None:
+    admin, admin_secret = svc.create_token("admin", name="ops")
+    sub, sub_secret = svc.create_token("submitter", ["b", "a", "a"])
+    assert admin_secret.startswith("fp_") and len(admin_secret) == 46
+    assert sub.components == ("a", "b") and admin.components == ()
+    assert svc.authenticate(sub_secret) == sub and svc.authenticate("fp_nope") is None
+    assert sub.secret_hash == hash_token(sub_secret) != sub_secret
+    assert [t.id for t in svc.list_tokens()] == [admin.id, sub.id]
+    revoked, changed = svc.revoke_token(sub.id[:8])
+    assert changed and revoked.revoked_at is not None
+    again, changed = svc.revoke_token(sub.id)
+    assert not changed and again.revoked_at == revoked.revoked_at
+    authenticated = svc.authenticate(sub_secret)
+    assert authenticated is not None and authenticated.revoked_at is not None
+    with pytest.raises(InvalidInput, match="at least one --component"):
+        svc.create_token("submitter")
+    with pytest.raises(InvalidInput, match="admin token may use every component"):
+        svc.create_token("admin", ["a"])
+    with pytest.raises(InvalidInput, match="role"):
+        svc.create_token("root")
+    with pytest.raises(NotFound, match="no token"):
+        svc.revoke_token("zzz")
+
+
+def test_requests_keep_their_owner_and_retries_inherit_it(svc: Service) -> None:
+    token, _ = svc.create_token("submitter", ["sandbox"])
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "sandbox", priority=1)
+    svc.attach_policy("p", "prod", priority=9)
+    low = svc.create_request("sandbox", demand={"gpu": 2}, max_retries=1, created_by=token.id)
+    anonymous = svc.create_request("prod", demand={"gpu": 2})  # preempts low
+    victim = svc.get_request(low.id)
+    assert victim.status == "preempted" and victim.retried_as_id is not None
+    with svc.db.read() as conn:
+        assert repo.get_request(conn, low.id).created_by_token_id == token.id
+        assert repo.get_request(conn, victim.retried_as_id).created_by_token_id == token.id
+        assert repo.get_request(conn, anonymous.id).created_by_token_id is None
+        assert repo.resolve_own_request(conn, victim.retried_as_id[:6], token.id) == (
+            victim.retried_as_id)
+        with pytest.raises(NotFound):
+            repo.resolve_own_request(conn, anonymous.id, token.id)
