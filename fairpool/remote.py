@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,10 +113,12 @@ class RemoteService:
         labels: Mapping[str, str] | None = None,
         lease_ttl: int | None = None,
     ) -> RequestView:
+        # One key per call: if the answer is lost and _call sends the body again, the server
+        # answers the request this call already made instead of making a second one.
         body = {"component": component, "component_type": component_type,
                 "resources": dict(demand or {}), "preemptible": preemptible,
                 "max_retries": max_retries, "labels": dict(labels or {}),
-                "lease_ttl": lease_ttl}
+                "lease_ttl": lease_ttl, "idempotency_key": uuid.uuid4().hex}
         return RequestView.from_dict(self._call("POST", "/requests", json=body))
 
     def get_request(self, ref: str) -> RequestView:

@@ -333,10 +333,12 @@ class Service:
         lease_ttl: int | None = None,
         *,
         created_by: str | None = None,
+        idempotency_key: str | None = None,
     ) -> RequestView:
         """A new request, decided at once. With ``lease_ttl`` (seconds) its allocation is
         released when no heartbeat renews it for that long (the holder died). ``created_by``:
-        the id of the API token it was submitted with (its owner)."""
+        the id of the API token it was submitted with (its owner). ``idempotency_key``: when a
+        request was already created with it, that request is answered and nothing is made."""
         kind = _component_type(component_type)
         frontend.validate_name("component", component)
         amounts = frontend.validate_demand(demand or {})
@@ -347,7 +349,15 @@ class Service:
             frontend.validate_name("labels key", key)
             if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:
                 raise InvalidInput(f"labels.{key}", value, "must be text up to 1024 characters")
+        if idempotency_key is not None:
+            frontend.validate_name("idempotency_key", idempotency_key)
+            if len(idempotency_key) > 64:
+                raise InvalidInput("idempotency_key", idempotency_key, "at most 64 characters")
         with self.db.write() as conn:
+            if idempotency_key is not None:
+                made = repo.find_request_by_key(conn, idempotency_key)
+                if made is not None:
+                    return self._request_view(conn, made)
             found = _component(conn, component, kind)
             if found is None:
                 raise NotFound(
@@ -364,6 +374,7 @@ class Service:
                 labels=dict(labels or {}),
                 lease_ttl=lease_ttl,
                 created_by_token_id=created_by,
+                idempotency_key=idempotency_key,
             ).id
             repo.insert_event(
                 conn, "created", "request created", self.clock(), request_id=request_id

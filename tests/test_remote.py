@@ -423,8 +423,6 @@ def test_a_release_cancel_or_delete_whose_answer_was_lost_is_not_a_conflict(serv
             plain.release_request(held.id)
 
 
-@pytest.mark.xfail(strict=True, reason="a create retried after its answer was lost is created twice: "
-                   "POST /requests needs an idempotency key")
 def test_a_create_whose_answer_was_lost_is_created_once(server: ApiServer) -> None:
     setup_pool(server.url, "twice-gpus", ["twice-orch"], {"gpu": 2})
     with losing(server, "POST", "/requests") as service:

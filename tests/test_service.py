@@ -309,3 +309,14 @@ def test_heartbeat_tells_the_holder_it_was_preempted(svc: Service) -> None:
     held = svc.create_request("low", demand=demand(gpu_count=1), lease_ttl=30)
     svc.create_request("high", demand=demand(gpu_count=1))
     assert svc.heartbeat(held.id).status == "preempted"
+
+
+def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Service) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    first = svc.create_request("orch", demand=demand(gpu_count=1), idempotency_key="k-1")
+    again = svc.create_request("orch", demand=demand(gpu_count=1), idempotency_key="k-1")
+    assert again.id == first.id
+    other = svc.create_request("orch", demand=demand(gpu_count=1), idempotency_key="k-2")
+    assert other.id != first.id
+    assert len(svc.list_requests()) == 2

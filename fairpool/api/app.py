@@ -269,6 +269,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
             labels=body.labels,
             lease_ttl=body.lease_ttl,
             created_by=owner_of_new_request(caller, body.component),
+            idempotency_key=body.idempotency_key,
         )
         return _json(view.as_dict(), 201)
 

@@ -100,6 +100,13 @@ class RequestCreate(Strict):
         default=None,
         description="Seconds: the allocation is released when no heartbeat renews it in time.",
     )
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = (
+        Field(
+            default=None,
+            description="Chosen by the client per create; a retry with the same key answers "
+            "the request already made instead of making another.",
+        )
+    )
 
 
 class ErrorBody(BaseModel):

@@ -389,6 +389,7 @@ def insert_request(
     previous_attempt_id: str | None = None,
     lease_ttl: int | None = None,
     created_by_token_id: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Request:
     """A new queued request."""
     now = as_utc(now)
@@ -424,6 +425,7 @@ def insert_request(
             updated_at=now,
             lease_ttl=lease_ttl,
             created_by_token_id=created_by_token_id,
+            idempotency_key=idempotency_key,
         )
     )
     if demand:
@@ -435,6 +437,15 @@ def insert_request(
             ],
         )
     return request
+
+
+def find_request_by_key(connection: Connection, key: str) -> str | None:
+    """The id of the request created with this idempotency key, if any."""
+    table = schema.request
+    found: str | None = connection.scalar(
+        select(table.c.id).where(table.c.idempotency_key == key)
+    )
+    return found
 
 
 def get_request(connection: Connection, ref: str) -> Request:

@@ -209,6 +209,9 @@ request = Table(
         ForeignKey("api_token.id", ondelete="SET NULL"),
         nullable=True,
     ),
+    # Chosen by the client per create call: a create retried after its answer was lost
+    # finds the request it already made instead of making a second one.
+    Column("idempotency_key", String(64), nullable=True, unique=True),
     CheckConstraint(_one_of("status", RequestStatus), name="status"),
     CheckConstraint("lease_ttl IS NULL OR lease_ttl > 0", name="lease_ttl_positive"),
     CheckConstraint("max_retries >= 0", name="max_retries_non_negative"),
