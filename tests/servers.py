@@ -60,8 +60,10 @@ class ApiServer:
         home: Path | None = None,
         database_url: str | None = None,
         tick: float = 1.0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.log_path = log
+        self.extra = extra
         self.store = ["--home", str(home)] if home is not None else ["--database-url", str(database_url)]
         self.tick = tick
         self.port = 0
@@ -83,7 +85,7 @@ class ApiServer:
                 self.process = subprocess.Popen(
                     [sys.executable, "-m", "fairpool.api", "--host", "127.0.0.1",
                      "--port", str(self.port), *self.store, "--tick", str(self.tick),
-                     "--log-level", "warning"],
+                     "--log-level", "warning", *self.extra],
                     stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
                 )
             if self._wait_up(timeout):
@@ -106,6 +108,12 @@ class ApiServer:
                 pass
             time.sleep(0.02)
         return False
+
+    def terminate(self) -> int:
+        """SIGTERM; the exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=15)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown of any kind."""

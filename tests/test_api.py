@@ -8,12 +8,7 @@ test runs servers of its own.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,72 +20,18 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.servers import ApiServer
+
 API = "/api/v1"
 TERMINAL = {"released", "rejected", "preempted", "cancelled"}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+class Server(ApiServer):
+    """A ``python -m fairpool.api`` process on a free port, on the embedded store ``home``."""
 
-
-class Server:
-    """A ``python -m fairpool.api`` process on a free port."""
-
-    def __init__(self, home: Path, log: Path) -> None:
+    def __init__(self, home: Path, log: Path, *extra: str) -> None:
+        super().__init__(log, home=home, extra=extra)
         self.home = home
-        self.log_path = log
-        self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
-        for _ in range(3):  # another process may take the free port before the server binds it
-            self.port = free_port()
-            with self.log_path.open("ab") as log:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "fairpool.api", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--home", str(self.home), "--log-level", "warning"],
-                    stdout=log, stderr=subprocess.STDOUT, env=env,
-                )
-            if self._wait_up(20.0):
-                return
-            self.stop()
-        pytest.fail(f"the server did not start:\n{self.log_path.read_text()}")
-
-    def _wait_up(self, seconds: float) -> bool:
-        assert self.process is not None
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
-                    return True
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        return False
-
-    def terminate(self) -> int:
-        """SIGTERM; the exit status."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=15)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from fairpool.errors import InvalidInput, NotFound
 from fairpool.service import Service, hash_token, open_service
 from fairpool.store import repo
 from fairpool.store.db import Database
-from tests.test_api import Server, free_port, ok
+from tests.test_api import Server, ok
 
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
@@ -47,25 +47,6 @@ def make_token(home: Path, *args: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     return data
-
-
-class AuthServer(Server):
-    """test_api's server, started with ``--auth`` (on 127.0.0.1, where it is off by default)."""
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
-        for _ in range(3):  # another process may take the free port before the server binds it
-            self.port = free_port()
-            with self.log_path.open("ab") as log:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "fairpool.api", "--auth", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--home", str(self.home), "--log-level", "warning"],
-                    stdout=log, stderr=subprocess.STDOUT, env=env,
-                )
-            if self._wait_up(20.0):
-                return
-            self.stop()
-        pytest.fail(f"the server did not start:\n{self.log_path.read_text()}")
 
 
 @dataclass
@@ -94,7 +75,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         b, b_secret = service.create_token("submitter", ["c-b", "c-b2"])
     finally:
         service.close()
-    server = AuthServer(home, root / "server.log")
+    server = Server(home, root / "server.log", "--auth")
     server.start()
     try:
         yield World(
