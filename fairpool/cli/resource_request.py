@@ -193,9 +193,9 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
     svc = service()
     deadline = None if timeout is None else time.monotonic() + timeout
     shown = ""
+    # Where it stands right away; then short slices, so what is shown stays current.
+    left = 0.0
     while True:
-        # Short slices, so the position and reason shown stay current.
-        left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
         data = svc.wait(request_id, max(left, 0.0)).as_dict()
         if data["status"] != "queued":
             return data
@@ -205,6 +205,7 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
             shown = summary
         if deadline is not None and deadline - time.monotonic() <= 0:
             return data
+        left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
 
 
 def finish_wait(data: dict[str, Any]) -> None:
