@@ -171,13 +171,10 @@ class _Pass:
         self.usage: dict[str, dict[str, int]] = defaultdict(dict)
         self.np_usage: dict[str, dict[str, int]] = defaultdict(dict)
         self.held: dict[str, dict[str, int]] = defaultdict(dict)
-        # Bumped on every change under a root, so cached verdicts know when they went stale.
-        self.version: dict[str, int] = defaultdict(int)
         # Live preemptible allocations by the nodes they charge: the candidate victims there.
         self.running: dict[str, dict[str, Allocation]] = defaultdict(dict)
         self.granted_now: dict[str, Grant] = {}
         self.preemptions: list[Preemption] = []
-        self.blocked: dict[tuple[object, ...], Reason] = {}
         self.holders: set[str] = set()
         self.classes: list[_Class] = []
         # Blocked runs per root: (class number, placement index, cursor, share, rank, reason).
@@ -199,7 +196,6 @@ class _Pass:
                 used = self.np_usage[charge.leaf]
                 for key, amount in charge.amounts.items():
                     used[key] = used.get(key, 0) + sign * amount
-        self.version[self.forest.root(placement.queue)] += 1
 
     def _add(self, allocation: Allocation) -> None:
         self._apply(allocation, +1)
@@ -533,11 +529,6 @@ class _Pass:
     def _try(self, request: Request, index: int) -> Reason | None:
         """Grant the entry (None) or say why it waits."""
         placement = request.placements[index]
-        root = self.forest.root(placement.queue)
-        cache_key = (_shape(placement), request.preemptible, root, self.version[root])
-        cached = self.blocked.get(cache_key)
-        if cached is not None:
-            return cached
         failures = self._failures(placement, request.preemptible)
         if failures:
             only_capacity = all(f.check is Check.CAPACITY for f in failures)
@@ -547,8 +538,6 @@ class _Pass:
                 if i != index
             )
             if not only_capacity or other_fits or not self._preempt(request, placement, failures):
-                if not other_fits:
-                    self.blocked[cache_key] = failures[0]
                 return failures[0]
         self._add(Allocation(request.id, placement, self.snapshot.now, request.preemptible))
         self.granted_now[request.id] = Grant(request.id, index)
@@ -559,7 +548,6 @@ class _Pass:
             held = self.held[node_id]
             for key, amount in units.items():
                 held[key] = held.get(key, 0) + amount
-        self.version[self.forest.root(placement.queue)] += 1
 
 
 def _charged_keys(placement: Placement) -> AbstractSet[str]:
