@@ -19,7 +19,6 @@ from __future__ import annotations
 import _thread
 import functools
 import os
-import random
 import signal
 import threading
 import time
@@ -326,6 +325,3 @@ def _interrupt_main() -> None:
         _thread.interrupt_main()
 
 
-def _jitter(delay: float) -> float:
-    """'Equal' jitter: somewhere in [delay/2, delay], so waiting clients do not align."""
-    return delay / 2 + random.uniform(0, delay / 2)

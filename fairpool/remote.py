@@ -7,7 +7,6 @@ the SDK work identically embedded or remote. Errors come back as the same except
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from fairpool.backoff import jittered
 from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
 from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
 
@@ -189,7 +189,7 @@ class RemoteService:
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
                 # Capped exponential backoff with jitter, so restarting servers are not stormed.
-                time.sleep(delay / 2 + random.uniform(0, delay / 2))
+                time.sleep(jittered(delay))
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 

@@ -8,7 +8,6 @@ the engine decides; this module only loads, calls and writes.
 from __future__ import annotations
 
 import hashlib
-import random
 import secrets
 import time
 from collections import defaultdict
@@ -19,6 +18,7 @@ from typing import Literal
 
 from sqlalchemy import Connection
 
+from fairpool.backoff import jittered
 from fairpool.engine.explain import QueueEntry, queue_entries
 from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
@@ -428,7 +428,7 @@ class Service:
             left = deadline - time.monotonic()
             if request.status != RequestStatus.QUEUED.value or left <= 0:
                 return request
-            time.sleep(min(left, delay / 2 + random.uniform(0, delay / 2)))
+            time.sleep(min(left, jittered(delay)))
             delay = min(delay * 2, 2.0)
 
     def heartbeat(self, ref: str) -> RequestView:
