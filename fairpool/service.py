@@ -143,6 +143,15 @@ class _State:
         return Snapshot(now.timestamp(), nodes, tuple(allocations), tuple(queue))
 
 
+@dataclass(frozen=True, slots=True)
+class _Passed:
+    """A pass's summary, with the state and plan of its last run (what the views need)."""
+
+    summary: PassSummary
+    state: _State
+    plan: Plan
+
+
 class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
@@ -379,8 +388,11 @@ class Service:
             repo.insert_event(
                 conn, "created", "request created", self.clock(), request_id=request_id
             )
-            self._pass(conn)
-            return self._request_view(conn, request_id)
+            done = self._pass(conn)
+            # The pass already knows where a waiting request stands: no second load and run.
+            request = repo.get_request(conn, request_id)
+            entries = queue_entries(done.plan).get(request_id, ())
+            return self._request_view_of(conn, done.state.components, request, entries)
 
     def get_request(self, ref: str) -> RequestView:
         with self.db.read() as conn:
@@ -484,7 +496,7 @@ class Service:
 
     def reconcile(self) -> PassSummary:
         with self.db.write() as conn:
-            return self._pass(conn)
+            return self._pass(conn).summary
 
     # -- API tokens --------------------------------------------------------------------
 
@@ -540,7 +552,7 @@ class Service:
 
     # -- the pass ----------------------------------------------------------------------
 
-    def _pass(self, conn: Connection) -> PassSummary:
+    def _pass(self, conn: Connection) -> _Passed:
         """Run the engine and apply its plan, again while preemptions create retries."""
         started = time.perf_counter()
         summary = PassSummary()
@@ -567,7 +579,7 @@ class Service:
         )
         if self.on_pass is not None:
             self.on_pass(result)
-        return result
+        return _Passed(result, state, plan)
 
     def _expire_leases(self, conn: Connection, summary: PassSummary) -> None:
         now = self.clock()
