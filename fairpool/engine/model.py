@@ -35,6 +35,13 @@ class Node:
     #: On a queue node: seconds a capacity-blocked waiter may be passed by smaller requests
     #: before it holds the units it needs (None: it never holds, pure backfill).
     backfill_after: float | None = None
+    #: On a queue node: whether its waiters may preempt running work (False: Kueue's
+    #: ``withinClusterQueue: Never``).
+    preempts: bool = True
+    #: On a queue node: whether entries that fit their leaves' unused guarantee go before those
+    #: that must borrow (pools & policies). False: priority, then oldest only (Kueue's queues,
+    #: where a queue's flavors are tried in listed order whatever their quotas).
+    guarantee_first: bool = True
 
     def cap(self, key: str) -> int | None:
         """Capacity for ``key`` here: an int, or None when unbounded."""

@@ -5,17 +5,18 @@ Order of work (see docs/semantics.md for the rules in prose):
 1. Hard rejection: placements that could not fit on an empty system are dropped; a request
    with none left is rejected with one reason per placement.
 2. Every remaining (request, placement) pair is a queue entry. Entries are popped in one global
-   order - entries that fit their leaf's unused guarantee first, then placement priority
-   (higher first), then oldest, then id - which is each queue's own order, and tries a
-   request's higher-priority placements before its lower ones. Serving guaranteed entries
-   before borrowers is what reclaim would enforce anyway (an owner evicts a borrower whatever
-   the priorities), so doing it up front never grants units only to take them back.
+   order - entries that fit their leaf's unused guarantee first (unless the queue node says
+   ``guarantee_first=False``), then placement priority (higher first), then oldest, then id,
+   then placement index - which is each queue's own order, and tries a request's
+   higher-priority placements before its lower ones. Serving guaranteed entries before
+   borrowers is what reclaim would enforce anyway (an owner evicts a borrower whatever the
+   priorities), so doing it up front never grants units only to take them back.
 3. An entry that fits is granted, and the request's other entries disappear. One that is short
    only of capacity may preempt (strictly lower priority, or reclaim of borrowed units; another
-   leaf's units within its own guarantee are never taken), unless
-   another of its placements fits as things stand. Otherwise it waits, with the first failed
-   check as its reason; a waiter blocked past its queue's ``backfill_after`` holds the units it
-   needs so that smaller requests stop passing it.
+   leaf's units within its own guarantee are never taken), unless its queue node says
+   ``preempts=False`` or another of its placements fits as things stand. Otherwise it waits,
+   with the first failed check as its reason; a waiter blocked past its queue's
+   ``backfill_after`` holds the units it needs so that smaller requests stop passing it.
 
 Identical requests form a class; each (class, placement) is a run in time order, merged with
 the other runs by a heap. When a run's head waits, the whole run is parked: within a pass only
@@ -223,6 +224,13 @@ class _Pass:
                     return False
         return True
 
+    def _share(self, placement: Placement) -> int:
+        """The first part of the queue order: 1 when the placement must borrow and its queue
+        serves guaranteed entries first, else 0."""
+        if self.forest.nodes[placement.queue].guarantee_first and not self._in_share(placement):
+            return 1
+        return 0
+
     def _failures(self, placement: Placement, preemptible: bool) -> list[Reason]:
         """Every failed check right now, in explanation order (empty: it fits)."""
         failures: list[Reason] = []
@@ -394,7 +402,7 @@ class _Pass:
                 self._push(heap, number, index, pos + 1, share)
                 continue
             # In-share only turns into borrowing as the pass grants, so re-queue lazily.
-            if share == 0 and not self._in_share(placement):
+            if share == 0 and self._share(placement):
                 heapq.heappush(heap, (1, *entry[1:]))
                 continue
             root = self.forest.root(placement.queue)
@@ -427,7 +435,7 @@ class _Pass:
                 placement = cls.placements[index]
                 # Explain with the pass's final state (what they wait for now).
                 failures = self._failures(placement, cls.preemptible)
-                share = 0 if self._in_share(placement) else 1
+                share = self._share(placement)
                 self._wait(number, index, pos, len(cls.members),
                            failures[0] if failures else reason,
                            (share, -placement.priority))
@@ -523,7 +531,7 @@ class _Pass:
             return
         placement = cls.placements[index]
         if share is None:
-            share = 0 if self._in_share(placement) else 1
+            share = self._share(placement)
         heapq.heappush(heap, (share, -placement.priority, *cls.keys[pos], number, index, pos))
 
     def _try(self, request: Request, index: int) -> Reason | None:
@@ -537,7 +545,12 @@ class _Pass:
                 for i, p in enumerate(request.placements)
                 if i != index
             )
-            if not only_capacity or other_fits or not self._preempt(request, placement, failures):
+            if (
+                not only_capacity
+                or other_fits
+                or not self.forest.nodes[placement.queue].preempts
+                or not self._preempt(request, placement, failures)
+            ):
                 return failures[0]
         self._add(Allocation(request.id, placement, self.snapshot.now, request.preemptible))
         self.granted_now[request.id] = Grant(request.id, index)

@@ -1,0 +1,296 @@
+"""Scheduler config invariants under random configs and workload streams (hypothesis).
+
+A small simulator runs pass after pass through ``workloads.schedule`` and applies each outcome:
+admitted workloads run, evicted ones are queued again, rejected ones leave, some running ones
+end. Checked after every pass: admitted usage never exceeds a nominal quota; nobody is
+preempted in a queue whose policy is never (or unset); victims are strictly lower priority and
+in the preemptor's queue; an admitted workload's flavors match its labels; the outcome is a
+pure function of the input, whatever the input order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairpool.frontends.config import SchedulerConfig, validate_config
+from fairpool.frontends.workloads import (
+    Outcome,
+    RunningWorkload,
+    Status,
+    Workload,
+    schedule,
+    selector_mismatch,
+    validate_workload,
+)
+
+RESOURCES = ("gpu", "cpu", "tpu")
+FLAVORS = ("f0", "f1", "f2", "f3")
+
+
+def selectors(key: str, values: tuple[str, ...]) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """No selector, or one expression on ``key`` (every operator)."""
+    return st.one_of(
+        st.just([]),
+        st.builds(
+            lambda op, vals: [{"key": key, "operator": op, "values": vals}],
+            st.sampled_from(["in", "not_in"]),
+            st.lists(st.sampled_from(values), min_size=1, max_size=2, unique=True),
+        ),
+        st.builds(
+            lambda op: [{"key": key, "operator": op}],
+            st.sampled_from(["exists", "does_not_exist"]),
+        ),
+    )
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> SchedulerConfig:
+    flavors = [{"name": name, "selector": draw(selectors("zone", ("x", "y")))}
+               for name in FLAVORS]
+    queues = []
+    for number in range(draw(st.integers(1, 3))):
+        queue: dict[str, Any] = {"name": f"q{number}"}
+        policy = draw(st.sampled_from([None, "never", "lower_priority"]))
+        if policy is not None:
+            queue["preemption"] = {"within_resource_queue": policy}
+        covered = draw(st.permutations(RESOURCES))[: draw(st.integers(0, 3))]
+        names = list(draw(st.permutations(FLAVORS)))
+        groups = []
+        # Split the covered resources into one or two groups, each with its own flavors.
+        cut = draw(st.integers(1, max(len(covered) - 1, 1)))
+        for part in (covered[:cut], covered[cut:]):
+            if not part:
+                continue
+            group_flavors = []
+            for _ in range(draw(st.integers(1, 2))):
+                quotas = []
+                for resource in part:
+                    quota = draw(st.one_of(st.none(), st.integers(0, 8), st.just(0.5)))
+                    entry: dict[str, Any] = {"name": resource}
+                    if quota is not None:
+                        entry["nominal_quota"] = quota
+                    if draw(st.booleans()) or quota is not None:
+                        quotas.append(entry)
+                group_flavors.append({"name": names.pop(), "resources": quotas})
+            groups.append({"covered_resources": list(part), "flavors": group_flavors})
+        if groups:
+            queue["resource_groups"] = groups
+        queues.append(queue)
+    rules = []
+    # Mostly a catch-all last (as the seed advises), so most workloads reach a queue.
+    for last in range(draw(st.integers(0, 3)), -1, -1):
+        rule: dict[str, Any] = {
+            "resource_queue": draw(st.sampled_from([q["name"] for q in queues])),
+            "selector": draw(selectors("team", ("a", "b"))) if last else [],
+        }
+        if draw(st.booleans()):
+            low = draw(st.integers(0, 3))
+            high = draw(st.integers(low, 5))
+            rule["priority_policy"] = {
+                "min": low, "max": high, "default": draw(st.integers(low, high)),
+                "on_violation": draw(st.sampled_from(["reject", "force_update"])),
+            }
+        rules.append(rule)
+    return validate_config(
+        {"resource_flavors": flavors, "resource_queues": queues, "scheduling_rules": rules}
+    )
+
+
+@st.composite
+def contended(draw: st.DrawFn) -> SchedulerConfig:
+    """Two queues of tight gpu quotas on shared flavor names: preemption and queueing bite."""
+    queues = [
+        {
+            "name": name,
+            "preemption": {"within_resource_queue": draw(
+                st.sampled_from(["never", "lower_priority", "lower_priority"])
+            )},
+            "resource_groups": [{
+                "covered_resources": ["gpu"],
+                "flavors": [
+                    {"name": flavor, "resources": [{"name": "gpu",
+                                                    "nominal_quota": draw(st.integers(1, 6))}]}
+                    for flavor in FLAVORS[: draw(st.integers(1, 2))]
+                ],
+            }],
+        }
+        for name in ("q0", "q1")
+    ]
+    rules = [
+        {"selector": [{"key": "team", "operator": "in", "values": ["a"]}], "resource_queue": "q0"},
+        {"resource_queue": "q1"},
+    ]
+    return validate_config({
+        "resource_flavors": [{"name": name} for name in FLAVORS],
+        "resource_queues": queues,
+        "scheduling_rules": rules,
+    })
+
+
+@dataclass(frozen=True)
+class Submit:
+    labels: dict[str, str]
+    priority: int | None
+    demand: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Release:
+    pick: int
+
+
+def operations(
+    labels: st.SearchStrategy[dict[str, str]],
+    priorities: st.SearchStrategy[int | None],
+    demands: st.SearchStrategy[dict[str, float]],
+    releases: int,
+) -> st.SearchStrategy[list[Submit | Release]]:
+    """Submissions, and one release per ``releases`` submissions on average."""
+    submit = st.builds(Submit, labels, priorities, demands)
+    release = st.builds(Release, st.integers(0, 100))
+    return st.lists(
+        st.integers(0, releases).flatmap(lambda n: release if n == 0 else submit),
+        min_size=4, max_size=20,
+    )
+
+
+SCENARIOS = st.one_of(
+    st.tuples(configs(), operations(
+        st.fixed_dictionaries({}, optional={"team": st.sampled_from(["a", "b"]),
+                                            "zone": st.sampled_from(["x", "y"])}),
+        st.one_of(st.none(), st.integers(0, 6)),
+        st.dictionaries(st.sampled_from(RESOURCES), st.one_of(st.integers(0, 4), st.just(0.5)),
+                        min_size=1, max_size=3),
+        releases=1,
+    )),
+    st.tuples(contended(), operations(
+        st.fixed_dictionaries({}, optional={"team": st.just("a")}),
+        st.integers(0, 4),
+        st.fixed_dictionaries({"gpu": st.integers(1, 3)}),
+        releases=4,
+    )),
+)
+
+
+@dataclass(frozen=True)
+class Pass:
+    waiting: list[Workload]
+    running: list[RunningWorkload]
+    outcome: Outcome
+    #: What runs once the outcome is applied.
+    after: list[RunningWorkload]
+
+
+def simulate(config: SchedulerConfig, ops: list[Submit | Release]) -> Iterator[Pass]:
+    waiting: list[Workload] = []
+    running: dict[str, RunningWorkload] = {}
+    for step, op in enumerate(ops):
+        now = 10.0 * step
+        if isinstance(op, Submit):
+            waiting.append(validate_workload(
+                f"w{step:02d}", labels=op.labels, priority=op.priority, demand=op.demand,
+                submitted_at=now,
+            ))
+        elif running:
+            del running[sorted(running)[op.pick % len(running)]]
+        before = list(running.values())
+        outcome = schedule(config, waiting, before, now)
+        evicted = {e.workload_id for e in outcome.evictions}
+        # Evicted workloads are queued again, with their original submission time.
+        requeued = [running.pop(v).workload for v in sorted(evicted)]
+        admitted = {w.id: w for w in waiting}
+        for decision in outcome.decisions.values():
+            if decision.admission is not None:
+                running[decision.workload_id] = RunningWorkload(
+                    admitted[decision.workload_id], decision.admission
+                )
+        waiting = [
+            w for w in waiting if outcome.decisions[w.id].status is Status.QUEUED
+        ] + requeued
+        yield Pass(list(admitted.values()), before, outcome, list(running.values()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCENARIOS)
+def test_admitted_usage_never_exceeds_a_nominal_quota(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]]
+) -> None:
+    config, ops = scenario
+    for step in simulate(config, ops):
+        used: dict[tuple[str, str, str], int] = defaultdict(int)
+        for item in step.after:
+            admission = item.admission
+            if admission.queue is None:
+                continue
+            queue = config.queue(admission.queue)
+            assert len(admission.flavors) == len(queue.resource_groups)
+            for group, name in zip(queue.resource_groups, admission.flavors, strict=True):
+                for resource in group.covered_resources:
+                    used[(queue.name, name, resource)] += item.workload.demand.get(resource, 0)
+        for queue in config.resource_queues:
+            for group in queue.resource_groups:
+                for flavor in group.flavors:
+                    for quota in flavor.resources:
+                        if quota.nominal_quota_milli is not None:
+                            key = (queue.name, flavor.name, quota.name.value)
+                            assert used[key] <= quota.nominal_quota_milli, key
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCENARIOS)
+def test_preemption_only_by_lower_priority_policy_strictly_lower_same_queue(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]]
+) -> None:
+    config, ops = scenario
+    for step in simulate(config, ops):
+        victims = {item.workload.id: item.admission for item in step.running}
+        for eviction in step.outcome.evictions:
+            preemptor = step.outcome.decisions[eviction.preemptor_id]
+            victim = victims[eviction.workload_id]
+            queue = config.queue(eviction.queue)
+            assert queue.preemption is not None and queue.preemption.preempts_lower_priority
+            assert preemptor.status is Status.ADMITTED
+            assert victim.queue == preemptor.queue == eviction.queue
+            assert victim.priority < preemptor.priority
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCENARIOS)
+def test_admitted_flavors_match_labels_and_every_decision_has_a_reason(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]]
+) -> None:
+    config, ops = scenario
+    for step in simulate(config, ops):
+        labels = {w.id: w.labels for w in step.waiting}
+        for decision in step.outcome.decisions.values():
+            assert decision.reason
+            assert (decision.position is not None) == (decision.status is Status.QUEUED)
+            if decision.admission is None or decision.admission.queue is None:
+                continue
+            for flavor in decision.admission.flavors:
+                selector = config.flavor(flavor).selector
+                assert selector_mismatch(selector, labels[decision.workload_id]) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(SCENARIOS, st.randoms(use_true_random=False))
+def test_outcome_is_a_pure_function_of_the_input_whatever_its_order(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]], rng: Any
+) -> None:
+    config, ops = scenario
+    for step in simulate(config, ops):
+        now = 10.0 * len(ops)
+        first = schedule(config, step.waiting, step.running, now)
+        assert schedule(config, step.waiting, step.running, now) == first
+        waiting, running = list(step.waiting), list(step.running)
+        rng.shuffle(waiting)
+        rng.shuffle(running)
+        shuffled = schedule(config, waiting, running, now)
+        assert dict(shuffled.decisions) == dict(first.decisions)
+        assert sorted(map(repr, shuffled.evictions)) == sorted(map(repr, first.evictions))
