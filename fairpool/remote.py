@@ -220,9 +220,79 @@ def _answer(response: httpx.Response) -> Any:
         return body
     detail = str(body.get("detail", response.reason_phrase))
     field = body.get("field")
+    if isinstance(body.get("errors"), list) and response.status_code in (400, 422):
+        from fairpool.frontends.config import ConfigError, ConfigIssue
+
+        raise ConfigError(
+            ConfigIssue(e["path"], e["message"], e.get("line")) for e in body["errors"]
+        )
     if response.status_code == 422 and field:
         raise InvalidInput.from_message(field, detail)
     raise {404: NotFound, 409: Conflict}.get(response.status_code, FairpoolError)(
         detail if response.status_code in (404, 409)
         else f"HTTP {response.status_code}: {detail}"
     )
+
+
+class Answer(dict[str, Any]):
+    """A JSON object from the server, with the ``as_dict()`` the local views have."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+class RemoteScheduling:
+    """``fairpool.scheduling.SchedulingService`` over HTTP: the same methods; results are
+    ``Answer`` objects whose ``as_dict()`` equals the local view's."""
+
+    def __init__(self, remote: RemoteService) -> None:
+        self._remote = remote
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._remote._call(method, path, **kwargs)
+
+    def apply_config(self, document: str) -> Answer:
+        return Answer(self._call("POST", "/config", json={"document": document}))
+
+    def rollback_config(self, version: int) -> Answer:
+        return Answer(self._call("POST", f"/config/versions/{version}/rollback"))
+
+    def get_config(self, version: int | None = None) -> Answer | None:
+        params = {} if version is None else {"version": version}
+        try:
+            return Answer(self._call("GET", "/config", params=params))
+        except NotFound:
+            if version is not None:
+                raise
+            return None
+
+    def list_configs(self) -> list[Answer]:
+        return [Answer(item) for item in self._call("GET", "/config/versions")["items"]]
+
+    def diff_config(self, version: int) -> tuple[str, ...]:
+        return tuple(self._call("GET", f"/config/versions/{version}/diff")["changes"])
+
+    def explain(self, **fields: Any) -> Answer:
+        return Answer(self._call("POST", "/config/explain", json=fields))
+
+    def submit_workload(self, **fields: Any) -> Answer:
+        return Answer(self._call("POST", "/workloads", json=fields))
+
+    def get_workload(self, ref: str) -> Answer:
+        return Answer(self._call("GET", f"/workloads/{ref}"))
+
+    def list_workloads(self, status: str | None = None, queue: str | None = None) -> list[Answer]:
+        params = {key: value for key, value in (("status", status), ("queue", queue)) if value}
+        return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
+
+    def release_workload(self, ref: str) -> Answer:
+        return Answer(self._call("POST", f"/workloads/{ref}/release"))
+
+    def cancel_workload(self, ref: str) -> Answer:
+        return Answer(self._call("POST", f"/workloads/{ref}/cancel"))
+
+    def list_queues(self) -> list[Answer]:
+        return [Answer(item) for item in self._call("GET", "/queues")["items"]]
+
+    def describe_queue(self, name: str) -> Answer:
+        return Answer(self._call("GET", f"/queues/{name}"))

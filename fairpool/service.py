@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection
 
@@ -26,6 +26,7 @@ from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.frontends import pools as frontend
+from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.records import (
@@ -84,6 +85,10 @@ class _State:
     queued: dict[str, Request]
     #: Live allocations' requests (their demand is what they hold).
     holders: dict[str, Request]
+
+    @classmethod
+    def empty(cls) -> _State:
+        return cls({}, {}, {}, {}, {}, {})
 
     @classmethod
     def load(cls, conn: Connection) -> _State:
@@ -152,13 +157,27 @@ class _Passed:
     plan: Plan
 
 
+T = TypeVar("T")
+#: Builds an operation's answer once the pass has run, in the same transaction.
+Answer = Callable[[Connection, _Passed], T]
+
+
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    """A write: its change (returning how to answer), and whether a pass must follow it."""
+
+    change: Callable[[Connection], Answer[Any]]
+    passes: bool = True
+
+
 class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
         self.clock = clock
-        #: Called with every pass's summary, inside its transaction (the server's metrics and
-        #: long-poll wake-ups): a pass whose transaction rolls back was still reported.
+        #: Called with every committed pass's summary (the server's metrics and long-poll
+        #: wake-ups), after the commit, on the thread that ran the batch.
         self.on_pass: Callable[[PassSummary], None] | None = None
+        self._writes: GroupCommit[_Operation] = GroupCommit(self._run_batch)
 
     def close(self) -> None:
         self.db.close()
@@ -170,12 +189,14 @@ class Service:
     ) -> PoolView:
         frontend.validate_name("name", name)
         amounts = frontend.validate_capacity(capacity)
-        with self.db.write() as conn:
+
+        def change(conn: Connection) -> Answer[PoolView]:
             if any(p.name == name for p in repo.list_pools(conn)):
                 raise Conflict(f"a resource pool named `{name}` already exists")
             pool_id = repo.insert_pool(conn, name, description, amounts, self.clock()).id
-            self._pass(conn)
-            return self._pool_view(conn, pool_id)
+            return lambda conn, _: self._pool_view(conn, pool_id)
+
+        return self._write(change)
 
     def update_pool(
         self,
@@ -183,7 +204,7 @@ class Service:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[PoolView]:
             pool = repo.get_pool(conn, ref)
             now = self.clock()
             if capacity is not None:
@@ -194,11 +215,12 @@ class Service:
                 repo.set_pool_capacity(conn, pool.id, new_capacity, now)
             if description is not None:
                 repo.update_pool_description(conn, pool.id, description, now)
-            self._pass(conn)
-            return self._pool_view(conn, pool.id)
+            return lambda conn, _: self._pool_view(conn, pool.id)
+
+        return self._write(change)
 
     def delete_pool(self, ref: str) -> None:
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[None]:
             pool = repo.get_pool(conn, ref)
             live = repo.live_allocations(conn, pool_id=pool.id)
             if live:
@@ -210,7 +232,9 @@ class Service:
             repo.insert_event(
                 conn, "pool_deleted", f"pool {pool.name} deleted", self.clock(), pool_id=pool.id
             )
-            self._pass(conn)
+            return lambda conn, _: None
+
+        self._write(change)
 
     def get_pool(self, ref: str) -> PoolView:
         with self.db.read() as conn:
@@ -244,7 +268,8 @@ class Service:
     ) -> PolicyView:
         kind = _component_type(component_type)
         frontend.validate_name("component", component)
-        with self.db.write() as conn:
+
+        def change(conn: Connection) -> Answer[PolicyView]:
             pool = repo.get_pool(conn, pool_ref)
             reserved_amounts, limit_amounts = frontend.validate_policy(
                 pool, reserved or {}, limit or {}, priority
@@ -272,15 +297,18 @@ class Service:
             policy_id = repo.insert_policy(
                 conn, pool.id, component_id, priority, reserved_amounts, limit_amounts, now
             ).id
-            self._pass(conn)
-            state = _State.load(conn)
-            return self._policy_view(state, state.policies[policy_id])
+            return lambda conn, _: self._policy_view(
+                state := _State.load(conn), state.policies[policy_id]
+            )
+
+        return self._write(change)
 
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
         kind = _component_type(component_type)
-        with self.db.write() as conn:
+
+        def change(conn: Connection) -> Answer[None]:
             pool = repo.get_pool(conn, pool_ref)
             found = _component(conn, component, kind)
             policy = next(
@@ -305,7 +333,9 @@ class Service:
                     "release or cancel them first"
                 )
             repo.delete_policy(conn, policy.id)
-            self._pass(conn)
+            return lambda conn, _: None
+
+        self._write(change)
 
     def list_policies(
         self,
@@ -362,11 +392,12 @@ class Service:
             frontend.validate_name("idempotency_key", idempotency_key)
             if len(idempotency_key) > 64:
                 raise InvalidInput("idempotency_key", idempotency_key, "at most 64 characters")
-        with self.db.write() as conn:
+
+        def change(conn: Connection) -> Answer[RequestView]:
             if idempotency_key is not None:
                 made = repo.find_request_by_key(conn, idempotency_key)
                 if made is not None:
-                    return self._request_view(conn, made)
+                    return lambda conn, _: self._request_view(conn, made)
             found = _component(conn, component, kind)
             if found is None:
                 raise NotFound(
@@ -388,11 +419,9 @@ class Service:
             repo.insert_event(
                 conn, "created", "request created", self.clock(), request_id=request_id
             )
-            done = self._pass(conn)
-            # The pass already knows where a waiting request stands: no second load and run.
-            request = repo.get_request(conn, request_id)
-            entries = queue_entries(done.plan).get(request_id, ())
-            return self._request_view_of(conn, done.state.components, request, entries)
+            return lambda conn, done: self._request_view_after(conn, done, request_id)
+
+        return self._write(change)
 
     def get_request(self, ref: str) -> RequestView:
         with self.db.read() as conn:
@@ -446,7 +475,7 @@ class Service:
     def heartbeat(self, ref: str) -> RequestView:
         """The holder is alive: renew the lease of an allocated request. Any status is
         answered, so a holder learns of a preemption at its next heartbeat."""
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[RequestView]:
             request = repo.get_request(conn, ref)
             # A lease that ran out is not revived; no full pass here: heartbeats are frequent,
             # and the next pass (the server's tick, any command) grants what expiry freed.
@@ -455,10 +484,13 @@ class Service:
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 now = self.clock()
                 repo.renew_lease(conn, request.id, now + timedelta(seconds=request.lease_ttl))
-            return self._request_view(conn, request.id)
+            request_id = request.id
+            return lambda conn, _: self._request_view(conn, request_id)
+
+        return self._write(change, passes=False)
 
     def release_request(self, ref: str) -> RequestView:
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[RequestView]:
             request = repo.get_request(conn, ref)
             if request.status is not RequestStatus.ALLOCATED:
                 hint = ": use cancel" if request.status is RequestStatus.QUEUED else ""
@@ -466,20 +498,22 @@ class Service:
                     f"request {request.id} is {request.status.value}, not allocated{hint}"
                 )
             self._finish(conn, request, RequestStatus.RELEASED, "released by its holder")
-            self._pass(conn)
-            return self._request_view(conn, request.id)
+            return lambda conn, done: self._request_view_after(conn, done, request.id)
+
+        return self._write(change)
 
     def cancel_request(self, ref: str) -> RequestView:
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[RequestView]:
             request = repo.get_request(conn, ref)
             if request.status not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED):
                 raise Conflict(f"request {request.id} is already {request.status.value}")
             self._finish(conn, request, RequestStatus.CANCELLED, "cancelled by user")
-            self._pass(conn)
-            return self._request_view(conn, request.id)
+            return lambda conn, done: self._request_view_after(conn, done, request.id)
+
+        return self._write(change)
 
     def delete_request(self, ref: str) -> None:
-        with self.db.write() as conn:
+        def change(conn: Connection) -> Answer[None]:
             request = repo.get_request(conn, ref)
             now = self.clock()
             if request.status is RequestStatus.ALLOCATED:
@@ -492,11 +526,12 @@ class Service:
                 now,
                 request_id=request.id,
             )
-            self._pass(conn)
+            return lambda conn, _: None
+
+        self._write(change)
 
     def reconcile(self) -> PassSummary:
-        with self.db.write() as conn:
-            return self._pass(conn).summary
+        return self._write(lambda conn: lambda conn, done: done.summary)
 
     # -- API tokens --------------------------------------------------------------------
 
@@ -550,6 +585,48 @@ class Service:
         with self.db.read() as conn:
             return repo.token_by_hash(conn, hash_token(secret))
 
+    # -- writes ------------------------------------------------------------------------
+
+    def _write(self, change: Callable[[Connection], Answer[T]], passes: bool = True) -> T:
+        """One write operation: ``change`` (raising rolls it back alone), a reconcile pass
+        unless ``passes`` is False, then the answer ``change`` returned is built. Operations
+        from other threads waiting at the same time share the transaction and the pass."""
+        result: T = self._writes.submit(_Operation(change, passes))
+        return result
+
+    def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
+        answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
+        passed: _Passed | None = None
+        try:
+            with self.db.write() as conn:
+                for pending in batch:
+                    if len(batch) == 1:  # alone: its error rolls the transaction back
+                        answers.append((pending, pending.work.change(conn)))
+                        continue
+                    try:
+                        with conn.begin_nested():  # a savepoint: undo this one only
+                            answers.append((pending, pending.work.change(conn)))
+                    except Exception as error:
+                        pending.fail(error)
+                if any(p.work.passes for p, _ in answers):
+                    passed = self._pass(conn)
+                else:
+                    passed = _Passed(PassSummary(), _State.empty(), Plan())
+                for pending, answer in answers:
+                    try:
+                        pending.succeed(answer(conn, passed))
+                    except Exception as error:  # reads only: the others still commit
+                        pending.fail(error)
+        except BaseException as error:
+            for pending in batch:
+                if pending.error is None:
+                    pending.fail(error)
+            return
+        if passed is not None and self.on_pass is not None and any(
+            p.work.passes for p in batch
+        ):
+            self.on_pass(passed.summary)
+
     # -- the pass ----------------------------------------------------------------------
 
     def _pass(self, conn: Connection) -> _Passed:
@@ -577,8 +654,6 @@ class Service:
             round(time.perf_counter() - started, 6),
             summary.waits,
         )
-        if self.on_pass is not None:
-            self.on_pass(result)
         return _Passed(result, state, plan)
 
     def _expire_leases(self, conn: Connection, summary: PassSummary) -> None:
@@ -788,6 +863,13 @@ class Service:
         state = _State.load(conn)
         found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
         return self._request_view_of(conn, state.components, request, found)
+
+    def _request_view_after(self, conn: Connection, done: _Passed, request_id: str) -> RequestView:
+        """A request's view right after a pass, which already knows where a waiting request
+        stands: no second load and engine run."""
+        request = repo.get_request(conn, request_id)
+        entries = queue_entries(done.plan).get(request_id, ())
+        return self._request_view_of(conn, done.state.components, request, entries)
 
     def _request_view_of(
         self,

@@ -46,103 +46,11 @@ from fairpool.frontends.config import (
 
 # -- the seed's examples, verbatim (indentation restored) ------------------------------------
 
-COMPLETE_EXAMPLE = """\
-# Named compute categories, matched to workloads by label. Order matters within a
-# group: flavors are tried in listed order.
-resource_flavors:
-  - name: gpu_a100_spot
-    selector:
-      - { key: accelerator-type, operator: in, values: [A100] }
-      - { key: market-type, operator: in, values: [SPOT] }
-  - name: research_gpu_pool
-    selector:
-      - { key: team, operator: in, values: [research] }   # custom workload tag
-
-resource_queues:
-  - name: ml_training
-    preemption:
-      within_resource_queue: lower_priority
-    resource_groups:
-      - covered_resources: [gpu, cpu]
-        flavors:
-          - name: gpu_a100_spot
-            resources:
-              - { name: gpu, nominal_quota: 64 }
-              - { name: cpu, nominal_quota: 512 }
-          - name: research_gpu_pool
-            resources:
-              - { name: gpu, nominal_quota: 16 }
-              - { name: cpu, nominal_quota: 128 }
-
-  - name: default   # passthrough: no resource_groups -> admit with no quota
-
-scheduling_rules:
-  - selector:
-      - { key: team, operator: in, values: [research] }
-    resource_queue: ml_training
-    priority_policy: { default: 50, min: 0, max: 100, on_violation: reject }
-  - resource_queue: default   # catch-all: no selector -> matches everything above
-"""
-
-M5_CAP_EXAMPLE = """\
-resource_flavors:
-  - name: m5-2xlarge
-    selector:
-      - { key: instance-type, operator: in, values: [m5.2xlarge] }  # scopes the cap to m5.2xlarge
-
-resource_queues:
-  - name: q-m5-2xlarge-cap3
-    preemption: { within_resource_queue: never }
-    resource_groups:
-      - covered_resources: [cpu, memory_gb]
-        flavors:
-          - name: m5-2xlarge            # capped: 3 instances
-            resources:
-              - { name: cpu, nominal_quota: 24 }        # 3 x 8 vCPU
-              - { name: memory_gb, nominal_quota: 96 }  # 3 x 32 GiB
-  - name: default                      # passthrough for everything else
-
-scheduling_rules:
-  - selector:
-      - { key: instance-type, operator: in, values: [m5.2xlarge] }
-    resource_queue: q-m5-2xlarge-cap3
-    priority_policy: { default: 50, min: 0, max: 100, on_violation: force_update }
-  # catch-all (no selector) -> passthrough queue. MUST be last; first match wins.
-  - resource_queue: default
-"""
-
-RESERVATION_EXAMPLE = """\
-resource_flavors:
-  # a4-highgpu-8g pinned to a specific Google Cloud capacity reservation.
-  - name: a4_reserved
-    selector:
-      - { key: instance-type, operator: in, values: [a4-highgpu-8g] }
-    advanced_instance_config:
-      instance_properties:
-        reservation_affinity:
-          key: compute.googleapis.com/reservation-name
-          consume_reservation_type: SPECIFIC_RESERVATION
-          values: [my-a4-reservation]   # replace with your reservation name
-
-resource_queues:
-  # Workloads tagged use-reservation=true land here and are capped to the reservation.
-  - name: reservation
-    resource_groups:
-      - covered_resources: [gpu]
-        flavors:
-          - name: a4_reserved
-            resources:
-              # 8 GPUs/node x 10 nodes = 80. Caps reserved usage to ~10 a4-highgpu-8g.
-              - { name: gpu, nominal_quota: 80 }
-  # Everything else. No resource_groups => passthrough: admits everything, no quota.
-  - name: default
-
-scheduling_rules:
-  - selector:
-      - { key: use-reservation, operator: in, values: ["true"] }
-    resource_queue: reservation
-  - resource_queue: default   # no selector = matches all; MUST be last (first match wins)
-"""
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
+# The seed's three examples, as a user would keep them.
+COMPLETE_EXAMPLE = (EXAMPLES / "complete.yaml").read_text()
+M5_CAP_EXAMPLE = (EXAMPLES / "m5-cap.yaml").read_text()
+RESERVATION_EXAMPLE = (EXAMPLES / "reservation.yaml").read_text()
 
 SEED_EXAMPLES = [COMPLETE_EXAMPLE, M5_CAP_EXAMPLE, RESERVATION_EXAMPLE]
 

@@ -47,6 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 # -- the CLI: the same output embedded and remote -------------------------------------------
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
 #: Values that are measurements, not results.
@@ -96,9 +97,10 @@ class Transcript:
         self.normalizer = Normalizer()
         self.steps: list[Step] = []
 
-    def __call__(self, *args: str) -> Any:
+    def __call__(self, *args: str, input: str | None = None) -> Any:
         """Run ``fairpool ARGS``; the parsed JSON it printed (or None)."""
-        result = self.runner.invoke(cli, list(args), env=self.env, catch_exceptions=False)
+        result = self.runner.invoke(cli, list(args), env=self.env, catch_exceptions=False,
+                                    input=input)
         data = None
         if result.exit_code in (0, 2) and ("json" in args or "yaml" in args):
             data = yaml.safe_load(result.stdout)  # JSON is YAML
@@ -176,6 +178,51 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "delete", "other", "-y")
     fp("resource-pool", "list", "-o", "json")
     fp("reconcile", "-o", "yaml")  # (its table's width follows the measured duration)
+    scheduler_commands(fp)
+
+
+def scheduler_commands(fp: Transcript) -> None:
+    """The scheduler config's commands (seed 004), the same way."""
+    m5, complete = str(EXAMPLES / "m5-cap.yaml"), str(EXAMPLES / "complete.yaml")
+    fp("config", "list")                                                      # none yet
+    fp("config", "get")                                                       # none: error
+    fp("queue", "list")
+    fp("workload", "submit", "--gpu", "1", "-o", "json")                      # passes through
+    fp("config", "apply", "-f", m5)                                           # no answer: aborted
+    fp("config", "apply", "-f", m5, input="y\n")                             # confirmed
+    fp("config", "apply", "-f", "-", "--yes", input="resource_queues: [{name: q, x: 1}]\n")
+    fp("config", "apply", "-f", "-", "--yes", "-o", "json",
+       input="scheduling_rules: [{resource_queue: nowhere}]\n")              # reference error
+    fp("config", "apply", "-f", complete, "--yes", "-o", "json")
+    ids = [fp("workload", "submit", "--instance-type", "m5.2xlarge", "--cpu", "8", "--memory-gb",
+              "32", "-o", "json")["id"] for _ in range(2)]
+    research = ("--label", "team=research", "--gpu", "8", "--cpu", "64")
+    low = fp("workload", "submit", *research, "--priority", "10", "-o", "json")
+    fp("workload", "submit", *research, "--priority", "10", "-o", "json")
+    fp("workload", "submit", *research, "--priority", "90", "-o", "yaml")   # preempts one
+    fp("workload", "submit", *research, "--priority", "101")                  # rule rejects
+    fp("workload", "submit", "--label", "instance-type=x")                    # reserved key
+    fp("workload", "submit", "--market-type", "CHEAP")                        # invalid value
+    fp("workload", "list", "-o", "json")
+    fp("workload", "list", "--status", "queued")
+    fp("workload", "describe", low["id"])
+    fp("workload", "describe", ids[0][:8], "-o", "json")
+    fp("workload", "release", ids[0], "-o", "json")
+    fp("workload", "release", ids[0])                                         # already finished
+    fp("workload", "cancel", ids[1])
+    fp("workload", "describe", "ffffffff")                                    # not found
+    fp("queue", "list", "-o", "json")
+    fp("queue", "describe", "ml_training")
+    fp("queue", "describe", "nope")                                           # not found
+    fp("config", "explain", *research, "--priority", "95", "-o", "json")
+    fp("config", "explain", "--label", "team=infra", "--gpu", "1")
+    fp("config", "list", "-o", "json")
+    fp("config", "diff", "--version", "1")
+    fp("config", "diff", "--version", "1", "-o", "json")
+    fp("config", "get", "--version", "1")
+    fp("config", "get", "-o", "json")
+    fp("config", "rollback", "--version", "1", "--yes", "-o", "json")
+    fp("config", "rollback", "--version", "7", "--yes")                       # no such version
 
 
 def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -> None:
@@ -211,6 +258,11 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -
         assert any(needle in e for e in errors), needle
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
+    applies = [s.code for s in embedded.steps if s.args[:2] == ("config", "apply")]
+    assert applies == [1, 0, 1, 1, 0]  # aborted, confirmed, shape error, reference error, --yes
+    reasons = [str(s.stdout.get("reason")) for s in embedded.steps
+               if s.args[:2] == ("workload", "submit") and isinstance(s.stdout, dict)]
+    assert any("preempting" in reason for reason in reasons)
     assert "Traceback" not in server.log()
 
 

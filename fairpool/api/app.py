@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
-from fairpool.api.metrics import Metrics, PassObserver, changed_ids
+from fairpool.api.metrics import Metrics, changed_ids
 from fairpool.api.models import (
     MAX_BODY_BYTES,
     TEXT_PATTERN,
@@ -35,7 +35,9 @@ from fairpool.api.models import (
 )
 from fairpool.api.notify import notifier_for
 from fairpool.api.reconciler import Reconciler
+from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.frontends.pools import MAX_NAME
+from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.views import PassSummary, RequestView
@@ -43,6 +45,8 @@ from fairpool.views import PassSummary, RequestView
 log = logging.getLogger("fairpool.api")
 
 PREFIX = "/api/v1"
+#: Routes whose body is a whole scheduler config document.
+DOCUMENT_PATHS = {PREFIX + path: MAX_DOCUMENT_BODY for path in ("/config", "/config/validate")}
 #: A long-poll never waits longer than this, whatever its ``timeout``.
 MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
@@ -86,34 +90,28 @@ class Api:
         self.service = service
         self.notifier = notifier_for(service.db)
         self.metrics = Metrics(service)
-        self.observer = PassObserver(service)
+        service.on_pass = self._committed
         self.reconciler = Reconciler(self.reconcile, tick)
         self.stopping = False
 
-    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """One service operation (one transaction). Once it has committed, its passes are
-        counted and the requests they changed wake their long-polls."""
-        self.observer.begin()
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            seen = self.observer.take()  # dropped when ``fn`` raised: it was rolled back
-        self.metrics.record(seen)
-        changed = {i for summary in seen for i in changed_ids(summary)}
+    def _committed(self, summary: PassSummary) -> None:
+        """A pass has committed: count it, and wake the long-polls of the requests it
+        changed."""
+        self.metrics.record([summary])
+        changed = changed_ids(summary)
         if changed:
             self.notifier.notify(changed)
-        return result
 
     def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """``call`` for an operation on one request: also wakes that request's long-polls
+        """A service operation on one request that also wakes its long-polls
         (e.g. a cancel)."""
-        result = self.call(fn, *args, **kwargs)
+        result = fn(*args, **kwargs)
         if isinstance(result, RequestView):
             self.notifier.notify([result.id])
         return result
 
     def reconcile(self) -> PassSummary:
-        return self.call(self.service.reconcile)
+        return self.service.reconcile()
 
     def begin_shutdown(self) -> None:
         """No more waiting: long-polls answer now so that in-flight requests can finish."""
@@ -174,7 +172,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     )
     app.state.api = api
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
     app.state.auth = tokens = Auth(service, auth)
     router = APIRouter(prefix=PREFIX, dependencies=tokens.dependencies())
 
@@ -189,12 +187,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     @router.get("/pools", tags=["pools"])
     def list_pools() -> JSONResponse:
         """Every pool with occupied vs total per key and its queue length."""
-        return _json(_whole([p.as_dict() for p in api.call(service.list_pools)]))
+        return _json(_whole([p.as_dict() for p in service.list_pools()]))
 
     @router.get("/pools/{ref}", tags=["pools"])
     def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
         """One pool with its policies, active and queued requests."""
-        return _json(visible_pool(tokens, caller, api.call(service.get_pool, ref)).as_dict())
+        return _json(visible_pool(tokens, caller, service.get_pool(ref)).as_dict())
 
     @router.patch("/pools/{ref}", tags=["pools"])
     def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
@@ -213,7 +211,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         ref: Ref, caller: Caller, view: Literal["queued", "active", "all"] = "all"
     ) -> JSONResponse:
         """The pool's active requests and/or its queue in order."""
-        views = visible_requests(tokens, caller, api.call(service.pool_requests, ref, view))
+        views = visible_requests(tokens, caller, service.pool_requests(ref, view))
         rows = [r.as_dict() for r in views]
         return _json(_whole(rows))
 
@@ -240,7 +238,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         component_type: ComponentType | None = None,
     ) -> JSONResponse:
         """Policies, optionally of one pool, component or component type."""
-        views = api.call(service.list_policies, pool or None, component, component_type)
+        views = service.list_policies(pool or None, component, component_type)
         return _json(_whole([v.as_dict() for v in views]))
 
     @router.delete("/pools/{ref}/policies/{component}", status_code=204, tags=["policies"])
@@ -283,7 +281,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
-        views = api.call(service.list_requests, status, component, pool or None)
+        views = service.list_requests(status, component, pool or None)
         views = visible_requests(tokens, caller, views)
         rows = [v.as_dict() for v in views[offset : offset + limit]]
         return _json(_page(rows, len(views), limit, offset))
@@ -291,7 +289,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     @router.get("/requests/{ref}", tags=["requests"])
     def get_request(ref: Ref) -> JSONResponse:
         """One request: status, reason, pool, and per pool its queue position and reason."""
-        return _json(api.call(service.get_request, ref).as_dict())
+        return _json(service.get_request(ref).as_dict())
 
     @router.get("/requests/{ref}/wait", tags=["requests"])
     async def wait_request(
@@ -309,7 +307,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         ends, with the request (its queue position and reason while it still waits)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout, MAX_WAIT_SECONDS)
-        view = await run_in_threadpool(api.call, service.get_request, ref)
+        view = await run_in_threadpool(service.get_request, ref)
         if view.status != "queued" or api.notifier.closed:
             return _json(view.as_dict())
         with api.notifier.watch(view.id) as watch:
@@ -322,7 +320,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
                 await watch.wait(min(remaining, RECHECK_SECONDS))
                 watch.clear()
                 status = await run_in_threadpool(api.status_of, view.id)
-        view = await run_in_threadpool(api.call, service.get_request, view.id)
+        view = await run_in_threadpool(service.get_request, view.id)
         return _json(view.as_dict())
 
     @router.post("/requests/{ref}/heartbeat", tags=["requests"])
@@ -356,6 +354,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         return _json(summary.as_dict())
 
     app.include_router(router)
+    app.include_router(
+        scheduling_router(SchedulingService(service.db), PREFIX, tokens.dependencies())
+    )
 
     def healthz() -> JSONResponse:
         """The process is up."""

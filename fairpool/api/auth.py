@@ -102,6 +102,15 @@ RULES: dict[str, Rule] = {
     "cancel": Rule.OWN_REQUEST,
     "delete_request": Rule.OWN_REQUEST,
     "reconcile": Rule.ADMIN,
+    # The scheduler config: applying and rolling back configs is for admins; reading and
+    # submitting workloads for everyone (workloads have no owner yet).
+    "apply_config": Rule.ADMIN,
+    "rollback_config": Rule.ADMIN,
+    **{name: Rule.ANY for name in (
+        "validate_config", "get_config", "list_configs", "diff_config", "explain",
+        "submit_workload", "list_workloads", "get_workload", "release_workload",
+        "cancel_workload", "list_queues", "describe_queue",
+    )},
 }
 
 _REF = re.compile(TEXT_PATTERN)

@@ -154,22 +154,27 @@ class BodySizeLimit:
     is read up to the limit and then handed to the app whole.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, per_path: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        #: Paths allowed a different limit (a whole config document is larger than a request).
+        self.per_path = dict(per_path or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = 0
-                if declared > self.max_bytes:
-                    await self._refuse(scope, receive, send)
+                if declared > limit:
+                    await self._refuse(scope, receive, send, limit)
                     return
         chunks: list[bytes] = []
         size = 0
@@ -179,8 +184,8 @@ class BodySizeLimit:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
+            if size > limit:
+                await self._refuse(scope, receive, send, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -197,9 +202,9 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         response = JSONResponse(
-            {"detail": f"request body larger than {self.max_bytes} bytes", "field": None},
+            {"detail": f"request body larger than {limit} bytes", "field": None},
             status_code=413,
             headers={"Connection": "close"},
         )

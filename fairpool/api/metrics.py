@@ -3,14 +3,13 @@
 Gauges (queue length, capacity, allocated and free units per pool and key) are read from the
 database at scrape time. Counters and histograms are fed by the reconcile passes this process
 runs: every service operation ends with a pass, and the reconciler thread runs one per tick.
-A pass's summary is recorded only once its transaction has committed (see ``PassObserver``),
+A pass's summary is recorded only once its transaction has committed (``Service.on_pass``),
 so a rolled-back operation counts nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -127,34 +126,6 @@ class PoolCollector(Collector):
                 labels=labels,
             ),
         )
-
-
-class PassObserver:
-    """Sees the summary of every pass the service runs in this process.
-
-    Summaries are kept per thread until the operation that ran them returns (``take``): each
-    service operation is one transaction, so returning means committed, raising means rolled
-    back and the summaries are dropped.
-    """
-
-    def __init__(self, service: Service) -> None:
-        self._local = threading.local()
-        service.on_pass = self._seen
-
-    def _seen(self, summary: PassSummary) -> None:
-        pending: list[PassSummary] | None = getattr(self._local, "pending", None)
-        if pending is not None:  # outside ``begin()`` … ``take()`` nobody would read it
-            pending.append(summary)
-
-    def begin(self) -> None:
-        """This thread starts a service operation."""
-        self._local.pending = []
-
-    def take(self) -> list[PassSummary]:
-        """The passes this thread's operation ran; ends it."""
-        pending: list[PassSummary] = getattr(self._local, "pending", None) or []
-        self._local.pending = None
-        return pending
 
 
 def changed_ids(summary: PassSummary) -> set[str]:

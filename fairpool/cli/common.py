@@ -11,7 +11,8 @@ import click
 from fairpool.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from fairpool.remote import RemoteService
+    from fairpool.remote import RemoteScheduling, RemoteService
+    from fairpool.scheduling import SchedulingService
     from fairpool.service import Service
 
 COMPONENT_TYPES = ("orchestrator", "step_operator")
@@ -39,6 +40,27 @@ def service(ctx: click.Context | None = None) -> Service | RemoteService:
         root.obj["service"] = svc
         root.call_on_close(svc.close)
     return svc
+
+
+def scheduling(ctx: click.Context | None = None) -> SchedulingService | RemoteScheduling:
+    """The scheduler config service (seed 004), on the same store or server as ``service``."""
+    ctx = ctx or click.get_current_context()
+    svc = service(ctx)
+    root = ctx.find_root()
+    found: SchedulingService | RemoteScheduling | None = root.obj.get("scheduling")
+    if found is None:
+        from fairpool.remote import RemoteService
+
+        if isinstance(svc, RemoteService):
+            from fairpool.remote import RemoteScheduling
+
+            found = RemoteScheduling(svc)
+        else:
+            from fairpool.scheduling import SchedulingService
+
+            found = SchedulingService(svc.db)
+        root.obj["scheduling"] = found
+    return found
 
 
 def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:

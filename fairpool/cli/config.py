@@ -1,17 +1,23 @@
 """``fairpool config ...``: the scheduler config (seed 004; Anyscale's ``anyscale scheduler
-config``). For now only ``validate``: every problem at once, each with its path.
-
-Validation is local and pure (no store, no server), so this command never opens a database.
+config``). ``validate`` is local and pure (no store, no server); the other commands work on
+the versions stored in the database (or on the server at ``--url``).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fairpool.cli import output as o
+from fairpool.cli.common import scheduling
+from fairpool.cli.workload import workload_fields, workload_options
+
+if TYPE_CHECKING:
+    from fairpool.frontends.config import ConfigError
 
 
 @click.group("config")
@@ -57,17 +63,7 @@ def validate(path: str, output: str) -> None:
     try:
         parsed = load_config(text)
     except ConfigError as error:
-        if output != "table":
-            o.dump({"valid": False, "errors": [issue.as_dict() for issue in error.errors]}, output)
-        else:
-            click.echo(
-                f"Error: {path} is not a valid scheduler config "
-                f"({_plural(len(error.errors), 'problem')}):",
-                err=True,
-            )
-            for issue in error.errors:
-                click.echo(str(issue), err=True)
-        click.get_current_context().exit(1)
+        _print_invalid(path, error, output)
         return
     advisories = warnings(parsed)
     counts = {
@@ -92,3 +88,174 @@ def validate(path: str, output: str) -> None:
     )
     for issue in advisories:
         o.declare(f"Warning: {issue}")
+
+
+def _print_invalid(path: str, error: ConfigError, output: str) -> None:
+    """Every problem of an invalid config: one per line after the ``Error:`` line, or the
+    structured list."""
+    if output != "table":
+        o.dump({"valid": False, "errors": [issue.as_dict() for issue in error.errors]}, output)
+    else:
+        click.echo(
+            f"Error: {path} is not a valid scheduler config "
+            f"({_plural(len(error.errors), 'problem')}):",
+            err=True,
+        )
+        for issue in error.errors:
+            click.echo(str(issue), err=True)
+    click.get_current_context().exit(1)
+
+
+def _confirm(changes: Sequence[str], yes: bool, what: str) -> None:
+    if changes:
+        o.declare("This would change:")
+        for line in changes:
+            o.declare(f"  {line}")
+    else:
+        o.declare("No change from the active version (a new version is made all the same).")
+    if not yes:
+        click.confirm(f"{what}?", abort=True, err=True)
+
+
+def _print_applied(applied: dict[str, Any], output: str) -> None:
+    if output != "table":
+        o.dump(applied, output)
+        return
+    version = applied["version"]
+    click.echo(
+        f"Scheduler config version {version['version']} is active: "
+        f"{_plural(version['flavors'], 'flavor')}, {_plural(version['queues'], 'queue')}, "
+        f"{_plural(version['rules'], 'rule')}."
+    )
+    for issue in applied["warnings"]:
+        o.declare(f"Warning: {issue['path']}: {issue['message']}")
+    if applied["orphaned"]:
+        o.declare(
+            f"{_plural(len(applied['orphaned']), 'admitted workload')} whose queue or flavor "
+            "this version removes keep running, charged to no quota, until they end: "
+            + ", ".join(applied["orphaned"])
+        )
+    for key, verb in (("admitted", "admitted"), ("failed", "rejected or failed")):
+        if applied[key]:
+            o.declare(f"{_plural(len(applied[key]), 'queued workload')} {verb} under it.")
+
+
+@config.command("apply")
+@click.option("-f", "--file", "path", required=True, metavar="PATH",
+              help="The scheduler config YAML file ('-' for stdin).")
+@click.option("--yes", "-y", is_flag=True, help="Apply without asking to confirm.")
+@o.output_option
+def apply(path: str, yes: bool, output: str) -> None:
+    """Validate a config and make it the new active version (warns when no catch-all rule)."""
+    from fairpool.frontends.config import ConfigError, load_config, warnings
+    from fairpool.frontends.config_diff import diff_configs
+
+    text = read_config_file(path)
+    try:
+        parsed = load_config(text)
+    except ConfigError as error:
+        _print_invalid(path, error, output)
+        return
+    svc = scheduling()
+    for issue in warnings(parsed):
+        o.declare(f"Warning: {issue}")
+    if not yes:
+        active = svc.get_config()
+        current = load_config(active.as_dict()["document"]) if active else load_config("")
+        _confirm(diff_configs(current, parsed), yes, "Apply it as a new version")
+    try:
+        applied = svc.apply_config(text)
+    except ConfigError as error:  # e.g. a queue whose spec differs from an earlier version
+        _print_invalid(path, error, output)
+        return
+    _print_applied(applied.as_dict(), output)
+
+
+@config.command("rollback")
+@click.option("--version", "version", type=int, required=True, help="The version to apply again.")
+@click.option("--yes", "-y", is_flag=True, help="Roll back without asking to confirm.")
+@o.output_option
+def rollback(version: int, yes: bool, output: str) -> None:
+    """Apply an earlier version again, as a new version (history is never rewritten)."""
+    svc = scheduling()
+    if not yes:
+        _confirm(svc.diff_config(version), yes, f"Apply version {version} again as a new version")
+    _print_applied(svc.rollback_config(version).as_dict(), output)
+
+
+@config.command("get")
+@click.option("--version", "version", type=int, default=None,
+              help="A version number (default: the active one).")
+@click.option("--output", "-o", "output", type=click.Choice(("yaml", "json")), default="yaml",
+              show_default=True, help="yaml: the document as applied; json: its canonical form.")
+def get(version: int | None, output: str) -> None:
+    """Print a config version: the active one by default."""
+    from fairpool.frontends.config import load_config
+
+    found = scheduling().get_config(version)
+    if found is None:
+        raise click.ClickException(
+            "no scheduler config has been applied yet (every workload passes through): "
+            "fairpool config apply -f FILE"
+        )
+    data = found.as_dict()
+    if output == "yaml":
+        o.declare(f"# version {data['version']}{' (active)' if data['active'] else ''}, "
+                  f"applied {data['applied_at']}")
+        click.echo(data["document"], nl=not data["document"].endswith("\n"))
+    else:
+        data.pop("document")
+        data["config"] = load_config(found.as_dict()["document"]).to_dict()
+        o.dump(data, output)
+
+
+@config.command("list")
+@o.output_option
+def list_versions(output: str) -> None:
+    """Every applied version, newest first."""
+    rows = []
+    for version in scheduling().list_configs():
+        row = version.as_dict()
+        row.pop("document", None)
+        rows.append(row)
+    o.print_list(rows, ("version", "active", "applied_at", "rolled_back_from", "flavors",
+                        "queues", "rules"), output,
+                 empty_message="No scheduler config applied yet: every workload passes through.")
+
+
+@config.command("diff")
+@click.option("--version", "version", type=int, required=True,
+              help="The version to compare the active one with.")
+@o.output_option
+def diff(version: int, output: str) -> None:
+    """What applying ``--version`` again would change, queue by queue."""
+    changes = scheduling().diff_config(version)
+    if output != "table":
+        o.dump({"version": version, "changes": list(changes)}, output)
+    elif not changes:
+        click.echo(f"Version {version} is the same as the active config.")
+    else:
+        for line in changes:
+            click.echo(line)
+
+
+@config.command("explain")
+@workload_options
+@o.output_option
+def explain(output: str, **options: Any) -> None:
+    """Which rule, queue, flavor and priority a workload would get now; and why not others."""
+    data = scheduling().explain(**workload_fields(options)).as_dict()
+    if output != "table":
+        o.dump(data, output)
+        return
+    o.print_properties("Scheduling decision", [
+        ("status", data["status"]),
+        ("rule", "" if data["rule"] is None else f"scheduling_rules[{data['rule']}]"),
+        ("queue", data["queue"]),
+        ("flavors", data["flavors"]),
+        ("priority", data["priority"]),
+        ("reason", data["reason"]),
+        ("config_version", data["config_version"]),
+    ])
+    for note in data["notes"]:
+        click.echo(f"  note: {note}")

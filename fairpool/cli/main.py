@@ -15,10 +15,12 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import one_line, service
 from fairpool.cli.config import config
+from fairpool.cli.queue import queue
 from fairpool.cli.resource_pool import resource_pool
 from fairpool.cli.resource_request import resource_request
 from fairpool.cli.run import run, server
 from fairpool.cli.token import token
+from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError
 
 
@@ -98,6 +100,8 @@ cli.add_command(resource_request)
 cli.add_command(run)
 cli.add_command(server)
 cli.add_command(token)
+cli.add_command(workload)
+cli.add_command(queue)
 
 
 def main() -> None:

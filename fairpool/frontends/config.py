@@ -363,6 +363,9 @@ class ConfigIssue:
     path: str
     message: str
     line: int | None = field(default=None, compare=False)
+    #: The document is well formed but names something that does not exist (or changes
+    #: what an applied version fixed); the API answers 400 for these, 422 for shape errors.
+    reference: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
@@ -596,13 +599,13 @@ class _Checker:
         self.float_text = float_text
         self.issues: list[ConfigIssue] = []
 
-    def error(self, path: Path, message: str) -> None:
+    def error(self, path: Path, message: str, *, reference: bool = False) -> None:
         line = None
         for cut in range(len(path), -1, -1):
             line = self.lines.get(path[:cut])
             if line is not None:
                 break
-        self.issues.append(ConfigIssue(format_path(path), message, line))
+        self.issues.append(ConfigIssue(format_path(path), message, line, reference))
 
     # -- generic shapes ----------------------------------------------------------------------
 
@@ -1043,7 +1046,8 @@ class _Checker:
             return None
         ok = True
         if flavor_names is not None and name not in flavor_names:
-            self.error(name_path, f"unknown flavor {name!r}; {_defined('flavors', flavor_names)}")
+            self.error(name_path, f"unknown flavor {name!r}; {_defined('flavors', flavor_names)}",
+                       reference=True)
             ok = False
         index = path[-1]
         group_index = path[-3]
@@ -1121,7 +1125,8 @@ class _Checker:
             queue = self.text(spec["resource_queue"], queue_path)
             if queue is not None and queue_names is not None and queue not in queue_names:
                 self.error(
-                    queue_path, f"unknown queue {queue!r}; {_defined('queues', queue_names)}"
+                    queue_path, f"unknown queue {queue!r}; {_defined('queues', queue_names)}",
+                    reference=True,
                 )
                 queue = None
         policy: PriorityPolicy | None = None

@@ -22,6 +22,7 @@ processes may open a brand-new database at once.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,7 +76,7 @@ def default_url(home: Path) -> str:
 #: The newest migration. Opening compares the database with it in plain SQL, so the common
 #: case (schema up to date) never imports Alembic, which costs every CLI call ~0.2 s.
 #: tests/test_store_schema.py checks it is the migrations' head.
-SCHEMA_HEAD = "0004"
+SCHEMA_HEAD = "0005"
 
 
 def migration_config(connection: Connection) -> Config:
@@ -106,6 +107,9 @@ class Database:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        # Writers of this process queue here rather than at the database lock, where SQLite's
+        # busy handler would make them sleep in steps of up to 100 ms after it is free.
+        self._write_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -151,7 +155,7 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises."""
-        with self._connect("write") as connection, connection.begin():
+        with self._write_lock, self._connect("write") as connection, connection.begin():
             serialize_writers(connection)
             yield connection
 

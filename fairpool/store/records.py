@@ -46,6 +46,28 @@ class RequestStatus(StrEnum):
         return self not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED)
 
 
+class WorkloadStatus(StrEnum):
+    """Where a workload of the scheduler config (seed 004) is in its life; the last four are
+    final."""
+
+    #: Routed to a queue, waiting for quota (also after being preempted: it is requeued).
+    QUEUED = "queued"
+    #: Admitted: a flavor per resource group, its demand counted against their quotas.
+    ADMITTED = "admitted"
+    #: Its holder said it ended; its quota is free again.
+    FINISHED = "finished"
+    #: Withdrawn by its owner.
+    CANCELLED = "cancelled"
+    #: Routed, but no flavor of its queue can ever hold it ("no flavor matched").
+    REJECTED = "rejected"
+    #: No scheduling rule routes it (or every matching rule's priority policy refused it).
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED)
+
+
 class TokenRole(StrEnum):
     """What an API token may do when the server checks tokens."""
 
@@ -257,4 +279,76 @@ class ApiToken:
             secret_hash=row["secret_hash"],
             created_at=row["created_at"],
             revoked_at=row["revoked_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigVersion:
+    """One applied scheduler config; the highest version is the active one."""
+
+    version: int
+    #: The YAML exactly as applied (validated then, so it parses again).
+    document: str
+    applied_at: datetime
+    #: Set when this version re-applied an older one (``fairpool config rollback``).
+    rolled_back_from: int | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> ConfigVersion:
+        return cls(
+            version=row["version"],
+            document=row["document"],
+            applied_at=row["applied_at"],
+            rolled_back_from=row["rolled_back_from"],
+        )
+
+
+#: The resource axes of a workload's demand, one milli-unit column each.
+WORKLOAD_RESOURCES = ("gpu", "cpu", "memory_gb", "tpu")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    id: str
+    status: WorkloadStatus
+    status_reason: str | None
+    #: Custom tags and the reserved keys (instance-type, accelerator-type, ...), as submitted.
+    labels: dict[str, str]
+    #: The priority the submitter asked for; None: the rule's default.
+    requested_priority: int | None
+    #: Milli-units per resource axis, only the non-zero ones.
+    demand: dict[str, int]
+    submitted_at: datetime
+    updated_at: datetime
+    #: Where routing sent it and at which priority (None before routing or when it failed).
+    queue: str | None
+    priority: int | None
+    #: The config version it was last routed under.
+    config_version: int | None
+    #: One flavor per resource group of its queue, in group order, once admitted (kept after,
+    #: for the record; empty on a passthrough queue).
+    flavors: tuple[str, ...]
+    admitted_at: datetime | None
+    finished_at: datetime | None
+    #: How many times it was preempted and requeued.
+    preemptions: int
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Workload:
+        return cls(
+            id=row["id"],
+            status=WorkloadStatus(row["status"]),
+            status_reason=row["status_reason"],
+            labels=dict(row["labels"]),
+            requested_priority=row["requested_priority"],
+            demand={key: row[key] for key in WORKLOAD_RESOURCES if row[key]},
+            submitted_at=row["submitted_at"],
+            updated_at=row["updated_at"],
+            queue=row["queue"],
+            priority=row["priority"],
+            config_version=row["config_version"],
+            flavors=tuple(row["flavors"] or ()),
+            admitted_at=row["admitted_at"],
+            finished_at=row["finished_at"],
+            preemptions=row["preemptions"],
         )

@@ -31,7 +31,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from fairpool.store.records import ComponentType, RequestStatus, TokenRole
+from fairpool.store.records import (
+    WORKLOAD_RESOURCES,
+    ComponentType,
+    RequestStatus,
+    TokenRole,
+    WorkloadStatus,
+)
 
 # Constraints get deterministic names so that migrations can refer to them and both SQLite
 # and PostgreSQL report the same names as this metadata.
@@ -268,4 +274,66 @@ event = Table(
     Column("data", JSON, nullable=False, server_default=text("'{}'")),
     Index(None, "request_id"),
     Index(None, "at"),
+)
+
+# -- the scheduler config (seed 004) ---------------------------------------------------------
+
+config_version = Table(
+    "config_version",
+    metadata,
+    # Numbered 1, 2, ... under the write lock; rows are never updated or deleted.
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("document", Text, nullable=False),
+    _time("applied_at"),
+    Column(
+        "rolled_back_from",
+        Integer,
+        ForeignKey("config_version.version", ondelete="RESTRICT"),
+        nullable=True,
+    ),
+    CheckConstraint("version >= 1", name="version_positive"),
+    CheckConstraint(
+        "rolled_back_from IS NULL OR rolled_back_from < version", name="rollback_to_older"
+    ),
+)
+
+workload = Table(
+    "workload",
+    metadata,
+    _id(),
+    Column("status", String(16), nullable=False),
+    Column("status_reason", Text, nullable=True),
+    Column("labels", JSON, nullable=False),
+    Column("requested_priority", Integer, nullable=True),
+    # Demand in exact milli-units, one column per resource axis of the seed.
+    *(Column(key, BigInteger, nullable=False, server_default=text("0"))
+      for key in WORKLOAD_RESOURCES),
+    _time("submitted_at"),
+    _time("updated_at"),
+    Column("queue", String(255), nullable=True),
+    Column("priority", Integer, nullable=True),
+    Column(
+        "config_version",
+        Integer,
+        ForeignKey("config_version.version", ondelete="RESTRICT"),
+        nullable=True,
+    ),
+    Column("flavors", JSON(none_as_null=True), nullable=True),
+    _time("admitted_at", nullable=True),
+    _time("finished_at", nullable=True),
+    Column("preemptions", Integer, nullable=False, server_default=text("0")),
+    CheckConstraint(_one_of("status", WorkloadStatus), name="status"),
+    *(CheckConstraint(f"{key} >= 0", name=f"{key}_non_negative") for key in WORKLOAD_RESOURCES),
+    CheckConstraint("requested_priority IS NULL OR requested_priority >= 0",
+                    name="requested_priority_non_negative"),
+    # Admitted means a priority and a flavor per resource group (the queue is NULL when
+    # no scheduling rules exist: admitted with no quota).
+    CheckConstraint(
+        "status != 'admitted' OR (priority IS NOT NULL AND flavors IS NOT NULL "
+        "AND admitted_at IS NOT NULL)",
+        name="admitted_is_placed",
+    ),
+    CheckConstraint("preemptions >= 0", name="preemptions_non_negative"),
+    # Live workloads, in queue order: status IN (...) ORDER BY submitted_at, id.
+    Index(None, "status", "submitted_at", "id"),
 )

@@ -1,0 +1,164 @@
+"""HTTP routes of the scheduler config (seed 004): versions, workloads, queues.
+
+An invalid config answers every problem at once, each with its path: 422 when the document's
+shape is wrong, 400 when it is well formed but names a flavor or queue that does not exist
+(or changes an applied queue's spec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, params
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name
+from fairpool.frontends.config import MAX_PRIORITY, ConfigError, load_config, warnings
+from fairpool.scheduling import SchedulingService
+
+#: Characters of a config document (seed configs are a few KB), and the body limit of the
+#: routes that take one: JSON may spell each character as a 12-byte surrogate-pair escape.
+MAX_DOCUMENT = 60_000
+MAX_DOCUMENT_BODY = 12 * MAX_DOCUMENT + 1024
+Document = Annotated[str, StringConstraints(max_length=MAX_DOCUMENT)]
+WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
+Demand = int | float | Annotated[str, StringConstraints(max_length=40)]
+
+
+class ConfigBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    #: The YAML document, as a user writes it in a file.
+    document: Document
+
+
+class WorkloadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    labels: Annotated[dict[Key, LabelValue], Field(max_length=MAX_LABELS)] = {}
+    instance_type: Name | None = None
+    accelerator_type: Name | None = None
+    market_type: Name | None = None
+    cloud_resource_id: Name | None = None
+    workload_type: Name | None = None
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
+    demand: Annotated[dict[Key, Demand], Field(max_length=8)] = {}
+
+    def fields(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+def invalid_config(error: ConfigError) -> JSONResponse:
+    """Every problem, each with its path; 400 when all are references, else 422."""
+    status = 400 if all(issue.reference for issue in error.errors) else 422
+    return JSONResponse(
+        {
+            "detail": f"invalid scheduler config ({len(error.errors)} problems)",
+            "field": "document",
+            "errors": [issue.as_dict() for issue in error.errors],
+        },
+        status_code=status,
+    )
+
+
+def scheduling_router(
+    scheduling: SchedulingService, prefix: str, dependencies: Sequence[params.Depends]
+) -> APIRouter:
+    router = APIRouter(prefix=prefix, dependencies=dependencies)
+
+    @router.post("/config/validate", tags=["scheduler config"])
+    def validate_config(body: ConfigBody) -> JSONResponse:
+        """Validate a document without applying it: every error at once, with its path."""
+        try:
+            config = load_config(body.document)
+        except ConfigError as error:
+            return invalid_config(error)
+        return JSONResponse({
+            "valid": True,
+            "errors": [],
+            "warnings": [issue.as_dict() for issue in warnings(config)],
+        })
+
+    @router.post("/config", status_code=201, tags=["scheduler config"])
+    def apply_config(body: ConfigBody) -> JSONResponse:
+        """Apply a document as the new active version (identical content too)."""
+        try:
+            applied = scheduling.apply_config(body.document)
+        except ConfigError as error:
+            return invalid_config(error)
+        return JSONResponse(applied.as_dict(), status_code=201)
+
+    @router.get("/config", tags=["scheduler config"])
+    def get_config(
+        version: Annotated[int, Query(ge=1, le=2**31 - 1)] | None = None,
+    ) -> JSONResponse:
+        """A version (default: the active one); 404 before the first apply."""
+        found = scheduling.get_config(version)
+        if found is None:
+            return JSONResponse(
+                {"detail": "no scheduler config has been applied yet", "field": None},
+                status_code=404,
+            )
+        return JSONResponse(found.as_dict())
+
+    @router.get("/config/versions", tags=["scheduler config"])
+    def list_configs() -> JSONResponse:
+        """Every version, newest first."""
+        return JSONResponse({"items": [v.as_dict() for v in scheduling.list_configs()]})
+
+    @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
+    def diff_config(version: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+        """What applying ``version`` again would change, queue by queue."""
+        return JSONResponse({"version": version,
+                             "changes": list(scheduling.diff_config(version))})
+
+    @router.post("/config/versions/{version}/rollback", status_code=201,
+                 tags=["scheduler config"])
+    def rollback_config(version: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+        """Apply ``version`` again, as a new version."""
+        return JSONResponse(scheduling.rollback_config(version).as_dict(), status_code=201)
+
+    @router.post("/config/explain", tags=["scheduler config"])
+    def explain(body: WorkloadBody) -> JSONResponse:
+        """What a workload would get now (rule, queue, flavors, priority) and why not others;
+        nothing is stored."""
+        return JSONResponse(scheduling.explain(**body.fields()).as_dict())
+
+    @router.post("/workloads", status_code=201, tags=["workloads"])
+    def submit_workload(body: WorkloadBody) -> JSONResponse:
+        """Submit a workload; the answer carries the decision already made."""
+        return JSONResponse(scheduling.submit_workload(**body.fields()).as_dict(),
+                            status_code=201)
+
+    @router.get("/workloads", tags=["workloads"])
+    def list_workloads(
+        status: WorkloadStatus | None = None,
+        queue: Annotated[str, StringConstraints(max_length=255)] | None = None,
+    ) -> JSONResponse:
+        """Workloads in submission order, optionally by status and queue."""
+        views = scheduling.list_workloads(status=status, queue=queue)
+        return JSONResponse({"items": [v.as_dict() for v in views]})
+
+    @router.get("/workloads/{ref}", tags=["workloads"])
+    def get_workload(ref: Name) -> JSONResponse:
+        return JSONResponse(scheduling.get_workload(ref).as_dict())
+
+    @router.post("/workloads/{ref}/release", tags=["workloads"])
+    def release_workload(ref: Name) -> JSONResponse:
+        """The workload ended: its quota is free again."""
+        return JSONResponse(scheduling.release_workload(ref).as_dict())
+
+    @router.post("/workloads/{ref}/cancel", tags=["workloads"])
+    def cancel_workload(ref: Name) -> JSONResponse:
+        return JSONResponse(scheduling.cancel_workload(ref).as_dict())
+
+    @router.get("/queues", tags=["queues"])
+    def list_queues() -> JSONResponse:
+        """The active config's queues with usage against quota per flavor and resource."""
+        return JSONResponse({"items": [q.as_dict() for q in scheduling.list_queues()]})
+
+    @router.get("/queues/{name}", tags=["queues"])
+    def describe_queue(name: Name) -> JSONResponse:
+        return JSONResponse(scheduling.describe_queue(name).as_dict())
+
+    return router

@@ -1,0 +1,533 @@
+"""The scheduler config front-end as a service (seed 004): config versions, workloads, queues.
+
+Like ``fairpool.service``, each command is one write transaction: the change, then a pass
+(route every waiting workload under the active config, assign flavors, run the engine, store
+its decisions), so a submit answers with the decision already made. The pure parts live in
+``fairpool.frontends.config`` (validation) and ``fairpool.frontends.workloads`` (routing,
+flavors, compilation to the engine).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.frontends import workloads as wl
+from fairpool.frontends.config import (
+    ConfigError,
+    ConfigIssue,
+    SchedulerConfig,
+    load_config,
+    warnings,
+)
+from fairpool.frontends.config_diff import diff_configs
+from fairpool.store import scheduling as store
+from fairpool.store.db import Database
+from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
+
+_EMPTY = SchedulerConfig()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(document: str) -> SchedulerConfig:
+    """A stored version's config (it was valid when applied, so it parses again)."""
+    return load_config(document)
+
+
+# -- views -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    id: str
+    status: str
+    reason: str | None
+    queue: str | None
+    #: One flavor per resource group of its queue, once admitted.
+    flavors: tuple[str, ...]
+    priority: int | None
+    requested_priority: int | None
+    labels: dict[str, str]
+    #: Units as a user writes them ("0.5"), per resource axis.
+    demand: dict[str, str]
+    submitted_at: datetime
+    admitted_at: datetime | None
+    finished_at: datetime | None
+    config_version: int | None
+    preemptions: int
+    #: Queued: 1 = next in its queue (priority, then FIFO); None otherwise.
+    position: int | None = None
+    #: Why earlier rules and other flavors did not apply, one line each.
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("submitted_at", "admitted_at", "finished_at"):
+            data[key] = _iso(data[key])
+        data["flavors"] = list(self.flavors)
+        data["notes"] = list(self.notes)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainView:
+    """``fairpool config explain``: the decision a workload would get now, and why."""
+
+    status: str
+    #: Index of the scheduling rule that routes it (None: no rule, or no rules at all).
+    rule: int | None
+    queue: str | None
+    flavors: tuple[str, ...]
+    priority: int
+    reason: str
+    notes: tuple[str, ...]
+    config_version: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["flavors"] = list(self.flavors)
+        data["notes"] = list(self.notes)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigVersionView:
+    version: int
+    applied_at: datetime
+    active: bool
+    rolled_back_from: int | None
+    flavors: int
+    queues: int
+    rules: int
+    document: str = field(repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["applied_at"] = _iso(self.applied_at)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What ``apply`` and ``rollback`` did."""
+
+    version: ConfigVersionView
+    warnings: tuple[ConfigIssue, ...]
+    #: What changed from the version before, queue by queue (``diff_configs``).
+    changes: tuple[str, ...]
+    #: Admitted workloads whose queue (or flavor) the new version lacks: they keep running
+    #: and their usage counts against no quota until they end.
+    orphaned: tuple[str, ...]
+    #: Waiting workloads whose decision changed in the pass that followed.
+    admitted: tuple[str, ...]
+    failed: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version.as_dict(),
+            "warnings": [issue.as_dict() for issue in self.warnings],
+            "changes": list(self.changes),
+            "orphaned": list(self.orphaned),
+            "admitted": list(self.admitted),
+            "failed": list(self.failed),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    passthrough: bool
+    preemption: str
+    queued: int
+    admitted: int
+    usage: tuple[wl.QuotaUsage, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passthrough": self.passthrough,
+            "preemption": self.preemption,
+            "queued": self.queued,
+            "admitted": self.admitted,
+            "usage": [
+                {
+                    "flavor": row.flavor,
+                    "resource": row.resource,
+                    "used": wl.format_units(row.used_milli),
+                    "nominal_quota": None
+                    if row.nominal_quota_milli is None
+                    else wl.format_units(row.nominal_quota_milli),
+                    "workloads": row.workloads,
+                }
+                for row in self.usage
+            ],
+        }
+
+
+# -- the service -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """What a pass reads: the active config and the live workloads."""
+
+    version: ConfigVersion | None
+    config: SchedulerConfig
+    waiting: tuple[Workload, ...]
+    running: tuple[Workload, ...]
+
+    @classmethod
+    def load(cls, conn: Connection) -> _Live:
+        version = store.active_config_version(conn)
+        live = store.live_workloads(conn)
+        return cls(
+            version,
+            _EMPTY if version is None else _parsed(version.document),
+            tuple(w for w in live if w.status is WorkloadStatus.QUEUED),
+            tuple(w for w in live if w.status is WorkloadStatus.ADMITTED),
+        )
+
+    def outcome(self, now: datetime) -> wl.Outcome:
+        return wl.schedule(
+            self.config,
+            [_pure(w) for w in self.waiting],
+            [_running(w) for w in self.running],
+            now.timestamp(),
+        )
+
+
+def _pure(workload: Workload) -> wl.Workload:
+    return wl.Workload(
+        id=workload.id,
+        labels=workload.labels,
+        priority=workload.requested_priority,
+        demand=workload.demand,
+        submitted_at=workload.submitted_at.timestamp(),
+    )
+
+
+def _running(workload: Workload) -> wl.RunningWorkload:
+    assert workload.admitted_at is not None and workload.priority is not None
+    return wl.RunningWorkload(
+        _pure(workload),
+        wl.Admission(
+            workload.queue, workload.flavors, workload.priority, workload.admitted_at.timestamp()
+        ),
+    )
+
+
+class SchedulingService:
+    def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.db = db
+        self.clock = clock
+
+    # -- config versions ---------------------------------------------------------------------
+
+    def apply_config(self, document: str) -> Applied:
+        """Validate ``document`` and make it the new active version (identical content too)."""
+        config = load_config(document)
+        with self.db.write() as conn:
+            return self._apply(conn, document, config, None)
+
+    def rollback_config(self, version: int) -> Applied:
+        """Apply version ``version`` again, as a new version; history is never rewritten."""
+        with self.db.write() as conn:
+            old = store.get_config_version(conn, version)
+            return self._apply(conn, old.document, _parsed(old.document), old.version)
+
+    def get_config(self, version: int | None = None) -> ConfigVersionView | None:
+        """The given version, else the active one (None before the first apply)."""
+        with self.db.read() as conn:
+            active = store.active_config_version(conn)
+            if version is not None:
+                return self._version_view(store.get_config_version(conn, version), active)
+            return None if active is None else self._version_view(active, active)
+
+    def list_configs(self) -> list[ConfigVersionView]:
+        with self.db.read() as conn:
+            versions = store.list_config_versions(conn)
+        return [self._version_view(v, versions[0]) for v in versions]
+
+    def diff_config(self, version: int) -> tuple[str, ...]:
+        """What applying (rolling back to) ``version`` would change, queue by queue."""
+        with self.db.read() as conn:
+            target = store.get_config_version(conn, version)
+            active = store.active_config_version(conn)
+        current = _EMPTY if active is None else _parsed(active.document)
+        return diff_configs(current, _parsed(target.document))
+
+    def _apply(
+        self, conn: Connection, document: str, config: SchedulerConfig, rolled_back_from: int | None
+    ) -> Applied:
+        _check_queues_unchanged(conn, config)
+        before = _Live.load(conn)
+        version = store.insert_config_version(conn, document, self.clock(), rolled_back_from)
+        outcome = self._pass(conn)
+        orphaned = tuple(
+            w.id for w in before.running
+            if w.queue is not None and wl.admitted_queue(config, _running(w).admission) is None
+        )
+        return Applied(
+            self._version_view(version, version),
+            tuple(warnings(config)),
+            diff_configs(before.config, config),
+            orphaned,
+            tuple(i for i, d in outcome.decisions.items() if d.status is wl.Status.ADMITTED),
+            tuple(i for i, d in outcome.decisions.items() if d.status is wl.Status.REJECTED),
+        )
+
+    @staticmethod
+    def _version_view(version: ConfigVersion, active: ConfigVersion | None) -> ConfigVersionView:
+        config = _parsed(version.document)
+        return ConfigVersionView(
+            version.version,
+            version.applied_at,
+            active is not None and active.version == version.version,
+            version.rolled_back_from,
+            len(config.resource_flavors),
+            len(config.resource_queues),
+            len(config.scheduling_rules),
+            version.document,
+        )
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def submit_workload(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        demand: Mapping[str, object] | None = None,
+        **reserved: str | None,
+    ) -> WorkloadView:
+        """A new workload, routed and decided at once. ``reserved``: instance_type,
+        accelerator_type, market_type, cloud_resource_id, workload_type."""
+        now = self.clock()
+        checked = _validate(labels, priority, demand, reserved, now)
+        with self.db.write() as conn:
+            workload_id = store.insert_workload(
+                conn, checked.labels, checked.priority, checked.demand, now
+            )
+            outcome = self._pass(conn)
+            return self._view(store.get_workload(conn, workload_id), outcome)
+
+    def explain(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        priority: int | None = None,
+        demand: Mapping[str, object] | None = None,
+        **reserved: str | None,
+    ) -> ExplainView:
+        """What would happen to such a workload if submitted now (nothing is stored)."""
+        now = self.clock()
+        checked = _validate(labels, priority, demand, reserved, now)
+        with self.db.read() as conn:
+            live = _Live.load(conn)
+        decision = wl.explain(
+            live.config, checked, [_running(w) for w in live.running], now.timestamp()
+        )
+        return ExplainView(
+            decision.status.value,
+            decision.route.rule,
+            decision.route.queue,
+            decision.admission.flavors if decision.admission is not None else (),
+            decision.route.priority,
+            decision.reason,
+            decision.notes,
+            None if live.version is None else live.version.version,
+        )
+
+    def get_workload(self, ref: str) -> WorkloadView:
+        with self.db.read() as conn:
+            workload = store.get_workload(conn, ref)
+            live = _Live.load(conn) if workload.status is WorkloadStatus.QUEUED else None
+        return self._view(workload, None if live is None else live.outcome(self.clock()))
+
+    def list_workloads(
+        self, status: str | None = None, queue: str | None = None
+    ) -> list[WorkloadView]:
+        statuses = None
+        if status is not None:
+            try:
+                statuses = [WorkloadStatus(status)]
+            except ValueError:
+                raise InvalidInput(
+                    "status", status, f"must be one of {', '.join(s.value for s in WorkloadStatus)}"
+                ) from None
+        with self.db.read() as conn:
+            found = store.list_workloads(conn, statuses, queue)
+            live = _Live.load(conn)
+        outcome = live.outcome(self.clock()) if live.waiting else None
+        return [self._view(w, outcome) for w in found]
+
+    def release_workload(self, ref: str) -> WorkloadView:
+        """The workload ended: its quota is free for the next."""
+        return self._end(ref, WorkloadStatus.FINISHED, "finished: released by its holder",
+                         (WorkloadStatus.ADMITTED,))
+
+    def cancel_workload(self, ref: str) -> WorkloadView:
+        return self._end(ref, WorkloadStatus.CANCELLED, "cancelled by user",
+                         (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
+
+    def _end(
+        self, ref: str, status: WorkloadStatus, why: str, allowed: Sequence[WorkloadStatus]
+    ) -> WorkloadView:
+        with self.db.write() as conn:
+            workload = store.get_workload(conn, ref)
+            if workload.status not in allowed:
+                hint = ": use cancel" if workload.status is WorkloadStatus.QUEUED else ""
+                raise Conflict(f"workload {workload.id} is {workload.status.value}, not "
+                               f"{' or '.join(s.value for s in allowed)}{hint}")
+            store.update_workload(conn, workload.id, self.clock(), status=status,
+                                  status_reason=why)
+            outcome = self._pass(conn)
+            return self._view(store.get_workload(conn, workload.id), outcome)
+
+    def reconcile(self) -> wl.Outcome:
+        with self.db.write() as conn:
+            return self._pass(conn)
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def list_queues(self) -> list[QueueView]:
+        with self.db.read() as conn:
+            live = _Live.load(conn)
+        usage = wl.queue_usage(live.config, [_running(w) for w in live.running])
+        views = []
+        for queue in live.config.resource_queues:
+            policy = queue.preemption.within_resource_queue if queue.preemption else None
+            views.append(QueueView(
+                queue.name,
+                queue.is_passthrough,
+                policy.value if policy is not None else "never",
+                sum(1 for w in live.waiting if w.queue == queue.name),
+                sum(1 for w in live.running if w.queue == queue.name),
+                tuple(row for row in usage if row.queue == queue.name),
+            ))
+        return views
+
+    def describe_queue(self, name: str) -> QueueView:
+        for view in self.list_queues():
+            if view.name == name:
+                return view
+        raise NotFound(f"no resource queue named `{name}` in the active scheduler config")
+
+    # -- the pass ----------------------------------------------------------------------------
+
+    def _pass(self, conn: Connection) -> wl.Outcome:
+        now = self.clock()
+        live = _Live.load(conn)
+        outcome = live.outcome(now)
+        version = None if live.version is None else live.version.version
+        waiting = {w.id: w for w in live.waiting}
+        for eviction in outcome.evictions:
+            running = next(w for w in live.running if w.id == eviction.workload_id)
+            store.update_workload(
+                conn, running.id, now, status=WorkloadStatus.QUEUED,
+                status_reason=eviction.reason + "; requeued", admitted_at=None,
+                preemptions=running.preemptions + 1,
+            )
+        for workload_id, decision in outcome.decisions.items():
+            workload = waiting[workload_id]
+            values: dict[str, Any] = {
+                "queue": decision.route.queue,
+                "priority": decision.route.priority,
+                "config_version": version,
+                "status_reason": decision.reason,
+            }
+            if decision.status is wl.Status.ADMITTED:
+                assert decision.admission is not None
+                values.update(status=WorkloadStatus.ADMITTED, admitted_at=now,
+                              flavors=list(decision.admission.flavors))
+            elif decision.status is wl.Status.REJECTED:
+                failed = decision.route.failure is not None
+                values["status"] = WorkloadStatus.FAILED if failed else WorkloadStatus.REJECTED
+            elif all(getattr(workload, key) == value for key, value in values.items()):
+                continue  # still queued for the same reason: a long idle queue costs no writes
+            store.update_workload(conn, workload_id, now, **values)
+        return outcome
+
+    def _view(self, workload: Workload, outcome: wl.Outcome | None) -> WorkloadView:
+        decision = None if outcome is None else outcome.decisions.get(workload.id)
+        queued = decision is not None and workload.status is WorkloadStatus.QUEUED
+        return WorkloadView(
+            id=workload.id,
+            status=workload.status.value,
+            reason=workload.status_reason,
+            queue=workload.queue,
+            flavors=workload.flavors if workload.status is not WorkloadStatus.QUEUED else (),
+            priority=workload.priority,
+            requested_priority=workload.requested_priority,
+            labels=dict(workload.labels),
+            demand={key: wl.format_units(amount) for key, amount in workload.demand.items()},
+            submitted_at=workload.submitted_at,
+            admitted_at=workload.admitted_at,
+            finished_at=workload.finished_at,
+            config_version=workload.config_version,
+            preemptions=workload.preemptions,
+            position=decision.position if queued and decision is not None else None,
+            notes=decision.notes if decision is not None else (),
+        )
+
+
+def _validate(
+    labels: Mapping[str, str] | None,
+    priority: int | None,
+    demand: Mapping[str, object] | None,
+    reserved: Mapping[str, str | None],
+    now: datetime,
+) -> wl.Workload:
+    unknown = set(reserved) - {
+        "instance_type", "accelerator_type", "market_type", "cloud_resource_id", "workload_type"
+    }
+    if unknown:
+        raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
+    # Mappings of object: the validator accepts anything and names what is wrong.
+    given_labels: dict[object, object] = {}
+    given_labels.update(labels or {})
+    given_demand: dict[object, object] = {}
+    given_demand.update(demand or {})
+    return wl.validate_workload(
+        str(uuid.uuid4()),
+        labels=given_labels,
+        priority=priority,
+        demand=given_demand,
+        submitted_at=now.timestamp(),
+        **reserved,
+    )
+
+
+def _check_queues_unchanged(conn: Connection, config: SchedulerConfig) -> None:
+    """A queue's spec is immutable per name across versions: a changed one needs a new name."""
+    latest: dict[str, tuple[int, Any]] = {}
+    for version in reversed(store.list_config_versions(conn)):
+        for queue in _parsed(version.document).resource_queues:
+            latest[queue.name] = (version.version, queue)
+    problems = []
+    for index, queue in enumerate(config.resource_queues):
+        seen = latest.get(queue.name)
+        if seen is not None and seen[1] != queue:
+            problems.append(ConfigIssue(
+                f"resource_queues[{index}]",
+                f"queue {queue.name!r} differs from its spec in version {seen[0]}; a queue's "
+                "spec cannot change once applied: give the changed queue a new name",
+                reference=True,
+            ))
+    if problems:
+        raise ConfigError(problems)

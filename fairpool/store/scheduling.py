@@ -1,0 +1,141 @@
+"""Queries of the scheduler config front-end (seed 004): config versions and workloads.
+
+Like ``repo``: plain functions on the caller's transaction, returning frozen records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, update
+
+from fairpool.errors import NotFound
+from fairpool.store import schema
+from fairpool.store.records import (
+    WORKLOAD_RESOURCES,
+    ConfigVersion,
+    Workload,
+    WorkloadStatus,
+)
+from fairpool.store.repo import _new_id, _resolve_id
+from fairpool.store.schema import as_utc
+
+# -- config versions -------------------------------------------------------------------------
+
+
+def insert_config_version(
+    connection: Connection, document: str, now: datetime, rolled_back_from: int | None = None
+) -> ConfigVersion:
+    """The next version, active from now. Callers hold the write lock, so max + 1 is free."""
+    table = schema.config_version
+    latest = connection.scalar(select(func.max(table.c.version)))
+    version = ConfigVersion(
+        version=(latest or 0) + 1,
+        document=document,
+        applied_at=as_utc(now),
+        rolled_back_from=rolled_back_from,
+    )
+    connection.execute(
+        insert(table).values(
+            version=version.version,
+            document=document,
+            applied_at=version.applied_at,
+            rolled_back_from=rolled_back_from,
+        )
+    )
+    return version
+
+
+def active_config_version(connection: Connection) -> ConfigVersion | None:
+    """The newest version; None until a config was applied (everything passes through)."""
+    table = schema.config_version
+    row = connection.execute(
+        select(table).order_by(table.c.version.desc()).limit(1)
+    ).mappings().first()
+    return None if row is None else ConfigVersion.from_row(row)
+
+
+def get_config_version(connection: Connection, version: int) -> ConfigVersion:
+    table = schema.config_version
+    row = connection.execute(select(table).where(table.c.version == version)).mappings().first()
+    if row is None:
+        raise NotFound(f"no scheduler config version {version}")
+    return ConfigVersion.from_row(row)
+
+
+def list_config_versions(connection: Connection) -> list[ConfigVersion]:
+    """Every version, newest first."""
+    table = schema.config_version
+    rows = connection.execute(select(table).order_by(table.c.version.desc())).mappings()
+    return [ConfigVersion.from_row(row) for row in rows]
+
+
+# -- workloads -------------------------------------------------------------------------------
+
+
+def insert_workload(
+    connection: Connection,
+    labels: Mapping[str, str],
+    requested_priority: int | None,
+    demand: Mapping[str, int],
+    now: datetime,
+) -> str:
+    """A new queued workload, not yet routed; its id."""
+    now = as_utc(now)
+    workload_id = _new_id()
+    connection.execute(
+        insert(schema.workload).values(
+            id=workload_id,
+            status=WorkloadStatus.QUEUED.value,
+            labels=dict(labels),
+            requested_priority=requested_priority,
+            submitted_at=now,
+            updated_at=now,
+            **{key: demand.get(key, 0) for key in WORKLOAD_RESOURCES},
+        )
+    )
+    return workload_id
+
+
+def get_workload(connection: Connection, ref: str) -> Workload:
+    """The workload with id ``ref``, else the one whose id alone starts with ``ref``."""
+    table = schema.workload
+    workload_id = _resolve_id(connection, table, ref, "workload")
+    row = connection.execute(select(table).where(table.c.id == workload_id)).mappings().one()
+    return Workload.from_row(row)
+
+
+def list_workloads(
+    connection: Connection,
+    statuses: Iterable[WorkloadStatus] | None = None,
+    queue: str | None = None,
+) -> list[Workload]:
+    """Workloads in submission order, optionally only those in ``statuses`` / ``queue``."""
+    table = schema.workload
+    statement = select(table).order_by(table.c.submitted_at, table.c.id)
+    if statuses is not None:
+        statement = statement.where(table.c.status.in_([s.value for s in statuses]))
+    if queue is not None:
+        statement = statement.where(table.c.queue == queue)
+    return [Workload.from_row(row) for row in connection.execute(statement).mappings()]
+
+
+def live_workloads(connection: Connection) -> list[Workload]:
+    """Queued and admitted workloads: everything a pass looks at."""
+    return list_workloads(connection, (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
+
+
+def update_workload(connection: Connection, workload_id: str, now: datetime, **values: Any) -> None:
+    """Set columns of one workload (and its ``updated_at``)."""
+    table = schema.workload
+    if "status" in values and isinstance(values["status"], WorkloadStatus):
+        if values["status"].is_final:
+            values.setdefault("finished_at", as_utc(now))
+        values["status"] = values["status"].value
+    result = connection.execute(
+        update(table).where(table.c.id == workload_id).values(updated_at=as_utc(now), **values)
+    )
+    if result.rowcount == 0:
+        raise NotFound(f"no workload {workload_id!r}")

@@ -1,0 +1,247 @@
+"""The scheduler config as a service (seed 004): versions, workloads and queues on a real
+database, SQLite and PostgreSQL. The routing and flavor rules themselves are tested pure in
+``test_config_scenarios.py``; here: that the store keeps what the passes decide."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.frontends.config import ConfigError
+from fairpool.scheduling import SchedulingService
+from fairpool.store import schema
+from fairpool.store.db import Database
+from tests.test_service import Clock
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
+COMPLETE = (EXAMPLES / "complete.yaml").read_text()
+M5_CAP = (EXAMPLES / "m5-cap.yaml").read_text()
+RESERVATION = (EXAMPLES / "reservation.yaml").read_text()
+M5 = {"instance_type": "m5.2xlarge", "demand": {"cpu": 8, "memory_gb": 32}}
+
+
+@pytest.fixture
+def sched(database_url: str) -> Iterator[SchedulingService]:
+    db = Database.open(database_url)
+    yield SchedulingService(db, Clock())
+    db.close()
+
+
+def rows(sched: SchedulingService, table: str) -> int:
+    with sched.db.read() as conn:
+        return int(conn.execute(
+            select(func.count()).select_from(schema.metadata.tables[table])
+        ).scalar_one())
+
+
+# -- versions --------------------------------------------------------------------------------
+
+
+def test_versions_are_appended_and_rollback_applies_an_old_one_again(
+    sched: SchedulingService,
+) -> None:
+    assert sched.get_config() is None
+    assert sched.list_configs() == []
+    first = sched.apply_config(M5_CAP)
+    assert first.version.version == 1 and first.version.active
+    again = sched.apply_config(M5_CAP)  # identical content: a new version all the same
+    assert again.version.version == 2 and again.changes == ()
+    sched.apply_config(RESERVATION)
+    assert [v.version for v in sched.list_configs()] == [3, 2, 1]
+    assert [v.active for v in sched.list_configs()] == [True, False, False]
+    assert "+ queue q-m5-2xlarge-cap3: added" in sched.diff_config(1)
+    back = sched.rollback_config(1)
+    assert (back.version.version, back.version.rolled_back_from) == (4, 1)
+    active = sched.get_config()
+    assert active is not None and active.document == M5_CAP
+    old = sched.get_config(3)
+    assert old is not None and old.document == RESERVATION and not old.active
+    assert sched.diff_config(4) == ()
+    with pytest.raises(NotFound, match="no scheduler config version 9"):
+        sched.get_config(9)
+
+
+def test_an_invalid_config_writes_nothing(sched: SchedulingService) -> None:
+    with pytest.raises(ConfigError) as caught:
+        sched.apply_config("resource_queues: [{name: q, colour: red}]\nextra: 1\n")
+    assert {issue.path for issue in caught.value.errors} == {
+        "extra", "resource_queues[0].colour"
+    }
+    assert rows(sched, "config_version") == 0
+
+
+def test_a_queue_spec_cannot_change_under_the_same_name(sched: SchedulingService) -> None:
+    sched.apply_config(M5_CAP)
+    sched.apply_config("resource_queues: [{name: other}]\n")  # the cap queue is gone ...
+    changed = M5_CAP.replace("nominal_quota: 24", "nominal_quota: 32")
+    with pytest.raises(ConfigError) as caught:  # ... but its name stays bound to its spec
+        sched.apply_config(changed)
+    (issue,) = caught.value.errors
+    assert issue.path == "resource_queues[0]" and issue.reference
+    assert "version 1" in issue.message and "new name" in issue.message
+    assert rows(sched, "config_version") == 2
+    sched.apply_config(changed.replace("q-m5-2xlarge-cap3", "q-m5-2xlarge-cap4"))
+
+
+# -- workloads -------------------------------------------------------------------------------
+
+
+def test_without_a_config_every_workload_passes_through(sched: SchedulingService) -> None:
+    view = sched.submit_workload(demand={"gpu": 8})
+    assert (view.status, view.queue, view.config_version) == ("admitted", None, None)
+
+
+def test_the_m5_cap_admits_three_and_queues_the_fourth(sched: SchedulingService) -> None:
+    sched.apply_config(M5_CAP)
+    views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
+    assert [v.status for v in views] == ["admitted"] * 3 + ["queued"]
+    assert views[0].flavors == ("m5-2xlarge",) and views[0].priority == 50
+    assert views[3].position == 1 and "free 0 of nominal_quota 24" in (views[3].reason or "")
+    other = sched.submit_workload(instance_type="p4d.24xlarge", demand={"gpu": 8})
+    assert (other.status, other.queue) == ("admitted", "default")
+    (queue,) = [q for q in sched.list_queues() if q.name == "q-m5-2xlarge-cap3"]
+    assert (queue.admitted, queue.queued) == (3, 1)
+    assert {(u.resource, u.used_milli) for u in queue.usage} == {("cpu", 24_000),
+                                                                ("memory_gb", 96_000)}
+    released = sched.release_workload(views[0].id)
+    assert released.status == "finished" and released.finished_at is not None
+    assert sched.get_workload(views[3].id).status == "admitted"
+    with pytest.raises(Conflict, match="is finished"):
+        sched.release_workload(views[0].id)
+    cancelled = sched.cancel_workload(views[1].id[:8])  # by id prefix
+    assert cancelled.status == "cancelled"
+
+
+def test_reservation_rejects_what_no_flavor_matches(sched: SchedulingService) -> None:
+    sched.apply_config(RESERVATION)
+    wrong = sched.submit_workload(labels={"use-reservation": "true"}, instance_type="n2",
+                                  demand={"gpu": 8})
+    assert wrong.status == "rejected" and "no flavor matched" in (wrong.reason or "")
+    right = [sched.submit_workload(labels={"use-reservation": "true"},
+                                   instance_type="a4-highgpu-8g", demand={"gpu": 8})
+             for _ in range(11)]
+    assert [v.status for v in right].count("admitted") == 10  # 80 GPUs of quota
+    assert right[-1].status == "queued"
+
+
+def test_routing_fails_a_workload_no_rule_takes(sched: SchedulingService) -> None:
+    sched.apply_config(
+        "resource_queues: [{name: q}]\n"
+        "scheduling_rules:\n"
+        "  - {selector: [{key: team, operator: in, values: [a]}], resource_queue: q,\n"
+        "     priority_policy: {min: 0, max: 10, on_violation: reject}}\n"
+    )
+    failed = sched.submit_workload(labels={"team": "b"})
+    assert failed.status == "failed" and "no scheduling rule matched" in (failed.reason or "")
+    refused = sched.submit_workload(labels={"team": "a"}, priority=11)
+    assert refused.status == "failed"
+    assert refused.notes == (
+        "scheduling_rules[0]: priority 11 is outside [0, 10] (on_violation: reject), "
+        "falls through",
+    )
+
+
+def test_lower_priority_workloads_are_preempted_and_requeued(sched: SchedulingService) -> None:
+    sched.apply_config(COMPLETE)
+    research = {"labels": {"team": "research"}, "demand": {"gpu": 8, "cpu": 64}}
+    low = [sched.submit_workload(priority=10, **research) for _ in range(2)]  # 16 of 16 GPUs
+    assert [v.flavors for v in low] == [("research_gpu_pool",)] * 2
+    high = sched.submit_workload(priority=90, **research)
+    assert high.status == "admitted", high.reason
+    victim = sched.get_workload(low[1].id)  # the most recently admitted goes first
+    assert victim.status == "queued" and victim.preemptions == 1
+    assert high.id in (victim.reason or "")
+    assert sched.get_workload(low[0].id).status == "admitted"
+
+
+def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
+    sched: SchedulingService,
+) -> None:
+    sched.apply_config(M5_CAP)
+    views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
+    applied = sched.apply_config("resource_queues: [{name: default}]\n"
+                                 "scheduling_rules: [{resource_queue: default}]\n")
+    assert set(applied.orphaned) == {v.id for v in views[:3]}
+    assert applied.admitted == (views[3].id,)  # routed again: now to the passthrough queue
+    assert sched.get_workload(views[0].id).status == "admitted"
+
+
+def test_bad_workloads_are_refused_before_anything_is_written(sched: SchedulingService) -> None:
+    with pytest.raises(InvalidInput, match=r"labels\.instance-type"):
+        sched.submit_workload(labels={"instance-type": "m5.2xlarge"})
+    with pytest.raises(InvalidInput, match=r"demand\.gpu"):
+        sched.submit_workload(demand={"gpu": "0.0001"})
+    with pytest.raises(InvalidInput, match="status"):
+        sched.list_workloads(status="bogus")
+    assert rows(sched, "workload") == 0
+
+
+def test_admitted_usage_never_exceeds_a_quota(sched: SchedulingService) -> None:
+    """Random submits, releases and cancels (seeded); after each, every quota holds."""
+    sched.apply_config(COMPLETE)
+    rng = random.Random(4)
+    live: list[str] = []
+    for _ in range(40):
+        roll = rng.random()
+        if roll < 0.6 or not live:
+            labels = {"team": rng.choice(["research", "infra"])}
+            spot = rng.random() < 0.5
+            view = sched.submit_workload(
+                labels=labels, priority=rng.randrange(0, 101) if labels["team"] == "research"
+                else None, accelerator_type="A100" if spot else None,
+                market_type="SPOT" if spot else None,
+                demand={"gpu": rng.choice([1, 4, 8]), "cpu": rng.choice([8, 32])},
+            )
+            live.append(view.id)
+        else:
+            ref = live.pop(rng.randrange(len(live)))
+            if sched.get_workload(ref).status == "admitted":
+                sched.release_workload(ref)
+            else:
+                sched.cancel_workload(ref)
+        for queue in sched.list_queues():
+            for usage in queue.usage:
+                if usage.nominal_quota_milli is not None:
+                    assert usage.used_milli <= usage.nominal_quota_milli, usage
+    admitted = sched.list_workloads(status="admitted", queue="ml_training")
+    gpus = sum(Decimal(v.demand.get("gpu", "0")) for v in admitted)
+    assert gpus <= 64 + 16
+
+
+# -- the CLI, in a subprocess ----------------------------------------------------------------
+
+
+def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    from tests.test_cli import assert_one_error, db_dump, fairpool
+
+    home = tmp_path / "home"
+    fairpool(home, "config", "apply", "-f", str(EXAMPLES / "m5-cap.yaml"), "--yes").ok()
+    before = db_dump(home)
+    aborted = fairpool(home, "config", "apply", "-f", str(EXAMPLES / "complete.yaml"), input="n\n")
+    assert aborted.code == 1 and "Aborted" in aborted.err
+    assert_one_error(fairpool(home, "workload", "submit", "--label", "market-type=SPOT"),
+                     "labels.market-type", "reserved")
+    assert_one_error(fairpool(home, "workload", "submit", "--gpu", "-1"), "demand.gpu", "-1")
+    assert_one_error(fairpool(home, "workload", "submit", "--label", "novalue"), "label",
+                     "KEY=VALUE")
+    assert_one_error(fairpool(home, "config", "rollback", "--version", "5", "--yes"),
+                     "version 5")
+    invalid = fairpool(home, "config", "apply", "-f", "-", "--yes",
+                       input="resource_queues: [{name: q, resource_groups: [{}]}]\nx: 1\n")
+    assert invalid.code == 1 and invalid.out == ""
+    assert invalid.err_lines[0].startswith("Error: - is not a valid scheduler config (")
+    assert "x: unknown key" in invalid.err
+    assert "resource_queues[0].resource_groups[0].covered_resources" in invalid.err
+    assert db_dump(home) == before
+    failed = fairpool(home, "config", "apply", "-f", "-", "--yes",
+                      input="resource_queues: [{name: q}]\nscheduling_rules:\n"
+                      "  - {selector: [{key: team, operator: exists}], resource_queue: q}\n")
+    assert failed.code == 0, failed.err
+    result = fairpool(home, "workload", "submit", "--gpu", "1", "-o", "json")
+    assert result.code == 1 and result.json["status"] == "failed"
