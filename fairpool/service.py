@@ -479,8 +479,8 @@ class Service:
             request = repo.get_request(conn, ref)
             # A lease that ran out is not revived; no full pass here: heartbeats are frequent,
             # and the next pass (the server's tick, any command) grants what expiry freed.
-            self._expire_leases(conn, PassSummary())
-            request = repo.get_request(conn, request.id)
+            if self._expire_leases(conn, _State.load(conn), PassSummary()):
+                request = repo.get_request(conn, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 now = self.clock()
                 repo.renew_lease(conn, request.id, now + timedelta(seconds=request.lease_ttl))
@@ -634,10 +634,11 @@ class Service:
         started = time.perf_counter()
         summary = PassSummary()
         waiting = 0
-        self._expire_leases(conn, summary)
         for _ in range(_MAX_PASSES):
             now = self.clock()
             state = _State.load(conn)
+            if self._expire_leases(conn, state, summary):
+                state = _State.load(conn)  # rare: the expired holders' units are free now
             snapshot = state.snapshot(now)
             plan = reconcile(snapshot)
             retried = self._apply(conn, state, snapshot, plan, now, summary)
@@ -656,16 +657,22 @@ class Service:
         )
         return _Passed(result, state, plan)
 
-    def _expire_leases(self, conn: Connection, summary: PassSummary) -> None:
+    def _expire_leases(self, conn: Connection, state: _State, summary: PassSummary) -> bool:
+        """Release the live allocations whose lease ran out; whether there were any."""
         now = self.clock()
-        for allocation in repo.expired_leases(conn, now):
-            request = repo.get_request(conn, allocation.request_id)
+        expired = [
+            a for a in state.allocations.values()
+            if a.lease_expires_at is not None and a.lease_expires_at < now
+        ]
+        for allocation in expired:
+            request = state.holders[allocation.request_id]
             why = f"lease expired: no heartbeat for {request.lease_ttl} s; units returned"
             repo.release_allocation(conn, request.id, now)
             repo.set_request_status(conn, request.id, RequestStatus.RELEASED, why, now)
             repo.insert_event(conn, "lease_expired", why, now, request_id=request.id,
                               pool_id=allocation.pool_id)
             summary.expired.append(request.id)
+        return bool(expired)
 
     def _apply(
         self,
@@ -880,7 +887,7 @@ class Service:
         pool_state: str | None = None,
     ) -> RequestView:
         owner = components[request.component_id]
-        allocation = repo.get_allocation(conn, request.id)
+        allocation, retried_as_id = repo.allocation_and_retry(conn, request.id)
         queue = tuple(
             QueuePlace(
                 e.queue.removeprefix("pool "),
@@ -902,7 +909,7 @@ class Service:
             max_retries=request.max_retries,
             attempt=request.attempt,
             previous_attempt_id=request.previous_attempt_id,
-            retried_as_id=repo.retry_of(conn, request.id),
+            retried_as_id=retried_as_id,
             preempted_by_id=request.preempted_by_id,
             labels=dict(request.labels),
             pool=allocation.pool_name if allocation else None,

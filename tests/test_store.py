@@ -379,13 +379,13 @@ def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) ->
         with pytest.raises(NotFound):
             repo.set_request_reason(connection, "nope", None, NOW)
 
-        assert repo.get_allocation(connection, first.id) is None
+        assert repo.allocation_and_retry(connection, first.id) == (None, None)
         allocation = repo.insert_allocation(connection, first.id, pool_id, None, "gpus", 0, at(2))
-        assert repo.get_allocation(connection, first.id) == allocation
+        assert repo.allocation_and_retry(connection, first.id) == (allocation, None)
         repo.release_allocation(connection, first.id, at(3))
-        assert repo.get_allocation(connection, first.id) == replace(allocation, released_at=at(3))
+        released = replace(allocation, released_at=at(3))
+        assert repo.allocation_and_retry(connection, first.id) == (released, None)
 
-        assert repo.retry_of(connection, first.id) is None
         retry = repo.insert_request(
             connection,
             component_id,
@@ -395,8 +395,8 @@ def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) ->
             attempt=2,
             previous_attempt_id=first.id,
         )
-        assert repo.retry_of(connection, first.id) == retry.id
-        assert repo.retry_of(connection, retry.id) is None
+        assert repo.allocation_and_retry(connection, first.id) == (released, retry.id)
+        assert repo.allocation_and_retry(connection, retry.id) == (None, None)
 
 
 def test_list_requests_filters_and_pages(db: Database, component_id: str) -> None:

@@ -3,7 +3,8 @@
 Functions never open or commit transactions; the caller's ``Database.read()`` or
 ``Database.write()`` block decides what is atomic. Lists load their resource maps with one
 extra query for the whole list, never one per record. Lookups raise ``NotFound`` (except
-``get_allocation``: most requests have none), and so do updates and deletes of a missing row.
+``allocation_and_retry``: most requests have no allocation), and so do updates and deletes of
+a missing row.
 """
 
 from __future__ import annotations
@@ -451,6 +452,9 @@ def find_request_by_key(connection: Connection, key: str) -> str | None:
 def get_request(connection: Connection, ref: str) -> Request:
     """The request with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.request
+    found = _requests(connection, select(table).where(table.c.id == ref))
+    if found:  # the common case, a whole id: no separate lookup
+        return found[0]
     request_id = _resolve_id(connection, table, ref, "request")
     return _requests(connection, select(table).where(table.c.id == request_id))[0]
 
@@ -556,10 +560,26 @@ def set_request_reason(
     _update(connection, schema.request, request_id, "request", status_reason=reason, updated_at=now)
 
 
-def retry_of(connection: Connection, request_id: str) -> str | None:
-    """The id of the request that retries ``request_id``, if one was made."""
-    table = schema.request
-    return connection.scalar(select(table.c.id).where(table.c.previous_attempt_id == request_id))
+def allocation_and_retry(
+    connection: Connection, request_id: str
+) -> tuple[Allocation | None, str | None]:
+    """In one query: the request's allocation (live or released, None if it never had one)
+    and the id of the request that retries it (None if none was made)."""
+    allocation, retry = schema.allocation, schema.request.alias("retry")
+    request = schema.request
+    row = connection.execute(
+        select(allocation, retry.c.id.label("retried_as_id"))
+        .select_from(
+            request.outerjoin(allocation, allocation.c.request_id == request.c.id).outerjoin(
+                retry, retry.c.previous_attempt_id == request.c.id
+            )
+        )
+        .where(request.c.id == request_id)
+    ).mappings().first()
+    if row is None:
+        return None, None
+    held = Allocation.from_row(row) if row["request_id"] is not None else None
+    return held, row["retried_as_id"]
 
 
 def delete_request(connection: Connection, request_id: str) -> None:
@@ -615,15 +635,6 @@ def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -
     _check_found(result.rowcount, "live allocation for request", request_id)
 
 
-def expired_leases(connection: Connection, now: datetime) -> list[Allocation]:
-    """Live allocations whose lease ran out before ``now``."""
-    table = schema.allocation
-    statement = select(table).where(
-        table.c.released_at.is_(None), table.c.lease_expires_at < as_utc(now)
-    )
-    return [Allocation.from_row(row) for row in connection.execute(statement).mappings()]
-
-
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
     """Give the request's units back; NotFound unless it holds a live allocation."""
     table = schema.allocation
@@ -633,14 +644,6 @@ def release_allocation(connection: Connection, request_id: str, now: datetime) -
         .values(released_at=now)
     )
     _check_found(result.rowcount, "live allocation for request", request_id)
-
-
-def get_allocation(connection: Connection, request_id: str) -> Allocation | None:
-    """The request's allocation, live or released; None if it never had one."""
-    table = schema.allocation
-    statement = select(table).where(table.c.request_id == request_id)
-    row = connection.execute(statement).mappings().first()
-    return None if row is None else Allocation.from_row(row)
 
 
 def live_allocations(connection: Connection, pool_id: str | None = None) -> list[Allocation]:
