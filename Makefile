@@ -19,6 +19,7 @@ test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+	bash tests/zenml/run.sh
 
 bench: $(BIN)/fairpool
 	$(BIN)/python benchmarks/engine.py

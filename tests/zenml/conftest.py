@@ -1,0 +1,97 @@
+"""Helpers for the ZenML integration tests: every test gets its own ZenML config directory
+(ZENML_CONFIG_PATH, so nothing touches ~/.config/zenml) and runs ZenML in subprocesses, as a
+user would. The tests need ZenML installed (``tests/zenml/run.sh`` makes that environment);
+without it they are skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+SCENARIOS = HERE / "scenarios.py"
+SOURCE = "fairpool.integrations.zenml.store.FairpoolResourcePools"
+
+
+def zenml_bin() -> str:
+    return str(Path(sys.executable).parent / "zenml")
+
+
+class ZenML:
+    """One isolated ZenML installation: a config directory and a working directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cwd = root / "work"
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SCENARIOS, self.cwd / "scenarios.py")
+        self.env = {
+            **os.environ,
+            "ZENML_CONFIG_PATH": str(root / "config"),
+            "ZENML_ANALYTICS_OPT_IN": "false",
+            "ZENML_AUTO_OPEN_DASHBOARD": "false",
+            "ZENML_LOGGING_COLORS_DISABLED": "true",
+            "ZENML_ENABLE_RICH_TRACEBACK": "false",
+            "ZENML_DEFAULT_OUTPUT": "table",
+            "COLUMNS": "200",
+        }
+        self.env.pop("ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE", None)
+
+    def scenario(
+        self, name: str, *, server: bool = False, extra_env: Mapping[str, str] | None = None,
+        events: str = "events.jsonl", timeout: float = 300,
+    ) -> dict[str, Any]:
+        args = [sys.executable, "scenarios.py", name, *(["--server"] if server else [])]
+        env = {**self.env, "SCENARIO_EVENTS": str(self.cwd / events), **(extra_env or {})}
+        done = subprocess.run(
+            args, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("RESULT "):
+                result: dict[str, Any] = json.loads(line[len("RESULT "):])
+                result["log"] = done.stdout + done.stderr
+                for other in ("STACKS ",):
+                    for extra in done.stdout.splitlines():
+                        if extra.startswith(other):
+                            result[other.strip().lower()] = json.loads(extra[len(other):])
+                return result
+        raise AssertionError(
+            f"scenario {name} printed no result (exit {done.returncode}):\n"
+            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
+
+    def cli(self, *args: str, check: bool = True, env: Mapping[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [zenml_bin(), *args], cwd=self.cwd, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=180,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"zenml {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+            )
+        return done
+
+    def say(self, *args: str) -> str:
+        """A command's whole output (ZenML prints messages on stderr), whitespace collapsed."""
+        done = self.cli(*args)
+        return " ".join((done.stdout + done.stderr).split())
+
+    def cli_json(self, *args: str) -> Any:
+        out = self.cli(*args, "-o", "json").stdout
+        if "{" not in out:  # an empty page prints its "nothing found" message instead
+            return {"items": []}
+        return json.loads(out[out.index("{"):])
+
+
+@pytest.fixture
+def zenml_home(tmp_path: Path) -> ZenML:
+    return ZenML(tmp_path)

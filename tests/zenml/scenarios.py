@@ -1,0 +1,251 @@
+"""Real ZenML pipelines for the integration tests, run as a user would: a separate process.
+
+    python scenarios.py SCENARIO [--server]
+
+Without ``--server`` the process plugs fairpool into its in-process (local SQLite) store with
+``enable()``; with it, the client talks to a ZenML server that loaded fairpool from
+``ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE``. The scenario's findings are printed as
+one JSON line prefixed ``RESULT `` (ZenML's logs go around it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from zenml import pipeline, step
+from zenml.client import Client
+from zenml.config import ResourceSettings
+from zenml.config.retry_config import StepRetryConfig
+from zenml.enums import ResourceRequestStatus
+from zenml.models import ResourceRequestFilter
+
+EVENTS = os.environ.get("SCENARIO_EVENTS", "events.jsonl")
+
+
+def record(**event: Any) -> None:
+    event["t"] = time.time()
+    with open(EVENTS, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def requests() -> list[Any]:
+    page = Client().zen_store.list_resource_requests(ResourceRequestFilter(size=100), hydrate=True)
+    return sorted(page.items, key=lambda r: r.created)
+
+
+def wait_for_pending(count: int, timeout: float = 60.0) -> list[Any]:
+    """Poll until ``count`` requests are pending (queued behind this step)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pending = [r for r in requests() if r.status == ResourceRequestStatus.PENDING]
+        if len(pending) >= count:
+            return pending
+        time.sleep(0.2)
+    raise TimeoutError(f"{count} pending request(s) never showed up")
+
+
+GPU1 = {"resources": ResourceSettings(gpu_count=1)}
+
+
+@step(settings=GPU1)
+def hold(name: str, seconds: float, watch_pending: int = 0) -> str:
+    """Holds one GPU for ``seconds``. With ``watch_pending``, first waits until that many
+    requests queue behind it and records what ZenML shows for them."""
+    record(step=name, at="start")
+    if watch_pending:
+        pending = wait_for_pending(watch_pending)
+        pool = Client().get_resource_pool("gpus", hydrate=True)
+        record(
+            step=name,
+            at="saw_queue",
+            pending=[{"status": r.status.value, "reason": r.status_reason} for r in pending],
+            queue_length=pool.queue_length,
+            occupied=pool.occupied_resources,
+            queued=[str(q.request.id) for q in pool.queued_requests],
+            active=[str(a.request.id) for a in pool.active_requests],
+        )
+    time.sleep(seconds)
+    record(step=name, at="end")
+    return name
+
+
+@step(settings={"resources": ResourceSettings(gpu_count=3)})
+def greedy() -> None:
+    record(step="greedy", at="start")
+
+
+@step(settings={"resources": ResourceSettings(gpu_count=3)}, retry=StepRetryConfig(max_retries=1))
+def greedy_retried() -> None:
+    record(step="greedy_retried", at="start")
+
+
+@step(settings=GPU1)
+def plain() -> int:
+    return 1
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def queue_three() -> None:
+    """Pool of 2 GPUs: two steps run, the third queues until one ends."""
+    a = hold.submit("a", 4.0, 1, id="a")
+    b = hold.submit("b", 4.0, 0, id="b")
+    c = hold.submit("c", 0.5, 0, id="c")
+    a.result()
+    b.result()
+    c.result()
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def two_on_one() -> None:
+    """Pool of 1 GPU: the second step runs after the first."""
+    a = hold.submit("a", 3.0, 0, id="a")
+    b = hold.submit("b", 0.5, 0, id="b")
+    a.result()
+    b.result()
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def too_big() -> None:
+    greedy()
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def too_big_retried() -> None:
+    greedy_retried()
+
+
+@pipeline(dynamic=False, enable_cache=False)
+def static_pipeline() -> None:
+    plain()
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def long_one() -> None:
+    hold("long", float(os.environ.get("SCENARIO_LONG_SECONDS", "8")), 0)
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def short_one() -> None:
+    hold("short", 0.5, 0)
+
+
+def setup(capacity: int, reserved: int, limit: int, priority: int = 10) -> None:
+    client = Client()
+    pool = client.create_resource_pool("gpus", {"gpu": capacity})
+    client.create_resource_pool_subject_policy(
+        component_id=client.active_stack.orchestrator.id,
+        pool_id=pool.id,
+        priority=priority,
+        reserved={"gpu": reserved},
+        limit={"gpu": limit},
+    )
+
+
+def setup_preemption() -> None:
+    """Two local orchestrators on one 1-GPU pool: ``low`` borrows (priority 1, reserved 0),
+    ``high`` owns the GPU (priority 10, reserved 1). Their stacks are chosen per process with
+    ZENML_ACTIVE_STACK_ID."""
+    from zenml.enums import StackComponentType
+
+    client = Client()
+    pool = client.create_resource_pool("gpus", {"gpu": 1})
+    artifact_store = client.active_stack.artifact_store
+    stacks = {}
+    for name, priority, reserved in (("low", 1, 0), ("high", 10, 1)):
+        orchestrator = client.create_stack_component(
+            name=name, flavor="local", component_type=StackComponentType.ORCHESTRATOR,
+            configuration={},
+        )
+        stack = client.create_stack(
+            name=f"{name}-stack",
+            components={
+                StackComponentType.ORCHESTRATOR: str(orchestrator.id),
+                StackComponentType.ARTIFACT_STORE: str(artifact_store.id),
+            },
+        )
+        stacks[name] = str(stack.id)
+        client.create_resource_pool_subject_policy(
+            component_id=orchestrator.id, pool_id=pool.id, priority=priority,
+            reserved={"gpu": reserved}, limit={"gpu": 1},
+        )
+    print("STACKS " + json.dumps(stacks), flush=True)
+
+
+def run(pipeline_fn: Any) -> str | None:
+    """Run a pipeline; the error text when it fails."""
+    try:
+        pipeline_fn()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def summary() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": str(r.id),
+            "status": r.status.value,
+            "reason": r.status_reason,
+            "resources": r.requested_resources,
+            "step": r.step_run.name if r.step_run else None,
+            "step_status": r.step_run.status.value if r.step_run else None,
+            "step_version": r.step_run.version if r.step_run else None,
+        }
+        for r in requests()
+    ]
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    if "--server" not in sys.argv:
+        from fairpool.integrations.zenml import enable
+
+        enable()
+    open(EVENTS, "w").close()
+    error: str | None = None
+    if scenario == "queue_three":
+        setup(capacity=2, reserved=2, limit=2)
+        error = run(queue_three)
+    elif scenario == "two_on_one":
+        setup(capacity=1, reserved=1, limit=1)
+        error = run(two_on_one)
+    elif scenario == "too_big":
+        setup(capacity=4, reserved=1, limit=2)
+        error = run(too_big)
+    elif scenario == "too_big_retried":
+        setup(capacity=4, reserved=1, limit=2)
+        error = run(too_big_retried)
+    elif scenario == "static":
+        setup(capacity=1, reserved=1, limit=1)
+        error = run(static_pipeline)
+    elif scenario == "too_big_server":
+        error = run(too_big)
+    elif scenario == "preempt_setup":
+        setup_preemption()
+    elif scenario in ("long", "short"):
+        # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
+        error = run(long_one if scenario == "long" else short_one)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    with open(EVENTS) as f:
+        events = [json.loads(line) for line in f]
+    steps = Client().list_run_steps(size=100, sort_by="created").items
+    result = {
+        "error": error,
+        "events": events,
+        "requests": summary(),
+        "step_runs": [
+            {"name": s.name, "status": s.status.value, "version": s.version,
+             "has_request": s.resource_request is not None}
+            for s in steps
+        ],
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Real ZenML dynamic pipelines on the stock local orchestrator, with fairpool plugged into the
+in-process (local SQLite) store by ``enable()``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("zenml.zen_stores.resource_pools.store_interface")
+
+from tests.zenml.conftest import ZenML
+
+
+def interval(events: list[dict[str, Any]], step: str) -> tuple[float, float]:
+    start = next(e["t"] for e in events if e["step"] == step and e["at"] == "start")
+    end = next(e["t"] for e in events if e["step"] == step and e["at"] == "end")
+    return start, end
+
+
+def test_steps_queue_behind_a_full_pool_and_run_when_units_free(zenml_home: ZenML) -> None:
+    result = zenml_home.scenario("queue_three")
+    assert result["error"] is None, result["log"][-3000:]
+    events = result["events"]
+    # While a and b hold both GPUs, c waits: ZenML shows it pending with fairpool's reason,
+    # in the pool's queue, and the pool's occupied units.
+    seen = next(e for e in events if e["at"] == "saw_queue")
+    assert seen["pending"] == [{
+        "status": "pending",
+        "reason": "waiting: policy default on gpus: gpu requested 1, in use 2 of limit 2",
+    }]
+    assert seen["queue_length"] == 1
+    assert seen["occupied"] == {"gpu": 2}
+    assert len(seen["active"]) == 2 and len(seen["queued"]) == 1
+    # c starts only after one of a and b has ended.
+    c_start, _ = interval(events, "c")
+    assert c_start >= min(interval(events, "a")[1], interval(events, "b")[1])
+    # Every request was released when its step completed; `step_run: 1` was added by ZenML.
+    assert [(r["status"], r["step_status"]) for r in result["requests"]] == [
+        ("released", "completed")
+    ] * 3
+    assert all(r["resources"] == {"gpu": 1, "step_run": 1} for r in result["requests"])
+    assert "Waiting for resource request" in result["log"]
+
+
+def test_two_concurrent_steps_on_one_gpu_run_one_after_the_other(zenml_home: ZenML) -> None:
+    result = zenml_home.scenario("two_on_one")
+    assert result["error"] is None, result["log"][-3000:]
+    a = interval(result["events"], "a")
+    b = interval(result["events"], "b")
+    assert a[1] <= b[0] or b[1] <= a[0], f"the steps overlapped: a={a} b={b}"
+    assert [r["status"] for r in result["requests"]] == ["released", "released"]
+
+
+def test_a_step_over_its_policy_limit_fails_with_fairpools_reason(zenml_home: ZenML) -> None:
+    result = zenml_home.scenario("too_big")
+    reason = "policy default on gpus: gpu requested 3 > limit 2"
+    assert result["error"] is not None
+    assert "was rejected: " + reason in result["error"]
+    assert result["events"] == []  # the step body never ran
+    [request] = result["requests"]
+    assert (request["status"], request["reason"], request["step_status"]) == (
+        "rejected", reason, "failed"
+    )
+
+
+def test_retries_are_zenmls_one_request_per_attempt(zenml_home: ZenML) -> None:
+    """StepRetryConfig(max_retries=1): ZenML makes a second step run, which gets its own
+    request; fairpool adds no retry of its own."""
+    result = zenml_home.scenario("too_big_retried")
+    assert "was rejected" in (result["error"] or "")
+    assert [(r["status"], r["step_version"]) for r in result["requests"]] == [
+        ("rejected", 1), ("rejected", 2)
+    ]
+    assert [s["version"] for s in result["step_runs"]] == [1, 2]
+    assert result["step_runs"][0]["status"] == "retried"
+
+
+def test_static_pipelines_make_no_requests_and_release_is_a_no_op(zenml_home: ZenML) -> None:
+    result = zenml_home.scenario("static")
+    assert result["error"] is None, result["log"][-3000:]
+    assert result["requests"] == []
+    assert [(s["status"], s["has_request"]) for s in result["step_runs"]] == [
+        ("completed", False)
+    ]
+
+
+def test_preemption_on_the_local_orchestrator(zenml_home: ZenML) -> None:
+    """A higher-priority owner preempts a borrower: the victim's request becomes preempting
+    and its step run CANCELLING at once. The stock local orchestrator cannot interrupt an
+    inline step, so the victim keeps its GPU until its step ends (never two holders of one
+    GPU), is then marked preempted and its step cancelled; the preemptor runs after it."""
+    import subprocess
+    import sys
+
+    setup = zenml_home.scenario("preempt_setup")
+    stacks = setup["stacks"]
+    low_events = zenml_home.cwd / "low.jsonl"
+    low = subprocess.Popen(
+        [sys.executable, "scenarios.py", "long"], cwd=zenml_home.cwd,
+        env={**zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+             "SCENARIO_EVENTS": str(low_events)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (low_events.exists() and "start" in low_events.read_text()):
+            assert time.time() < deadline and low.poll() is None, "the long step never started"
+            time.sleep(0.2)
+        high = zenml_home.scenario(
+            "short", extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]}, events="high.jsonl"
+        )
+        low_out, _ = low.communicate(timeout=120)
+    finally:
+        if low.poll() is None:
+            low.kill()
+    assert high["error"] is None, high["log"][-3000:]
+    low_result = next(
+        __import__("json").loads(line[7:]) for line in low_out.splitlines()
+        if line.startswith("RESULT ")
+    )
+    victim, preemptor = low_result["requests"][0], high["requests"][1]
+    assert victim["status"] == "preempted"
+    assert victim["reason"].startswith(f"preempted by request {preemptor['id']} on pool gpus")
+    assert "(priority 10 > 1)" in victim["reason"]
+    assert victim["step_status"] == "cancelled"
+    assert preemptor["status"] == "released" and preemptor["step_status"] == "completed"
+    # The victim ran to its end (no interruption on this flavor); the preemptor after it.
+    _, long_end = interval(low_result["events"], "long")
+    short_start, _ = interval(high["events"], "short")
+    assert short_start >= long_end
+    assert "Cancelling steps can not be transitioned" in (low_result["error"] or "")

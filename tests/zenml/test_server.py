@@ -1,0 +1,146 @@
+"""The stock ``zenml resource-pool`` / ``zenml resource-request`` CLIs against a local ZenML
+server (``zenml login --local``, 127.0.0.1 only) started with
+ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE pointing at fairpool."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("zenml.zen_stores.resource_pools.store_interface")
+
+from tests.zenml.conftest import SOURCE, ZenML
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZenML]:
+    home = ZenML(tmp_path_factory.mktemp("zenml-server"))
+    home.cli(
+        "login", "--local", "--ip-address", "127.0.0.1", "--port", str(free_port()),
+        env={"ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE": SOURCE},
+    )
+    try:
+        yield home
+    finally:
+        home.cli("logout", "--local", check=False)
+
+
+def wait_for(path: Path, text: str, process: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.time() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.2)
+
+
+def test_cli_reflects_fairpools_state(server: ZenML) -> None:
+    out = server.say("resource-pool", "create", "gpus", "--capacity", '{"gpu": 1}',
+                     "-d", "Shared GPU")
+    assert "Successfully created resource pool `gpus`." in out
+    out = server.say("resource-pool", "attach-policy", "gpus", "default",
+                     "-p", "10", "-r", '{"gpu": 1}', "-l", '{"gpu": 1}')
+    assert "Attached pool policy for component `default` to resource pool `gpus` with " \
+        "priority 10." in out
+
+    # fairpool's validation, through the REST API, as one CLI error line.
+    server.cli("resource-pool", "create", "small", "--capacity", '{"gpu": 1}')
+    bad = server.cli("resource-pool", "attach-policy", "small", "default",
+                     "-p", "1", "-r", '{"gpu": 2}', "-l", '{"gpu": 2}', check=False)
+    assert bad.returncode != 0
+    assert "reserved totals on pool 'small' would exceed its capacity 1" in " ".join(
+        (bad.stdout + bad.stderr).split()
+    )
+
+    listed = server.cli_json("resource-pool", "list")
+    pools = {p["name"]: p for p in listed["items"]}
+    assert pools["gpus"]["capacity"] == {"gpu": 1}
+    assert pools["gpus"]["occupied_resources"] == {"gpu": 0}
+
+    policies = server.cli_json("resource-pool", "list-policies", "gpus")
+    [policy] = policies["items"]
+    assert (policy["component"], policy["pool"], policy["priority"]) == ("default", "gpus", 10)
+    assert policy["reserved"] == {"gpu": 1} and policy["limit"] == {"gpu": 1}
+
+    # Two pipelines (separate client processes) each hold the one GPU for a while: the first
+    # runs, the second queues on the server.
+    procs = []
+    for name, seconds in (("first", "30"), ("second", "1")):
+        events = server.cwd / f"{name}.jsonl"
+        procs.append((events, subprocess.Popen(
+            [sys.executable, "scenarios.py", "long", "--server"], cwd=server.cwd,
+            env={**server.env, "SCENARIO_EVENTS": str(events),
+                 "SCENARIO_LONG_SECONDS": seconds},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )))
+        if name == "first":
+            wait_for(events, "start", procs[0][1])
+    try:
+        deadline = time.time() + 120
+        while True:
+            rows = server.cli_json("resource-pool", "requests", "gpus", "-c", "all")["items"]
+            if len(rows) == 2:
+                break
+            assert time.time() < deadline, rows
+            time.sleep(0.5)
+        assert sorted((r["state"], r["status"]) for r in rows) == [
+            ("active", "allocated"), ("queued", "pending")
+        ]
+        queued = next(r for r in rows if r["status"] == "pending")
+        assert queued["status_reason"] == (
+            "waiting: policy default on gpus: gpu requested 1, in use 1 of limit 1"
+        )
+        table = server.say("resource-pool", "requests", "gpus")
+        assert "active" in table and "queued" in table
+        only_queued = server.cli_json("resource-pool", "requests", "gpus", "--view", "queued")
+        assert [r["id"] for r in only_queued["items"]] == [queued["id"]]
+
+        described = server.say("resource-pool", "describe", "gpus")
+        assert "QUEUE_LENGTH 1" in described
+        assert "OCCUPIED_RESOURCES {'gpu': 1}" in described
+        request = server.say("resource-request", "describe", queued["id"])
+        assert "pending" in request and "in use 1 of limit 1" in request
+        for _, proc in procs:
+            out, _ = proc.communicate(timeout=180)
+            assert proc.returncode == 0, out[-3000:]
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    # The second started after the first ended; both released.
+    ends = json.loads(procs[0][0].read_text().splitlines()[-1])["t"]
+    second_start = json.loads(procs[1][0].read_text().splitlines()[0])["t"]
+    assert second_start >= ends
+    assert server.cli_json("resource-pool", "requests", "gpus")["items"] == []
+    requests = server.cli_json("resource-request", "list")["items"]
+    assert [r["status"] for r in requests] == ["released", "released"]
+    gpus = next(p for p in server.cli_json("resource-pool", "list")["items"] if p["name"] == "gpus")
+    assert gpus["occupied_resources"] == {"gpu": 0}
+
+
+def test_a_rejected_step_fails_through_the_server(server: ZenML) -> None:
+    server.cli("resource-pool", "create", "big", "--capacity", '{"gpu": 4}')
+    server.cli("resource-pool", "attach-policy", "big", "default",
+               "-p", "5", "-r", '{"gpu": 1}', "-l", '{"gpu": 2}', check=False)
+    # default also has a policy on gpus (1 GPU): 3 GPUs fit neither pool; one reason per pool.
+    result = server.scenario("too_big_server", server=True)
+    assert (result["error"] or "").endswith(
+        "was rejected: pool gpus: gpu requested 3 > capacity 1; "
+        "policy default on big: gpu requested 3 > limit 2"
+    )
+    request = result["requests"][-1]  # the newest; the server also holds the other test's
+    assert (request["step"], request["status"], request["step_status"]) == (
+        "greedy", "rejected", "failed"
+    )
