@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteService
     from fairpool.scheduling import SchedulingService
     from fairpool.service import Service
+    from fairpool.trees_service import TreesService
 
 COMPONENT_TYPES = ("orchestrator", "step_operator")
 
@@ -60,6 +61,29 @@ def scheduling(ctx: click.Context | None = None) -> SchedulingService | RemoteSc
 
             found = SchedulingService(svc.db)
         root.obj["scheduling"] = found
+    return found
+
+
+def trees(ctx: click.Context | None = None) -> TreesService:
+    """The pool-tree service (seed 003), on the embedded store; the server API has no pool
+    trees yet, so ``--url`` is refused with one clear line."""
+    ctx = ctx or click.get_current_context()
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    if root.obj.get("url"):
+        raise click.ClickException(
+            "pool trees (node, pool-tree, pool, operation) are not available over --url yet; "
+            "use the embedded store (--home)"
+        )
+    found: TreesService | None = root.obj.get("trees")
+    if found is None:
+        from fairpool.service import Service
+        from fairpool.trees_service import TreesService
+
+        svc = service(ctx)
+        assert isinstance(svc, Service)
+        found = TreesService(svc.db)
+        root.obj["trees"] = found
     return found
 
 

@@ -20,6 +20,7 @@ from fairpool.cli.resource_pool import resource_pool
 from fairpool.cli.resource_request import resource_request
 from fairpool.cli.run import run, server
 from fairpool.cli.token import token
+from fairpool.cli.trees import node, operation, pool, pool_tree
 from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError
 
@@ -102,6 +103,10 @@ cli.add_command(server)
 cli.add_command(token)
 cli.add_command(workload)
 cli.add_command(queue)
+cli.add_command(node)
+cli.add_command(pool_tree)
+cli.add_command(pool)
+cli.add_command(operation)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -38,6 +39,7 @@ from fairpool.store.records import (
     TokenRole,
     WorkloadStatus,
 )
+from fairpool.store.tree_records import JobStatus, OperationStatus
 
 # Constraints get deterministic names so that migrations can refer to them and both SQLite
 # and PostgreSQL report the same names as this metadata.
@@ -336,4 +338,126 @@ workload = Table(
     CheckConstraint("preemptions >= 0", name="preemptions_non_negative"),
     # Live workloads, in queue order: status IN (...) ORDER BY submitted_at, id.
     Index(None, "status", "submitted_at", "id"),
+)
+
+# -- pool trees (seed 003) ---------------------------------------------------------------------
+
+cluster_node = Table(
+    "cluster_node",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("tags", JSON, nullable=False),
+    # Exact integers per resource key (memory in bytes).
+    Column("resources", JSON, nullable=False),
+    _time("created_at"),
+    _time("last_preemption_at", nullable=True),
+)
+
+pool_tree = Table(
+    "pool_tree",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    # The explicit options, as PoolTreeConfig.from_mapping reads them.
+    Column("config", JSON, nullable=False),
+    _time("created_at"),
+    _time("updated_at"),
+)
+
+# //sys/pool_trees/@default_tree: at most one row, so at most one default.
+pool_tree_default = Table(
+    "pool_tree_default",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("tree", String(255), ForeignKey("pool_tree.name", ondelete="CASCADE"), nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+)
+
+tree_pool = Table(
+    "tree_pool",
+    metadata,
+    Column("tree", String(255), ForeignKey("pool_tree.name", ondelete="CASCADE"), nullable=False),
+    Column("name", String(255), nullable=False),
+    # NULL: a child of the tree's root.
+    Column("parent", String(255), nullable=True),
+    Column("config", JSON, nullable=False),
+    # Set for an ephemeral pool: the user it was made for.
+    Column("ephemeral_user", String(255), nullable=True),
+    _time("below_fair_share_since", nullable=True),
+    _time("created_at"),
+    _time("updated_at"),
+    PrimaryKeyConstraint("tree", "name"),
+    # RESTRICT: a pool with children cannot be deleted from under them.
+    ForeignKeyConstraint(
+        ["tree", "parent"], ["tree_pool.tree", "tree_pool.name"], ondelete="RESTRICT"
+    ),
+    CheckConstraint("parent IS NULL OR parent != name", name="not_its_own_parent"),
+)
+
+_FINAL_OPERATION = ", ".join(
+    f"'{status.value}'" for status in OperationStatus if status.is_final
+)
+
+tree_operation = Table(
+    "tree_operation",
+    metadata,
+    _id(),
+    # RESTRICT: a tree with operations cannot vanish from under them.
+    Column("tree", String(255), ForeignKey("pool_tree.name", ondelete="RESTRICT"), nullable=False),
+    # A name, not a key: ephemeral pools go away with their last operation, history stays.
+    Column("pool", String(255), nullable=False),
+    Column("user_name", String(255), nullable=False),
+    Column("job_resources", JSON, nullable=False),
+    Column("job_count", Integer, nullable=False),
+    Column("gang", Boolean, nullable=False),
+    Column("weight", String(64), nullable=False),
+    Column("resource_limits", JSON, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("status_reason", Text, nullable=True),
+    _time("created_at"),
+    _time("started_at", nullable=True),
+    _time("finished_at", nullable=True),
+    _time("updated_at"),
+    _time("below_fair_share_since", nullable=True),
+    CheckConstraint(_one_of("status", OperationStatus), name="status"),
+    CheckConstraint("job_count >= 1", name="job_count_positive"),
+    CheckConstraint(
+        f"(status IN ({_FINAL_OPERATION})) = (finished_at IS NOT NULL)",
+        name="finished_iff_final",
+    ),
+    CheckConstraint("status != 'running' OR started_at IS NOT NULL", name="running_is_started"),
+    # Live operations of a tree in start order: tree = ? AND status IN (...) ORDER BY ...
+    Index(None, "tree", "status", "created_at", "id"),
+)
+
+tree_job = Table(
+    "tree_job",
+    metadata,
+    _id(),
+    Column(
+        "operation_id",
+        String(36),
+        ForeignKey("tree_operation.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # A name, not a key: the history outlives removed nodes (a node with running jobs stays).
+    Column("node", String(255), nullable=False),
+    Column("status", String(16), nullable=False),
+    _time("started_at"),
+    _time("finished_at", nullable=True),
+    Column(
+        "preempted_by",
+        String(36),
+        ForeignKey("tree_operation.id", ondelete="SET NULL"),
+        nullable=True,
+    ),
+    Column("reason", Text, nullable=True),
+    CheckConstraint(_one_of("status", JobStatus), name="status"),
+    CheckConstraint(
+        "(status = 'running') = (finished_at IS NULL)", name="finished_iff_not_running"
+    ),
+    CheckConstraint(
+        "preempted_by IS NULL OR status = 'preempted'", name="preemptor_only_if_preempted"
+    ),
+    Index(None, "operation_id", "status"),
+    Index(None, "node", "status"),
 )

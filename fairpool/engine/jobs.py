@@ -1,0 +1,624 @@
+"""Pool trees (seed 003): which operations run, and which jobs run on which node.
+
+Pure and deterministic, like the rest of the engine: state and ``now`` go in, a frozen plan
+comes out; ties are broken by start time, then id (operations) or node name.
+
+Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.compute_fair_share`):
+
+1. :func:`admit_operations` -- ``max_running_operation_count``: pending operations are promoted,
+   oldest first, while the pool, every ancestor and the tree have a free slot. Its result says
+   which operations are running, which the fair-share update needs (a pending operation demands
+   nothing).
+2. :func:`plan_jobs` -- with the fair share known:
+
+   * **Regular scheduling.** Pending jobs go to the most under-served running operation first
+     (lowest usage / fair share of its dominant resource; operations with no fair share after
+     every other), one job at a time, re-ranked after each grant. It is work conserving: free
+     room is used beyond the fair share, up to ``resource_limits`` of the operation and of every
+     pool up to the root. A job needs one node, selected by the tree's ``node_tag_filter``, with
+     room for its whole vector (first fit in node-name order). A gang gets all its pending jobs
+     in one pass or none.
+   * **Starvation preemption.** An operation the fair-share update calls *starving* that still
+     has pending jobs may take jobs, up to its fair share, by preempting on one node the newest
+     *preemptible* jobs of other operations: those an operation can lose while its usage share
+     stays at or above ``fair share * preemption_satisfaction_threshold`` (YTsaurus: an
+     allocation is preemptible when it lies strictly above the threshold, counted oldest
+     first). Operations within ``non_preemptible_resource_usage_threshold`` lose nothing; a
+     gang loses all its jobs or none. The node needing the fewest victims wins (then its name);
+     victims that turn out unnecessary are dropped. A node that preempted is left alone for
+     ``preemptive_scheduling_backoff``.
+
+Every pending job that is not granted is explained once per operation (:class:`OperationWait`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+
+from fairpool.engine.fairshare import (
+    ROOT,
+    FairShareResult,
+    OperationSnapshot,
+    StarvationStatus,
+)
+from fairpool.frontends.trees import ClusterNode, PoolTree, matches_tag_filter, tree_resources
+
+Resources = Mapping[str, int]
+
+__all__ = [
+    "JobGrant",
+    "JobPlan",
+    "JobPreemption",
+    "NodeState",
+    "OperationAdmission",
+    "OperationState",
+    "OperationWait",
+    "RunningJob",
+    "admit_operations",
+    "format_resources",
+    "plan_jobs",
+]
+
+
+# -- input -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    id: str
+    node: str
+    #: Seconds, any epoch: "newest first" compares these (then ids).
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class OperationState:
+    """An operation in one tree: ``job_count`` identical jobs of ``job_resources``."""
+
+    id: str
+    pool: str
+    job_resources: Resources
+    job_count: int
+    gang: bool = False
+    #: False: pending behind ``max_running_operation_count`` (no jobs yet, none granted).
+    running: bool = True
+    start_time: float = 0.0
+    weight: Fraction = Fraction(1)
+    resource_limits: Resources = field(default_factory=dict)
+    jobs: tuple[RunningJob, ...] = ()
+
+    @property
+    def pending_job_count(self) -> int:
+        return self.job_count - len(self.jobs)
+
+    def fair_share_input(self, running: bool | None = None) -> OperationSnapshot:
+        """The operation as the fair-share update sees it (``running`` overrides its own)."""
+        return OperationSnapshot(
+            id=self.id,
+            pool=self.pool,
+            job_resources=self.job_resources,
+            running_job_count=len(self.jobs),
+            pending_job_count=self.pending_job_count,
+            weight=self.weight,
+            start_time=self.start_time,
+            resource_limits=self.resource_limits,
+            running=self.running if running is None else running,
+        )
+
+
+#: A job that may be preempted, with its operation.
+Victim = tuple[OperationState, RunningJob]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    node: ClusterNode
+    #: When preemption last made room on this node (``preemptive_scheduling_backoff``).
+    last_preemption_at: float | None = None
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OperationAdmission:
+    #: Operations allowed to run after this step (already running, or promoted now).
+    running: frozenset[str]
+    #: Pending operations promoted now, oldest first.
+    promoted: tuple[str, ...]
+    #: Still pending: the pool (or tree) whose ``max_running_operation_count`` holds it.
+    pending: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class JobGrant:
+    operation: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobPreemption:
+    job: str
+    operation: str
+    node: str
+    #: The starving operation the job made room for.
+    preemptor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperationWait:
+    operation: str
+    pending_jobs: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    #: In grant order (the order the store should start them in).
+    grants: tuple[JobGrant, ...]
+    preemptions: tuple[JobPreemption, ...]
+    #: Operations with pending jobs left, by id.
+    waiting: Mapping[str, OperationWait]
+    #: Nodes where preemption made room now: their backoff starts.
+    preempted_nodes: tuple[str, ...]
+
+    def granted(self, operation: str) -> int:
+        return sum(1 for grant in self.grants if grant.operation == operation)
+
+
+def format_resources(resources: Resources) -> str:
+    return ", ".join(f"{key} {amount}" for key, amount in sorted(resources.items())) or "nothing"
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+def admit_operations(tree: PoolTree, operations: Iterable[OperationState]) -> OperationAdmission:
+    """Promote pending operations, oldest first, while every level has a running slot."""
+    ordered = sorted(operations, key=lambda op: (op.start_time, op.id))
+    running_in: dict[str, int] = {}
+    tree_running = 0
+    for op in ordered:
+        if op.running:
+            tree_running += 1
+            for pool in _pools_of(tree, op.pool):
+                running_in[pool] = running_in.get(pool, 0) + 1
+    running = {op.id for op in ordered if op.running}
+    promoted: list[str] = []
+    pending: dict[str, str] = {}
+    for op in ordered:
+        if op.running:
+            continue
+        blocker = _running_blocker(tree, op.pool, running_in, tree_running)
+        if blocker is not None:
+            pending[op.id] = blocker
+            continue
+        running.add(op.id)
+        promoted.append(op.id)
+        tree_running += 1
+        for pool in _pools_of(tree, op.pool):
+            running_in[pool] = running_in.get(pool, 0) + 1
+    return OperationAdmission(frozenset(running), tuple(promoted), MappingProxyType(pending))
+
+
+def _pools_of(tree: PoolTree, pool: str) -> list[str]:
+    """The pool and its ancestors (none for an operation in the root)."""
+    return [] if pool == ROOT else tree.ancestors(pool)
+
+
+def _running_blocker(
+    tree: PoolTree, pool: str, running_in: Mapping[str, int], tree_running: int
+) -> str | None:
+    for name in _pools_of(tree, pool):
+        limit = tree.effective[name].effective_max_running_operation_count
+        if running_in.get(name, 0) >= limit:
+            return (
+                f"pending: pool {name} runs {running_in.get(name, 0)} operations, its "
+                f"max_running_operation_count is {limit}"
+            )
+    limit = tree.config.max_running_operation_count
+    if tree_running >= limit:
+        return (
+            f"pending: tree {tree.name} runs {tree_running} operations, its "
+            f"max_running_operation_count is {limit}"
+        )
+    return None
+
+
+# -- the job plan ------------------------------------------------------------------------------
+
+
+def plan_jobs(
+    tree: PoolTree,
+    nodes: Sequence[NodeState],
+    operations: Sequence[OperationState],
+    fair_share: FairShareResult,
+    now: float,
+) -> JobPlan:
+    """Grant pending jobs, then preempt for starving operations (see the module docstring).
+
+    ``fair_share`` is the update for exactly these operations (those not ``running`` excluded
+    from demand); ``now`` is in seconds, the clock of ``RunningJob.started_at``.
+    """
+    return _Planner(tree, nodes, operations, fair_share, now).run()
+
+
+class _Planner:
+    """One planning pass: mutable working copies of node room and usage, thrown away after."""
+
+    def __init__(
+        self,
+        tree: PoolTree,
+        nodes: Sequence[NodeState],
+        operations: Sequence[OperationState],
+        fair_share: FairShareResult,
+        now: float,
+    ) -> None:
+        self.tree, self.fair_share, self.now = tree, fair_share, now
+        selected = sorted(
+            (n for n in nodes if matches_tag_filter(tree.config.node_tag_filter, n.node.tags)),
+            key=lambda n: n.node.name,
+        )
+        self.nodes = {n.node.name: n for n in selected}
+        self.total = tree_resources(tree.config, (n.node for n in selected))
+        self.free: dict[str, dict[str, int]] = {
+            n.node.name: dict(n.node.resources) for n in selected
+        }
+        self.ops = {op.id: op for op in sorted(operations, key=lambda op: (op.start_time, op.id))}
+        self.running_jobs: dict[str, list[RunningJob]] = {}
+        self.pool_usage: dict[str, dict[str, int]] = {}
+        for op in self.ops.values():
+            self.running_jobs[op.id] = sorted(op.jobs, key=lambda j: (j.started_at, j.id))
+            for job in op.jobs:
+                if job.node in self.free:
+                    _add(self.free[job.node], op.job_resources, -1)
+            for pool in _pools_of(tree, op.pool):
+                _add(self.pool_usage.setdefault(pool, {}), op.job_resources, len(op.jobs))
+        self.granted: dict[str, int] = {}
+        self.grants: list[JobGrant] = []
+        self.preemptions: list[JobPreemption] = []
+        self.preempted_nodes: set[str] = set()
+        self.waiting: dict[str, str] = {}
+
+    # -- shares ----------------------------------------------------------------------------
+
+    def dominant(self, op: OperationState) -> tuple[str, Fraction]:
+        """The operation's dominant resource and its fair share of it."""
+        shares = self.fair_share.operations[op.id]
+        return shares.dominant_resource, shares.fair_share.total[shares.dominant_resource]
+
+    def usage_share(self, op: OperationState, resource: str, jobs: int) -> Fraction:
+        total = self.total.get(resource, 0)
+        amount = op.job_resources.get(resource, 0) * jobs
+        if total == 0:
+            return Fraction(0 if amount == 0 else 1)
+        return Fraction(amount, total)
+
+    def jobs_of(self, op: OperationState) -> int:
+        return len(self.running_jobs[op.id]) + self.granted.get(op.id, 0)
+
+    def pending(self, op: OperationState) -> int:
+        return op.job_count - self.jobs_of(op)
+
+    def rank(self, op: OperationState) -> tuple[bool, Fraction, float, str]:
+        """Most under-served first: usage / fair share of the dominant resource; operations
+        without a fair share last (by usage), then the oldest."""
+        resource, fair = self.dominant(op)
+        usage = self.usage_share(op, resource, self.jobs_of(op))
+        return (fair == 0, usage / fair if fair else usage, op.start_time, op.id)
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def limit_problem(self, op: OperationState, jobs: int) -> str | None:
+        """Why ``jobs`` more jobs would break a ``resource_limits`` (the operation's, then its
+        pools' from the leaf up), else None."""
+        demand = {key: amount * jobs for key, amount in op.job_resources.items()}
+        own = {key: amount * self.jobs_of(op) for key, amount in op.job_resources.items()}
+        problem = _over(op.resource_limits, own, demand, f"operation {op.id}")
+        for pool in _pools_of(self.tree, op.pool):
+            limits = self.tree.effective[pool].config.resource_limits
+            problem = problem or _over(
+                limits, self.pool_usage.get(pool, {}), demand, f"pool {pool}"
+            )
+        return problem
+
+    def first_fit(self, job: Resources, free: Mapping[str, Mapping[str, int]]) -> str | None:
+        for name, room in free.items():
+            if _fits(job, room):
+                return name
+        return None
+
+    def no_room(self, op: OperationState) -> str:
+        if not any(_fits(op.job_resources, n.node.resources) for n in self.nodes.values()):
+            return (
+                f"no node of tree {self.tree.name} is large enough for one job "
+                f"({format_resources(op.job_resources)})"
+            )
+        return (
+            f"no node of tree {self.tree.name} has room for a job "
+            f"({format_resources(op.job_resources)}) now"
+        )
+
+    def grant(self, op: OperationState, node: str) -> None:
+        _add(self.free[node], op.job_resources, -1)
+        for pool in _pools_of(self.tree, op.pool):
+            _add(self.pool_usage.setdefault(pool, {}), op.job_resources, 1)
+        self.granted[op.id] = self.granted.get(op.id, 0) + 1
+        self.grants.append(JobGrant(op.id, node))
+
+    # -- regular scheduling ----------------------------------------------------------------
+
+    def schedule(self) -> None:
+        heap = [(self.rank(op), op.id) for op in self.ops.values() if op.running and op.job_count]
+        heapq.heapify(heap)
+        while heap:
+            _, op_id = heapq.heappop(heap)
+            op = self.ops[op_id]
+            if self.pending(op) <= 0:
+                continue
+            if op.gang:
+                self.schedule_gang(op)
+                continue
+            problem = self.limit_problem(op, 1)
+            node = None if problem else self.first_fit(op.job_resources, self.free)
+            if node is None:
+                self.waiting[op.id] = problem or self.no_room(op)
+                continue
+            self.grant(op, node)
+            if self.pending(op) > 0:
+                heapq.heappush(heap, (self.rank(op), op.id))
+
+    def schedule_gang(self, op: OperationState) -> None:
+        """All pending jobs of a gang in this pass, or none."""
+        count = self.pending(op)
+        problem = self.limit_problem(op, count)
+        if problem is not None:
+            self.waiting[op.id] = f"gang of {count} jobs: {problem}"
+            return
+        trial = {name: dict(room) for name, room in self.free.items()}
+        placed: list[str] = []
+        for _ in range(count):
+            node = self.first_fit(op.job_resources, trial)
+            if node is None:
+                self.waiting[op.id] = (
+                    f"gang of {count} jobs: only {len(placed)} fit on the nodes of tree "
+                    f"{self.tree.name} now (all or nothing)"
+                )
+                return
+            _add(trial[node], op.job_resources, -1)
+            placed.append(node)
+        for node in placed:
+            self.grant(op, node)
+
+    # -- starvation preemption -------------------------------------------------------------
+
+    def preemptible(self) -> dict[str, list[RunningJob]]:
+        """Per operation, the jobs it may lose this pass, newest first."""
+        threshold = self.tree.config.preemption_satisfaction_threshold
+        result: dict[str, list[RunningJob]] = {}
+        for op in self.ops.values():
+            jobs = self.running_jobs[op.id]
+            resource, fair = self.dominant(op)
+            floor = fair * threshold
+            if not jobs or self.usage_share(op, resource, len(jobs)) <= floor:
+                continue
+            if self.protected(op, len(jobs)):
+                continue
+            if op.gang:
+                # All or nothing: only when losing every job keeps it at its floor.
+                removable = len(jobs) if floor == 0 else 0
+            else:
+                removable = 0
+                while (
+                    removable < len(jobs)
+                    and self.usage_share(op, resource, len(jobs) - removable - 1) >= floor
+                ):
+                    removable += 1
+            if removable:
+                newest_first = sorted(jobs, key=lambda j: (j.started_at, j.id), reverse=True)
+                result[op.id] = newest_first[:removable]
+        return result
+
+    def protected(self, op: OperationState, jobs: int) -> bool:
+        """``non_preemptible_resource_usage_threshold``: usage within it on every key named."""
+        pool = op.pool if op.pool != ROOT else None
+        threshold = (
+            self.tree.effective[pool].effective_non_preemptible_resource_usage_threshold
+            if pool is not None
+            else self.tree.config.non_preemptible_resource_usage_threshold
+        )
+        return bool(threshold) and all(
+            op.job_resources.get(key, 0) * jobs <= amount for key, amount in threshold.items()
+        )
+
+    def preempt(self) -> None:
+        starving = [
+            op
+            for op in self.ops.values()
+            if op.running
+            and not op.gang
+            and self.pending(op) > 0
+            and (state := self.fair_share.operations[op.id].starvation) is not None
+            and state.status is StarvationStatus.STARVING
+        ]
+        if not starving:
+            return
+        victims = self.preemptible()
+        backoff = self.tree.config.preemptive_scheduling_backoff / 1000
+        open_nodes = [
+            name
+            for name, state in self.nodes.items()
+            if state.last_preemption_at is None or self.now >= state.last_preemption_at + backoff
+        ]
+        for op in sorted(starving, key=self.rank):
+            resource, fair = self.dominant(op)
+            while self.pending(op) > 0 and self.usage_share(op, resource, self.jobs_of(op)) < fair:
+                problem = self.limit_problem(op, 1)
+                if problem is not None:
+                    self.waiting[op.id] = f"starving, but {problem}"
+                    break
+                node = self.first_fit(op.job_resources, self.free)
+                if node is not None:
+                    self.grant(op, node)
+                    continue
+                choice = self.cheapest_room(op, victims, open_nodes)
+                if choice is None:
+                    self.waiting[op.id] = (
+                        f"starving, but no node of tree {self.tree.name} can make room for a job "
+                        "by preempting jobs above their fair share"
+                    )
+                    break
+                node, chosen = choice
+                for victim_op, job in chosen:
+                    self.evict(victim_op, job, op, victims)
+                self.preempted_nodes.add(node)
+                self.grant(op, node)
+                self.waiting.pop(op.id, None)
+
+    def cheapest_room(
+        self,
+        op: OperationState,
+        victims: Mapping[str, list[RunningJob]],
+        open_nodes: Sequence[str],
+    ) -> tuple[str, list[Victim]] | None:
+        """The node where the fewest preemptible jobs make room for one job of ``op`` (ties:
+        the newest victims, then the node name)."""
+        best: tuple[str, list[Victim]] | None = None
+        for node in open_nodes:
+            candidates = sorted(
+                (
+                    (self.ops[victim_id], job)
+                    for victim_id, jobs in victims.items()
+                    if victim_id != op.id
+                    for job in jobs
+                    if job.node == node
+                ),
+                key=lambda pair: (pair[1].started_at, pair[1].id),
+                reverse=True,
+            )
+            chosen = _smallest_set(op.job_resources, self.free[node], _units(candidates, victims))
+            if chosen is not None and (best is None or _cost(chosen) < _cost(best[1])):
+                best = (node, chosen)
+        return best
+
+    def evict(
+        self,
+        victim: OperationState,
+        job: RunningJob,
+        preemptor: OperationState,
+        victims: dict[str, list[RunningJob]],
+    ) -> None:
+        resource, fair = self.dominant(victim)
+        jobs_before = len(self.running_jobs[victim.id]) + self.granted.get(victim.id, 0)
+        threshold = self.tree.config.preemption_satisfaction_threshold
+        reason = (
+            f"preempted for starving operation {preemptor.id}: operation {victim.id} used "
+            f"{_share(self.usage_share(victim, resource, jobs_before))} of {resource}, above "
+            f"its fair share {_share(fair)} * preemption_satisfaction_threshold "
+            f"{_share(threshold)}"
+        )
+        self.preemptions.append(JobPreemption(job.id, victim.id, job.node, preemptor.id, reason))
+        self.running_jobs[victim.id].remove(job)
+        victims[victim.id].remove(job)
+        if job.node in self.free:
+            _add(self.free[job.node], victim.job_resources, 1)
+        for pool in _pools_of(self.tree, victim.pool):
+            _add(self.pool_usage[pool], victim.job_resources, -1)
+
+    # -- the pass --------------------------------------------------------------------------
+
+    def run(self) -> JobPlan:
+        self.schedule()
+        self.preempt()
+        waiting = {}
+        for op in self.ops.values():
+            if self.pending(op) > 0:
+                reason = self.waiting.get(op.id) or (
+                    "pending: not running yet" if not op.running else self.no_room(op)
+                )
+                waiting[op.id] = OperationWait(op.id, self.pending(op), reason)
+        return JobPlan(
+            tuple(self.grants),
+            tuple(self.preemptions),
+            MappingProxyType(waiting),
+            tuple(sorted(self.preempted_nodes)),
+        )
+
+
+def _units(
+    candidates: Sequence[Victim], victims: Mapping[str, list[RunningJob]]
+) -> list[list[Victim]]:
+    """Candidates (newest first) grouped into what is preempted together: one job, or every
+    preemptible job of a gang -- and a gang only when all of them are among the candidates."""
+    units: list[list[Victim]] = []
+    seen: set[str] = set()
+    for op, job in candidates:
+        if not op.gang:
+            units.append([(op, job)])
+        elif op.id not in seen:
+            seen.add(op.id)
+            members = [pair for pair in candidates if pair[0].id == op.id]
+            if len(members) == len(victims[op.id]):
+                units.append(members)
+    return units
+
+
+def _smallest_set(
+    job: Resources, free: Mapping[str, int], units: Sequence[list[Victim]]
+) -> list[Victim] | None:
+    """Units in order until ``job`` fits, then those found unnecessary dropped (DESIGN.md:
+    greedy in victim order, then drop victims that turn out unnecessary)."""
+    room = dict(free)
+    chosen: list[list[Victim]] = []
+    for unit in units:
+        if _fits(job, room):
+            break
+        chosen.append(unit)
+        for op, _ in unit:
+            _add(room, op.job_resources, 1)
+    if not _fits(job, room):
+        return None
+    for unit in reversed(list(chosen)):
+        trial = dict(room)
+        for op, _ in unit:
+            _add(trial, op.job_resources, -1)
+        if _fits(job, trial):
+            room = trial
+            chosen.remove(unit)
+    return [pair for unit in chosen for pair in unit]
+
+
+def _cost(victims: Sequence[Victim]) -> tuple[int, float]:
+    """Fewest victims, then the node whose oldest victim is the newest (newest jobs go first
+    across nodes too)."""
+    return (len(victims), -min(job.started_at for _, job in victims))
+
+
+def _fits(job: Resources, room: Mapping[str, int]) -> bool:
+    return all(amount <= room.get(key, 0) for key, amount in job.items() if amount)
+
+
+def _add(target: dict[str, int], amounts: Resources, times: int) -> None:
+    for key, amount in amounts.items():
+        target[key] = target.get(key, 0) + amount * times
+
+
+def _over(limits: Resources, usage: Mapping[str, int], demand: Resources, who: str) -> str | None:
+    for key in sorted(limits):
+        wanted = demand.get(key, 0)
+        if wanted and usage.get(key, 0) + wanted > limits[key]:
+            return (
+                f"{who} resource_limits.{key}: usage {usage.get(key, 0)} + {wanted} > "
+                f"limit {limits[key]}"
+            )
+    return None
+
+
+def _share(value: Fraction) -> str:
+    """A share for people: four decimals, exact values kept short."""
+    return f"{float(value):.4f}".rstrip("0").rstrip(".") if value else "0"

@@ -1,0 +1,294 @@
+"""Queries of the pool-tree front-end (seed 003): nodes, trees, pools, operations, jobs.
+
+Like ``repo``: plain functions on the caller's transaction, returning frozen records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, insert, select, update
+
+from fairpool.errors import NotFound
+from fairpool.store import schema
+from fairpool.store.repo import _check_found, _new_id, _resolve_id
+from fairpool.store.schema import as_utc
+from fairpool.store.tree_records import (
+    JobRecord,
+    JobStatus,
+    NodeRecord,
+    OperationRecord,
+    OperationStatus,
+    PoolTreeRecord,
+    TreePoolRecord,
+)
+
+# -- nodes -------------------------------------------------------------------------------------
+
+
+def insert_node(
+    connection: Connection, name: str, tags: Iterable[str], resources: Mapping[str, int],
+    now: datetime,
+) -> None:
+    connection.execute(insert(schema.cluster_node).values(
+        name=name, tags=sorted(tags), resources=dict(resources), created_at=as_utc(now)
+    ))
+
+
+def list_nodes(connection: Connection) -> list[NodeRecord]:
+    table = schema.cluster_node
+    rows = connection.execute(select(table).order_by(table.c.name)).mappings()
+    return [NodeRecord.from_row(row) for row in rows]
+
+
+def find_node(connection: Connection, name: str) -> NodeRecord | None:
+    table = schema.cluster_node
+    row = connection.execute(select(table).where(table.c.name == name)).mappings().first()
+    return None if row is None else NodeRecord.from_row(row)
+
+
+def delete_node(connection: Connection, name: str) -> None:
+    table = schema.cluster_node
+    result = connection.execute(delete(table).where(table.c.name == name))
+    _check_found(result.rowcount, "node", name)
+
+
+def mark_preemption(connection: Connection, names: Sequence[str], now: datetime) -> None:
+    table = schema.cluster_node
+    if names:
+        connection.execute(
+            update(table).where(table.c.name.in_(names)).values(last_preemption_at=as_utc(now))
+        )
+
+
+# -- trees -------------------------------------------------------------------------------------
+
+
+def insert_tree(
+    connection: Connection, name: str, config: Mapping[str, Any], now: datetime
+) -> None:
+    now = as_utc(now)
+    connection.execute(insert(schema.pool_tree).values(
+        name=name, config=dict(config), created_at=now, updated_at=now
+    ))
+
+
+def set_tree_config(
+    connection: Connection, name: str, config: Mapping[str, Any], now: datetime
+) -> None:
+    table = schema.pool_tree
+    result = connection.execute(
+        update(table).where(table.c.name == name).values(
+            config=dict(config), updated_at=as_utc(now)
+        )
+    )
+    _check_found(result.rowcount, "pool tree", name)
+
+
+def find_tree(connection: Connection, name: str) -> PoolTreeRecord | None:
+    table = schema.pool_tree
+    row = connection.execute(select(table).where(table.c.name == name)).mappings().first()
+    return None if row is None else PoolTreeRecord.from_row(row)
+
+
+def list_trees(connection: Connection) -> list[PoolTreeRecord]:
+    table = schema.pool_tree
+    rows = connection.execute(select(table).order_by(table.c.name)).mappings()
+    return [PoolTreeRecord.from_row(row) for row in rows]
+
+
+def default_tree(connection: Connection) -> str | None:
+    return connection.scalar(select(schema.pool_tree_default.c.tree))
+
+
+def set_default_tree(connection: Connection, name: str) -> None:
+    table = schema.pool_tree_default
+    connection.execute(delete(table))
+    connection.execute(insert(table).values(id=1, tree=name))
+
+
+# -- pools -------------------------------------------------------------------------------------
+
+
+def list_pools(connection: Connection, tree: str) -> list[TreePoolRecord]:
+    table = schema.tree_pool
+    rows = connection.execute(
+        select(table).where(table.c.tree == tree).order_by(table.c.name)
+    ).mappings()
+    return [TreePoolRecord.from_row(row) for row in rows]
+
+
+def save_pool(
+    connection: Connection,
+    tree: str,
+    name: str,
+    parent: str | None,
+    config: Mapping[str, Any],
+    now: datetime,
+    ephemeral_user: str | None = None,
+) -> None:
+    """Insert the pool, or replace its parent and options."""
+    table = schema.tree_pool
+    now = as_utc(now)
+    values = {"parent": parent, "config": dict(config), "updated_at": now}
+    result = connection.execute(
+        update(table).where(table.c.tree == tree, table.c.name == name).values(**values)
+    )
+    if result.rowcount == 0:
+        connection.execute(insert(table).values(
+            tree=tree, name=name, ephemeral_user=ephemeral_user, created_at=now, **values
+        ))
+
+
+def delete_pool(connection: Connection, tree: str, name: str) -> None:
+    table = schema.tree_pool
+    result = connection.execute(delete(table).where(table.c.tree == tree, table.c.name == name))
+    _check_found(result.rowcount, "pool", name)
+
+
+def set_pool_since(
+    connection: Connection, tree: str, name: str, since: datetime | None
+) -> None:
+    table = schema.tree_pool
+    connection.execute(
+        update(table).where(table.c.tree == tree, table.c.name == name).values(
+            below_fair_share_since=since
+        )
+    )
+
+
+# -- operations --------------------------------------------------------------------------------
+
+LIVE = (OperationStatus.PENDING, OperationStatus.RUNNING)
+
+
+def insert_operation(
+    connection: Connection,
+    *,
+    tree: str,
+    pool: str,
+    user: str,
+    job_resources: Mapping[str, int],
+    job_count: int,
+    gang: bool,
+    weight: str,
+    resource_limits: Mapping[str, int],
+    now: datetime,
+) -> str:
+    """A new pending operation; the pass that follows decides whether it runs."""
+    now = as_utc(now)
+    operation_id = _new_id()
+    connection.execute(insert(schema.tree_operation).values(
+        id=operation_id, tree=tree, pool=pool, user_name=user,
+        job_resources=dict(job_resources), job_count=job_count, gang=gang, weight=weight,
+        resource_limits=dict(resource_limits), status=OperationStatus.PENDING.value,
+        created_at=now, updated_at=now,
+    ))
+    return operation_id
+
+
+def get_operation(connection: Connection, ref: str) -> OperationRecord:
+    """The operation with id ``ref``, else the one whose id alone starts with ``ref``."""
+    table = schema.tree_operation
+    operation_id = _resolve_id(connection, table, ref, "operation")
+    row = connection.execute(select(table).where(table.c.id == operation_id)).mappings().one()
+    return OperationRecord.from_row(row)
+
+
+def list_operations(
+    connection: Connection,
+    tree: str | None = None,
+    statuses: Iterable[OperationStatus] | None = None,
+) -> list[OperationRecord]:
+    """Operations in start order, optionally of one tree / in ``statuses``."""
+    table = schema.tree_operation
+    statement = select(table).order_by(table.c.created_at, table.c.id)
+    if tree is not None:
+        statement = statement.where(table.c.tree == tree)
+    if statuses is not None:
+        statement = statement.where(table.c.status.in_([s.value for s in statuses]))
+    return [OperationRecord.from_row(row) for row in connection.execute(statement).mappings()]
+
+
+def update_operation(
+    connection: Connection, operation_id: str, now: datetime, **values: Any
+) -> None:
+    """Set columns of one operation (and its ``updated_at``)."""
+    table = schema.tree_operation
+    status = values.get("status")
+    if isinstance(status, OperationStatus):
+        if status.is_final:
+            values.setdefault("finished_at", as_utc(now))
+        values["status"] = status.value
+    result = connection.execute(
+        update(table).where(table.c.id == operation_id).values(updated_at=as_utc(now), **values)
+    )
+    if result.rowcount == 0:
+        raise NotFound(f"no operation {operation_id!r}")
+
+
+def count_live_operations(connection: Connection, tree: str) -> dict[str, int]:
+    """Started (pending + running) operations per pool name of ``tree``."""
+    table = schema.tree_operation
+    rows = connection.execute(
+        select(table.c.pool, func.count())
+        .where(table.c.tree == tree, table.c.status.in_([s.value for s in LIVE]))
+        .group_by(table.c.pool)
+    )
+    return {pool: count for pool, count in rows}
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def insert_jobs(
+    connection: Connection, grants: Sequence[tuple[str, str]], now: datetime
+) -> None:
+    """Running jobs, one per ``(operation id, node)``."""
+    if grants:
+        connection.execute(insert(schema.tree_job), [
+            {"id": _new_id(), "operation_id": operation_id, "node": node,
+             "status": JobStatus.RUNNING.value, "started_at": as_utc(now)}
+            for operation_id, node in grants
+        ])
+
+
+def jobs_of(
+    connection: Connection, operation_ids: Sequence[str], status: JobStatus | None = None
+) -> list[JobRecord]:
+    """Jobs of these operations in start order (only ``status`` when given)."""
+    table = schema.tree_job
+    statement = select(table).where(table.c.operation_id.in_(operation_ids))
+    if status is not None:
+        statement = statement.where(table.c.status == status.value)
+    rows = connection.execute(statement.order_by(table.c.started_at, table.c.id)).mappings()
+    return [JobRecord.from_row(row) for row in rows]
+
+
+def running_jobs_on(connection: Connection, node: str) -> int:
+    table = schema.tree_job
+    return int(connection.scalar(
+        select(func.count()).where(table.c.node == node, table.c.status == JobStatus.RUNNING.value)
+    ) or 0)
+
+
+def preempt_job(
+    connection: Connection, job_id: str, preemptor: str, reason: str, now: datetime
+) -> None:
+    table = schema.tree_job
+    connection.execute(update(table).where(table.c.id == job_id).values(
+        status=JobStatus.PREEMPTED.value, finished_at=as_utc(now), preempted_by=preemptor,
+        reason=reason,
+    ))
+
+
+def end_jobs(connection: Connection, operation_id: str, status: JobStatus, now: datetime) -> None:
+    """Every running job of the operation ends with ``status``."""
+    table = schema.tree_job
+    connection.execute(
+        update(table)
+        .where(table.c.operation_id == operation_id, table.c.status == JobStatus.RUNNING.value)
+        .values(status=status.value, finished_at=as_utc(now))
+    )

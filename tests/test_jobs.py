@@ -1,0 +1,424 @@
+"""The pool-tree job planner (``fairpool.engine.jobs``): operation admission, job grants on
+nodes, gangs, limits and starvation preemption. Pure: trees, nodes and operations built in
+code, the fair share computed by the real update.
+
+The properties at the end were each seen failing against a planted bug (``docs/trees.md``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from fractions import Fraction as F
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairpool.engine.fairshare import ElementKind, FairShareResult, compute_fair_share
+from fairpool.engine.jobs import (
+    JobPlan,
+    NodeState,
+    OperationState,
+    RunningJob,
+    admit_operations,
+    plan_jobs,
+)
+from fairpool.frontends.trees import ClusterNode, Pool, PoolConfig, PoolTree, PoolTreeConfig
+
+
+def node(name: str, tags: Sequence[str] = ("gpu",), last: float | None = None, **res: int) -> NodeState:
+    return NodeState(ClusterNode(name, frozenset(tags), res), last)
+
+
+def pool(name: str, parent: str | None = None, **options: object) -> Pool:
+    return Pool(name, parent, PoolConfig.from_mapping(options))
+
+
+def tree(*pools: Pool, **options: object) -> PoolTree:
+    return PoolTree.build("physical", PoolTreeConfig.from_mapping(options), pools)
+
+
+def op(
+    op_id: str,
+    pool_name: str,
+    count: int,
+    *,
+    jobs: Sequence[tuple[str, float]] = (),
+    gang: bool = False,
+    running: bool = True,
+    start: float = 0.0,
+    limits: Mapping[str, int] | None = None,
+    **job: int,
+) -> OperationState:
+    return OperationState(
+        op_id,
+        pool_name,
+        job or {"cpu": 1},
+        count,
+        gang=gang,
+        running=running,
+        start_time=start,
+        resource_limits=limits or {},
+        jobs=tuple(RunningJob(f"{op_id}/{i}", n, t) for i, (n, t) in enumerate(jobs)),
+    )
+
+
+def fair_share(
+    t: PoolTree,
+    nodes: Sequence[NodeState],
+    ops: Sequence[OperationState],
+    now: float = 0.0,
+    since: Mapping[tuple[ElementKind, str], float] | None = None,
+) -> FairShareResult:
+    from fairpool.frontends.trees import tree_resources
+
+    total = tree_resources(t.config, (n.node for n in nodes))
+    snapshot = t.fair_share_snapshot(total, [o.fair_share_input() for o in ops])
+    return compute_fair_share(snapshot, now=now, below_fair_share_since=since)
+
+
+def plan(
+    t: PoolTree,
+    nodes: Sequence[NodeState],
+    ops: Sequence[OperationState],
+    now: float = 0.0,
+    since: Mapping[tuple[ElementKind, str], float] | None = None,
+) -> JobPlan:
+    return plan_jobs(t, nodes, ops, fair_share(t, nodes, ops, now, since), now)
+
+
+def granted(result: JobPlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for grant in result.grants:
+        counts[grant.operation] = counts.get(grant.operation, 0) + 1
+    return counts
+
+
+SEED = (
+    pool("project-root", strong_guarantee_resources={"cpu": 100}, max_running_operation_count=10),
+    pool("project-adhoc", "project-root", strong_guarantee_resources={"cpu": 80}),
+    pool("project-batch", "project-root", weight=10, max_running_operation_count=4),
+    pool("project-backup", "project-root", strong_guarantee_resources={"cpu": 20}),
+)
+#: 100 cpu on two nodes.
+SEED_NODES = (node("n1", cpu=50), node("n2", cpu=50))
+
+
+# -- grants: table-driven ------------------------------------------------------------------
+
+A, B = pool("a"), pool("b")
+
+GRANT_CASES = [
+    pytest.param(
+        tree(A, B), [node("n1", cpu=4)],
+        [op("x", "a", 4, jobs=[("n1", 0), ("n1", 0)]), op("y", "b", 4, start=1)],
+        {"y": 2}, {"x": "no node of tree physical has room", "y": "has room"},
+        id="most-under-served-first",
+    ),
+    pytest.param(
+        tree(A), [node("n1", cpu=2), node("n2", cpu=2)], [op("x", "a", 1, cpu=3)],
+        {}, {"x": "no node of tree physical is large enough for one job (cpu 3)"},
+        id="a-job-fits-on-one-node",
+    ),
+    pytest.param(
+        tree(A, node_tag_filter="gpu"), [node("cpu-1", ("cpu",), cpu=8), node("gpu-1", cpu=2)],
+        [op("x", "a", 4)], {"x": 2}, {"x": "room"},
+        id="only-nodes-the-filter-selects",
+    ),
+    pytest.param(
+        tree(A), [node("n1", cpu=2), node("n2", cpu=2)], [op("x", "a", 3, gang=True, cpu=2)],
+        {}, {"x": "gang of 3 jobs: only 2 fit on the nodes of tree physical now"},
+        id="gang-none",
+    ),
+    pytest.param(
+        tree(A), [node("n1", cpu=2), node("n2", cpu=4)], [op("x", "a", 3, gang=True, cpu=2)],
+        {"x": 3}, {}, id="gang-all",
+    ),
+    pytest.param(
+        tree(pool("a", resource_limits={"cpu": 2})), [node("n1", cpu=8)], [op("x", "a", 5)],
+        {"x": 2}, {"x": "pool a resource_limits.cpu: usage 2 + 1 > limit 2"},
+        id="pool-limit",
+    ),
+    pytest.param(
+        tree(pool("p", resource_limits={"cpu": 3}), pool("a", "p")), [node("n1", cpu=8)],
+        [op("x", "a", 5)], {"x": 3}, {"x": "pool p resource_limits.cpu: usage 3 + 1 > limit 3"},
+        id="ancestor-limit",
+    ),
+    pytest.param(
+        tree(A), [node("n1", cpu=8)], [op("x", "a", 5, limits={"cpu": 1})],
+        {"x": 1}, {"x": "operation x resource_limits.cpu: usage 1 + 1 > limit 1"},
+        id="operation-limit",
+    ),
+    pytest.param(
+        tree(A), [node("n1", cpu=8)], [op("x", "a", 5, running=False)],
+        {}, {"x": "pending"}, id="pending-operations-get-no-jobs",
+    ),
+    pytest.param(
+        tree(A, B), [node("n1", cpu=8, gpu=1)],
+        [op("x", "a", 2, cpu=1, gpu=1), op("y", "b", 8, start=1)],
+        {"x": 1, "y": 7}, {"x": "room", "y": "room"}, id="vector-jobs",
+    ),
+]
+
+
+@pytest.mark.parametrize(("t", "nodes", "ops", "grants", "reasons"), GRANT_CASES)
+def test_grants(
+    t: PoolTree,
+    nodes: list[NodeState],
+    ops: list[OperationState],
+    grants: dict[str, int],
+    reasons: dict[str, str],
+) -> None:
+    result = plan(t, nodes, ops)
+    assert granted(result) == grants
+    assert {o: w.reason for o, w in result.waiting.items() if o in reasons}.keys() == reasons.keys()
+    for op_id, needle in reasons.items():
+        assert needle in result.waiting[op_id].reason, result.waiting[op_id]
+    assert result.preemptions == ()
+
+
+def test_grants_go_to_the_first_node_with_room_and_fill_the_cluster() -> None:
+    result = plan(tree(A), [node("n2", cpu=2), node("n1", cpu=1)], [op("x", "a", 5)])
+    assert [g.node for g in result.grants] == ["n1", "n2", "n2"]
+    assert result.waiting["x"].pending_jobs == 2
+
+
+# -- admission: max_running_operation_count ------------------------------------------------
+
+
+def test_pending_operations_are_promoted_oldest_first_while_every_level_has_a_slot() -> None:
+    t = tree(
+        pool("root-pool", max_running_operation_count=3),
+        pool("small", "root-pool", max_running_operation_count=1),
+        pool("other", "root-pool"),
+        max_running_operation_count=10,
+    )
+    ops = [
+        op("o1", "small", 1, running=False, start=1),
+        op("o2", "small", 1, running=False, start=2),
+        op("o3", "other", 1, running=False, start=3),
+        op("o4", "other", 1, running=False, start=4),
+        op("o5", "other", 1, start=0),
+    ]
+    admission = admit_operations(t, ops)
+    assert admission.promoted == ("o1", "o3")
+    assert admission.running == {"o1", "o3", "o5"}
+    assert admission.pending == {
+        "o2": "pending: pool small runs 1 operations, its max_running_operation_count is 1",
+        "o4": "pending: pool root-pool runs 3 operations, its max_running_operation_count is 3",
+    }
+
+
+def test_the_trees_running_limit_holds_too() -> None:
+    t = tree(A, max_running_operation_count=1, max_running_operation_count_per_pool=1)
+    admission = admit_operations(t, [op("o1", "a", 1, running=False), op("o2", "a", 1, running=False, start=1)])
+    assert admission.promoted == ("o1",)
+    assert "pool a runs 1 operations" in admission.pending["o2"]
+
+
+# -- starvation preemption -----------------------------------------------------------------
+
+
+def batch_holds_everything(adhoc_running: int = 0) -> list[OperationState]:
+    """The seed's story: batch fills both nodes; then adhoc asks for 100 cpu."""
+    batch_jobs = [("n1" if i < 50 else "n2", float(i)) for i in range(adhoc_running, 100)]
+    adhoc_jobs = [("n1", 200.0)] * adhoc_running
+    return [
+        op("batch", "project-batch", 100, jobs=batch_jobs),
+        op("adhoc", "project-adhoc", 100, jobs=adhoc_jobs, start=100),
+    ]
+
+
+def test_no_preemption_before_the_starvation_timeout() -> None:
+    t = tree(*SEED)
+    ops = batch_holds_everything()
+    since = {(ElementKind.OPERATION, "adhoc"): 100.0}
+    result = plan(t, SEED_NODES, ops, now=130.0, since=since)
+    assert result.preemptions == () and result.grants == ()
+    assert "room" in result.waiting["adhoc"].reason
+
+
+def test_a_starving_operation_preempts_the_newest_jobs_above_fair_share() -> None:
+    t = tree(*SEED)
+    ops = batch_holds_everything()
+    since = {(ElementKind.OPERATION, "adhoc"): 100.0}
+    shares = fair_share(t, SEED_NODES, ops, 131.0, since)
+    adhoc_fair = shares.operations["adhoc"].fair_share.total["cpu"]
+    batch_fair = shares.operations["batch"].fair_share.total["cpu"]
+    assert (adhoc_fair, batch_fair) == (F(9, 11), F(2, 11))  # guarantee 0.8, then weights 1:10
+    result = plan(t, SEED_NODES, ops, now=131.0, since=since)
+    # batch keeps 19 jobs: 19/100 >= its fair share 2/11 (0.1818) * threshold 1 > 18/100, so
+    # adhoc gets the 81 preemptible ones, newest first (batch job i started at i)
+    assert granted(result) == {"adhoc": 81}
+    assert [p.job for p in result.preemptions][:3] == ["batch/99", "batch/98", "batch/97"]
+    assert {p.job for p in result.preemptions} == {f"batch/{i}" for i in range(19, 100)}
+    assert all(p.preemptor == "adhoc" and p.operation == "batch" for p in result.preemptions)
+    assert result.preemptions[0].reason == (
+        "preempted for starving operation adhoc: operation batch used 1 of cpu, above its "
+        "fair share 0.1818 * preemption_satisfaction_threshold 1"
+    )
+    assert result.waiting["adhoc"].pending_jobs == 19
+    assert "starving, but no node" in result.waiting["adhoc"].reason
+    assert result.preempted_nodes == ("n1", "n2")
+
+
+def test_a_victim_never_drops_below_fair_share_times_the_threshold() -> None:
+    t = tree(*SEED, preemption_satisfaction_threshold=2)
+    ops = batch_holds_everything()
+    since = {(ElementKind.OPERATION, "adhoc"): 0.0}
+    result = plan(t, SEED_NODES, ops, now=131.0, since=since)
+    # 2 * 2/11 = 0.3636...: batch keeps 37 jobs, so at most 63 are preempted
+    assert len(result.preemptions) == 63
+    assert granted(result) == {"adhoc": 63}
+    assert "starving, but no node" in result.waiting["adhoc"].reason
+
+
+def test_preemptive_scheduling_backoff_leaves_a_node_alone() -> None:
+    t = tree(*SEED)
+    nodes = (node("n1", cpu=50, last=130.0), node("n2", cpu=50))
+    ops = batch_holds_everything()
+    result = plan(t, nodes, ops, now=131.0, since={(ElementKind.OPERATION, "adhoc"): 0.0})
+    assert {p.node for p in result.preemptions} == {"n2"}
+    assert granted(result) == {"adhoc": 50}
+
+
+def test_non_preemptible_resource_usage_threshold_protects_small_operations() -> None:
+    t = tree(*SEED, non_preemptible_resource_usage_threshold={"cpu": 100})
+    result = plan(
+        t, SEED_NODES, batch_holds_everything(), now=131.0,
+        since={(ElementKind.OPERATION, "adhoc"): 0.0},
+    )
+    assert result.preemptions == ()
+
+
+def test_only_the_room_needed_is_taken_on_the_cheapest_node() -> None:
+    t = tree(A, B, fair_share_starvation_timeout=0)
+    nodes = [node("n1", cpu=4), node("n2", cpu=4)]
+    ops = [
+        op("big", "a", 8, jobs=[("n1", 1), ("n1", 2), ("n1", 3), ("n1", 4), ("n2", 5), ("n2", 6), ("n2", 7), ("n2", 8)]),
+        op("small", "b", 1, start=10, cpu=2),
+    ]
+    result = plan(t, nodes, ops, now=1.0, since={(ElementKind.OPERATION, "small"): 0.0})
+    assert [(p.job, p.node) for p in result.preemptions] == [("big/7", "n2"), ("big/6", "n2")]
+    assert [(g.operation, g.node) for g in result.grants] == [("small", "n2")]
+
+
+def test_a_gang_victim_loses_all_its_jobs_or_none() -> None:
+    t = tree(A, B, fair_share_starvation_timeout=0)
+    nodes = [node("n1", cpu=4)]
+    ops = [
+        op("gang", "a", 4, gang=True, jobs=[("n1", 1)] * 4),
+        op("solo", "b", 4, start=10),
+    ]
+    result = plan(t, nodes, ops, now=1.0, since={(ElementKind.OPERATION, "solo"): 0.0})
+    # the gang's fair share is 1/2 > 0: losing everything would drop it below -> untouched
+    assert result.preemptions == ()
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[PoolTree, list[NodeState], list[OperationState], float, dict[tuple[ElementKind, str], float]]:
+    threshold = draw(st.sampled_from(["0.5", "1", "1.5"]))
+    pools = [pool("p0", strong_guarantee_resources={"cpu": draw(st.integers(0, 4))})]
+    pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16))})]
+    t = tree(*pools, preemption_satisfaction_threshold=threshold, fair_share_starvation_timeout=0)
+    nodes = [
+        node(f"n{i}", last=draw(st.sampled_from([None, 0.0, 9.0])), cpu=draw(st.integers(1, 6)), gpu=draw(st.integers(0, 2)))
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    room = {n.node.name: dict(n.node.resources) for n in nodes}
+    ops = []
+    for index in range(draw(st.integers(0, 5))):
+        job = {"cpu": draw(st.integers(1, 3)), "gpu": draw(st.integers(0, 1))}
+        count = draw(st.integers(1, 6))
+        gang = draw(st.booleans())
+        jobs = []
+        for j in range(draw(st.integers(0, count))):
+            fits = [name for name, free in room.items() if all(free[k] >= v for k, v in job.items())]
+            if not fits:
+                break
+            where = draw(st.sampled_from(fits))
+            for k, v in job.items():
+                room[where][k] -= v
+            jobs.append((where, float(draw(st.integers(0, 9)) + j / 100)))
+        if gang and jobs and len(jobs) != count:
+            gang = False
+        ops.append(op(f"o{index}", draw(st.sampled_from(["p0", "p1", "p2"])), count, jobs=jobs, gang=gang, start=float(index), **job))
+    since = {(ElementKind.OPERATION, o.id): 0.0 for o in ops if draw(st.booleans())}
+    return t, nodes, ops, 10.0, since
+
+
+World = tuple[PoolTree, list[NodeState], list[OperationState], float, dict[tuple[ElementKind, str], float]]
+
+
+def planned(world: World) -> tuple[FairShareResult, JobPlan]:
+    t, nodes, ops, now, since = world
+    shares = fair_share(t, nodes, ops, now, since)
+    return shares, plan_jobs(t, nodes, ops, shares, now)
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds())
+def test_node_capacity_is_never_exceeded(world: World) -> None:
+    _, nodes, ops, _, _ = world
+    _, result = planned(world)
+    preempted = {p.job for p in result.preemptions}
+    by_id = {o.id: o for o in ops}
+    used: dict[str, dict[str, int]] = {n.node.name: {} for n in nodes}
+    placements = [(o, j.node) for o in ops for j in o.jobs if j.id not in preempted]
+    placements += [(by_id[g.operation], g.node) for g in result.grants]
+    for o, where in placements:
+        for key, amount in o.job_resources.items():
+            used[where][key] = used[where].get(key, 0) + amount
+    for n in nodes:
+        for key, amount in used[n.node.name].items():
+            assert amount <= n.node.resources.get(key, 0), (n, used)
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds())
+def test_gangs_are_all_or_nothing(world: World) -> None:
+    _, _, ops, _, _ = world
+    _, result = planned(world)
+    for o in ops:
+        if o.gang:
+            assert result.granted(o.id) in (0, o.pending_job_count)
+            lost = sum(1 for p in result.preemptions if p.operation == o.id)
+            assert lost in (0, len(o.jobs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds())
+def test_never_preempt_an_operation_at_or_below_fair_share_times_threshold(world: World) -> None:
+    t, nodes, ops, _, _ = world
+    shares, result = planned(world)
+    threshold = t.config.preemption_satisfaction_threshold
+    from fairpool.frontends.trees import tree_resources
+
+    total = tree_resources(t.config, (n.node for n in nodes))
+    for o in ops:
+        lost = sum(1 for p in result.preemptions if p.operation == o.id)
+        if not lost:
+            continue
+        element = shares.operations[o.id]
+        resource = element.dominant_resource
+        floor = element.fair_share.total[resource] * threshold
+        before = F(o.job_resources[resource] * len(o.jobs), total[resource])
+        after = F(o.job_resources[resource] * (len(o.jobs) - lost), total[resource])
+        assert before > floor and after >= floor
+
+
+@settings(max_examples=100, deadline=None)
+@given(worlds(), st.randoms(use_true_random=False))
+def test_same_state_same_plan_whatever_the_input_order(world: World, rnd: random.Random) -> None:
+    t, nodes, ops, now, since = world
+    _, result = planned(world)
+    shuffled_ops = [
+        OperationState(o.id, o.pool, o.job_resources, o.job_count, o.gang, o.running, o.start_time, o.weight, o.resource_limits, tuple(rnd.sample(o.jobs, len(o.jobs))))
+        for o in rnd.sample(ops, len(ops))
+    ]
+    _, again = planned((t, rnd.sample(nodes, len(nodes)), shuffled_ops, now, since))
+    assert again == result

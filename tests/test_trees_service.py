@@ -1,0 +1,254 @@
+"""Pool trees as a service (seed 003) on a real database, SQLite and PostgreSQL: the seed's
+examples end to end, operation-count admission, starvation preemption on an injected clock,
+and that a refused command writes nothing. The planner itself is tested pure in
+``test_jobs.py``, the fair share in ``test_fairshare.py``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.store import schema
+from fairpool.store.db import Database
+from fairpool.trees_service import TreesService
+from tests.test_service import Clock
+
+GPU_NODE = {"cpu": 64, "memory": "512GiB", "gpu": 8, "user_slots": 64}
+SEED_TREE = """
+name: physical
+config: {node_tag_filter: gpu, main_resource: cpu}
+pools:
+  project-root:
+    strong_guarantee_resources: {cpu: 100}
+    max_running_operation_count: 10
+    max_operation_count: 50
+    pools:
+      project-adhoc: {strong_guarantee_resources: {cpu: 80}, max_running_operation_count: 10}
+      project-batch: {weight: 10, max_running_operation_count: 4}
+      project-backup: {strong_guarantee_resources: {cpu: 20}, max_running_operation_count: 2}
+"""
+CPU = {"cpu": 1}
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def trees(database_url: str, clock: Clock) -> Iterator[TreesService]:
+    db = Database.open(database_url)
+    yield TreesService(db, clock)
+    db.close()
+
+
+@pytest.fixture
+def seed(trees: TreesService) -> TreesService:
+    """The seed's project: 100 cpu on two gpu nodes, and its pool table."""
+    trees.add_node("gpu-01", ["gpu", "a100"], {"cpu": 50, "user_slots": 64})
+    trees.add_node("gpu-02", ["gpu"], {"cpu": 50, "user_slots": 64})
+    trees.add_node("cpu-01", ["cpu"], {"cpu": 500})
+    applied = trees.apply_tree(SEED_TREE)
+    assert applied.changes[0] == "+ tree physical"
+    return trees
+
+
+def advance(clock: Clock, seconds: float) -> None:
+    clock.now += timedelta(seconds=seconds)
+
+
+def dump(trees: TreesService) -> dict[str, int]:
+    with trees.db.read() as conn:
+        return {
+            name: int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+            for name, table in schema.metadata.tables.items()
+        }
+
+
+def shares(trees: TreesService) -> dict[str, tuple[float, float]]:
+    return {row.name: (row.shares.fair_share, row.shares.usage_share)
+            for row in trees.show_tree("physical").elements if row.kind == "pool"}
+
+
+def test_the_seed_example_saturated_then_batch_takes_the_slack(
+    seed: TreesService, clock: Clock
+) -> None:
+    tree = seed.show_tree()
+    assert (tree.name, tree.default, tree.resources) == ("physical", True, {"cpu": 100, "user_slots": 128})
+    assert tree.nodes == ("gpu-01", "gpu-02")  # cpu-01 is not selected by the filter
+    # adhoc idle: batch takes the whole slack
+    batch = seed.start_operation(tree="physical", pool="project-batch", user="alice",
+                                 job_resources=CPU, job_count=200)
+    assert (batch.status, batch.running_jobs, batch.pending_jobs) == ("running", 100, 100)
+    assert batch.job_resources == {"cpu": 1, "user_slots": 1}
+    assert batch.nodes == {"gpu-01": 50, "gpu-02": 50}
+    assert "100 jobs pending: no node of tree physical has room" in (batch.reason or "")
+    # everyone saturated: adhoc and backup get their guarantees once they starve
+    advance(clock, 1)
+    adhoc = seed.start_operation(pool="project-adhoc", user="bob", job_resources=CPU,
+                                 job_count=100)
+    backup = seed.start_operation(pool="project-backup", user="carol", job_resources=CPU,
+                                  job_count=100)
+    assert (adhoc.running_jobs, backup.running_jobs) == (0, 0)
+    assert shares(seed)["project-adhoc"] == (0.8, 0.0)
+    assert shares(seed)["project-backup"] == (0.2, 0.0)
+    assert shares(seed)["project-batch"] == (0.0, 1.0)
+    advance(clock, 31)  # fair_share_starvation_timeout: 30 s
+    seed.reconcile("physical")
+    assert shares(seed) == {
+        "project-root": (1.0, 1.0),
+        "project-adhoc": (0.8, 0.8),
+        "project-backup": (0.2, 0.2),
+        "project-batch": (0.0, 0.0),
+    }
+    batch = seed.describe_operation(batch.id[:8])
+    assert (batch.running_jobs, len(batch.preempted)) == (0, 100)
+    assert {p.preempted_by for p in batch.preempted} == {adhoc.id, backup.id}
+    assert "above its fair share 0 * preemption_satisfaction_threshold 1" in (batch.preempted[0].reason or "")
+    # adhoc ends: its 80 cpu go to the most under-served first -- batch 8/11, backup 3/11
+    # (weights 10:1 on top of backup's guarantee), no preemption needed
+    seed.complete_operation(adhoc.id)
+    assert shares(seed)["project-batch"] == (0.727273, 0.73)
+    assert shares(seed)["project-backup"] == (0.272727, 0.27)
+    assert seed.describe_operation(batch.id).running_jobs == 73
+
+
+def test_operation_count_limits_at_every_level(seed: TreesService) -> None:
+    seed.set_pool("physical", "project-backup", "max_operation_count", "3")
+    started = [
+        seed.start_operation(pool="project-backup", user="u", job_resources=CPU, job_count=1)
+        for _ in range(3)
+    ]
+    # max_running_operation_count 2: the third waits, FIFO
+    assert [op.status for op in started] == ["running", "running", "pending"]
+    assert started[2].reason == (
+        "pending: pool project-backup runs 2 operations, its max_running_operation_count is 2"
+    )
+    before = dump(seed)
+    with pytest.raises(InvalidInput, match=re.escape(
+            "pool: has 3 started operations, its max_operation_count is 3 (got 'project-backup')"
+    )):
+        seed.start_operation(pool="project-backup", user="u", job_resources=CPU, job_count=1)
+    assert dump(seed) == before
+    # a slot frees: the pending one is promoted
+    seed.abort_operation(started[0].id)
+    assert seed.describe_operation(started[2].id).status == "running"
+    # an ancestor's limit binds too
+    seed.set_pool("physical", "project-root", "max_running_operation_count", "3")
+    seed.set_pool("physical", "project-root", "max_operation_count", "3")
+    seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
+    with pytest.raises(InvalidInput, match=re.escape(
+            "has 3 started operations, its max_operation_count is 3 (got 'project-root')"
+    )):
+        seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
+    assert len(seed.list_operations(status="running")) == 3
+
+
+def test_gangs_are_granted_all_or_nothing(seed: TreesService) -> None:
+    big = seed.start_operation(pool="project-batch", user="u", job_resources={"cpu": 30},
+                               job_count=4, gang=True)
+    assert (big.running_jobs, big.reason) == (
+        0, "4 jobs pending: gang of 4 jobs: only 2 fit on the nodes of tree physical now "
+        "(all or nothing)"
+    )
+    small = seed.start_operation(pool="project-batch", user="u", job_resources={"cpu": 25},
+                                 job_count=4, gang=True)
+    assert small.running_jobs == 4
+
+
+def test_ephemeral_pools(seed: TreesService) -> None:
+    seed.set_tree("physical", "max_ephemeral_pool_per_user", "1")
+    op = seed.start_operation(user="dave", job_resources=CPU, job_count=1)
+    assert op.pool == "dave"
+    assert seed.describe_pool("physical", "dave").ephemeral
+    with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pools"):
+        seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
+    seed.complete_operation(op.id)
+    with pytest.raises(NotFound):
+        seed.describe_pool("physical", "dave")
+    seed.set_pool("physical", "project-adhoc", "create_ephemeral_subpools", "true")
+    sub = seed.start_operation(pool="project-adhoc", user="erin", job_resources=CPU,
+                               job_count=1)
+    assert sub.pool == "project-adhoc$erin"
+    seed.set_pool("physical", "project-root", "forbid_immediate_operations", "true")
+    with pytest.raises(InvalidInput, match="forbid_immediate_operations"):
+        seed.start_operation(pool="project-root", user="erin", job_resources=CPU, job_count=1)
+    with pytest.raises(InvalidInput, match="forbid_immediate_operations_in_root"):
+        seed.start_operation(pool="<Root>", user="erin", job_resources=CPU, job_count=1)
+
+
+def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
+    before = dump(seed)
+    cases = [
+        (lambda: seed.create_pool("physical", "x", "project-adhoc",
+                                  {"strong_guarantee_resources": {"cpu": 81}}),
+         "strong_guarantee_resources.cpu: is less than its children's sum 81"),
+        (lambda: seed.set_pool("physical", "project-batch", "weight", "0"),
+         "weight: must be positive (got 0)"),
+        (lambda: seed.set_pool("physical", "project-root", "parent", "project-adhoc"),
+         "makes a cycle"),
+        (lambda: seed.set_tree("physical", "fair_share_starvation_tolerance", "2"),
+         "fair_share_starvation_tolerance: must be between 0 and 1"),
+        (lambda: seed.create_tree("other"), "node would belong to trees other and physical"),
+        (lambda: seed.start_operation(pool="project-batch", user="u",
+                                      job_resources={"cpu": 51}, job_count=1),
+         "job_resources.cpu: no node of tree physical has that much (largest: 50)"),
+        (lambda: seed.start_operation(pool="project-batch", user="u", job_resources=CPU,
+                                      job_count=0),
+         "job_count: must be a positive integer"),
+        (lambda: seed.add_node("gpu-01", [], {"cpu": 1}), "node gpu-01 already exists"),
+    ]
+    for call, message in cases:
+        with pytest.raises((InvalidInput, Conflict), match=re.escape(message)):
+            call()
+    assert dump(seed) == before
+
+
+def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> None:
+    assert seed.apply_tree(SEED_TREE).changes == ()
+    smaller = SEED_TREE.replace(
+        "      project-backup: {strong_guarantee_resources: {cpu: 20}, max_running_operation_count: 2}\n", ""
+    ).replace("{weight: 10,", "{weight: 5,")
+    assert seed.apply_tree(smaller).changes == ("- pool project-backup", "~ pool project-batch")
+    assert seed.describe_pool("physical", "project-batch").config["weight"] == 5
+
+
+def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
+    op = seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
+    with pytest.raises(Conflict, match="node gpu-01 runs 1 jobs"):
+        seed.remove_node("gpu-01")
+    with pytest.raises(Conflict, match="pool project-batch has 1 started operations"):
+        seed.delete_pool("physical", "project-batch")
+    seed.complete_operation(op.id)
+    with pytest.raises(Conflict, match="already completed"):
+        seed.abort_operation(op.id)
+    seed.remove_node("gpu-01")
+    assert [n.name for n in seed.list_nodes()] == ["cpu-01", "gpu-02"]
+    seed.delete_pool("physical", "project-batch")
+
+
+def test_starvation_timeline_and_backoff(seed: TreesService, clock: Clock) -> None:
+    seed.set_tree("physical", "fair_share_starvation_timeout", "1000")
+    batch = seed.start_operation(pool="project-batch", user="a", job_resources=CPU,
+                                 job_count=100)
+    adhoc = seed.start_operation(pool="project-adhoc", user="b", job_resources=CPU,
+                                 job_count=10)
+    below = seed.describe_operation(adhoc.id).shares
+    assert below is not None and below.below_fair_share_since is not None and not below.starving
+    advance(clock, 0.5)
+    seed.reconcile()
+    assert seed.describe_operation(adhoc.id).running_jobs == 0
+    advance(clock, 0.6)  # 1.1 s > 1000 ms: starving, it preempts
+    seed.reconcile()
+    assert seed.describe_operation(adhoc.id).running_jobs == 10
+    assert seed.describe_operation(batch.id).running_jobs == 90
+    with seed.db.read() as conn:
+        stamped = conn.execute(select(schema.cluster_node.c.name)
+                               .where(schema.cluster_node.c.last_preemption_at.is_not(None))
+                               ).scalars().all()
+    assert stamped  # preemptive_scheduling_backoff starts on the nodes that preempted
