@@ -432,3 +432,44 @@ def test_concurrent_clients_never_overcommit(client: httpx.Client, server: Serve
     pool_after = ok(client.get("/pools/conc-gpus"))
     assert pool_after["occupied"] == {"gpu": 0} and pool_after["queue_length"] == 0
     assert "Traceback" not in server.log_path.read_text()
+
+
+# -- the scheduler config over HTTP (seed 004) ---------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
+
+
+def test_scheduler_config_routes(client: httpx.Client) -> None:
+    shape = client.post("/config/validate", json={"document": "resource_queues: [{nme: q}]\n"})
+    assert shape.status_code == 422
+    assert [(e["path"], e["message"]) for e in shape.json()["errors"]] == [
+        ("resource_queues[0].nme", "unknown key 'nme'; did you mean 'name'?"),
+        ("resource_queues[0].name", "is required"),
+    ]
+    reference = client.post(
+        "/config/validate", json={"document": "scheduling_rules: [{resource_queue: nowhere}]\n"}
+    )
+    assert reference.status_code == 400
+    assert reference.json()["errors"][0]["path"] == "scheduling_rules[0].resource_queue"
+    assert client.post("/config", json={"document": "x: 1\n"}).status_code == 422
+    assert client.post("/config", json={"document": 5}).status_code == 422  # not a string
+    document = (EXAMPLES / "m5-cap.yaml").read_text()
+    valid = ok(client.post("/config/validate", json={"document": document}))
+    assert valid["valid"] is True
+    applied = ok(client.post("/config", json={"document": document}), 201)
+    version = applied["version"]["version"]
+    assert ok(client.get("/config"))["version"] == version
+    m5 = {"instance_type": "m5.2xlarge", "demand": {"cpu": 8, "memory_gb": 32}}
+    statuses = [ok(client.post("/workloads", json=m5), 201)["status"] for _ in range(4)]
+    assert statuses == ["admitted"] * 3 + ["queued"]
+    queue = ok(client.get("/queues/q-m5-2xlarge-cap3"))
+    assert (queue["admitted"], queue["queued"]) == (3, 1)
+    assert client.post("/workloads", json={**m5, "colour": "red"}).status_code == 422
+    bad = client.post("/workloads", json={"labels": {"instance-type": "x"}})
+    assert bad.status_code == 422 and bad.json()["field"] == "labels.instance-type"
+    assert client.get("/workloads/ffffffff").status_code == 404
+    assert client.get("/config", params={"version": 999}).status_code == 404
+    changed = document.replace("nominal_quota: 24", "nominal_quota: 32")
+    immutable = client.post("/config", json={"document": changed})
+    assert immutable.status_code == 400 and "new name" in immutable.text
+    assert ok(client.get("/config"))["version"] == version  # nothing applied

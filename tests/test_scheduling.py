@@ -245,3 +245,38 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) 
     assert failed.code == 0, failed.err
     result = fairpool(home, "workload", "submit", "--gpu", "1", "-o", "json")
     assert result.code == 1 and result.json["status"] == "failed"
+
+
+def test_the_seed_examples_behave_as_the_seed_says_through_the_cli(tmp_path: Path) -> None:
+    from tests.test_cli import fairpool
+
+    home = tmp_path / "home"
+
+    def submit(*args: str) -> dict[str, object]:
+        result = fairpool(home, "workload", "submit", *args, "-o", "json")
+        data: dict[str, object] = result.json
+        return data
+
+    # m5.2xlarge capped at three; everything else uncapped.
+    fairpool(home, "config", "apply", "-f", str(EXAMPLES / "m5-cap.yaml"), "--yes").ok()
+    m5 = ("--instance-type", "m5.2xlarge", "--cpu", "8", "--memory-gb", "32")
+    assert [submit(*m5)["status"] for _ in range(4)] == ["admitted"] * 3 + ["queued"]
+    other = submit("--instance-type", "c5.large", "--cpu", "512")
+    assert (other["status"], other["queue"]) == ("admitted", "default")
+    # The capacity reservation: a4 only, 80 GPUs; a non-a4 opt-in matches no flavor.
+    fairpool(home, "config", "apply", "-f", str(EXAMPLES / "reservation.yaml"), "--yes").ok()
+    opt_in = ("--label", "use-reservation=true", "--gpu", "8")
+    wrong = fairpool(home, "workload", "submit", *opt_in, "--instance-type", "n2", "-o", "json")
+    assert wrong.code == 1 and wrong.json["status"] == "rejected"
+    assert "no flavor matched" in wrong.json["reason"]
+    a4 = [submit(*opt_in, "--instance-type", "a4-highgpu-8g") for _ in range(11)]
+    assert [w["status"] for w in a4] == ["admitted"] * 10 + ["queued"]
+    assert {w["queue"] for w in a4} == {"reservation"}
+    assert submit("--gpu", "64")["queue"] == "default"
+    # The complete example: research routes to ml_training at its default priority 50.
+    fairpool(home, "config", "apply", "-f", str(EXAMPLES / "complete.yaml"), "--yes").ok()
+    research = submit("--label", "team=research", "--accelerator-type", "A100",
+                      "--market-type", "SPOT", "--gpu", "8", "--cpu", "32")
+    assert (research["queue"], research["priority"], research["flavors"]) == (
+        "ml_training", 50, ["gpu_a100_spot"])
+    assert submit("--label", "team=infra", "--gpu", "8")["queue"] == "default"
