@@ -21,6 +21,7 @@ from sqlalchemy import (
     Connection,
     Select,
     Table,
+    bindparam,
     delete,
     insert,
     select,
@@ -84,8 +85,17 @@ def _check_found(rowcount: int, what: str, id_: str) -> None:
         raise NotFound(f"no {what} {id_!r}")
 
 
+# Hot statements are built once: building a statement and its cache key costs more than
+# running it (~60 µs of ~100 µs per statement, measured on SQLite). Where the columns set vary,
+# the SET clause comes from the parameters' keys.
+_UPDATE_BY_ID = {
+    table: update(table).where(table.c.id == bindparam("_id"))
+    for table in (schema.pool, schema.policy, schema.request)
+}
+
+
 def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
-    result = connection.execute(update(table).where(table.c.id == id_).values(**values))
+    result = connection.execute(_UPDATE_BY_ID[table], {"_id": id_, **values})
     _check_found(result.rowcount, what, id_)
 
 
@@ -95,10 +105,12 @@ def _delete(connection: Connection, table: Table, id_: str, what: str) -> None:
 
 
 def _amounts_by_owner(
-    connection: Connection, statement: Select[tuple[str, str, int]]
+    connection: Connection,
+    statement: Select[Any],
+    parameters: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, int]]:
     by_owner: defaultdict[str, dict[str, int]] = defaultdict(dict)
-    for owner, key, amount in connection.execute(statement):
+    for owner, key, amount in connection.execute(statement, parameters):
         by_owner[owner][key] = amount
     return by_owner
 
@@ -118,10 +130,14 @@ def insert_component(
     return component
 
 
+_COMPONENT_BY_NAME = select(schema.component).where(
+    schema.component.c.name == bindparam("name"), schema.component.c.type == bindparam("type")
+)
+
+
 def get_component_by_name(connection: Connection, name: str, type_: ComponentType) -> Component:
-    table = schema.component
     row = (
-        connection.execute(select(table).where(table.c.name == name, table.c.type == type_.value))
+        connection.execute(_COMPONENT_BY_NAME, {"name": name, "type": type_.value})
         .mappings()
         .first()
     )
@@ -130,9 +146,11 @@ def get_component_by_name(connection: Connection, name: str, type_: ComponentTyp
     return Component.from_row(row)
 
 
+_COMPONENTS = select(schema.component).order_by(schema.component.c.name, schema.component.c.type)
+
+
 def list_components(connection: Connection) -> list[Component]:
-    table = schema.component
-    rows = connection.execute(select(table).order_by(table.c.name, table.c.type)).mappings()
+    rows = connection.execute(_COMPONENTS).mappings()
     return [Component.from_row(row) for row in rows]
 
 
@@ -144,15 +162,26 @@ def delete_component(connection: Connection, component_id: str) -> None:
 # Pools
 
 
-def _pools(connection: Connection, where: ColumnElement[bool]) -> list[Pool]:
+def _pool_statements(where: ColumnElement[bool]) -> tuple[Select[Any], Select[Any]]:
+    """The pools matching ``where``, and their capacity rows."""
     table, resource = schema.pool, schema.pool_resource
     statement = select(table).where(where).order_by(table.c.name)
-    capacity = _amounts_by_owner(
-        connection,
+    capacity = (
         select(resource.c.pool_id, resource.c.key, resource.c.total)
         .where(resource.c.pool_id.in_(statement.with_only_columns(table.c.id)))
-        .order_by(resource.c.pool_id, resource.c.key),
+        .order_by(resource.c.pool_id, resource.c.key)
     )
+    return statement, capacity
+
+
+_ALL_POOLS = _pool_statements(true())
+
+
+def _pools(
+    connection: Connection, statements: tuple[Select[Any], Select[Any]]
+) -> list[Pool]:
+    statement, capacity_statement = statements
+    capacity = _amounts_by_owner(connection, capacity_statement)
     rows = connection.execute(statement).mappings()
     return [Pool.from_row(row, capacity.get(row["id"], {})) for row in rows]
 
@@ -198,12 +227,12 @@ def get_pool(connection: Connection, ref: str) -> Pool:
     pool_id = connection.scalar(select(table.c.id).where(table.c.name == ref))
     if pool_id is None:
         pool_id = _resolve_id(connection, table, ref, "pool")
-    return _pools(connection, table.c.id == pool_id)[0]
+    return _pools(connection, _pool_statements(table.c.id == pool_id))[0]
 
 
 def list_pools(connection: Connection) -> list[Pool]:
     """All pools, by name."""
-    return _pools(connection, true())
+    return _pools(connection, _ALL_POOLS)
 
 
 def set_pool_capacity(
@@ -228,16 +257,28 @@ def delete_pool(connection: Connection, pool_id: str) -> None:
 # Policies
 
 
-def _policies(connection: Connection, where: ColumnElement[bool]) -> list[Policy]:
+def _policy_statements(where: ColumnElement[bool]) -> tuple[Select[Any], Select[Any]]:
+    """The policies matching ``where``, and their resource rows."""
     table, resource = schema.policy, schema.policy_resource
     statement = select(table).where(where).order_by(table.c.created_at, table.c.id)
-    reserved: defaultdict[str, dict[str, int]] = defaultdict(dict)
-    limit: defaultdict[str, dict[str, int]] = defaultdict(dict)
-    resources = connection.execute(
+    resources = (
         select(resource.c.policy_id, resource.c.key, resource.c.reserved, resource.c.limit)
         .where(resource.c.policy_id.in_(statement.with_only_columns(table.c.id)))
         .order_by(resource.c.policy_id, resource.c.key)
     )
+    return statement, resources
+
+
+_ALL_POLICIES = _policy_statements(true())
+
+
+def _policies(
+    connection: Connection, statements: tuple[Select[Any], Select[Any]]
+) -> list[Policy]:
+    statement, resources_statement = statements
+    reserved: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    limit: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    resources = connection.execute(resources_statement)
     for policy_id, key, reserved_units, limit_units in resources:
         reserved[policy_id][key] = reserved_units
         if limit_units is not None:
@@ -307,7 +348,7 @@ def insert_policy(
 
 
 def get_policy(connection: Connection, policy_id: str) -> Policy:
-    policies = _policies(connection, schema.policy.c.id == policy_id)
+    policies = _policies(connection, _policy_statements(schema.policy.c.id == policy_id))
     if not policies:
         raise NotFound(f"no policy {policy_id!r}")
     return policies[0]
@@ -353,28 +394,62 @@ def list_policies(
 ) -> list[Policy]:
     """Oldest first."""
     table = schema.policy
+    if pool_id is None and component_id is None:
+        return _policies(connection, _ALL_POLICIES)
     where: ColumnElement[bool] = true()
     if pool_id is not None:
         where = where & (table.c.pool_id == pool_id)
     if component_id is not None:
         where = where & (table.c.component_id == component_id)
-    return _policies(connection, where)
+    return _policies(connection, _policy_statements(where))
 
 
 # Requests
 
 
-def _requests(connection: Connection, statement: Select[Any]) -> list[Request]:
-    """Requests selected by ``statement`` (over the request table), with their demand."""
+def _demand_statement(statement: Select[Any]) -> Select[Any]:
+    """The demand rows of the requests ``statement`` selects."""
     resource = schema.request_resource
-    demand = _amounts_by_owner(
-        connection,
+    return (
         select(resource.c.request_id, resource.c.key, resource.c.amount)
         .where(resource.c.request_id.in_(statement.with_only_columns(schema.request.c.id)))
-        .order_by(resource.c.request_id, resource.c.key),
+        .order_by(resource.c.request_id, resource.c.key)
     )
-    rows = connection.execute(statement).mappings()
+
+
+def _requests(
+    connection: Connection,
+    statement: Select[Any],
+    demand_statement: Select[Any] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> list[Request]:
+    """Requests selected by ``statement`` (over the request table), with their demand;
+    a prebuilt statement comes with its prebuilt ``demand_statement`` and ``parameters``."""
+    if demand_statement is None:
+        demand_statement = _demand_statement(statement)
+    demand = _amounts_by_owner(connection, demand_statement, parameters)
+    rows = connection.execute(statement, parameters).mappings()
     return [Request.from_row(row, demand.get(row["id"], {})) for row in rows]
+
+
+_REQUEST_BY_ID = select(schema.request).where(schema.request.c.id == bindparam("id"))
+_REQUEST_BY_ID_DEMAND = _demand_statement(_REQUEST_BY_ID)
+_QUEUE = (
+    select(schema.request)
+    .where(schema.request.c.status == RequestStatus.QUEUED.value)
+    .order_by(schema.request.c.created_at, schema.request.c.id)
+)
+_QUEUE_DEMAND = _demand_statement(_QUEUE)
+_REQUESTS_BY_IDS = (
+    select(schema.request)
+    .where(schema.request.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(schema.request.c.created_at, schema.request.c.id)
+)
+_REQUESTS_BY_IDS_DEMAND = _demand_statement(_REQUESTS_BY_IDS)
+
+
+_INSERT_REQUEST = insert(schema.request)
+_INSERT_REQUEST_RESOURCE = insert(schema.request_resource)
 
 
 def insert_request(
@@ -413,25 +488,26 @@ def insert_request(
         created_by_token_id=created_by_token_id,
     )
     connection.execute(
-        insert(schema.request).values(
-            id=request.id,
-            component_id=component_id,
-            status=request.status.value,
-            preemptible=preemptible,
-            max_retries=max_retries,
-            attempt=attempt,
-            previous_attempt_id=previous_attempt_id,
-            labels=request.labels,
-            created_at=now,
-            updated_at=now,
-            lease_ttl=lease_ttl,
-            created_by_token_id=created_by_token_id,
-            idempotency_key=idempotency_key,
-        )
+        _INSERT_REQUEST,
+        {
+            "id": request.id,
+            "component_id": component_id,
+            "status": request.status.value,
+            "preemptible": preemptible,
+            "max_retries": max_retries,
+            "attempt": attempt,
+            "previous_attempt_id": previous_attempt_id,
+            "labels": request.labels,
+            "created_at": now,
+            "updated_at": now,
+            "lease_ttl": lease_ttl,
+            "created_by_token_id": created_by_token_id,
+            "idempotency_key": idempotency_key,
+        },
     )
     if demand:
         connection.execute(
-            insert(schema.request_resource),
+            _INSERT_REQUEST_RESOURCE,
             [
                 {"request_id": request.id, "key": key, "amount": amount}
                 for key, amount in demand.items()
@@ -452,7 +528,7 @@ def find_request_by_key(connection: Connection, key: str) -> str | None:
 def get_request(connection: Connection, ref: str) -> Request:
     """The request with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.request
-    found = _requests(connection, select(table).where(table.c.id == ref))
+    found = _requests(connection, _REQUEST_BY_ID, _REQUEST_BY_ID_DEMAND, {"id": ref})
     if found:  # the common case, a whole id: no separate lookup
         return found[0]
     request_id = _resolve_id(connection, table, ref, "request")
@@ -515,20 +591,18 @@ def list_requests(
 
 def requests_by_ids(connection: Connection, request_ids: Sequence[str]) -> list[Request]:
     """The requests among ``request_ids`` that exist, in queue order within each batch."""
-    table = schema.request
     found: list[Request] = []
     for start in range(0, len(request_ids), _BATCH):
-        batch = request_ids[start : start + _BATCH]
-        statement = (
-            select(table).where(table.c.id.in_(batch)).order_by(table.c.created_at, table.c.id)
+        batch = list(request_ids[start : start + _BATCH])
+        found.extend(
+            _requests(connection, _REQUESTS_BY_IDS, _REQUESTS_BY_IDS_DEMAND, {"ids": batch})
         )
-        found.extend(_requests(connection, statement))
     return found
 
 
 def queued_requests(connection: Connection) -> list[Request]:
     """The whole queue, in order; two queries however long it is."""
-    return list_requests(connection, status=RequestStatus.QUEUED)
+    return _requests(connection, _QUEUE, _QUEUE_DEMAND)
 
 
 def set_request_status(
@@ -565,21 +639,28 @@ def allocation_and_retry(
 ) -> tuple[Allocation | None, str | None]:
     """In one query: the request's allocation (live or released, None if it never had one)
     and the id of the request that retries it (None if none was made)."""
+    row = connection.execute(_ALLOCATION_AND_RETRY, {"id": request_id}).mappings().first()
+    if row is None:
+        return None, None
+    held = Allocation.from_row(row) if row["request_id"] is not None else None
+    return held, row["retried_as_id"]
+
+
+def _allocation_and_retry_statement() -> Select[Any]:
     allocation, retry = schema.allocation, schema.request.alias("retry")
     request = schema.request
-    row = connection.execute(
+    return (
         select(allocation, retry.c.id.label("retried_as_id"))
         .select_from(
             request.outerjoin(allocation, allocation.c.request_id == request.c.id).outerjoin(
                 retry, retry.c.previous_attempt_id == request.c.id
             )
         )
-        .where(request.c.id == request_id)
-    ).mappings().first()
-    if row is None:
-        return None, None
-    held = Allocation.from_row(row) if row["request_id"] is not None else None
-    return held, row["retried_as_id"]
+        .where(request.c.id == bindparam("id"))
+    )
+
+
+_ALLOCATION_AND_RETRY = _allocation_and_retry_statement()
 
 
 def delete_request(connection: Connection, request_id: str) -> None:
@@ -588,6 +669,16 @@ def delete_request(connection: Connection, request_id: str) -> None:
 
 
 # Allocations
+
+
+_INSERT_ALLOCATION = insert(schema.allocation)
+_RELEASE_ALLOCATION = (
+    update(schema.allocation)
+    .where(
+        schema.allocation.c.request_id == bindparam("_request_id"),
+        schema.allocation.c.released_at.is_(None),
+    )
+)
 
 
 def insert_allocation(
@@ -611,15 +702,16 @@ def insert_allocation(
         lease_expires_at=as_utc(lease_expires_at) if lease_expires_at else None,
     )
     connection.execute(
-        insert(schema.allocation).values(
-            request_id=request_id,
-            pool_id=pool_id,
-            policy_id=policy_id,
-            pool_name=pool_name,
-            priority=priority,
-            allocated_at=allocation.allocated_at,
-            lease_expires_at=allocation.lease_expires_at,
-        )
+        _INSERT_ALLOCATION,
+        {
+            "request_id": request_id,
+            "pool_id": pool_id,
+            "policy_id": policy_id,
+            "pool_name": pool_name,
+            "priority": priority,
+            "allocated_at": allocation.allocated_at,
+            "lease_expires_at": allocation.lease_expires_at,
+        },
     )
     return allocation
 
@@ -637,29 +729,32 @@ def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -
 
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
     """Give the request's units back; NotFound unless it holds a live allocation."""
-    table = schema.allocation
     result = connection.execute(
-        update(table)
-        .where(table.c.request_id == request_id, table.c.released_at.is_(None))
-        .values(released_at=now)
+        _RELEASE_ALLOCATION, {"_request_id": request_id, "released_at": as_utc(now)}
     )
     _check_found(result.rowcount, "live allocation for request", request_id)
+
+
+_LIVE_ALLOCATIONS = (
+    select(schema.allocation)
+    .where(schema.allocation.c.released_at.is_(None))
+    .order_by(schema.allocation.c.allocated_at, schema.allocation.c.request_id)
+)
 
 
 def live_allocations(connection: Connection, pool_id: str | None = None) -> list[Allocation]:
     """Allocations still holding units, oldest first."""
     table = schema.allocation
-    statement = (
-        select(table)
-        .where(table.c.released_at.is_(None))
-        .order_by(table.c.allocated_at, table.c.request_id)
-    )
+    statement = _LIVE_ALLOCATIONS
     if pool_id is not None:
         statement = statement.where(table.c.pool_id == pool_id)
     return [Allocation.from_row(row) for row in connection.execute(statement).mappings()]
 
 
 # Events
+
+
+_INSERT_EVENT = insert(schema.event)
 
 
 def insert_event(
@@ -674,9 +769,9 @@ def insert_event(
 ) -> Event:
     at, payload = as_utc(now), dict(data or {})
     result = connection.execute(
-        insert(schema.event).values(
-            at=at, kind=kind, request_id=request_id, pool_id=pool_id, message=message, data=payload
-        )
+        _INSERT_EVENT,
+        {"at": at, "kind": kind, "request_id": request_id, "pool_id": pool_id,
+         "message": message, "data": payload},
     )
     primary_key = result.inserted_primary_key
     assert primary_key is not None  # always set after a single-row INSERT
