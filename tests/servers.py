@@ -235,6 +235,8 @@ def run_stream(
                 if request.status != "allocated":
                     # Only with faults: a lease that ran out while the server was away.
                     assert faults and request.status == "released", request
+                    with stream.lock:
+                        stream.recovered["lease expired"] += 1
                     continue
                 stream.done("allocated", request.id)
                 time.sleep(rng.uniform(0, 0.005))

@@ -137,7 +137,9 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(
            f"client operation completed {first_after - killed:.2f} s after the kill; "
            f"{stream.cycles} cycles done, recovered {dict(stream.recovered)}, "
            f"{len(orphans)} orphan request(s)")
-    assert stream.cycles == threads * cycles
+    # A cycle whose lease ran out while the server was away (a loaded machine restarts slowly)
+    # ends without a release of its own; every other one completes.
+    assert stream.cycles + stream.recovered["lease expired"] == threads * cycles
     assert_clean(result, stream, orphans_allowed=True)
     assert set(at_kill.statuses) <= set(result.statuses)
     assert all(at_kill.allocation_rows.get(r, 0) <= result.allocation_rows.get(r, 0) for r in at_kill.statuses)

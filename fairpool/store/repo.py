@@ -90,7 +90,8 @@ def _check_found(rowcount: int, what: str, id_: str) -> None:
 # the SET clause comes from the parameters' keys.
 _UPDATE_BY_ID = {
     table: update(table).where(table.c.id == bindparam("_id"))
-    for table in (schema.pool, schema.policy, schema.request)
+    for table in schema.metadata.tables.values()
+    if "id" in table.c
 }
 
 
