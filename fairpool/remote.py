@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -296,3 +297,129 @@ class RemoteScheduling:
 
     def describe_queue(self, name: str) -> Answer:
         return Answer(self._call("GET", f"/queues/{name}"))
+
+
+def _segment(name: str) -> str:
+    """A name as one path segment (``?``, ``#`` and ``%`` in it reach the server as such)."""
+    return quote(name, safe="")
+
+
+class RemoteTrees:
+    """``fairpool.trees_service.TreesService`` over HTTP: the same methods the CLI uses;
+    results are ``Answer`` objects whose ``as_dict()`` equals the local view's."""
+
+    def __init__(self, remote: RemoteService) -> None:
+        self._remote = remote
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._remote._call(method, path, **kwargs)
+
+    def _tree(self, name: str | None) -> str:
+        """``name``, else the default_tree, as the service resolves it."""
+        if name is not None:
+            return name
+        default = self.default_tree()
+        if default is None:
+            raise InvalidInput("tree", None, "no tree given and no default_tree set")
+        return default
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def add_node(
+        self, name: str, tags: Sequence[str], resources: Mapping[str, object]
+    ) -> Answer:
+        body = {"name": name, "tags": list(tags), "resources": dict(resources)}
+        return Answer(self._call("POST", "/nodes", json=body))
+
+    def list_nodes(self) -> list[Answer]:
+        return [Answer(item) for item in self._call("GET", "/nodes")["items"]]
+
+    def remove_node(self, name: str) -> None:
+        self._call("DELETE", f"/nodes/{_segment(name)}")
+
+    # -- trees -------------------------------------------------------------------------------
+
+    def create_tree(self, name: str, options: Mapping[str, object] | None = None) -> Answer:
+        body = {"name": name, "config": dict(options or {})}
+        return Answer(self._call("POST", "/pool-trees", json=body))
+
+    def apply_tree(self, document: str, name: str | None = None) -> Answer:
+        body = {"document": document, "name": name}
+        return Answer(self._call("POST", "/pool-trees/apply", json=body))
+
+    def set_tree(self, name: str, option: str, value: str) -> Answer:
+        body = {"option": option, "value": value}
+        return Answer(self._call("PATCH", f"/pool-trees/{_segment(name)}", json=body))
+
+    def show_tree(self, name: str | None = None) -> Answer:
+        return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name))}"))
+
+    def list_trees(self) -> list[Answer]:
+        return [Answer(item) for item in self._call("GET", "/pool-trees")["items"]]
+
+    def default_tree(self, name: str | None = None) -> str | None:
+        if name is None:
+            found = self._call("GET", "/default-tree")["default_tree"]
+        else:
+            found = self._call("PUT", "/default-tree", json={"name": name})["default_tree"]
+        return None if found is None else str(found)
+
+    def reconcile(self, name: str | None = None) -> Answer:
+        tree = _segment(self._tree(name))
+        return Answer(self._call("POST", f"/pool-trees/{tree}/reconcile"))
+
+    # -- pools -------------------------------------------------------------------------------
+
+    def create_pool(
+        self, tree: str, name: str, parent: str | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> Answer:
+        body = {"name": name, "parent": parent, "config": dict(options or {})}
+        return Answer(self._call("POST", f"/pool-trees/{_segment(tree)}/pools", json=body))
+
+    def set_pool(self, tree: str, name: str, option: str, value: str) -> Answer:
+        body = {"option": option, "value": value}
+        path = f"/pool-trees/{_segment(tree)}/pools/{_segment(name)}"
+        return Answer(self._call("PATCH", path, json=body))
+
+    def describe_pool(self, tree: str | None, name: str) -> Answer:
+        path = f"/pool-trees/{_segment(self._tree(tree))}/pools/{_segment(name)}"
+        return Answer(self._call("GET", path))
+
+    def delete_pool(self, tree: str, name: str) -> None:
+        self._call("DELETE", f"/pool-trees/{_segment(tree)}/pools/{_segment(name)}")
+
+    # -- operations --------------------------------------------------------------------------
+
+    def start_operation(
+        self,
+        *,
+        user: str,
+        job_resources: Mapping[str, object],
+        job_count: int,
+        tree: str | None = None,
+        pool: str | None = None,
+        weight: str | int | float = 1,
+        gang: bool = False,
+        resource_limits: Mapping[str, object] | None = None,
+    ) -> Answer:
+        body = {
+            "user": user, "job_resources": dict(job_resources), "job_count": job_count,
+            "tree": tree, "pool": pool, "weight": weight, "gang": gang,
+            "resource_limits": None if resource_limits is None else dict(resource_limits),
+        }
+        return Answer(self._call("POST", "/operations", json=body))
+
+    def describe_operation(self, ref: str) -> Answer:
+        return Answer(self._call("GET", f"/operations/{_segment(ref)}"))
+
+    def list_operations(self, tree: str | None = None, status: str | None = None) -> list[Answer]:
+        params = {key: value for key, value in (("tree", tree), ("status", status))
+                  if value is not None}
+        return [Answer(item) for item in self._call("GET", "/operations", params=params)["items"]]
+
+    def complete_operation(self, ref: str) -> Answer:
+        return Answer(self._call("POST", f"/operations/{_segment(ref)}/complete"))
+
+    def abort_operation(self, ref: str) -> Answer:
+        return Answer(self._call("POST", f"/operations/{_segment(ref)}/abort"))

@@ -44,6 +44,7 @@ from fairpool.frontends.trees import (
     PoolTreeConfig,
     load_pool_tree,
     matches_tag_filter,
+    number,
     parse_resources,
     tree_resources,
 )
@@ -889,7 +890,7 @@ class TreesService:
         jobs = store.jobs_of(conn, [operation.id])
         running = [j for j in jobs if j.status is JobStatus.RUNNING]
         nodes: dict[str, int] = {}
-        for job in running:
+        for job in sorted(running, key=lambda j: j.node):  # by node name, whatever the row order
             nodes[job.node] = nodes.get(job.node, 0) + 1
         element = None
         if shares and not operation.status.is_final:
@@ -982,10 +983,7 @@ def _after(states: Sequence[OperationState], plan: JobPlan, now: float) -> list[
 
 
 def _weight(value: str | int | float) -> Fraction:
-    try:
-        weight = Fraction(repr(value) if isinstance(value, float) else value)
-    except (ValueError, ZeroDivisionError, TypeError):
-        raise InvalidInput("weight", value, "must be a number") from None
+    weight = number("weight", value)
     if weight <= 0:
         raise InvalidInput("weight", value, "must be positive")
     return weight

@@ -1,14 +1,17 @@
 """``fairpool node | pool-tree | pool | operation``, run for real in subprocesses on a SQLite
 home: the issue's commands in order, JSON output, and one ``Error:`` line with nothing written
-for bad input."""
+for bad input; and through a server with ``--url``, whose reconciler tick acts on starvation.
+(Every command's output embedded vs remote is compared in ``tests/test_remote.py``.)"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_one_error, db_dump, fairpool
+from tests.servers import ApiServer, running
+from tests.test_cli import Result, assert_one_error, db_dump, fairpool
 
 SEED_TREE = """
 name: physical
@@ -108,6 +111,40 @@ def test_a_whole_tree_from_yaml_is_applied_idempotently(tmp_path: Path) -> None:
     assert again.out.strip() == "Pool tree 'physical' is unchanged."
 
 
-def test_remote_mode_is_refused_clearly(tmp_path: Path) -> None:
-    result = fairpool(tmp_path, "--url", "http://127.0.0.1:9", "pool-tree", "list")
-    assert_one_error(result, "not available over --url yet")
+def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(tmp_path: Path) -> None:
+    """With ``--url`` the commands go through the server (no local store is opened), and the
+    server's reconciler tick runs the trees' passes: a starving operation gets its jobs by
+    preemption without any further command."""
+    unused = tmp_path / "unused"
+    tree = tmp_path / "tree.yaml"
+    tree.write_text(SEED_TREE)
+    with running(ApiServer(tmp_path / "server.log", home=tmp_path / "served", tick=0.2)) as (
+        server,
+    ):
+        def remote(*args: str) -> Result:
+            return fairpool(unused, "--url", server.url, *args)
+
+        remote("node", "add", "n1", "--tags", "gpu", "--resources", '{"cpu": 100}').ok()
+        assert remote("pool-tree", "apply", "-f", str(tree)).ok().out.startswith("+ tree")
+        remote("pool-tree", "set", "physical", "fair_share_starvation_timeout", "500").ok()
+        batch = remote("operation", "start", "--pool", "project-batch", "--user", "a",
+                       "--job-resources", '{"cpu": 1}', "--job-count", "100", "-o",
+                       "json").ok().json
+        adhoc = remote("operation", "start", "--pool", "project-adhoc", "--user", "b",
+                       "--job-resources", '{"cpu": 1}', "--job-count", "10", "-o",
+                       "json").ok().json
+        assert (batch["running_jobs"], adhoc["running_jobs"]) == (100, 0)
+        deadline = time.monotonic() + 20
+        while True:
+            seen = remote("operation", "describe", adhoc["id"], "-o", "json").ok().json
+            if seen["running_jobs"] == 10:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.3)
+        batch = remote("operation", "describe", batch["id"], "-o", "json").ok().json
+        assert (batch["running_jobs"], batch["preempted_jobs"]) == (90, 10)
+        assert {job["preempted_by"] for job in batch["preempted"]} == {adhoc["id"]}
+        assert_one_error(remote("pool", "describe", "nope", "--tree", "physical"),
+                         "no pool 'nope' in tree physical")
+    assert not unused.exists()
+    assert "Traceback" not in server.log()

@@ -179,6 +179,7 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "list", "-o", "json")
     fp("reconcile", "-o", "yaml")  # (its table's width follows the measured duration)
     scheduler_commands(fp)
+    tree_commands(fp)
 
 
 def scheduler_commands(fp: Transcript) -> None:
@@ -225,6 +226,112 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("config", "rollback", "--version", "7", "--yes")                       # no such version
 
 
+CPU_TREE = """
+name: cpus
+config: {node_tag_filter: cpu, max_operation_count: 1, max_running_operation_count: 1}
+pools:
+  research:
+    strong_guarantee_resources: {cpu: 8}
+    pools:
+      nightly: {mode: fifo}
+"""
+TPU_TREE = "name: tpus\nconfig: {node_tag_filter: tpu}\npools: {inference: {weight: 2}}\n"
+
+
+def tree_commands(fp: Transcript) -> None:
+    """The pool trees' commands (seed 003): the issue's tour, then every other command and
+    error class, the same way."""
+    gpu = '{"cpu": 64, "memory": "512GiB", "gpu": 8, "user_slots": 64}'
+    fp("pool-tree", "show")                                                   # no default_tree
+    fp("pool-tree", "list")
+    fp("node", "add", "gpu-01", "--tags", "gpu,a100", "--resources", gpu, "-o", "json")
+    fp("node", "add", "gpu-02", "--tags", "gpu", "--resources", gpu.replace("64,", "36,", 1))
+    fp("node", "add", "gpu-02", "--resources", '{"cpu": 1}')                 # exists: conflict
+    fp("node", "add", "cpu-01", "--tags", "cpu", "--resources", '{"cpu": 16}', "-o", "yaml")
+    fp("node", "add", "bad", "--resources", '{"cpu": -1}')                   # bad value
+    fp("node", "add", "bad", "--resources", '{"memory": "lots"}')            # bad value
+    fp("pool-tree", "create", "physical", "--node-tag-filter", "gpu", "--main-resource", "cpu",
+       "-o", "json")
+    fp("pool-tree", "create", "physical")                                     # exists: conflict
+    fp("pool-tree", "create", "cpus", "--node-tag-filter", "cpu", "--config",
+       '{"max_operation_count": 1}')                                          # running > total
+    fp("pool-tree", "create", "cpus", "--node-tag-filter", "cpu", "--config",
+       '{"max_operation_count": 1, "max_running_operation_count": 1}')
+    fp("pool", "create", "project-root", "--tree", "physical", "--strong-guarantee",
+       '{"cpu": 100}', "--max-running-operation-count", "10", "-o", "json")
+    fp("pool", "create", "project-adhoc", "--tree", "physical", "--parent", "project-root",
+       "--strong-guarantee", '{"cpu": 80}')
+    fp("pool", "create", "project-batch", "--tree", "physical", "--parent", "project-root")
+    fp("pool", "create", "too-big", "--tree", "physical", "--parent", "project-root",
+       "--strong-guarantee", '{"cpu": 81}')                                  # > the parent's rest
+    fp("pool", "create", "orphan", "--tree", "physical", "--parent", "nope")  # unknown parent
+    fp("pool", "create", "x", "--tree", "nope")                               # unknown tree
+    fp("pool", "set", "project-batch", "--tree", "physical", "weight", "10", "-o", "json")
+    fp("pool", "set", "project-batch", "--tree", "physical", "wieght", "10")  # unknown option
+    fp("pool", "set", "project-batch", "--tree", "physical", "weight", "0")   # bad value
+    fp("pool", "set", "nope", "--tree", "physical", "weight", "1")            # unknown pool
+    fp("pool", "create", "scratch", "--tree", "physical", "--mode", "fifo", "--config",
+       "{fifo_sort_parameters: [weight, start_time]}", "-o", "yaml")
+    fp("pool", "delete", "scratch", "--tree", "physical")
+    fp("pool", "delete", "scratch", "--tree", "physical")                     # unknown pool
+    batch = fp("operation", "start", "--tree", "physical", "--pool", "project-batch", "--user",
+               "alice", "--job-resources", '{"cpu": 1, "memory": "4GiB"}', "--job-count", "200",
+               "--weight", "2", "-o", "json")
+    adhoc = fp("operation", "start", "--pool", "project-adhoc", "--user", "bob",
+               "--job-resources", '{"cpu": 1}', "--job-count", "10", "-o", "json")
+    fp("operation", "start", "--user", "carol", "--job-resources", '{"cpu": 2}',
+       "--job-count", "1")                                                    # ephemeral pool
+    fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
+       '{"cpu": 65}', "--job-count", "1")                                     # fits no node
+    fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
+       '{"cpu": 1}', "--job-count", "0")                                      # bad value
+    fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1", "--weight", "heavy")                 # bad value
+    fp("pool-tree", "show", "physical")
+    fp("pool-tree", "show", "-o", "json")
+    fp("pool-tree", "show", "nope")                                           # unknown tree
+    fp("pool-tree", "list")
+    fp("pool-tree", "list", "-o", "json")
+    fp("pool", "describe", "project-batch", "--tree", "physical", "-o", "json")
+    fp("pool", "describe", "project-adhoc")                                   # the default tree
+    fp("pool", "describe", "nope", "--tree", "physical")                      # unknown pool
+    fp("operation", "describe", batch["id"])
+    fp("operation", "describe", adhoc["id"][:8], "-o", "json")
+    fp("operation", "describe", "ffffffff")                                   # not found
+    fp("operation", "list")
+    fp("operation", "list", "--tree", "physical", "--status", "running", "-o", "json")
+    fp("operation", "list", "--status", "bogus")                              # bad value
+    fp("node", "list", "-o", "json")
+    fp("node", "list")
+    fp("node", "remove", "gpu-01")                                            # runs jobs
+    fp("pool", "delete", "project-batch", "--tree", "physical")               # has operations
+    fp("operation", "complete", batch["id"], "-o", "json")
+    fp("operation", "complete", batch["id"])                                  # already ended
+    fp("operation", "abort", adhoc["id"][:8])
+    fp("operation", "abort", "ffffffff")                                      # not found
+    fp("pool-tree", "set", "physical", "fair_share_starvation_timeout", "1000", "-o", "json")
+    fp("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "2")  # bad value
+    fp("pool-tree", "set", "nope", "main_resource", "gpu")                    # unknown tree
+    fp("pool-tree", "reconcile", "physical")
+    fp("pool-tree", "reconcile", "-o", "json")                                # the default tree
+    fp("pool-tree", "apply", "-f", "-", input=CPU_TREE)
+    fp("pool-tree", "apply", "-f", "-", "-o", "json", input=CPU_TREE)        # unchanged
+    fp("pool-tree", "apply", "-f", "-", input="name: cpus\npools: {a: {weight: 0}}\n")  # bad
+    fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",
+       "--job-resources", '{"cpu": 4}', "--job-count", "2", "-o", "json")
+    fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",
+       "--job-resources", '{"cpu": 4}', "--job-count", "2")                   # max_operation_count
+    fp("pool-tree", "create", "tpus", "--config-file", "-", input=TPU_TREE)
+    fp("pool-tree", "create", "other", "--config-file", "-", input=TPU_TREE)  # another name
+    fp("pool-tree", "default")
+    fp("pool-tree", "default", "cpus")
+    fp("pool-tree", "default", "nope")                                        # unknown tree
+    fp("pool-tree", "show")
+    fp("node", "remove", "gpu-02")
+    fp("node", "remove", "gpu-02")                                            # unknown node
+    fp("operation", "list", "-o", "yaml")
+
+
 def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -> None:
     output.out.cache_clear()
     output.err.cache_clear()
@@ -258,6 +365,14 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -
         assert any(needle in e for e in errors), needle
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
+    for needle in ("no pool 'nope'", "no pool tree 'nope'", "unknown pool option",
+                   "max_operation_count is 1", "job_count: must be a positive integer",
+                   "no default_tree set", "already completed"):
+        assert any(needle in e for e in errors), needle
+    started = [s.stdout for s in embedded.steps
+               if s.args[:2] == ("operation", "start") and isinstance(s.stdout, dict)]
+    assert [(op["status"], op["running_jobs"]) for op in started] == [
+        ("running", 100), ("running", 0), ("running", 2)]
     applies = [s.code for s in embedded.steps if s.args[:2] == ("config", "apply")]
     assert applies == [1, 0, 1, 1, 0]  # aborted, confirmed, shape error, reference error, --yes
     reasons = [str(s.stdout.get("reason")) for s in embedded.steps

@@ -36,17 +36,24 @@ from fairpool.api.models import (
 from fairpool.api.notify import notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
+from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
+from fairpool.errors import NotFound
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import repo
+from fairpool.store import trees as tree_store
+from fairpool.trees_service import TreesService
 from fairpool.views import PassSummary, RequestView
 
 log = logging.getLogger("fairpool.api")
 
 PREFIX = "/api/v1"
 #: Routes whose body is a whole scheduler config document.
-DOCUMENT_PATHS = {PREFIX + path: MAX_DOCUMENT_BODY for path in ("/config", "/config/validate")}
+DOCUMENT_PATHS = {
+    **{PREFIX + path: MAX_DOCUMENT_BODY for path in ("/config", "/config/validate")},
+    PREFIX + "/pool-trees/apply": MAX_TREE_DOCUMENT_BODY,
+}
 #: A long-poll never waits longer than this, whatever its ``timeout``.
 MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
@@ -91,7 +98,8 @@ class Api:
         self.notifier = notifier_for(service.db)
         self.metrics = Metrics(service)
         service.on_pass = self._committed
-        self.reconciler = Reconciler(self.reconcile, tick)
+        self.trees = TreesService(service.db)
+        self.reconciler = Reconciler(self.tick, tick)
         self.stopping = False
 
     def _committed(self, summary: PassSummary) -> None:
@@ -112,6 +120,33 @@ class Api:
 
     def reconcile(self) -> PassSummary:
         return self.service.reconcile()
+
+    def reconcile_trees(self) -> int:
+        """One pass over every pool tree (promotions, grants, starvation preemption as of
+        now), each in its own transaction; how many trees passed. Without trees it is one
+        small read. A tree whose pass fails is logged and tried again on the next tick; the
+        other trees still pass."""
+        with self.service.db.read() as conn:
+            names = [record.name for record in tree_store.list_trees(conn)]
+        passed = 0
+        for name in names:
+            try:
+                self.trees.reconcile(name)
+            except NotFound:  # deleted meanwhile (by another process)
+                continue
+            except Exception:
+                log.exception("pool tree %s: reconcile pass failed", name)
+                continue
+            passed += 1
+        return passed
+
+    def tick(self) -> None:
+        """The reconciler's pass: requests (leases, timeouts), then pool trees (starvation
+        timeouts act without a command), also when the requests' pass failed."""
+        try:
+            self.reconcile()
+        finally:
+            self.reconcile_trees()
 
     def begin_shutdown(self) -> None:
         """No more waiting: long-polls answer now so that in-flight requests can finish."""
@@ -357,6 +392,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     app.include_router(
         scheduling_router(SchedulingService(service.db), PREFIX, tokens.dependencies())
     )
+    app.include_router(trees_router(api.trees, PREFIX, tokens.dependencies()))
 
     def healthz() -> JSONResponse:
         """The process is up."""

@@ -111,6 +111,19 @@ RULES: dict[str, Rule] = {
         "submit_workload", "list_workloads", "get_workload", "release_workload",
         "cancel_workload", "list_queues", "describe_queue",
     )},
+    # Pool trees: nodes, trees and their pools are administered by admins; reading them and
+    # starting, completing and aborting operations is for everyone (operations have no owner
+    # yet, like workloads).
+    **{name: Rule.ADMIN for name in (
+        "add_node", "remove_node", "create_pool_tree", "apply_pool_tree", "set_pool_tree",
+        "set_default_tree", "reconcile_pool_tree", "create_tree_pool", "set_tree_pool",
+        "delete_tree_pool",
+    )},
+    **{name: Rule.ANY for name in (
+        "list_nodes", "list_pool_trees", "show_pool_tree", "get_default_tree",
+        "describe_tree_pool", "list_operations", "describe_operation", "start_operation",
+        "complete_operation", "abort_operation",
+    )},
 }
 
 _REF = re.compile(TEXT_PATTERN)

@@ -11,7 +11,7 @@ import click
 from fairpool.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from fairpool.remote import RemoteScheduling, RemoteService
+    from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
     from fairpool.scheduling import SchedulingService
     from fairpool.service import Service
     from fairpool.trees_service import TreesService
@@ -64,25 +64,23 @@ def scheduling(ctx: click.Context | None = None) -> SchedulingService | RemoteSc
     return found
 
 
-def trees(ctx: click.Context | None = None) -> TreesService:
-    """The pool-tree service (seed 003), on the embedded store; the server API has no pool
-    trees yet, so ``--url`` is refused with one clear line."""
+def trees(ctx: click.Context | None = None) -> TreesService | RemoteTrees:
+    """The pool-tree service (seed 003), on the same store or server as ``service``."""
     ctx = ctx or click.get_current_context()
+    svc = service(ctx)
     root = ctx.find_root()
-    root.ensure_object(dict)
-    if root.obj.get("url"):
-        raise click.ClickException(
-            "pool trees (node, pool-tree, pool, operation) are not available over --url yet; "
-            "use the embedded store (--home)"
-        )
-    found: TreesService | None = root.obj.get("trees")
+    found: TreesService | RemoteTrees | None = root.obj.get("trees")
     if found is None:
-        from fairpool.service import Service
-        from fairpool.trees_service import TreesService
+        from fairpool.remote import RemoteService
 
-        svc = service(ctx)
-        assert isinstance(svc, Service)
-        found = TreesService(svc.db)
+        if isinstance(svc, RemoteService):
+            from fairpool.remote import RemoteTrees
+
+            found = RemoteTrees(svc)
+        else:
+            from fairpool.trees_service import TreesService
+
+            found = TreesService(svc.db)
         root.obj["trees"] = found
     return found
 

@@ -2,7 +2,7 @@
 
 Names and options follow YTsaurus: tree options and pool attributes keep their YTsaurus names
 (``fairpool pool set project-batch --tree physical weight 10``), durations are milliseconds.
-Embedded store only for now (``--url`` is refused with one line).
+Embedded or through a server (``--url``): the same commands, the same output.
 """
 
 from __future__ import annotations

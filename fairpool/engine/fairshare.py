@@ -45,19 +45,23 @@ guarantee adjustment.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import gc
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
-from itertools import combinations, pairwise
 from types import MappingProxyType
+from typing import Literal, cast
 
 from fairpool.engine.piecewise import (
     ONE,
     ZERO,
+    Fitted,
     Function,
+    Number,
     Vector,
     dominated,
+    fit,
     scale,
     sub,
     total,
@@ -257,10 +261,25 @@ class FairShareResult:
 
 # -- the element tree --------------------------------------------------------------------
 
+#: Elements (pools + operations) up to which ``numeric="auto"`` computes exactly.
+EXACT_ELEMENT_LIMIT = 2_000
+
+#: Float backend: a computed share within this of an exact candidate (demand, usage, limits,
+#: guarantee, 0) is reported as that candidate. Shares are fractions of the tree, in [0, 1];
+#: the float computation's own error is around 1e-12 even for the largest benchmark trees.
+SNAP_EPSILON = 1e-9
+
+Numeric = Literal["auto", "exact", "float"]
+
 
 @dataclass(slots=True)
 class _Element:
-    """Per-update working state of one element (mutable only inside one update)."""
+    """Per-update working state of one element (mutable only inside one update).
+
+    Usage and demand are kept as integer numerators over the tree total (``_Update.dens``),
+    so that sums are exact and cheap; ``usage`` / ``demand`` / ``limits`` / ``guarantee`` are in
+    the update's number type (``Fraction`` or ``float``), ``exact_*`` always in ``Fraction``
+    (pools only; operations compute theirs when described)."""
 
     kind: ElementKind
     name: str
@@ -270,15 +289,18 @@ class _Element:
     pool: PoolSnapshot | None = None
     operation: OperationSnapshot | None = None
     children: list[_Element] = field(default_factory=list)
+    usage_numerators: tuple[int, ...] = ()
+    demand_numerators: tuple[int, ...] = ()
     usage: Vector = ()
     demand: Vector = ()
     limits: Vector = ()
     guarantee: Vector = ()
+    exact_limits: Vector = ()
+    exact_guarantee: Vector = ()
     weight: Fraction = ONE
     fifo_index: int | None = None
     by_fit_factor: Function | None = None
-    fit_factor_by_suggestion: Function | None = None
-    by_suggestion: Function | None = None
+    fitted: Fitted | None = None
     fair_share: Vector = ()
 
 
@@ -302,26 +324,54 @@ def resource_order(snapshot: TreeSnapshot) -> tuple[str, ...]:
 
 
 class _Update:
-    """One fair-share update over one snapshot."""
+    """One fair-share update over one snapshot, exact or in floats."""
 
-    def __init__(self, snapshot: TreeSnapshot) -> None:
+    def __init__(self, snapshot: TreeSnapshot, exact: bool) -> None:
         self.snapshot = snapshot
+        self.exact = exact
         self.resources = resource_order(snapshot)
         self.size = len(self.resources)
         self.totals = tuple(snapshot.total_resources.get(r, 0) for r in self.resources)
+        #: Denominators of usage / demand numerators: the total, or 1 where it is 0 (then an
+        #: operation's numerator is its share, 0 or 1, as ``FromJobResources`` says).
+        self.dens = tuple(t or 1 for t in self.totals)
         self.main = self.resources.index(snapshot.main_resource)
+        self.zero: Number = ZERO if exact else 0.0
+        self.one: Number = ONE if exact else 1.0
+        self.two: Number = OPERATION_FIT_FACTOR_END if exact else 2.0
+        self.zeros: Vector = (self.zero,) * self.size
         self.warnings: list[str] = []
         self.root = self._build()
 
-    def vector(self, amounts: Resources) -> Vector:
+    def number(self, value: Fraction) -> Number:
+        return value if self.exact else float(value)
+
+    def numbers(self, vector: Vector) -> Vector:
+        return vector if self.exact else tuple(float(x) for x in vector)
+
+    def shares(self, numerators: tuple[int, ...]) -> Vector:
+        if self.exact:
+            return tuple(Fraction(n, d) for n, d in zip(numerators, self.dens, strict=True))
+        return tuple(n / d for n, d in zip(numerators, self.dens, strict=True))
+
+    def numerators(self, amounts: Resources, count: int) -> tuple[int, ...]:
         return tuple(
-            _share(amounts.get(r, 0), t) for r, t in zip(self.resources, self.totals, strict=True)
+            amounts.get(r, 0) * count if t else int(bool(amounts.get(r, 0) * count))
+            for r, t in zip(self.resources, self.totals, strict=True)
         )
 
-    def limits_share(self, limits: Resources) -> Vector:
+    def exact_limits_share(self, limits: Resources) -> Vector:
         # min(limits, total) / total; a resource the tree lacks has nothing to give.
         return tuple(
             _share(min(limits.get(r, t), t), t) if t else ZERO
+            for r, t in zip(self.resources, self.totals, strict=True)
+        )
+
+    def limits_share(self, limits: Resources) -> Vector:
+        if self.exact or not limits:
+            return self.numbers(self.exact_limits_share(limits))
+        return tuple(
+            min(limits.get(r, t), t) / t if t else 0.0
             for r, t in zip(self.resources, self.totals, strict=True)
         )
 
@@ -338,8 +388,15 @@ class _Update:
             element = pools[pool.name]
             element.parent = pools[pool.parent or ROOT]
             element.parent.children.append(element)
+        full = self.exact_limits_share({})
+        unlimited = self.numbers(full)
         for operation in self.snapshot.operations:
             parent = pools[operation.pool]
+            jobs = operation.running_job_count + (
+                operation.pending_job_count if operation.running else 0
+            )
+            usage = self.numerators(operation.job_resources, operation.running_job_count)
+            demand = self.numerators(operation.job_resources, jobs)
             parent.children.append(
                 _Element(
                     ElementKind.OPERATION,
@@ -347,6 +404,17 @@ class _Update:
                     parent,
                     specified_weight=operation.weight,
                     operation=operation,
+                    usage_numerators=usage,
+                    demand_numerators=demand,
+                    usage=self.shares(usage),
+                    demand=self.shares(demand),
+                    limits=(
+                        self.limits_share(operation.resource_limits)
+                        if operation.resource_limits
+                        else unlimited
+                    ),
+                    guarantee=self.zeros,
+                    weight=operation.weight,
                 )
             )
         self._cumulative(root)
@@ -358,18 +426,23 @@ class _Update:
 
     def _cumulative(self, element: _Element) -> None:
         """Usage, demand and limits bottom-up; FIFO order of a FIFO pool's operations."""
-        if element.operation is not None:
-            element.usage = self.vector(element.operation.usage)
-            element.demand = self.vector(element.operation.demand)
-            element.limits = self.limits_share(element.operation.resource_limits)
-            element.guarantee = zeros(self.size)
-            return
+        usage = [0] * self.size
+        demand = [0] * self.size
         for child in element.children:
-            self._cumulative(child)
-        element.usage = total((c.usage for c in element.children), self.size)
-        element.demand = total((c.demand for c in element.children), self.size)
+            if child.operation is None:
+                self._cumulative(child)
+            for r, (u, d) in enumerate(
+                zip(child.usage_numerators, child.demand_numerators, strict=True)
+            ):
+                usage[r] += u
+                demand[r] += d
+        element.usage_numerators = tuple(usage)
+        element.demand_numerators = tuple(demand)
+        element.usage = self.shares(element.usage_numerators)
+        element.demand = self.shares(element.demand_numerators)
         limits = element.pool.resource_limits if element.pool is not None else {}
-        element.limits = self.limits_share(limits)
+        element.exact_limits = self.exact_limits_share(limits)
+        element.limits = self.numbers(element.exact_limits)
         if element.mode is SchedulingMode.FIFO:
             element.children.sort(key=lambda child: self._fifo_key(element, child))
             for index, child in enumerate(element.children):
@@ -394,7 +467,7 @@ class _Update:
         key.append(operation.id)
         return tuple(key)
 
-    # -- guarantees ----------------------------------------------------------------------
+    # -- guarantees (exact, pools only: operations have none) ----------------------------
 
     def _infer_guarantees(self, parent: _Element, parent_amounts: tuple[Fraction, ...]) -> None:
         """``DetermineInferredStrongGuaranteeResources``: top-down, in absolute amounts."""
@@ -425,21 +498,19 @@ class _Update:
                 for k in inferred:
                     amounts[k][index] *= factor
         for child, child_amounts in zip(pools, amounts, strict=True):
-            child.guarantee = tuple(
+            child.exact_guarantee = tuple(
                 _share(0, t) if not t else a / t
                 for a, t in zip(child_amounts, self.totals, strict=True)
             )
             self._infer_guarantees(child, tuple(child_amounts))
-        for child in parent.children:
-            if child.operation is not None:
-                child.guarantee = zeros(self.size)
 
     def _adjust_guarantees(self, parent: _Element, available: Vector) -> None:
         """``AdjustStrongGuarantees``: clamp to limits, then scale children that overrun their
         parent by one common factor (the largest that fits in every resource)."""
-        for child in parent.children:
-            child.guarantee = vmin(child.guarantee, child.limits)
-        children_sum = total((c.guarantee for c in parent.children), self.size)
+        pools = [c for c in parent.children if c.pool is not None]
+        for child in pools:
+            child.exact_guarantee = vmin(child.exact_guarantee, child.exact_limits)
+        children_sum = total((c.exact_guarantee for c in pools), self.size)
         if not dominated(children_sum, available):
             factor = min(a / s for a, s in zip(available, children_sum, strict=True) if s > a)
             self.warnings.append(
@@ -447,32 +518,38 @@ class _Update:
                 f"{'the tree total' if parent.kind is ElementKind.ROOT else 'its guarantee'}; "
                 f"scaled by {factor}"
             )
-            for child in parent.children:
-                child.guarantee = scale(child.guarantee, factor)
+            for child in pools:
+                child.exact_guarantee = scale(child.exact_guarantee, factor)
         if parent.kind is ElementKind.ROOT:
-            parent.guarantee = total((c.guarantee for c in parent.children), self.size)
-        for child in parent.children:
-            self._adjust_guarantees(child, child.guarantee)
+            parent.exact_guarantee = total((c.exact_guarantee for c in pools), self.size)
+            parent.guarantee = self.numbers(parent.exact_guarantee)
+        for child in pools:
+            child.guarantee = self.numbers(child.exact_guarantee)
+            self._adjust_guarantees(child, child.exact_guarantee)
 
     def _weights(self, element: _Element) -> None:
         """``GetWeight``: specified, else multiplier * own / parent's max strong guarantee
-        share when the tree infers weights (1 if either is zero), else 1."""
+        share when the tree infers weights (1 if either is zero), else 1. Operations always
+        carry their own weight (set when they are built)."""
         multiplier = self.snapshot.infer_weight_from_guarantees_share_multiplier
         for child in element.children:
+            if child.operation is not None:
+                continue
             if child.specified_weight is not None:
                 child.weight = child.specified_weight
             elif multiplier is not None:
                 own, parents = (
-                    max(child.guarantee, default=ZERO),
-                    max(element.guarantee, default=ZERO),
+                    max(child.exact_guarantee, default=ZERO),
+                    max(element.exact_guarantee, default=ZERO),
                 )
-                child.weight = multiplier * own / parents if own and parents else ONE
+                child.weight = Fraction(multiplier * own / parents) if own and parents else ONE
             self._weights(child)
 
     # -- functions -----------------------------------------------------------------------
 
     def _functions(self, element: _Element) -> None:
-        """The three functions of every element, bottom-up."""
+        """*Fair share by fit factor* of every element, then (``fit``) *max fit factor by
+        suggestion* and *fair share by suggestion*, bottom-up."""
         for child in element.children:
             self._functions(child)
         if element.operation is not None:
@@ -481,45 +558,55 @@ class _Update:
             element.by_fit_factor = self._fifo_by_fit_factor(element)
         else:
             element.by_fit_factor = self._fair_share_by_fit_factor(element)
-        element.fit_factor_by_suggestion = self._max_fit_factor_by_suggestion(element)
-        element.by_suggestion = self._compose(element)
+        guarantees, limits = self._bounds(element)
+        element.fitted = fit(element.by_fit_factor, guarantees, limits)
 
     def _operation_by_fit_factor(self, element: _Element) -> Function:
         """On [0, 1] resource r gets ``min(usage[r], f * max usage)``: current usage is covered
         first, equalised across resources; on [1, 2] it grows linearly to demand."""
         usage, demand = element.usage, element.demand
-        peak = max(usage, default=ZERO)
-        xs: list[Fraction] = [ZERO]
-        ys: list[Vector] = [zeros(self.size)]
+        peak = max(usage, default=self.zero)
+        xs: list[Number] = [self.zero]
+        ys: list[Vector] = [self.zeros]
         if peak:
             for knee in sorted({u / peak for u in usage if u}):
                 xs.append(knee)
                 ys.append(tuple(min(u, knee * peak) for u in usage))
         else:
-            xs.append(ONE)
+            xs.append(self.one)
             ys.append(usage)
-        xs.append(OPERATION_FIT_FACTOR_END)
+        xs.append(self.two)
         ys.append(demand)
         return Function(tuple(xs), tuple(ys))
 
     def _fair_share_by_fit_factor(self, element: _Element) -> Function:
-        """Child i is suggested ``min(1, f * w_i / w_min)``: weights split the suggestion."""
+        """Child i is suggested ``min(1, f * w_i / w_min)``: weights split the suggestion.
+        Children that demand nothing add nothing and are left out of the sum."""
         if not element.children:
-            return Function.constant(zeros(self.size))
+            return Function.constant(self.zeros, self.zero, self.one)
         lightest = min(child.weight for child in element.children)
         parts = []
         for child in element.children:
-            assert child.by_suggestion is not None
-            parts.append(child.by_suggestion.stretched(child.weight / lightest, ONE))
+            assert child.fitted is not None
+            if not any(child.fitted.ys[-1]):
+                continue
+            factor = child.weight / lightest
+            parts.append(
+                child.fitted.by_suggestion.stretched(
+                    factor if self.exact else float(factor), self.one
+                )
+            )
+        if not parts:
+            return Function.constant(self.zeros, self.zero, self.one)
         return Function.sum(parts)
 
     def _fifo_by_fit_factor(self, element: _Element) -> Function:
         if not element.children:
-            return Function.constant(zeros(self.size))
+            return Function.constant(self.zeros, self.zero, self.one)
         pieces = []
         for child in element.children:
-            assert child.by_suggestion is not None
-            pieces.append(child.by_suggestion)
+            assert child.fitted is not None
+            pieces.append(child.fitted.by_suggestion)
         return Function.concatenation(pieces)
 
     def _bounds(self, element: _Element) -> tuple[Vector, Vector]:
@@ -529,7 +616,9 @@ class _Update:
         assert function is not None
         low, high = function(function.start), function(function.end)
         # The root is guaranteed the whole tree.
-        guarantee = (ONE,) * self.size if element.kind is ElementKind.ROOT else element.guarantee
+        guarantee = (
+            (self.one,) * self.size if element.kind is ElementKind.ROOT else (element.guarantee)
+        )
         limits = tuple(
             min(max(lim, lo), hi) for lim, lo, hi in zip(element.limits, low, high, strict=True)
         )
@@ -538,80 +627,27 @@ class _Update:
         )
         return guarantees, limits
 
-    def _max_fit_factor_by_suggestion(self, element: _Element) -> Function:
-        """MFFBS(s): the largest fit factor whose FSBFF stays within
-        ``min(guarantee + s, limits)`` in every resource."""
-        function = element.by_fit_factor
-        assert function is not None
-        guarantees, limits = self._bounds(element)
-
-        def per_resource(s: Fraction) -> list[Fraction]:
-            return [
-                function.max_argument(r, min(guarantees[r] + s, limits[r]))
-                for r in range(self.size)
-            ]
-
-        def evaluate(s: Fraction) -> Vector:
-            return (min(per_resource(s)),)
-
-        # Each resource's inverse bends where its bound meets a value of the function or
-        # reaches the limit; the minimum also bends where two resources' inverses cross.
-        breaks = {ZERO, ONE}
-        for r in range(self.size):
-            breaks.add(limits[r] - guarantees[r])
-            breaks.update(y[r] - guarantees[r] for y in function.ys)
-        ordered = sorted(b for b in breaks if ZERO <= b <= ONE)
-        crossings: set[Fraction] = set()
-        for low, high in pairwise(ordered):
-            third = (high - low) / 3
-            a, b = per_resource(low + third), per_resource(high - third)
-            for r, q in combinations(range(self.size), 2):
-                slope_difference = (b[r] - a[r]) - (b[q] - a[q])
-                if slope_difference:
-                    crossing = low + third + (a[q] - a[r]) / slope_difference * third
-                    if low < crossing < high:
-                        crossings.add(crossing)
-        return Function.from_breakpoints([*ordered, *crossings], evaluate)
-
-    def _compose(self, element: _Element) -> Function:
-        """FSBS = FSBFF after MFFBS; it bends where MFFBS does and where MFFBS passes a
-        breakpoint of FSBFF."""
-        outer, inner = element.by_fit_factor, element.fit_factor_by_suggestion
-        assert outer is not None and inner is not None
-        breaks = set(inner.xs)
-        for (s0, (f0,)), (s1, (f1,)) in zip(
-            zip(inner.xs, inner.ys, strict=True),
-            zip(inner.xs[1:], inner.ys[1:], strict=True),
-            strict=False,
-        ):
-            if s0 < s1 and f0 < f1:
-                breaks.update(
-                    s0 + (x - f0) * (s1 - s0) / (f1 - f0) for x in outer.xs if f0 < x < f1
-                )
-
-        def evaluate(s: Fraction) -> Vector:
-            return outer(inner(s)[0])
-
-        return Function.from_breakpoints(breaks, evaluate)
-
     # -- top-down ------------------------------------------------------------------------
 
-    def distribute(self, element: _Element, suggestion: Fraction) -> None:
+    def distribute(self, element: _Element, suggestion: Number) -> None:
         """``ComputeAndSetFairShare``: the element takes FSBS(s) and passes its fit factor
         down. Using the left-continuous MFFBS keeps the children's sum equal to the pool's
         share exactly, so YTsaurus's binary-search repair is never needed."""
-        assert element.by_suggestion is not None and element.fit_factor_by_suggestion is not None
-        element.fair_share = element.by_suggestion(suggestion)
+        assert element.fitted is not None
+        fit_factor, element.fair_share = element.fitted.at(suggestion)
         if not element.children:
             return
-        fit_factor = element.fit_factor_by_suggestion(suggestion)[0]
+        zero, one = self.zero, self.one
         if element.mode is SchedulingMode.FIFO:
             for index, child in enumerate(element.children):
-                self.distribute(child, min(max(fit_factor - index, ZERO), ONE))
+                self.distribute(child, min(max(fit_factor - index, zero), one))
         else:
             lightest = min(child.weight for child in element.children)
             for child in element.children:
-                self.distribute(child, min(ONE, fit_factor * child.weight / lightest))
+                factor = child.weight / lightest
+                self.distribute(
+                    child, min(one, fit_factor * (factor if self.exact else float(factor)))
+                )
 
 
 # -- starvation ------------------------------------------------------------------------------
@@ -631,20 +667,22 @@ def is_below_fair_share(
 
 
 def _starvation(
-    element: _Element,
+    operation: OperationSnapshot | None,
+    fair_share: Vector,
+    usage: Vector,
+    demand: Vector,
     settings: StarvationSettings,
     now: float,
     since: float | None,
 ) -> Starvation:
     tolerance, timeout_ms = settings.tolerance, settings.timeout_ms
-    operation = element.operation
     if operation is not None:
-        if element.fair_share == element.demand:
+        if fair_share == demand:
             # An operation whose whole demand is its fair share must get all of it.
             tolerance = ONE
         # Small operations starve sooner: timeout * min(1, pending jobs / coefficient 1).
         timeout_ms = timeout_ms * min(1, operation.pending_job_count)
-    below = is_below_fair_share(element.fair_share, element.usage, element.demand, tolerance)
+    below = is_below_fair_share(fair_share, usage, demand, tolerance)
     if not below:
         return Starvation(False, None, StarvationStatus.NON_STARVING)
     start = now if since is None else since
@@ -652,6 +690,52 @@ def _starvation(
     return Starvation(
         True, start, StarvationStatus.STARVING if starving else StarvationStatus.NON_STARVING
     )
+
+
+def _snap(value: Number, candidates: Iterable[Fraction]) -> Fraction:
+    """The float backend's output boundary: an exact candidate within ``SNAP_EPSILON``, else
+    the float's exact value (never outside [0, 1])."""
+    if isinstance(value, Fraction):
+        return value
+    for candidate in candidates:
+        # Compared as floats: a float minus a Fraction would build a Fraction.
+        if abs(value - candidate.numerator / candidate.denominator) <= SNAP_EPSILON:
+            return candidate
+    return Fraction(min(max(value, 0.0), 1.0))
+
+
+class _Described(Mapping[str, ElementShares]):
+    """A read-only name -> :class:`ElementShares` map that describes an element the first time
+    it is read. The update itself is done when this is built; describing (exact conversions,
+    detailed split, dominant resource, starvation) is per element, so a caller that reads a
+    few operations of a large tree does not pay for all of them."""
+
+    __slots__ = ("_cache", "_describe", "_elements")
+
+    def __init__(
+        self, elements: dict[str, _Element], describe: Callable[[_Element], ElementShares]
+    ) -> None:
+        self._elements = elements
+        self._describe = describe
+        self._cache: dict[str, ElementShares] = {}
+
+    def __getitem__(self, name: str) -> ElementShares:
+        shares = self._cache.get(name)
+        if shares is None:
+            shares = self._cache[name] = self._describe(self._elements[name])
+        return shares
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._elements)
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._elements
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
 
 
 # -- entry point -----------------------------------------------------------------------------
@@ -662,34 +746,89 @@ def compute_fair_share(
     *,
     now: float | None = None,
     below_fair_share_since: Mapping[tuple[ElementKind, str], float] | None = None,
+    numeric: Numeric = "auto",
 ) -> FairShareResult:
     """One fair-share update. With ``now`` (seconds, any epoch) it also evaluates starvation;
     ``below_fair_share_since`` carries each element's ``starving_since`` timestamp from the
-    previous update (the result's ``Starvation.below_fair_share_since`` is the next one)."""
+    previous update (the result's ``Starvation.below_fair_share_since`` is the next one).
+
+    ``numeric``: ``"exact"`` computes in ``Fraction``; ``"float"`` in floats, reporting each
+    share as the exact demand / usage / limit / guarantee / 0 it is within ``SNAP_EPSILON`` of
+    (else the float's value); ``"auto"`` (default) is exact up to ``EXACT_ELEMENT_LIMIT``
+    pools + operations and float above (``docs/trees.md``, "Speed"). Pools and operations are
+    described (and starvation evaluated) lazily, when the result's maps are read."""
     validate_snapshot(snapshot)
-    update = _Update(snapshot)
-    update.distribute(update.root, ONE)
+    if numeric == "auto":
+        exact = len(snapshot.pools) + len(snapshot.operations) <= EXACT_ELEMENT_LIMIT
+    elif numeric in ("exact", "float"):
+        exact = numeric == "exact"
+    else:
+        raise ValueError(f"numeric must be 'auto', 'exact' or 'float' (got {numeric!r})")
+    # The update allocates many short-lived cyclic objects (elements point at their parents);
+    # the cyclic collector would walk the growing heap again and again while nothing is
+    # garbage yet, so it is paused for the update (about a fifth of the time on large trees).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        update = _Update(snapshot, exact)
+        update.distribute(update.root, update.one)
+    finally:
+        if collecting:
+            gc.enable()
     since = below_fair_share_since or {}
     pool_settings: dict[str, StarvationSettings] = {
         pool.name: pool.starvation for pool in snapshot.pools
     }
+    resources = update.resources
+    dens = update.dens
+    no_limits = update.exact_limits_share({})
 
-    def shares(vector: Vector) -> Shares:
-        return MappingProxyType(dict(zip(update.resources, vector, strict=True)))
+    def shares(vector: Sequence[Number]) -> Shares:
+        return MappingProxyType(dict(zip(resources, cast(Sequence[Fraction], vector), strict=True)))
 
     def describe(element: _Element) -> ElementShares:
+        usage = tuple(Fraction(n, d) for n, d in zip(element.usage_numerators, dens, strict=True))
+        demand = tuple(Fraction(n, d) for n, d in zip(element.demand_numerators, dens, strict=True))
+        operation = element.operation
+        if operation is not None:
+            limits = (
+                update.exact_limits_share(operation.resource_limits)
+                if operation.resource_limits
+                else no_limits
+            )
+            guarantee = zeros(update.size)
+        else:
+            limits, guarantee = element.exact_limits, element.exact_guarantee
+        if update.exact:
+            fair_share = element.fair_share
+        else:
+            fair_share = tuple(
+                _snap(
+                    value,
+                    cast(
+                        tuple[Fraction, ...], (demand[r], usage[r], limits[r], guarantee[r], ZERO)
+                    ),
+                )
+                for r, value in enumerate(element.fair_share)
+            )
         starvation = None
         if now is not None and element.kind is not ElementKind.ROOT:
             settings = (
-                element.operation.starvation or pool_settings[element.operation.pool]
-                if element.operation is not None
+                operation.starvation or pool_settings[operation.pool]
+                if operation is not None
                 else pool_settings[element.name]
             )
-            if element.kind is ElementKind.OPERATION or snapshot.enable_pool_starvation:
+            if operation is not None or snapshot.enable_pool_starvation:
                 starvation = _starvation(
-                    element, settings, now, since.get((element.kind, element.name))
+                    operation,
+                    fair_share,
+                    usage,
+                    demand,
+                    settings,
+                    now,
+                    since.get((element.kind, element.name)),
                 )
-        strong = vmin(element.fair_share, element.guarantee)
+        strong = vmin(fair_share, guarantee)
         return ElementShares(
             kind=element.kind,
             name=element.name,
@@ -697,45 +836,47 @@ def compute_fair_share(
             weight=element.weight,
             fair_share=DetailedFairShare(
                 strong_guarantee=shares(strong),
-                weight_proportional=shares(sub(element.fair_share, strong)),
-                total=shares(element.fair_share),
+                weight_proportional=shares(sub(fair_share, strong)),
+                total=shares(fair_share),
             ),
-            usage_share=shares(element.usage),
-            demand_share=shares(element.demand),
-            limits_share=shares(element.limits),
-            strong_guarantee_share=shares(element.guarantee),
-            dominant_resource=update.resources[_dominant(element)],
+            usage_share=shares(usage),
+            demand_share=shares(demand),
+            limits_share=shares(limits),
+            strong_guarantee_share=shares(guarantee),
+            dominant_resource=resources[_dominant(usage, demand)],
             fifo_index=element.fifo_index,
             starvation=starvation,
         )
 
-    pools: dict[str, ElementShares] = {}
-    operations: dict[str, ElementShares] = {}
+    pools: dict[str, _Element] = {}
+    operations: dict[str, _Element] = {}
     for element in _walk(update.root):
         if element.kind is ElementKind.POOL:
-            pools[element.name] = describe(element)
+            pools[element.name] = element
         elif element.kind is ElementKind.OPERATION:
-            operations[element.name] = describe(element)
+            operations[element.name] = element
     return FairShareResult(
-        resources=update.resources,
+        resources=resources,
         root=describe(update.root),
-        pools=MappingProxyType(pools),
-        operations=MappingProxyType(operations),
+        pools=_Described(pools, describe),
+        operations=_Described(operations, describe),
         warnings=tuple(update.warnings),
     )
 
 
-def _dominant(element: _Element) -> int:
+def _dominant(usage: Vector, demand: Vector) -> int:
     """The resource with the largest usage share, or demand share while usage is zero; ties go
     to the first resource in YTsaurus's order."""
-    vector = element.usage if any(element.usage) else element.demand
+    vector = usage if any(usage) else demand
     return max(range(len(vector)), key=lambda r: (vector[r], -r)) if vector else 0
 
 
 def _walk(element: _Element) -> Iterable[_Element]:
-    yield element
-    for child in element.children:
-        yield from _walk(child)
+    stack = [element]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
 
 
 def validate_snapshot(snapshot: TreeSnapshot) -> None:

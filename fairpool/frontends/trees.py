@@ -27,6 +27,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -56,6 +57,7 @@ __all__ = [
     "PoolTreeConfig",
     "load_pool_tree",
     "matches_tag_filter",
+    "number",
     "parse_resources",
     "tree_resources",
 ]
@@ -97,36 +99,49 @@ def _milliseconds(field_name: str, value: object) -> int:
     return _integer(field_name, value)
 
 
-def _number(field_name: str, value: object) -> Fraction:
+#: Numbers are taken between 1e-30 and 1e30 in magnitude (or 0): "1e999999999" as an exact
+#: rational would be a billion-digit integer, and no option needs more.
+MAX_EXPONENT = 30
+
+
+def number(field_name: str, value: object) -> Fraction:
     """An exact rational from an int, a float (its shortest decimal form) or a decimal string."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidInput(field_name, value, "must be a number")
+    text = repr(value) if isinstance(value, float) else value
+    if isinstance(text, str) and len(text) > 64:
+        raise InvalidInput(field_name, text[:20] + "...", "must be a number")
     try:
-        number = Fraction(repr(value) if isinstance(value, float) else value)
-    except (ValueError, ZeroDivisionError):
+        decimal = Decimal(text)
+    except InvalidOperation:
         raise InvalidInput(field_name, value, "must be a finite number") from None
-    return number
+    if not decimal.is_finite() or (decimal and abs(decimal.adjusted()) > MAX_EXPONENT):
+        raise InvalidInput(
+            field_name, value, f"must be a finite number between 1e-{MAX_EXPONENT} and "
+            f"1e{MAX_EXPONENT} in magnitude (or 0)"
+        )
+    return Fraction(decimal)
 
 
 def _positive(field_name: str, value: object) -> Fraction:
-    number = _number(field_name, value)
-    if number <= 0:
+    amount = number(field_name, value)
+    if amount <= 0:
         raise InvalidInput(field_name, value, "must be positive")
-    return number
+    return amount
 
 
 def _unit_interval(field_name: str, value: object) -> Fraction:
-    number = _number(field_name, value)
-    if not 0 <= number <= 1:
+    amount = number(field_name, value)
+    if not 0 <= amount <= 1:
         raise InvalidInput(field_name, value, "must be between 0 and 1")
-    return number
+    return amount
 
 
 def _at_least_one(field_name: str, value: object) -> Fraction:
-    number = _number(field_name, value)
-    if number < 1:
+    amount = number(field_name, value)
+    if amount < 1:
         raise InvalidInput(field_name, value, "must be at least 1")
-    return number
+    return amount
 
 
 def _boolean(field_name: str, value: object) -> bool:

@@ -1,0 +1,293 @@
+"""HTTP routes of the pool trees (seed 003): nodes, pool trees, their pools, operations.
+
+Thin over ``TreesService``: each route is one service call and answers the view's
+``as_dict()``, so the remote CLI prints what the embedded one prints. The bodies are strict
+and bounded; what they cannot say (option names and values, resource keys, units, names) the
+service checks and names the field, as it does for the CLI: 422. Unknown trees, pools, nodes
+and operations answer 404; a name taken, an operation already ended, a pool or node still in
+use answer 409.
+
+Tree options and pool attributes keep their YTsaurus names and are sent as JSON values
+(``{"weight": 10}``); ``PATCH`` sets one of them from its command-line text (``"10"``,
+``"{cpu: 100}"``), as ``pool set`` and ``pool-tree set`` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, params
+from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, text
+from fairpool.frontends.pools import MAX_NAME
+from fairpool.trees_service import TreesService
+
+#: Characters of a whole-tree YAML document (``pool-tree apply``), and the body limit of the
+#: route that takes one: JSON may spell each character as a 12-byte surrogate-pair escape.
+MAX_TREE_DOCUMENT = 60_000
+MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
+#: Jobs of one operation over HTTP: every pass (each command, each reconciler tick) plans and
+#: stores each job, so one request must not be able to stall the server (100k jobs: ~5 s).
+MAX_JOB_COUNT = 10_000
+#: Tags of one node, and entries of any list or mapping inside an option value.
+MAX_TAGS = 64
+MAX_ITEMS = 64
+#: Text inside option values (tag filters, modes, names, sizes such as "512GiB").
+MAX_VALUE_TEXT = 1024
+
+#: A string the database stores as it is (no NUL, no lone surrogates); the service checks
+#: what it must look like (names, resource keys, tag formulas) and names the field.
+Text = Annotated[
+    str,
+    StringConstraints(max_length=MAX_VALUE_TEXT, pattern=TEXT_PATTERN),
+    AfterValidator(text),
+]
+OptionKey = Annotated[
+    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+Number = int | Annotated[float, Field(allow_inf_nan=False)]
+Scalar = bool | Number | Text | None
+#: Option values nest at most five levels (``pool_config_presets`` → a preset →
+#: ``ephemeral_subpool_config`` → ``resource_limits`` → an amount, or
+#: ``offloading_settings`` → a tree → ``pool``).
+Value1 = Scalar | Annotated[list[Scalar], Field(max_length=MAX_ITEMS)]
+Value2 = Value1 | Annotated[dict[OptionKey, Value1], Field(max_length=MAX_ITEMS)]
+Value3 = Value1 | Annotated[dict[OptionKey, Value2], Field(max_length=MAX_ITEMS)]
+Value4 = Value1 | Annotated[dict[OptionKey, Value3], Field(max_length=MAX_ITEMS)]
+Value5 = Value1 | Annotated[dict[OptionKey, Value4], Field(max_length=MAX_ITEMS)]
+Options = Annotated[dict[OptionKey, Value5], Field(max_length=MAX_KEYS)]
+#: A resource amount: an integer, or for ``memory`` a size such as "512GiB".
+Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text
+Resources = Annotated[dict[OptionKey, Amount], Field(max_length=MAX_KEYS)]
+Weight = int | Annotated[float, Field(allow_inf_nan=False)] | Annotated[
+    str, StringConstraints(max_length=64, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+#: The text of one option value, as the command line gives it (parsed as YAML).
+OptionText = Annotated[
+    str, StringConstraints(max_length=4096, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+Document = Annotated[
+    str, StringConstraints(max_length=MAX_TREE_DOCUMENT, pattern=TEXT_PATTERN),
+    AfterValidator(text),
+]
+
+TreeName = Annotated[
+    str,
+    Path(description="The pool tree's name."),
+    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
+    AfterValidator(text),
+]
+PathName = Annotated[
+    str,
+    Path(description="A node's or pool's name."),
+    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
+    AfterValidator(text),
+]
+OperationRef = Annotated[
+    str,
+    Path(description="Operation id or unique id prefix."),
+    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
+    AfterValidator(text),
+]
+QueryName = Annotated[
+    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class NodeCreate(Strict):
+    name: Name
+    tags: Annotated[list[Text], Field(max_length=MAX_TAGS)] = Field(
+        default_factory=list, description="For trees' node_tag_filter, e.g. [\"gpu\", \"a100\"]."
+    )
+    resources: Resources = Field(
+        description="e.g. {\"cpu\": 64, \"memory\": \"512GiB\", \"gpu\": 8, \"user_slots\": 64}."
+    )
+
+
+class TreeCreate(Strict):
+    name: Name
+    config: Options = Field(
+        default_factory=dict,
+        description="Tree options by their YTsaurus names; durations in milliseconds.",
+    )
+
+
+class TreeApply(Strict):
+    document: Document = Field(description="A whole tree as YAML: name, config, pools.")
+    name: Name | None = Field(
+        default=None, description="Refuse the document unless it describes this tree."
+    )
+
+
+class OptionSet(Strict):
+    option: Annotated[str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN),
+                      AfterValidator(text)]
+    value: OptionText = Field(description="As on the command line: YAML, e.g. \"10\" or "
+                              "\"{cpu: 100}\".")
+
+
+class DefaultTree(Strict):
+    name: Name
+
+
+class TreePoolCreate(Strict):
+    name: Name
+    parent: Name | None = Field(default=None, description="Default: the tree's root.")
+    config: Options = Field(default_factory=dict,
+                            description="Pool attributes by their YTsaurus names.")
+
+
+class OperationStart(Strict):
+    user: Name
+    job_resources: Resources = Field(description="One job's resources.")
+    job_count: Annotated[int, Field(ge=1, le=MAX_JOB_COUNT)]
+    tree: Name | None = Field(default=None, description="Default: the default_tree.")
+    pool: Name | None = Field(default=None,
+                              description="Default: the user's name (an ephemeral pool).")
+    weight: Weight = 1
+    gang: bool = False
+    resource_limits: Resources | None = None
+
+
+def _json(data: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status)
+
+
+def trees_router(
+    trees: TreesService, prefix: str, dependencies: Sequence[params.Depends]
+) -> APIRouter:
+    router = APIRouter(prefix=prefix, dependencies=dependencies)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    @router.post("/nodes", status_code=201, tags=["nodes"])
+    def add_node(body: NodeCreate) -> JSONResponse:
+        """Add a node; every tree whose node_tag_filter selects it grows at once."""
+        return _json(trees.add_node(body.name, body.tags, body.resources).as_dict(), 201)
+
+    @router.get("/nodes", tags=["nodes"])
+    def list_nodes() -> JSONResponse:
+        """Nodes, their tree and what runs on them."""
+        return _json({"items": [n.as_dict() for n in trees.list_nodes()]})
+
+    @router.delete("/nodes/{name}", status_code=204, tags=["nodes"])
+    def remove_node(name: PathName) -> Response:
+        """Remove a node; refused (409) while it runs jobs."""
+        trees.remove_node(name)
+        return Response(status_code=204)
+
+    # -- pool trees --------------------------------------------------------------------------
+
+    @router.post("/pool-trees", status_code=201, tags=["pool trees"])
+    def create_pool_tree(body: TreeCreate) -> JSONResponse:
+        """Create a tree (the first one becomes the default_tree)."""
+        return _json(trees.create_tree(body.name, body.config).as_dict(), 201)
+
+    @router.post("/pool-trees/apply", tags=["pool trees"])
+    def apply_pool_tree(body: TreeApply) -> JSONResponse:
+        """Create or update a whole tree from YAML; pools missing from it are deleted.
+        Idempotent: the answer lists what changed (nothing, the second time)."""
+        return _json(trees.apply_tree(body.document, body.name).as_dict())
+
+    @router.get("/pool-trees", tags=["pool trees"])
+    def list_pool_trees() -> JSONResponse:
+        return _json({"items": [t.as_dict() for t in trees.list_trees()]})
+
+    @router.get("/default-tree", tags=["pool trees"])
+    def get_default_tree() -> JSONResponse:
+        """``default_tree``: the tree commands use when they name none (null: none yet)."""
+        return _json({"default_tree": trees.default_tree()})
+
+    @router.put("/default-tree", tags=["pool trees"])
+    def set_default_tree(body: DefaultTree) -> JSONResponse:
+        return _json({"default_tree": trees.default_tree(body.name)})
+
+    @router.get("/pool-trees/{name}", tags=["pool trees"])
+    def show_pool_tree(name: TreeName) -> JSONResponse:
+        """The tree with each element's fair / usage / demand share, dominant resource and
+        starvation."""
+        return _json(trees.show_tree(name).as_dict())
+
+    @router.patch("/pool-trees/{name}", tags=["pool trees"])
+    def set_pool_tree(name: TreeName, body: OptionSet) -> JSONResponse:
+        """Set one tree option, validated with every pool (YTsaurus units: milliseconds)."""
+        return _json(trees.set_tree(name, body.option, body.value).as_dict())
+
+    @router.post("/pool-trees/{name}/reconcile", tags=["pool trees"])
+    def reconcile_pool_tree(name: TreeName) -> JSONResponse:
+        """One pass now: promote pending operations, grant jobs, preempt for starving ones."""
+        return _json(trees.reconcile(name).as_dict())
+
+    # -- pools of a tree ---------------------------------------------------------------------
+
+    @router.post("/pool-trees/{tree}/pools", status_code=201, tags=["pool trees"])
+    def create_tree_pool(tree: TreeName, body: TreePoolCreate) -> JSONResponse:
+        """Create a pool, validated with the whole tree."""
+        view = trees.create_pool(tree, body.name, body.parent, body.config)
+        return _json(view.as_dict(), 201)
+
+    @router.get("/pool-trees/{tree}/pools/{name}", tags=["pool trees"])
+    def describe_tree_pool(tree: TreeName, name: PathName) -> JSONResponse:
+        """Every attribute, the effective_* values, operation counts and shares."""
+        return _json(trees.describe_pool(tree, name).as_dict())
+
+    @router.patch("/pool-trees/{tree}/pools/{name}", tags=["pool trees"])
+    def set_tree_pool(tree: TreeName, name: PathName, body: OptionSet) -> JSONResponse:
+        """Set one attribute (``parent`` moves the pool), validated with the whole tree."""
+        return _json(trees.set_pool(tree, name, body.option, body.value).as_dict())
+
+    @router.delete("/pool-trees/{tree}/pools/{name}", status_code=204, tags=["pool trees"])
+    def delete_tree_pool(tree: TreeName, name: PathName) -> Response:
+        """Delete a pool; refused (409) while it has child pools or started operations."""
+        trees.delete_pool(tree, name)
+        return Response(status_code=204)
+
+    # -- operations --------------------------------------------------------------------------
+
+    @router.post("/operations", status_code=201, tags=["operations of pool trees"])
+    def start_operation(body: OperationStart) -> JSONResponse:
+        """Start an operation: rejected (422) at a max_operation_count, pending at a
+        max_running_operation_count, else running with the jobs that fit."""
+        view = trees.start_operation(
+            user=body.user, job_resources=body.job_resources, job_count=body.job_count,
+            tree=body.tree, pool=body.pool, weight=body.weight, gang=body.gang,
+            resource_limits=body.resource_limits,
+        )
+        return _json(view.as_dict(), 201)
+
+    @router.get("/operations", tags=["operations of pool trees"])
+    def list_operations(
+        tree: QueryName | None = None,
+        status: Annotated[str, StringConstraints(max_length=64, pattern=TEXT_PATTERN),
+                          AfterValidator(text)] | None = None,
+    ) -> JSONResponse:
+        """Operations, oldest first, optionally of one tree and one status."""
+        views = trees.list_operations(tree or None, status)
+        return _json({"items": [v.as_dict() for v in views]})
+
+    @router.get("/operations/{ref}", tags=["operations of pool trees"])
+    def describe_operation(ref: OperationRef) -> JSONResponse:
+        """Fair share, running / pending jobs, why pending, preempted jobs."""
+        return _json(trees.describe_operation(ref).as_dict())
+
+    @router.post("/operations/{ref}/complete", tags=["operations of pool trees"])
+    def complete_operation(ref: OperationRef) -> JSONResponse:
+        """The operation finished: its jobs' units return."""
+        return _json(trees.complete_operation(ref).as_dict())
+
+    @router.post("/operations/{ref}/abort", tags=["operations of pool trees"])
+    def abort_operation(ref: OperationRef) -> JSONResponse:
+        """Stop the operation: its jobs' units return."""
+        return _json(trees.abort_operation(ref).as_dict())
+
+    return router
+
+
+__all__ = ["MAX_TREE_DOCUMENT_BODY", "trees_router"]
