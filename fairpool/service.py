@@ -99,7 +99,7 @@ class _State:
             components={c.id: c for c in repo.list_components(conn)},
             allocations=allocations,
             queued={r.id: r for r in repo.queued_requests(conn)},
-            holders={r.id: r for r in repo.requests_by_ids(conn, list(allocations))},
+            holders={r.id: r for r in repo.holders(conn)} if allocations else {},
         )
 
     def policies_of(self) -> dict[str, list[Policy]]:

@@ -349,20 +349,18 @@ def test_preemption_and_retry_links(db: Database, component_id: str) -> None:
             repo.delete_request(connection, victim.id)
 
 
-def test_requests_by_ids_in_batches(
-    db: Database, component_id: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(repo, "_BATCH", 2)
+def test_holders_are_the_requests_with_a_live_allocation(db: Database, component_id: str) -> None:
     with db.write() as connection:
+        pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
         requests = [
             repo.insert_request(connection, component_id, {"gpu": i + 1}, at(i), preemptible=True)
-            for i in range(5)
+            for i in range(4)
         ]
+        for request in requests[1:]:
+            repo.insert_allocation(connection, request.id, pool_id, None, "gpus", 0, at(5))
+        repo.release_allocation(connection, requests[2].id, at(6))
     with db.read() as connection:
-        wanted = [requests[4].id, requests[0].id, "missing", requests[2].id, requests[1].id]
-        found = repo.requests_by_ids(connection, wanted)
-        assert sorted(found, key=lambda r: r.created_at) == [requests[i] for i in (0, 1, 2, 4)]
-        assert repo.requests_by_ids(connection, []) == []
+        assert repo.holders(connection) == [requests[1], requests[3]]
 
 
 def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) -> None:

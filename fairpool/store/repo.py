@@ -441,12 +441,13 @@ _QUEUE = (
     .order_by(schema.request.c.created_at, schema.request.c.id)
 )
 _QUEUE_DEMAND = _demand_statement(_QUEUE)
-_REQUESTS_BY_IDS = (
+_HOLDERS = (
     select(schema.request)
-    .where(schema.request.c.id.in_(bindparam("ids", expanding=True)))
+    .join(schema.allocation, schema.allocation.c.request_id == schema.request.c.id)
+    .where(schema.allocation.c.released_at.is_(None))
     .order_by(schema.request.c.created_at, schema.request.c.id)
 )
-_REQUESTS_BY_IDS_DEMAND = _demand_statement(_REQUESTS_BY_IDS)
+_HOLDERS_DEMAND = _demand_statement(_HOLDERS)
 
 
 _INSERT_REQUEST = insert(schema.request)
@@ -590,15 +591,9 @@ def list_requests(
     return _requests(connection, statement)
 
 
-def requests_by_ids(connection: Connection, request_ids: Sequence[str]) -> list[Request]:
-    """The requests among ``request_ids`` that exist, in queue order within each batch."""
-    found: list[Request] = []
-    for start in range(0, len(request_ids), _BATCH):
-        batch = list(request_ids[start : start + _BATCH])
-        found.extend(
-            _requests(connection, _REQUESTS_BY_IDS, _REQUESTS_BY_IDS_DEMAND, {"ids": batch})
-        )
-    return found
+def holders(connection: Connection) -> list[Request]:
+    """The requests that hold a live allocation, in queue order; two queries."""
+    return _requests(connection, _HOLDERS, _HOLDERS_DEMAND)
 
 
 def queued_requests(connection: Connection) -> list[Request]:
