@@ -42,3 +42,29 @@ say "Prod finishes: its units go back and the retry is granted"
 run fairpool resource-request release "$prod"
 run fairpool resource-request describe "${queued:0:8}" -o yaml
 run fairpool resource-pool list
+
+here="$(cd "$(dirname "$0")" && pwd)"
+say "The declarative scheduler config (seed 004): m5.2xlarge capped at three instances"
+run fairpool config apply -f "$here/scheduler/m5-cap.yaml" --yes
+for i in 1 2 3 4; do
+    printf '$ fairpool workload submit --instance-type m5.2xlarge --cpu 8 --memory-gb 32  -> '
+    fairpool workload submit --instance-type m5.2xlarge --cpu 8 --memory-gb 32 -o json | field reason
+done
+run fairpool queue describe q-m5-2xlarge-cap3
+
+say "Pool trees (seed 003): a guaranteed pool and a weighted one share two nodes"
+run fairpool node add gpu-01 --tags gpu --resources '{"cpu": 64, "memory": "512GiB", "gpu": 8}'
+run fairpool node add gpu-02 --tags gpu --resources '{"cpu": 64, "memory": "512GiB", "gpu": 8}'
+run fairpool pool-tree create physical --node-tag-filter gpu --main-resource cpu
+run fairpool pool create research --tree physical --strong-guarantee '{"cpu": 96}'
+run fairpool pool create batch --tree physical --weight 3
+run fairpool operation start --tree physical --pool batch --user alice \
+    --job-resources '{"cpu": 1, "memory": "4GiB"}' --job-count 200
+run fairpool operation start --tree physical --pool research --user bob \
+    --job-resources '{"cpu": 4, "memory": "16GiB"}' --job-count 20
+run fairpool pool-tree show physical
+
+say "Research is below its fair share; once starving (timeout set to 0 here) it preempts batch's newest jobs"
+run fairpool pool-tree set physical fair_share_starvation_timeout 0
+run fairpool pool-tree reconcile physical
+run fairpool pool-tree show physical
