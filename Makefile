@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean zenml-demo
 
 $(BIN)/fairpool: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +16,15 @@ demo: $(BIN)/fairpool
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/tour.sh
 
 test: $(BIN)/fairpool
-	$(BIN)/ruff check fairpool tests benchmarks
+	$(BIN)/ruff check fairpool tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	bash tests/zenml/run.sh
+
+# A real ZenML dynamic pipeline queued and granted by fairpool, behind a local ZenML server
+# (127.0.0.1, throw-away config); the ZenML venv (.zenml-venv, or ZENML_VENV) is made on first use.
+zenml-demo:
+	bash examples/zenml/run.sh
 
 bench: $(BIN)/fairpool
 	$(BIN)/python benchmarks/engine.py

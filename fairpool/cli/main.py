@@ -23,6 +23,7 @@ from fairpool.cli.token import token
 from fairpool.cli.trees import node, operation, pool, pool_tree
 from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError
+from fairpool.integrations.zenml.cli import zenml
 
 
 def error_message(error: Exception) -> str:
@@ -107,6 +108,7 @@ cli.add_command(node)
 cli.add_command(pool_tree)
 cli.add_command(pool)
 cli.add_command(operation)
+cli.add_command(zenml)
 
 
 def main() -> None:

@@ -22,8 +22,10 @@ processes may open a brand-new database at once.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -212,7 +214,7 @@ def _control_sqlite_transactions(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         for pragma in _SQLITE_PRAGMAS:
-            cursor.execute(pragma)
+            _retry_while_locked(cursor.execute, pragma)
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -223,6 +225,26 @@ def _control_sqlite_transactions(engine: Engine) -> None:
         else:
             connection.exec_driver_sql("PRAGMA query_only = ON")
             connection.exec_driver_sql("BEGIN")
+
+
+def _retry_while_locked(run: Callable[[str], object], statement: str) -> None:
+    """Run ``statement`` again while SQLite answers "database is locked", up to
+    LOCK_TIMEOUT_MS.
+
+    Switching a brand-new file to WAL needs an exclusive lock, and SQLite may refuse it at once
+    without calling the busy handler when another process is opening the same file.
+    """
+    deadline = time.monotonic() + LOCK_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            run(statement)
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
 
 def _configure_postgresql(engine: Engine) -> None:

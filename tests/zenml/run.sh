@@ -4,16 +4,7 @@
 #   tests/zenml/run.sh [pytest args]        ZENML_VENV=path (default .zenml-venv) to reuse one
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python3}
-VENV=${ZENML_VENV:-.zenml-venv}
-if [ ! -x "$VENV/bin/zenml" ]; then
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --upgrade pip
-    # One resolver run for both: installed one after the other, fairpool's fastapi pulls an
-    # opentelemetry-api that ZenML's opentelemetry-sdk pin refuses.
-    "$VENV/bin/pip" install --quiet -e . 'zenml[local,server]>=0.95,<0.97' 'pytest>=8,<10' \
-        'mypy>=1.10' types-PyYAML
-fi
+source tests/zenml/venv.sh
 "$VENV/bin/pip" check
 # The integration type-checks against the real ZenML (the main mypy run excludes it, so
 # pyproject's mypy settings are not read here: --config-file "").

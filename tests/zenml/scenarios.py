@@ -73,6 +73,31 @@ def hold(name: str, seconds: float, watch_pending: int = 0) -> str:
     return name
 
 
+@step(settings=GPU1)
+def train(name: str, seconds: float) -> str:
+    """Holds one GPU for ``seconds`` like a training loop (short slices of work, so an
+    interruption lands within one); records each second of progress and an interruption."""
+    record(step=name, at="start", pid=os.getpid())
+    started = time.time()
+    try:
+        while time.time() - started < seconds:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        record(step=name, at="interrupted", after=time.time() - started)
+        raise
+    record(step=name, at="end")
+    return name
+
+
+@step(settings=GPU1, retry=StepRetryConfig(max_retries=1))
+def train_retried(name: str, seconds: float) -> str:
+    """``train``, retried once by ZenML; the retry is short."""
+    from zenml import get_step_context
+
+    attempt = get_step_context().step_run.version
+    return train.entrypoint(f"{name}#{attempt}", seconds if attempt == 1 else 0.5)
+
+
 @step(settings={"resources": ResourceSettings(gpu_count=3)})
 def greedy() -> None:
     record(step="greedy", at="start")
@@ -133,6 +158,16 @@ def short_one() -> None:
     hold("short", 0.5, 0)
 
 
+@pipeline(dynamic=True, enable_cache=False)
+def train_long() -> None:
+    train_retried("long", float(os.environ.get("SCENARIO_LONG_SECONDS", "60")))
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def train_short() -> None:
+    train("short", 0.5)
+
+
 def setup(capacity: int, reserved: int, limit: int, priority: int = 10) -> None:
     client = Client()
     pool = client.create_resource_pool("gpus", {"gpu": capacity})
@@ -145,19 +180,23 @@ def setup(capacity: int, reserved: int, limit: int, priority: int = 10) -> None:
     )
 
 
-def setup_preemption() -> None:
-    """Two local orchestrators on one 1-GPU pool: ``low`` borrows (priority 1, reserved 0),
-    ``high`` owns the GPU (priority 10, reserved 1). Their stacks are chosen per process with
-    ZENML_ACTIVE_STACK_ID."""
+def setup_preemption(flavor: str = "local") -> None:
+    """Two orchestrators of ``flavor`` on one 1-GPU pool: ``low`` borrows (priority 1,
+    reserved 0), ``high`` owns the GPU (priority 10, reserved 1). Their stacks are chosen per
+    process with ZENML_ACTIVE_STACK_ID."""
     from zenml.enums import StackComponentType
 
     client = Client()
+    if flavor != "local":
+        from fairpool.integrations.zenml import FLAVOR_SOURCE
+
+        client.create_flavor(FLAVOR_SOURCE, StackComponentType.ORCHESTRATOR)
     pool = client.create_resource_pool("gpus", {"gpu": 1})
     artifact_store = client.active_stack.artifact_store
     stacks = {}
     for name, priority, reserved in (("low", 1, 0), ("high", 10, 1)):
         orchestrator = client.create_stack_component(
-            name=name, flavor="local", component_type=StackComponentType.ORCHESTRATOR,
+            name=name, flavor=flavor, component_type=StackComponentType.ORCHESTRATOR,
             configuration={},
         )
         stack = client.create_stack(
@@ -226,9 +265,13 @@ def main() -> None:
         error = run(too_big)
     elif scenario == "preempt_setup":
         setup_preemption()
+    elif scenario == "preempt_setup_isolated":
+        setup_preemption("fairpool_local")
     elif scenario in ("long", "short"):
         # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
         error = run(long_one if scenario == "long" else short_one)
+    elif scenario in ("train_long", "train_short"):
+        error = run(train_long if scenario == "train_long" else train_short)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     with open(EVENTS) as f:

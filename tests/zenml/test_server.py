@@ -144,3 +144,45 @@ def test_a_rejected_step_fails_through_the_server(server: ZenML) -> None:
     assert (request["step"], request["status"], request["step_status"]) == (
         "greedy", "rejected", "failed"
     )
+
+
+def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: ZenML) -> None:
+    """``fairpool zenml install`` (run here as ``python -m fairpool.integrations.zenml.cli``,
+    the same click group) registers the fairpool_local flavor, an orchestrator and a stack on
+    the server, idempotently; a pipeline on that stack runs its GPU step in its own process,
+    talking to the server, and the server releases the request when the step ends."""
+    install = [sys.executable, "-m", "fairpool.integrations.zenml.cli", "install",
+               "--stack", "fairpool-stack"]
+    first = subprocess.run(install, cwd=server.cwd, env=server.env, capture_output=True,
+                           text=True, timeout=180)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "ok: registered the orchestrator flavor fairpool_local (" \
+        "fairpool.integrations.zenml.orchestrator.FairpoolLocalOrchestratorFlavor)" in first.stdout
+    assert "ok: registered the orchestrator fairpool (fairpool_local)" in first.stdout
+    assert "ok: the ZenML server has a resource-pool implementation" in first.stdout
+    again = subprocess.run(install, cwd=server.cwd, env=server.env, capture_output=True,
+                           text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith(("ok:", "todo:"))] == [
+        "ok: orchestrator flavor fairpool_local: already registered",
+        "ok: orchestrator fairpool: already registered",
+        "ok: stack fairpool-stack: already registered",
+        "ok: the ZenML server has a resource-pool implementation",
+    ]
+
+    server.cli("resource-pool", "create", "isolated", "--capacity", '{"gpu": 1}')
+    server.cli("resource-pool", "attach-policy", "isolated", "fairpool",
+               "-p", "1", "-r", '{"gpu": 1}', "-l", '{"gpu": 1}')
+    stack = server.cli_json("stack", "list", "--name", "fairpool-stack")["items"][0]["id"]
+    result = server.scenario(
+        "train_short", server=True, extra_env={"ZENML_ACTIVE_STACK_ID": stack},
+        events="isolated.jsonl",
+    )
+    assert result["error"] is None, result["log"][-3000:]
+    assert "Launching isolated step `train` in its own process." in result["log"]
+    assert "Initiating heartbeat for step: train" in result["log"]
+    request = result["requests"][-1]
+    assert (request["step"], request["status"], request["step_status"]) == (
+        "train", "released", "completed"
+    )
+    assert request["reason"].startswith("released")

@@ -75,10 +75,8 @@ from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
 from fairpool.errors import InvalidInput
 from fairpool.frontends import pools as frontend
+from fairpool.integrations.zenml import SOURCE  # the implementation-source value
 from fairpool.store.records import Policy, Pool
-
-#: The value for ``ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE``.
-SOURCE = "fairpool.integrations.zenml.store.FairpoolResourcePools"
 
 #: A pass that preempts is followed by another (the preemptors wait for their victims);
 #: each repetition takes at least one request out of the queue, this only bounds a bug.

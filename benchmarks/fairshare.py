@@ -1,6 +1,6 @@
 """Fair-share benchmark: one ``compute_fair_share`` update over synthetic pool trees.
 
-    python benchmarks/trees.py [--sizes 10:100,100:1000,1000:10000,10000:100000] [--runs 3]
+    python benchmarks/fairshare.py [--sizes 10:100,100:1000,1000:10000,10000:100000] [--runs 3]
                                [--numeric auto|exact|float]
 
 Trees look like production ones: depth 3-4 (departments / teams / projects, some projects

@@ -1,0 +1,340 @@
+"""``fairpool_local``: ZenML's local orchestrator, with each resource step of a dynamic
+pipeline run as an ISOLATED step in its own process, so a preemption can stop it.
+
+Why it exists: on the stock ``local`` flavor ZenML cannot interrupt a running step. Its
+compiler turns the step heartbeat off for the flavor named ``local``
+(``config/compiler.py: _get_heartbeat_flag``), and the local orchestrator has no
+``submit_isolated_step``, so every step of a dynamic pipeline runs inline
+(``execution/pipeline/dynamic/compilation.py: get_step_runtime``). fairpool sets a preempted
+step run to ``CANCELLING``, which only a heartbeat or the dynamic runner's monitor acts on.
+
+This flavor is ``LocalOrchestrator`` plus ZenML's isolated-step API
+(``submit_isolated_step`` / ``get_isolated_step_status`` / ``stop_isolated_step``, the same
+shape as ZenML's SSH orchestrator). ZenML then, by its own rules:
+
+* runs a step of a dynamic pipeline that has ``ResourceSettings`` (or its own Docker
+  settings, or ``runtime="isolated"``) ISOLATED: after its resource request is allocated
+  (``step_launcher._wait_until_resources_acquired``, in the pipeline's process), a
+  subprocess runs ZenML's step entrypoint (``StepOperatorEntrypointConfiguration``); steps
+  without resource settings still run inline, as on ``local``;
+* turns the heartbeat on for those steps (the flavor is not named ``local``): the step's
+  ``StepHeartbeatWorker`` sees ``CANCELLING`` and interrupts the step
+  (``_thread.interrupt_main()``, a ``KeyboardInterrupt`` in the step's code), the runner
+  (its monitor, or the launcher for a step called without ``.submit``) publishes
+  ``CANCELLED``, and fairpool's release hook marks the request ``preempted`` and grants
+  the units to the preemptor.
+
+What this module adds on top: the step process uses this Python (ZenML's default command
+is a bare ``python``), the snapshot's stack, a configurable heartbeat interval (ZenML's is a
+fixed 15 s class constant), fairpool plugged into the step process's store when the
+pipeline's process runs fairpool in-process (``enable()``), and a hard stop: a step still
+running ``stop_grace_seconds`` after it was set to ``CANCELLING`` (its code is blocked in a
+call a ``KeyboardInterrupt`` cannot break) has its process group terminated.
+
+Register the flavor the ZenML way (``fairpool zenml install`` does all of it), with
+``zenml orchestrator flavor register`` and :data:`FLAVOR_SOURCE`, then::
+
+    zenml orchestrator register fairpool -f fairpool_local
+    zenml stack register fairpool-stack -o fairpool -a default --set
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+from uuid import UUID
+
+from pydantic import Field
+from zenml.client import Client
+from zenml.constants import (
+    ENV_ZENML_ACTIVE_PROJECT_ID,
+    ENV_ZENML_ACTIVE_STACK_ID,
+    ENV_ZENML_CUSTOM_SOURCE_ROOT,
+    ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL,
+)
+from zenml.enums import ExecutionStatus
+from zenml.logger import get_logger
+from zenml.orchestrators import utils as orchestrator_utils
+from zenml.orchestrators.local.local_orchestrator import (
+    LocalOrchestrator,
+    LocalOrchestratorConfig,
+    LocalOrchestratorFlavor,
+)
+from zenml.step_operators.step_operator_entrypoint_configuration import (
+    StepOperatorEntrypointConfiguration,
+)
+from zenml.utils import source_utils
+from zenml.utils.env_utils import temporary_environment
+
+# The flavor's source, for ``zenml orchestrator flavor register`` (re-exported).
+from fairpool.integrations.zenml import FLAVOR_SOURCE as FLAVOR_SOURCE
+
+if TYPE_CHECKING:
+    from zenml.config.step_run_info import StepRunInfo
+    from zenml.models import PipelineRunResponse, PipelineSnapshotResponse, StepRunResponse
+    from zenml.orchestrators import SubmissionResult
+    from zenml.stack import Stack
+
+logger = get_logger(__name__)
+
+#: The flavor's name (``zenml orchestrator register NAME -f fairpool_local``).
+FLAVOR = "fairpool_local"
+
+#: Passed to a step's process: its heartbeat interval, and whether to plug fairpool into its
+#: in-process store (set when the pipeline's process has).
+ENV_HEARTBEAT_SECONDS = "FAIRPOOL_ZENML_HEARTBEAT_SECONDS"
+ENV_ENABLE = "FAIRPOOL_ZENML_ENABLE"
+
+_CANCELLING = (ExecutionStatus.CANCELLING, ExecutionStatus.STOPPING)
+
+
+class FairpoolLocalOrchestratorConfig(LocalOrchestratorConfig):
+    """Configuration of the ``fairpool_local`` orchestrator."""
+
+    heartbeat_interval_seconds: int = Field(
+        default=2,
+        ge=1,
+        description="How often an isolated step's heartbeat asks ZenML whether the step was "
+        "cancelled (preempted) or stopped; ZenML's own interval is 15 s.",
+    )
+    stop_grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a step set to CANCELLING/STOPPING may take to stop by itself "
+        "(its heartbeat interrupts it) before its process group is terminated.",
+    )
+    monitoring_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the dynamic runner checks its isolated steps (ZenML's "
+        "default is 10 s); ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL overrides it.",
+    )
+
+
+@dataclass
+class _StepProcess:
+    process: subprocess.Popen[bytes]
+    stopped: bool = False
+    cancelling_since: float | None = None
+    ended_as: ExecutionStatus | None = None
+    last_check: float = field(default=0.0)
+
+
+#: Step processes of this Python process, by step run id. Module-level: ZenML may build
+#: more than one orchestrator instance for one stack within a run.
+_PROCESSES: dict[UUID, _StepProcess] = {}
+_LOCK = threading.Lock()
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM the step's process group (it was started as its own session), then SIGKILL."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        process.wait()
+
+
+@atexit.register
+def _terminate_leftovers() -> None:
+    """A pipeline process that exits (Ctrl-C, a crash) takes its step processes with it."""
+    with _LOCK:
+        leftovers = [entry.process for entry in _PROCESSES.values()]
+    for process in leftovers:
+        _terminate(process, timeout=5.0)
+
+
+def _fairpool_in_process() -> bool:
+    """Whether this process's ZenML store is in-process with fairpool plugged in."""
+    from zenml.zen_stores.sql_zen_store import SqlZenStore
+
+    from fairpool.integrations.zenml.store import FairpoolResourcePools
+
+    store = Client().zen_store
+    return isinstance(store, SqlZenStore) and isinstance(
+        store._resource_pools, FairpoolResourcePools
+    )
+
+
+class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
+    """ZenML's entrypoint for one isolated step, run with this Python, with the heartbeat
+    interval the orchestrator asks for and (in-process stores) fairpool plugged in."""
+
+    @classmethod
+    def get_entrypoint_command(cls) -> list[str]:
+        return [sys.executable, "-m", "zenml.entrypoints.entrypoint"]
+
+    def run(self) -> None:
+        # The heartbeat stops a step with _thread.interrupt_main(), which does nothing when
+        # SIGINT is ignored -- as it is in a process started in the background by a shell.
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        interval = os.environ.get(ENV_HEARTBEAT_SECONDS)
+        if interval:
+            from zenml.steps.heartbeat import StepHeartbeatWorker
+
+            # ZenML reads this class constant when a step's worker is made; it has no setting.
+            StepHeartbeatWorker.STEP_HEARTBEAT_INTERVAL_SECONDS = int(interval)
+        if os.environ.get(ENV_ENABLE) == "1":
+            # The step publishes its own end (completed/failed): the release must run here.
+            from fairpool.integrations.zenml.store import enable
+
+            enable()
+        super().run()
+
+
+class FairpoolLocalOrchestrator(LocalOrchestrator):
+    """The local orchestrator, with isolated steps as subprocesses that can be stopped."""
+
+    @property
+    def config(self) -> FairpoolLocalOrchestratorConfig:
+        return cast(FairpoolLocalOrchestratorConfig, self._config)
+
+    def submit_dynamic_pipeline(
+        self,
+        snapshot: PipelineSnapshotResponse,
+        stack: Stack,
+        environment: dict[str, str],
+        placeholder_run: PipelineRunResponse | None = None,
+    ) -> SubmissionResult | None:
+        interval = os.environ.get(
+            ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL,
+            str(self.config.monitoring_interval_seconds),
+        )
+        with temporary_environment({ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL: interval}):
+            return super().submit_dynamic_pipeline(
+                snapshot=snapshot, stack=stack, environment=environment,
+                placeholder_run=placeholder_run,
+            )
+
+    def submit_isolated_step(
+        self, step_run_info: StepRunInfo, environment: dict[str, str]
+    ) -> None:
+        command, args = orchestrator_utils.get_step_entrypoint_command(
+            invocation_id=step_run_info.pipeline_step_name,
+            config=step_run_info.config,
+            entrypoint_config_class=FairpoolStepEntrypointConfiguration,
+            snapshot_id=step_run_info.snapshot.id,
+            step_run_id=str(step_run_info.step_run_id),
+        )
+        env = {**os.environ, **environment}
+        if step_run_info.snapshot.stack is not None:
+            env[ENV_ZENML_ACTIVE_STACK_ID] = str(step_run_info.snapshot.stack.id)
+        env[ENV_ZENML_ACTIVE_PROJECT_ID] = str(step_run_info.snapshot.project_id)
+        # The step's code is imported from the pipeline's source root (the directory of the
+        # script that ran the pipeline, or the ZenML repository); the step process is not
+        # started from that script, so it is told.
+        try:
+            env.setdefault(ENV_ZENML_CUSTOM_SOURCE_ROOT, source_utils.get_source_root())
+        except RuntimeError:  # no main file (a notebook without `zenml init`): ZenML's rules
+            pass
+        env[ENV_HEARTBEAT_SECONDS] = str(self.config.heartbeat_interval_seconds)
+        env[ENV_ENABLE] = "1" if _fairpool_in_process() else "0"
+        logger.info(
+            "Launching isolated step `%s` in its own process.", step_run_info.pipeline_step_name
+        )
+        # Its own session: stop_isolated_step signals the whole process group.
+        process = subprocess.Popen(command + args, env=env, start_new_session=True)
+        with _LOCK:
+            _PROCESSES[step_run_info.step_run_id] = _StepProcess(process)
+
+    def get_isolated_step_status(self, step_run: StepRunResponse) -> ExecutionStatus:
+        with _LOCK:
+            entry = _PROCESSES.get(step_run.id)
+        if entry is None:
+            raise RuntimeError(f"no process of this orchestrator runs step run {step_run.id}")
+        code = entry.process.poll()
+        if code is None:
+            self._enforce_stop(step_run.id, entry)
+            return ExecutionStatus.RUNNING
+        if entry.stopped:
+            return ExecutionStatus.STOPPED
+        if code == 0:
+            return ExecutionStatus.COMPLETED
+        # A step that ended because it was cancelled (preempted) or stopped says so (the
+        # runner then publishes CANCELLED / STOPPED from the database's CANCELLING / STOPPING).
+        if entry.ended_as is None:
+            status = Client().zen_store.get_run_step(step_run.id, hydrate=False).status
+            entry.ended_as = (
+                ExecutionStatus.CANCELLED
+                if status in (ExecutionStatus.CANCELLING, ExecutionStatus.CANCELLED)
+                else ExecutionStatus.STOPPED
+                if status in (ExecutionStatus.STOPPING, ExecutionStatus.STOPPED)
+                else ExecutionStatus.FAILED
+            )
+        return entry.ended_as
+
+    def wait_for_isolated_step(self, step_run: StepRunResponse) -> ExecutionStatus:
+        """A step called without ``.submit`` is waited for here. ZenML's default polls with
+        a backoff up to 16 s; a local process is cheap to poll, so its end (and with it a
+        preempted step's release) is seen within half a second."""
+        while True:
+            status = self.get_isolated_step_status(step_run)
+            if status.is_finished or status == ExecutionStatus.RETRYING:
+                return status
+            time.sleep(0.5)
+
+    def _enforce_stop(self, step_run_id: UUID, entry: _StepProcess) -> None:
+        """A step set to CANCELLING/STOPPING is interrupted by its heartbeat; one that has not
+        stopped ``stop_grace_seconds`` later is terminated."""
+        now = time.monotonic()
+        if now - entry.last_check < 1.0:
+            return
+        entry.last_check = now
+        status = Client().zen_store.get_run_step(step_run_id, hydrate=False).status
+        if status not in _CANCELLING:
+            entry.cancelling_since = None
+            return
+        if entry.cancelling_since is None:
+            entry.cancelling_since = now
+        if now - entry.cancelling_since >= self.config.stop_grace_seconds:
+            logger.warning(
+                "Step run %s is %s and still running after %.0f s: terminating its process.",
+                step_run_id, status.value, self.config.stop_grace_seconds,
+            )
+            _terminate(entry.process)
+
+    def stop_isolated_step(self, step_run: StepRunResponse) -> None:
+        with _LOCK:
+            entry = _PROCESSES.get(step_run.id)
+        if entry is None or entry.process.poll() is not None:
+            return
+        entry.stopped = True
+        _terminate(entry.process)
+
+    def cleanup_isolated_step(self, step_run: StepRunResponse) -> None:
+        with _LOCK:
+            entry = _PROCESSES.pop(step_run.id, None)
+        if entry is not None and entry.process.poll() is None:
+            _terminate(entry.process)
+
+
+class FairpoolLocalOrchestratorFlavor(LocalOrchestratorFlavor):
+    """``fairpool_local``: the local orchestrator with stoppable isolated resource steps."""
+
+    @property
+    def name(self) -> str:
+        return FLAVOR
+
+    @property
+    def config_class(self) -> type[FairpoolLocalOrchestratorConfig]:
+        return FairpoolLocalOrchestratorConfig
+
+    @property
+    def implementation_class(self) -> type[FairpoolLocalOrchestrator]:
+        return FairpoolLocalOrchestrator

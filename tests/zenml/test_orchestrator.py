@@ -1,0 +1,83 @@
+"""The ``fairpool_local`` orchestrator flavor: preemption interrupts a running step on one
+machine. Real ZenML, two pipelines in two processes on one in-process (SQLite) store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("zenml.zen_stores.resource_pools.store_interface")
+
+from tests.zenml.conftest import ZenML
+
+
+def at(events: list[dict[str, Any]], step: str, what: str) -> dict[str, Any]:
+    return next(e for e in events if e["step"] == step and e["at"] == what)
+
+
+def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
+    """A low-priority step (60 s of work, retried once by ZenML) holds the only GPU; a
+    higher-priority pipeline's step arrives. The low step is interrupted in its own process
+    long before its natural end, its request ends ``preempted`` and its step run is retried;
+    the high step runs as soon as the GPU is free, then the retry (a new request) runs."""
+    setup = zenml_home.scenario("preempt_setup_isolated")
+    stacks = setup["stacks"]
+    low_events = zenml_home.cwd / "low.jsonl"
+    low = subprocess.Popen(
+        [sys.executable, "scenarios.py", "train_long"], cwd=zenml_home.cwd,
+        env={**zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+             "SCENARIO_EVENTS": str(low_events), "SCENARIO_LONG_SECONDS": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (low_events.exists() and "start" in low_events.read_text()):
+            assert time.time() < deadline and low.poll() is None, "the long step never started"
+            time.sleep(0.2)
+        high = zenml_home.scenario(
+            "train_short", extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]},
+            events="high.jsonl",
+        )
+        low_out, _ = low.communicate(timeout=180)
+    finally:
+        if low.poll() is None:
+            low.kill()
+    assert high["error"] is None, high["log"][-3000:]
+    low_result = next(
+        json.loads(line[7:]) for line in low_out.splitlines() if line.startswith("RESULT ")
+    )
+    assert low_result["error"] is None, low_out[-4000:]
+    events = low_result["events"]
+
+    # The first attempt ran in its own process and was interrupted (KeyboardInterrupt from
+    # ZenML's step heartbeat) long before its 60 s were up.
+    first = at(events, "long#1", "start")
+    interrupted = at(events, "long#1", "interrupted")
+    assert first["pid"] != low.pid
+    assert interrupted["after"] < 30
+    assert not [e for e in events if e["step"] == "long#1" and e["at"] == "end"]
+    assert "is remotely stopped, interrupting main thread" in low_out
+
+    # The high step started after the interruption and well before the low step's natural
+    # end; the retry ran after the high step, to its end.
+    short_start = at(high["events"], "short", "start")["t"]
+    assert interrupted["t"] <= short_start < first["t"] + 60
+    assert at(events, "long#2", "start")["t"] >= at(high["events"], "short", "end")["t"]
+    at(events, "long#2", "end")
+
+    # ZenML's and fairpool's records: the victim's request preempted (by the high request,
+    # with fairpool's reason), its step run retried; every other request released.
+    victim = next(r for r in low_result["requests"] if r["status"] == "preempted")
+    preemptor = next(r for r in high["requests"] if r["id"] != victim["id"])
+    assert victim["reason"].startswith(f"preempted by request {preemptor['id']} on pool gpus")
+    assert "(priority 10 > 1)" in victim["reason"]
+    assert (victim["step_version"], victim["step_status"]) == (1, "retried")
+    others = [r for r in low_result["requests"] if r["id"] != victim["id"]]
+    assert sorted((r["status"], r["step_status"], r["step_version"]) for r in others) == [
+        ("released", "completed", 1), ("released", "completed", 2)
+    ], low_result["requests"]

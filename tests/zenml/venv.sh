@@ -1,0 +1,13 @@
+# Sourced by tests/zenml/run.sh and examples/zenml/run.sh, from the repository's root:
+# makes (once) the virtual environment with ZenML 0.95-0.96 and fairpool installed together,
+# and sets VENV to it.   ZENML_VENV=path (default .zenml-venv) to use another one.
+PYTHON=${PYTHON:-python3}
+VENV=${ZENML_VENV:-.zenml-venv}
+if [ ! -x "$VENV/bin/zenml" ]; then
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --upgrade pip
+    # One resolver run for both: installed one after the other, fairpool's fastapi pulls an
+    # opentelemetry-api that ZenML's opentelemetry-sdk pin refuses.
+    "$VENV/bin/pip" install --quiet -e . 'zenml[local,server]>=0.95,<0.97' 'pytest>=8,<10' \
+        'mypy>=1.10' types-PyYAML
+fi
