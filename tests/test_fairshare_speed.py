@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from fractions import Fraction as F
 from pathlib import Path
 
@@ -22,8 +22,14 @@ from fairpool.engine.fairshare import (
 from tests.test_fairshare import CASES
 from tests.test_fairshare_properties import snapshots
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import trees as benchmark
+# Loaded from its file: with benchmarks/ on sys.path, benchmarks/http.py would shadow the
+# standard library's http.
+_SPEC = importlib.util.spec_from_file_location(
+    "fairshare_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "fairshare.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+benchmark = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(benchmark)
 
 
 def assert_close(exact: FairShareResult, fast: FairShareResult, tolerance: float) -> None:
