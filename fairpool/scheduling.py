@@ -403,6 +403,13 @@ class SchedulingService:
         with self.db.write() as conn:
             return self._pass(conn)
 
+    def reconcile_waiting(self) -> wl.Outcome | None:
+        """A pass when some workload waits (the server's tick); None, after one small read,
+        when none does."""
+        with self.db.read() as conn:
+            waiting = store.any_queued_workload(conn)
+        return self.reconcile() if waiting else None
+
     # -- queues ------------------------------------------------------------------------------
 
     def list_queues(self) -> list[QueueView]:

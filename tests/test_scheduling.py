@@ -280,3 +280,11 @@ def test_the_seed_examples_behave_as_the_seed_says_through_the_cli(tmp_path: Pat
     assert (research["queue"], research["priority"], research["flavors"]) == (
         "ml_training", 50, ["gpu_a100_spot"])
     assert submit("--label", "team=infra", "--gpu", "8")["queue"] == "default"
+
+
+def test_the_ticks_pass_runs_only_when_a_workload_waits(sched: SchedulingService) -> None:
+    sched.apply_config(M5_CAP)
+    assert sched.reconcile_waiting() is None
+    views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
+    outcome = sched.reconcile_waiting()
+    assert outcome is not None and outcome.decisions[views[3].id].status.value == "queued"

@@ -99,6 +99,7 @@ class Api:
         self.metrics = Metrics(service)
         service.on_pass = self._committed
         self.trees = TreesService(service.db)
+        self.scheduling = SchedulingService(service.db)
         self.reconciler = Reconciler(self.tick, tick)
         self.stopping = False
 
@@ -142,11 +143,17 @@ class Api:
 
     def tick(self) -> None:
         """The reconciler's pass: requests (leases, timeouts), then pool trees (starvation
-        timeouts act without a command), also when the requests' pass failed."""
+        timeouts act without a command), then waiting workloads, each also when an earlier
+        one failed."""
         try:
             self.reconcile()
         finally:
-            self.reconcile_trees()
+            try:
+                self.reconcile_trees()
+            finally:
+                # Waiting workloads' decisions depend on time too (a blocked one holds units
+                # after 300 s); one small read when none waits.
+                self.scheduling.reconcile_waiting()
 
     def begin_shutdown(self) -> None:
         """No more waiting: long-polls answer now so that in-flight requests can finish."""
@@ -390,7 +397,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
 
     app.include_router(router)
     app.include_router(
-        scheduling_router(SchedulingService(service.db), PREFIX, tokens.dependencies())
+        scheduling_router(api.scheduling, PREFIX, tokens.dependencies())
     )
     app.include_router(trees_router(api.trees, PREFIX, tokens.dependencies()))
 

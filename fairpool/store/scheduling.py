@@ -122,6 +122,14 @@ def list_workloads(
     return [Workload.from_row(row) for row in connection.execute(statement).mappings()]
 
 
+def any_queued_workload(connection: Connection) -> bool:
+    table = schema.workload
+    found = connection.execute(
+        select(table.c.id).where(table.c.status == WorkloadStatus.QUEUED.value).limit(1)
+    ).first()
+    return found is not None
+
+
 def live_workloads(connection: Connection) -> list[Workload]:
     """Queued and admitted workloads: everything a pass looks at."""
     return list_workloads(connection, (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
