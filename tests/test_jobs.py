@@ -316,6 +316,72 @@ def test_a_gang_victim_loses_all_its_jobs_or_none() -> None:
     assert result.preemptions == ()
 
 
+# -- a starving gang preempts: all its pending jobs, or nothing ----------------------------
+
+#: ``hog`` (pool a, nothing pending) runs 1-cpu jobs started at 1..8 (ids hog/0..hog/7) on two
+#: 4-cpu nodes; the gang (pool b) asks for 2-cpu jobs. Equal weights: fair share 1/2 each.
+HOG_JOBS = [("n1", 1), ("n1", 2), ("n1", 3), ("n1", 4), ("n2", 5), ("n2", 6), ("n2", 7), ("n2", 8)]
+
+GANG_PREEMPTION_CASES = [
+    pytest.param(
+        "1", HOG_JOBS, 2, ["hog/7", "hog/6", "hog/5", "hog/4"], ["n2", "n2"], None,
+        id="placed-by-preemption",
+    ),
+    pytest.param(
+        "1", HOG_JOBS[:6], 2, ["hog/5", "hog/4"], ["n2", "n2"], None,
+        # the first job takes the free room on n2, the second the newest victims (on n2 again)
+        id="free-room-first-then-preemption",
+    ),
+    pytest.param(
+        # hog may lose 4 cpu (down to 1/2 = fair share * 1): 6 needed -> nothing preempted
+        "1", HOG_JOBS, 3, [], [], "but only 2 fit on the nodes of tree physical even by preempting",
+        id="cannot-be-placed-whole",
+    ),
+    pytest.param(
+        # threshold 1.5: hog's floor is 3/4, it may lose 2 cpu; the gang needs 4 -> nothing
+        "1.5", HOG_JOBS, 2, [], [], "but only 1 fit on the nodes of tree physical even by preempting",
+        id="never-below-the-threshold-line",
+    ),
+]
+
+
+@pytest.mark.parametrize(("threshold", "hog_jobs", "count", "preempted", "nodes_granted", "reason"), GANG_PREEMPTION_CASES)
+def test_a_starving_gang_preempts_for_all_its_jobs_or_nothing(
+    threshold: str,
+    hog_jobs: list[tuple[str, float]],
+    count: int,
+    preempted: list[str],
+    nodes_granted: list[str],
+    reason: str | None,
+) -> None:
+    t = tree(A, B, fair_share_starvation_timeout=0, preemption_satisfaction_threshold=threshold)
+    nodes = [node("n1", cpu=4), node("n2", cpu=4)]
+    ops = [op("hog", "a", len(hog_jobs), jobs=hog_jobs), op("gang", "b", count, gang=True, start=10, cpu=2)]
+    since = {(ElementKind.OPERATION, "gang"): 0.0}
+    shares = fair_share(t, nodes, ops, 1.0, since)
+    assert shares.operations["gang"].fair_share.total["cpu"] == F(1, 2)
+    result = plan_jobs(t, nodes, ops, shares, 1.0)
+    assert [p.job for p in result.preemptions] == preempted
+    assert all(p.preemptor == "gang" and p.operation == "hog" for p in result.preemptions)
+    assert [(g.operation, g.node) for g in result.grants] == [("gang", n) for n in nodes_granted]
+    assert result.preempted_nodes == tuple(sorted({p.node for p in result.preemptions}))
+    if reason is None:
+        assert "gang" not in result.waiting
+    else:
+        assert result.waiting["gang"].pending_jobs == count
+        assert reason in result.waiting["gang"].reason, result.waiting["gang"]
+        assert "nothing preempted" in result.waiting["gang"].reason
+
+
+def test_a_gang_that_is_not_starving_does_not_preempt() -> None:
+    t = tree(A, B)  # fair_share_starvation_timeout 30 s
+    nodes = [node("n1", cpu=4), node("n2", cpu=4)]
+    ops = [op("hog", "a", 8, jobs=HOG_JOBS), op("gang", "b", 2, gang=True, start=10, cpu=2)]
+    result = plan(t, nodes, ops, now=1.0, since={(ElementKind.OPERATION, "gang"): 0.0})
+    assert result.preemptions == () and result.grants == ()
+    assert "gang of 2 jobs: only 0 fit" in result.waiting["gang"].reason
+
+
 # -- properties ------------------------------------------------------------------------------
 
 
@@ -388,6 +454,9 @@ def test_gangs_are_all_or_nothing(world: World) -> None:
             assert result.granted(o.id) in (0, o.pending_job_count)
             lost = sum(1 for p in result.preemptions if p.operation == o.id)
             assert lost in (0, len(o.jobs))
+            # a starving gang preempts only when that places every pending job
+            if any(p.preemptor == o.id for p in result.preemptions):
+                assert result.granted(o.id) == o.pending_job_count
 
 
 @settings(max_examples=150, deadline=None)

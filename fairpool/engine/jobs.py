@@ -26,7 +26,9 @@ Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.comput
      first). Operations within ``non_preemptible_resource_usage_threshold`` lose nothing; a
      gang loses all its jobs or none. The node needing the fewest victims wins (then its name);
      victims that turn out unnecessary are dropped. A node that preempted is left alone for
-     ``preemptive_scheduling_backoff``.
+     ``preemptive_scheduling_backoff``. A starving *gang* takes all its pending jobs at once
+     (even past its fair share): each job is placed as above on working copies, and only if
+     every one finds room are the victims preempted; otherwise nothing is.
 
 Every pending job that is not granted is explained once per operation (:class:`OperationWait`).
 """
@@ -441,7 +443,6 @@ class _Planner:
             op
             for op in self.ops.values()
             if op.running
-            and not op.gang
             and self.pending(op) > 0
             and (state := self.fair_share.operations[op.id].starvation) is not None
             and state.status is StarvationStatus.STARVING
@@ -456,6 +457,9 @@ class _Planner:
             if state.last_preemption_at is None or self.now >= state.last_preemption_at + backoff
         ]
         for op in sorted(starving, key=self.rank):
+            if op.gang:
+                self.preempt_for_gang(op, victims, open_nodes)
+                continue
             resource, fair = self.dominant(op)
             while self.pending(op) > 0 and self.usage_share(op, resource, self.jobs_of(op)) < fair:
                 problem = self.limit_problem(op, 1)
@@ -466,7 +470,7 @@ class _Planner:
                 if node is not None:
                     self.grant(op, node)
                     continue
-                choice = self.cheapest_room(op, victims, open_nodes)
+                choice = self.cheapest_room(op, victims, open_nodes, self.free)
                 if choice is None:
                     self.waiting[op.id] = (
                         f"starving, but no node of tree {self.tree.name} can make room for a job "
@@ -480,11 +484,54 @@ class _Planner:
                 self.grant(op, node)
                 self.waiting.pop(op.id, None)
 
+    def preempt_for_gang(
+        self,
+        op: OperationState,
+        victims: dict[str, list[RunningJob]],
+        open_nodes: Sequence[str],
+    ) -> None:
+        """A starving gang: every pending job at once -- free room first, then preemption job
+        by job as for any operation, tried on working copies -- or nothing preempted."""
+        count = self.pending(op)
+        problem = self.limit_problem(op, count)
+        if problem is not None:
+            self.waiting[op.id] = f"starving gang of {count} jobs, but {problem}"
+            return
+        free = {name: dict(room) for name, room in self.free.items()}
+        left = {victim_id: list(jobs) for victim_id, jobs in victims.items()}
+        placed: list[tuple[str, list[Victim]]] = []
+        for _ in range(count):
+            node = self.first_fit(op.job_resources, free)
+            chosen: list[Victim] = []
+            if node is None:
+                choice = self.cheapest_room(op, left, open_nodes, free)
+                if choice is None:
+                    self.waiting[op.id] = (
+                        f"starving gang of {count} jobs, but only {len(placed)} fit on the "
+                        f"nodes of tree {self.tree.name} even by preempting jobs above their "
+                        "fair share (all or nothing: nothing preempted)"
+                    )
+                    return
+                node, chosen = choice
+                for victim_op, job in chosen:
+                    left[victim_op.id].remove(job)
+                    _add(free[job.node], victim_op.job_resources, 1)
+            _add(free[node], op.job_resources, -1)
+            placed.append((node, chosen))
+        for node, chosen in placed:
+            for victim_op, job in chosen:
+                self.evict(victim_op, job, op, victims)
+            if chosen:
+                self.preempted_nodes.add(node)
+            self.grant(op, node)
+        self.waiting.pop(op.id, None)
+
     def cheapest_room(
         self,
         op: OperationState,
         victims: Mapping[str, list[RunningJob]],
         open_nodes: Sequence[str],
+        free: Mapping[str, Mapping[str, int]],
     ) -> tuple[str, list[Victim]] | None:
         """The node where the fewest preemptible jobs make room for one job of ``op`` (ties:
         the newest victims, then the node name)."""
@@ -501,7 +548,7 @@ class _Planner:
                 key=lambda pair: (pair[1].started_at, pair[1].id),
                 reverse=True,
             )
-            chosen = _smallest_set(op.job_resources, self.free[node], _units(candidates, victims))
+            chosen = _smallest_set(op.job_resources, free[node], _units(candidates, victims))
             if chosen is not None and (best is None or _cost(chosen) < _cost(best[1])):
                 best = (node, chosen)
         return best
