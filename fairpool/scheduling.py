@@ -500,11 +500,6 @@ def _validate(
     reserved: Mapping[str, str | None],
     now: datetime,
 ) -> wl.Workload:
-    unknown = set(reserved) - {
-        "instance_type", "accelerator_type", "market_type", "cloud_resource_id", "workload_type"
-    }
-    if unknown:
-        raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
     # Mappings of object: the validator accepts anything and names what is wrong.
     given_labels: dict[object, object] = {}
     given_labels.update(labels or {})

@@ -8,7 +8,7 @@ shape is wrong, 400 when it is well formed but names a flavor or queue that does
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
@@ -43,9 +43,6 @@ class WorkloadBody(BaseModel):
     workload_type: Name | None = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     demand: Annotated[dict[Key, Demand], Field(max_length=8)] = {}
-
-    def fields(self) -> dict[str, Any]:
-        return self.model_dump()
 
 
 def invalid_config(error: ConfigError) -> JSONResponse:
@@ -122,12 +119,12 @@ def scheduling_router(
     def explain(body: WorkloadBody) -> JSONResponse:
         """What a workload would get now (rule, queue, flavors, priority) and why not others;
         nothing is stored."""
-        return JSONResponse(scheduling.explain(**body.fields()).as_dict())
+        return JSONResponse(scheduling.explain(**body.model_dump()).as_dict())
 
     @router.post("/workloads", status_code=201, tags=["workloads"])
     def submit_workload(body: WorkloadBody) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
-        return JSONResponse(scheduling.submit_workload(**body.fields()).as_dict(),
+        return JSONResponse(scheduling.submit_workload(**body.model_dump()).as_dict(),
                             status_code=201)
 
     @router.get("/workloads", tags=["workloads"])

@@ -10,17 +10,12 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import parse_pairs, scheduling
+from fairpool.frontends.config import RESERVED_LABEL_KEYS
 
 WORKLOAD_COLUMNS = ("id", "status", "queue", "flavors", "priority", "demand", "reason")
 
 #: The reserved label keys, each set by its own flag (seed 004's "reserved keys").
-_RESERVED_FLAGS = (
-    ("--instance-type", "instance_type"),
-    ("--accelerator-type", "accelerator_type"),
-    ("--market-type", "market_type"),
-    ("--cloud-resource-id", "cloud_resource_id"),
-    ("--workload-type", "workload_type"),
-)
+_RESERVED_FLAGS = tuple((f"--{key}", key.replace("-", "_")) for key in RESERVED_LABEL_KEYS)
 _RESOURCE_FLAGS = (("--gpu", "gpu"), ("--cpu", "cpu"), ("--memory-gb", "memory_gb"),
                    ("--tpu", "tpu"))
 
