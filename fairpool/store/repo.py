@@ -51,11 +51,11 @@ Amounts = Mapping[str, int]
 _BATCH = 10_000
 
 
-def _new_id() -> str:
+def new_id() -> str:
     return str(uuid.uuid4())
 
 
-def _resolve_id(
+def resolve_id(
     connection: Connection,
     table: Table,
     ref: str,
@@ -80,7 +80,7 @@ def _resolve_id(
     raise NotFound(f"no {what} {ref!r}")
 
 
-def _check_found(rowcount: int, what: str, id_: str) -> None:
+def check_found(rowcount: int, what: str, id_: str) -> None:
     if rowcount == 0:
         raise NotFound(f"no {what} {id_!r}")
 
@@ -97,12 +97,12 @@ _UPDATE_BY_ID = {
 
 def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
     result = connection.execute(_UPDATE_BY_ID[table], {"_id": id_, **values})
-    _check_found(result.rowcount, what, id_)
+    check_found(result.rowcount, what, id_)
 
 
 def _delete(connection: Connection, table: Table, id_: str, what: str) -> None:
     result = connection.execute(delete(table).where(table.c.id == id_))
-    _check_found(result.rowcount, what, id_)
+    check_found(result.rowcount, what, id_)
 
 
 def _amounts_by_owner(
@@ -122,7 +122,7 @@ def _amounts_by_owner(
 def insert_component(
     connection: Connection, name: str, type_: ComponentType, now: datetime
 ) -> Component:
-    component = Component(id=_new_id(), name=name, type=type_, created_at=as_utc(now))
+    component = Component(id=new_id(), name=name, type=type_, created_at=as_utc(now))
     connection.execute(
         insert(schema.component).values(
             id=component.id, name=name, type=type_.value, created_at=component.created_at
@@ -206,7 +206,7 @@ def insert_pool(
 ) -> Pool:
     now = as_utc(now)
     pool = Pool(
-        id=_new_id(),
+        id=new_id(),
         name=name,
         description=description,
         created_at=now,
@@ -227,7 +227,7 @@ def get_pool(connection: Connection, ref: str) -> Pool:
     table = schema.pool
     pool_id = connection.scalar(select(table.c.id).where(table.c.name == ref))
     if pool_id is None:
-        pool_id = _resolve_id(connection, table, ref, "pool")
+        pool_id = resolve_id(connection, table, ref, "pool")
     return _pools(connection, _pool_statements(table.c.id == pool_id))[0]
 
 
@@ -325,7 +325,7 @@ def insert_policy(
     """A key only in ``limit`` is stored (and read back) with 0 reserved."""
     now = as_utc(now)
     policy = Policy(
-        id=_new_id(),
+        id=new_id(),
         pool_id=pool_id,
         component_id=component_id,
         priority=priority,
@@ -472,7 +472,7 @@ def insert_request(
     """A new queued request."""
     now = as_utc(now)
     request = Request(
-        id=_new_id(),
+        id=new_id(),
         component_id=component_id,
         status=RequestStatus.QUEUED,
         status_reason=None,
@@ -533,7 +533,7 @@ def get_request(connection: Connection, ref: str) -> Request:
     found = _requests(connection, _REQUEST_BY_ID, _REQUEST_BY_ID_DEMAND, {"id": ref})
     if found:  # the common case, a whole id: no separate lookup
         return found[0]
-    request_id = _resolve_id(connection, table, ref, "request")
+    request_id = resolve_id(connection, table, ref, "request")
     return _requests(connection, select(table).where(table.c.id == request_id))[0]
 
 
@@ -541,7 +541,7 @@ def resolve_own_request(connection: Connection, ref: str, token_id: str) -> str:
     """The id of the request created with token ``token_id`` whose id is, or else alone
     starts with, ``ref``; other requests are not found, nor counted as ambiguous."""
     table = schema.request
-    return _resolve_id(
+    return resolve_id(
         connection, table, ref, "request", among=table.c.created_by_token_id == token_id
     )
 
@@ -720,7 +720,7 @@ def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -
         .where(table.c.request_id == request_id, table.c.released_at.is_(None))
         .values(lease_expires_at=as_utc(expires_at))
     )
-    _check_found(result.rowcount, "live allocation for request", request_id)
+    check_found(result.rowcount, "live allocation for request", request_id)
 
 
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
@@ -728,7 +728,7 @@ def release_allocation(connection: Connection, request_id: str, now: datetime) -
     result = connection.execute(
         _RELEASE_ALLOCATION, {"_request_id": request_id, "released_at": as_utc(now)}
     )
-    _check_found(result.rowcount, "live allocation for request", request_id)
+    check_found(result.rowcount, "live allocation for request", request_id)
 
 
 _LIVE_ALLOCATIONS = (
@@ -807,7 +807,7 @@ def insert_token(
     now: datetime,
 ) -> ApiToken:
     token = ApiToken(
-        id=_new_id(),
+        id=new_id(),
         name=name,
         role=role,
         components=tuple(components),
@@ -833,7 +833,7 @@ def insert_token(
 def get_token(connection: Connection, ref: str) -> ApiToken:
     """The token with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.api_token
-    token_id = _resolve_id(connection, table, ref, "token")
+    token_id = resolve_id(connection, table, ref, "token")
     row = connection.execute(select(table).where(table.c.id == token_id)).mappings().one()
     return ApiToken.from_row(row)
 

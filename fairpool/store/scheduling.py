@@ -19,7 +19,7 @@ from fairpool.store.records import (
     Workload,
     WorkloadStatus,
 )
-from fairpool.store.repo import _new_id, _resolve_id
+from fairpool.store.repo import new_id, resolve_id
 from fairpool.store.schema import as_utc
 
 # -- config versions -------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def insert_workload(
 ) -> str:
     """A new queued workload, not yet routed; its id."""
     now = as_utc(now)
-    workload_id = _new_id()
+    workload_id = new_id()
     connection.execute(
         insert(schema.workload).values(
             id=workload_id,
@@ -102,7 +102,7 @@ def insert_workload(
 def get_workload(connection: Connection, ref: str) -> Workload:
     """The workload with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.workload
-    workload_id = _resolve_id(connection, table, ref, "workload")
+    workload_id = resolve_id(connection, table, ref, "workload")
     row = connection.execute(select(table).where(table.c.id == workload_id)).mappings().one()
     return Workload.from_row(row)
 

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 
 from fairpool.errors import NotFound
 from fairpool.store import schema
-from fairpool.store.repo import _check_found, _new_id, _resolve_id
+from fairpool.store.repo import check_found, new_id, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     JobRecord,
@@ -52,7 +52,7 @@ def find_node(connection: Connection, name: str) -> NodeRecord | None:
 def delete_node(connection: Connection, name: str) -> None:
     table = schema.cluster_node
     result = connection.execute(delete(table).where(table.c.name == name))
-    _check_found(result.rowcount, "node", name)
+    check_found(result.rowcount, "node", name)
 
 
 def mark_preemption(connection: Connection, names: Sequence[str], now: datetime) -> None:
@@ -84,7 +84,7 @@ def set_tree_config(
             config=dict(config), updated_at=as_utc(now)
         )
     )
-    _check_found(result.rowcount, "pool tree", name)
+    check_found(result.rowcount, "pool tree", name)
 
 
 def find_tree(connection: Connection, name: str) -> PoolTreeRecord | None:
@@ -145,7 +145,7 @@ def save_pool(
 def delete_pool(connection: Connection, tree: str, name: str) -> None:
     table = schema.tree_pool
     result = connection.execute(delete(table).where(table.c.tree == tree, table.c.name == name))
-    _check_found(result.rowcount, "pool", name)
+    check_found(result.rowcount, "pool", name)
 
 
 def set_pool_since(
@@ -179,7 +179,7 @@ def insert_operation(
 ) -> str:
     """A new pending operation; the pass that follows decides whether it runs."""
     now = as_utc(now)
-    operation_id = _new_id()
+    operation_id = new_id()
     connection.execute(insert(schema.tree_operation).values(
         id=operation_id, tree=tree, pool=pool, user_name=user,
         job_resources=dict(job_resources), job_count=job_count, gang=gang, weight=weight,
@@ -192,7 +192,7 @@ def insert_operation(
 def get_operation(connection: Connection, ref: str) -> OperationRecord:
     """The operation with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.tree_operation
-    operation_id = _resolve_id(connection, table, ref, "operation")
+    operation_id = resolve_id(connection, table, ref, "operation")
     row = connection.execute(select(table).where(table.c.id == operation_id)).mappings().one()
     return OperationRecord.from_row(row)
 
@@ -249,7 +249,7 @@ def insert_jobs(
     """Running jobs, one per ``(operation id, node)``."""
     if grants:
         connection.execute(insert(schema.tree_job), [
-            {"id": _new_id(), "operation_id": operation_id, "node": node,
+            {"id": new_id(), "operation_id": operation_id, "node": node,
              "status": JobStatus.RUNNING.value, "started_at": as_utc(now)}
             for operation_id, node in grants
         ])
