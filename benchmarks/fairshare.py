@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairpool.engine import fairshare
 from fairpool.engine.fairshare import (
     FifoSortParameter,
     OperationSnapshot,
@@ -188,8 +189,10 @@ def main() -> None:
         previous = last = seconds
         last_read = read
     pool_count, operation_count = sizes[-1]
+    compiled = "compiled (_hdrf)" if fairshare.kernel is not None else "pure Python (not built)"
+    print(f"\nfloat backend: {compiled}; exact up to {fairshare.EXACT_ELEMENT_LIMIT} elements")
     print(
-        f"\nlargest case ({pool_count} pools / {operation_count} operations): update "
+        f"largest case ({pool_count} pools / {operation_count} operations): update "
         f"{last * 1000:.1f} ms = {last * 1000 / TARGET_MS:.2f} x the issue's target of "
         f"{TARGET_MS:.0f} ms (YTsaurus's fair_share_update_period); with every result read "
         f"{(last + last_read) * 1000:.1f} ms = {(last + last_read) * 1000 / TARGET_MS:.2f} x"

@@ -397,16 +397,21 @@ class RemoteTrees:
         user: str,
         job_resources: Mapping[str, object],
         job_count: int,
-        tree: str | None = None,
+        trees: Sequence[str] = (),
         pool: str | None = None,
         weight: str | int | float = 1,
         gang: bool = False,
         resource_limits: Mapping[str, object] | None = None,
+        interruptible: bool = False,
+        tree_options: Mapping[str, object] | None = None,
     ) -> Answer:
         body = {
             "user": user, "job_resources": dict(job_resources), "job_count": job_count,
-            "tree": tree, "pool": pool, "weight": weight, "gang": gang,
+            "pool_trees": list(trees), "pool": pool, "weight": weight, "gang": gang,
             "resource_limits": None if resource_limits is None else dict(resource_limits),
+            "interruptible": interruptible,
+            "scheduling_options_per_pool_tree": None if tree_options is None
+            else dict(tree_options),
         }
         return Answer(self._call("POST", "/operations", json=body))
 

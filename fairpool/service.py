@@ -12,7 +12,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -40,6 +40,7 @@ from fairpool.store.records import (
     RequestStatus,
     TokenRole,
 )
+from fairpool.store.schema import as_utc
 from fairpool.views import PassSummary, PolicyView, PoolView, QueuePlace, RequestView
 
 MAX_RETRIES = 1000
@@ -87,10 +88,6 @@ class _State:
     holders: dict[str, Request]
 
     @classmethod
-    def empty(cls) -> _State:
-        return cls({}, {}, {}, {}, {}, {})
-
-    @classmethod
     def load(cls, conn: Connection) -> _State:
         allocations = {a.request_id: a for a in repo.live_allocations(conn)}
         return cls(
@@ -99,7 +96,14 @@ class _State:
             components={c.id: c for c in repo.list_components(conn)},
             allocations=allocations,
             queued={r.id: r for r in repo.queued_requests(conn)},
-            holders={r.id: r for r in repo.holders(conn)} if allocations else {},
+            holders={r.id: r for r in repo.requests_by_id(conn, list(allocations))}
+            if allocations
+            else {},
+        )
+
+    def component_named(self, name: str, kind: ComponentType) -> Component | None:
+        return next(
+            (c for c in self.components.values() if c.name == name and c.type is kind), None
         )
 
     def policies_of(self) -> dict[str, list[Policy]]:
@@ -150,24 +154,76 @@ class _State:
 
 @dataclass(frozen=True, slots=True)
 class _Passed:
-    """A pass's summary, with the state and plan of its last run (what the views need)."""
+    """A pass's summary, with the plan of its last run (where waiting requests stand)."""
 
     summary: PassSummary
-    state: _State
     plan: Plan
+
+
+@dataclass(slots=True)
+class _Tx:
+    """One write transaction (a batch of operations), and what it knows of the requests
+    without reading them again.
+
+    ``state`` is the live state as of now in the transaction: the operations that change
+    requests (``tracked``) keep it current, so the pass and the answers read nothing more.
+    Any other operation, or a failed one, makes the transaction forget it (it is then loaded
+    again when needed).
+    """
+
+    conn: Connection
+    state: _State | None = None
+    #: The requests the transaction took out of the live state (released, cancelled,
+    #: rejected, expired), as they now are, with their allocation.
+    finished: dict[str, tuple[Request, Allocation | None]] = field(default_factory=dict)
+    #: Its events, in order, written together at its end: one statement for all of them.
+    events: list[repo.EventRow] = field(default_factory=list)
+
+    def event(
+        self,
+        kind: str,
+        message: str,
+        now: datetime,
+        *,
+        request_id: str | None = None,
+        pool_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.events.append(repo.event_row(kind, message, now, request_id, pool_id, data))
+
+    def live(self) -> _State:
+        if self.state is None:
+            self.state = _State.load(self.conn)
+        return self.state
+
+    def forget(self) -> None:
+        self.state = None
+        self.finished.clear()
+
+    def known(self, request_id: str) -> tuple[Request, Allocation | None] | None:
+        """The request and its allocation as they now are, if the transaction knows them."""
+        if self.state is None:
+            return None
+        if request_id in self.state.queued:
+            return self.state.queued[request_id], None
+        if request_id in self.state.holders:
+            return self.state.holders[request_id], self.state.allocations[request_id]
+        return self.finished.get(request_id)
 
 
 T = TypeVar("T")
 #: Builds an operation's answer once the pass has run, in the same transaction.
-Answer = Callable[[Connection, _Passed], T]
+Answer = Callable[[_Tx, _Passed], T]
 
 
 @dataclass(frozen=True, slots=True)
 class _Operation:
-    """A write: its change (returning how to answer), and whether a pass must follow it."""
+    """A write: its change (returning how to answer), whether a pass must follow it, and
+    whether it keeps the transaction's live state current (``_Tx``)."""
 
-    change: Callable[[Connection], Answer[Any]]
+    change: Callable[[_Tx], Answer[Any]]
     passes: bool = True
+    tracked: bool = False
 
 
 class Service:
@@ -190,11 +246,12 @@ class Service:
         frontend.validate_name("name", name)
         amounts = frontend.validate_capacity(capacity)
 
-        def change(conn: Connection) -> Answer[PoolView]:
+        def change(tx: _Tx) -> Answer[PoolView]:
+            conn = tx.conn
             if any(p.name == name for p in repo.list_pools(conn)):
                 raise Conflict(f"a resource pool named `{name}` already exists")
             pool_id = repo.insert_pool(conn, name, description, amounts, self.clock()).id
-            return lambda conn, _: self._pool_view(conn, pool_id)
+            return lambda tx, _: self._pool_view(tx.conn, pool_id)
 
         return self._write(change)
 
@@ -204,7 +261,8 @@ class Service:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
-        def change(conn: Connection) -> Answer[PoolView]:
+        def change(tx: _Tx) -> Answer[PoolView]:
+            conn = tx.conn
             pool = repo.get_pool(conn, ref)
             now = self.clock()
             if capacity is not None:
@@ -215,12 +273,13 @@ class Service:
                 repo.set_pool_capacity(conn, pool.id, new_capacity, now)
             if description is not None:
                 repo.update_pool_description(conn, pool.id, description, now)
-            return lambda conn, _: self._pool_view(conn, pool.id)
+            return lambda tx, _: self._pool_view(tx.conn, pool.id)
 
         return self._write(change)
 
     def delete_pool(self, ref: str) -> None:
-        def change(conn: Connection) -> Answer[None]:
+        def change(tx: _Tx) -> Answer[None]:
+            conn = tx.conn
             pool = repo.get_pool(conn, ref)
             live = repo.live_allocations(conn, pool_id=pool.id)
             if live:
@@ -229,10 +288,10 @@ class Service:
                     f"({_ids(a.request_id for a in live)}): release or cancel them first"
                 )
             repo.delete_pool(conn, pool.id)
-            repo.insert_event(
-                conn, "pool_deleted", f"pool {pool.name} deleted", self.clock(), pool_id=pool.id
+            tx.event(
+                "pool_deleted", f"pool {pool.name} deleted", self.clock(), pool_id=pool.id
             )
-            return lambda conn, _: None
+            return lambda tx, _: None
 
         self._write(change)
 
@@ -269,7 +328,8 @@ class Service:
         kind = _component_type(component_type)
         frontend.validate_name("component", component)
 
-        def change(conn: Connection) -> Answer[PolicyView]:
+        def change(tx: _Tx) -> Answer[PolicyView]:
+            conn = tx.conn
             pool = repo.get_pool(conn, pool_ref)
             reserved_amounts, limit_amounts = frontend.validate_policy(
                 pool, reserved or {}, limit or {}, priority
@@ -297,8 +357,8 @@ class Service:
             policy_id = repo.insert_policy(
                 conn, pool.id, component_id, priority, reserved_amounts, limit_amounts, now
             ).id
-            return lambda conn, _: self._policy_view(
-                state := _State.load(conn), state.policies[policy_id]
+            return lambda tx, _: self._policy_view(
+                state := _State.load(tx.conn), state.policies[policy_id]
             )
 
         return self._write(change)
@@ -308,7 +368,8 @@ class Service:
     ) -> None:
         kind = _component_type(component_type)
 
-        def change(conn: Connection) -> Answer[None]:
+        def change(tx: _Tx) -> Answer[None]:
+            conn = tx.conn
             pool = repo.get_pool(conn, pool_ref)
             found = _component(conn, component, kind)
             policy = next(
@@ -333,7 +394,7 @@ class Service:
                     "release or cancel them first"
                 )
             repo.delete_policy(conn, policy.id)
-            return lambda conn, _: None
+            return lambda tx, _: None
 
         self._write(change)
 
@@ -393,18 +454,20 @@ class Service:
             if len(idempotency_key) > 64:
                 raise InvalidInput("idempotency_key", idempotency_key, "at most 64 characters")
 
-        def change(conn: Connection) -> Answer[RequestView]:
+        def change(tx: _Tx) -> Answer[RequestView]:
+            conn = tx.conn
             if idempotency_key is not None:
                 made = repo.find_request_by_key(conn, idempotency_key)
                 if made is not None:
-                    return lambda conn, _: self._request_view(conn, made)
-            found = _component(conn, component, kind)
+                    return lambda tx, _: self._request_view(tx.conn, made)
+            state = tx.live()
+            found = state.component_named(component, kind)
             if found is None:
                 raise NotFound(
                     f"no {kind} named `{component}`: attach a policy first "
                     f"(fairpool resource-pool attach-policy POOL {component})"
                 )
-            request_id = repo.insert_request(
+            request = repo.insert_request(
                 conn,
                 found.id,
                 amounts,
@@ -415,13 +478,14 @@ class Service:
                 lease_ttl=lease_ttl,
                 created_by_token_id=created_by,
                 idempotency_key=idempotency_key,
-            ).id
-            repo.insert_event(
-                conn, "created", "request created", self.clock(), request_id=request_id
             )
-            return lambda conn, done: self._request_view_after(conn, done, request_id)
+            tx.event(
+                "created", "request created", self.clock(), request_id=request.id
+            )
+            _put_in_order(state.queued, request.id, request, _queue_order)
+            return lambda tx, done: self._request_view_after(tx, done, request.id)
 
-        return self._write(change)
+        return self._write(change, tracked=True)
 
     def get_request(self, ref: str) -> RequestView:
         with self.db.read() as conn:
@@ -475,63 +539,69 @@ class Service:
     def heartbeat(self, ref: str) -> RequestView:
         """The holder is alive: renew the lease of an allocated request. Any status is
         answered, so a holder learns of a preemption at its next heartbeat."""
-        def change(conn: Connection) -> Answer[RequestView]:
-            request = repo.get_request(conn, ref)
+        def change(tx: _Tx) -> Answer[RequestView]:
+            request = self._request(tx, ref)
             # A lease that ran out is not revived; no full pass here: heartbeats are frequent,
             # and the next pass (the server's tick, any command) grants what expiry freed.
-            if self._expire_leases(conn, _State.load(conn), PassSummary()):
-                request = repo.get_request(conn, request.id)
+            if self._expire_leases(tx, PassSummary()):
+                request = self._request(tx, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
-                now = self.clock()
-                repo.renew_lease(conn, request.id, now + timedelta(seconds=request.lease_ttl))
+                expires = as_utc(self.clock() + timedelta(seconds=request.lease_ttl))
+                repo.renew_lease(tx.conn, request.id, expires)
+                allocations = tx.live().allocations
+                allocations[request.id] = replace(
+                    allocations[request.id], lease_expires_at=expires
+                )
             request_id = request.id
-            return lambda conn, _: self._request_view(conn, request_id)
+            if request.status is RequestStatus.QUEUED:  # where it stands needs a pass
+                return lambda tx, _: self._request_view(tx.conn, request_id)
+            return lambda tx, done: self._request_view_after(tx, done, request_id)
 
-        return self._write(change, passes=False)
+        return self._write(change, passes=False, tracked=True)
 
     def release_request(self, ref: str) -> RequestView:
-        def change(conn: Connection) -> Answer[RequestView]:
-            request = repo.get_request(conn, ref)
+        def change(tx: _Tx) -> Answer[RequestView]:
+            request = self._request(tx, ref)
             if request.status is not RequestStatus.ALLOCATED:
                 hint = ": use cancel" if request.status is RequestStatus.QUEUED else ""
                 raise Conflict(
                     f"request {request.id} is {request.status.value}, not allocated{hint}"
                 )
-            self._finish(conn, request, RequestStatus.RELEASED, "released by its holder")
-            return lambda conn, done: self._request_view_after(conn, done, request.id)
+            self._finish(tx, request, RequestStatus.RELEASED, "released by its holder")
+            return lambda tx, done: self._request_view_after(tx, done, request.id)
 
-        return self._write(change)
+        return self._write(change, tracked=True)
 
     def cancel_request(self, ref: str) -> RequestView:
-        def change(conn: Connection) -> Answer[RequestView]:
-            request = repo.get_request(conn, ref)
+        def change(tx: _Tx) -> Answer[RequestView]:
+            request = self._request(tx, ref)
             if request.status not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED):
                 raise Conflict(f"request {request.id} is already {request.status.value}")
-            self._finish(conn, request, RequestStatus.CANCELLED, "cancelled by user")
-            return lambda conn, done: self._request_view_after(conn, done, request.id)
+            self._finish(tx, request, RequestStatus.CANCELLED, "cancelled by user")
+            return lambda tx, done: self._request_view_after(tx, done, request.id)
 
-        return self._write(change)
+        return self._write(change, tracked=True)
 
     def delete_request(self, ref: str) -> None:
-        def change(conn: Connection) -> Answer[None]:
+        def change(tx: _Tx) -> Answer[None]:
+            conn = tx.conn
             request = repo.get_request(conn, ref)
             now = self.clock()
             if request.status is RequestStatus.ALLOCATED:
                 repo.release_allocation(conn, request.id, now)
             repo.delete_request(conn, request.id)
-            repo.insert_event(
-                conn,
+            tx.event(
                 "deleted",
                 f"request deleted ({request.status.value})",
                 now,
                 request_id=request.id,
             )
-            return lambda conn, _: None
+            return lambda tx, _: None
 
         self._write(change)
 
     def reconcile(self) -> PassSummary:
-        return self._write(lambda conn: lambda conn, done: done.summary)
+        return self._write(lambda tx: lambda tx, done: done.summary, tracked=True)
 
     # -- API tokens --------------------------------------------------------------------
 
@@ -587,11 +657,17 @@ class Service:
 
     # -- writes ------------------------------------------------------------------------
 
-    def _write(self, change: Callable[[Connection], Answer[T]], passes: bool = True) -> T:
+    def _write(
+        self,
+        change: Callable[[_Tx], Answer[T]],
+        passes: bool = True,
+        tracked: bool = False,
+    ) -> T:
         """One write operation: ``change`` (raising rolls it back alone), a reconcile pass
         unless ``passes`` is False, then the answer ``change`` returned is built. Operations
-        from other threads waiting at the same time share the transaction and the pass."""
-        result: T = self._writes.submit(_Operation(change, passes))
+        from other threads waiting at the same time share the transaction and the pass.
+        ``tracked``: ``change`` keeps the transaction's live state current (see ``_Tx``)."""
+        result: T = self._writes.submit(_Operation(change, passes, tracked))
         return result
 
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
@@ -599,24 +675,31 @@ class Service:
         passed: _Passed | None = None
         try:
             with self.db.write() as conn:
+                tx = _Tx(conn)
                 for pending in batch:
                     if len(batch) == 1:  # alone: its error rolls the transaction back
-                        answers.append((pending, pending.work.change(conn)))
-                        continue
-                    try:
-                        with conn.begin_nested():  # a savepoint: undo this one only
-                            answers.append((pending, pending.work.change(conn)))
-                    except Exception as error:
-                        pending.fail(error)
+                        answers.append((pending, pending.work.change(tx)))
+                    else:
+                        written = len(tx.events)
+                        try:
+                            with conn.begin_nested():  # a savepoint: undo this one only
+                                answers.append((pending, pending.work.change(tx)))
+                        except Exception as error:
+                            pending.fail(error)
+                            del tx.events[written:]
+                            tx.forget()  # it may have changed the live state half-way
+                    if not pending.work.tracked:
+                        tx.forget()
                 if any(p.work.passes for p, _ in answers):
-                    passed = self._pass(conn)
+                    passed = self._pass(tx)
                 else:
-                    passed = _Passed(PassSummary(), _State.empty(), Plan())
+                    passed = _Passed(PassSummary(), Plan())
                 for pending, answer in answers:
                     try:
-                        pending.succeed(answer(conn, passed))
+                        pending.succeed(answer(tx, passed))
                     except Exception as error:  # reads only: the others still commit
                         pending.fail(error)
+                repo.insert_events(conn, tx.events)
         except BaseException as error:
             for pending in batch:
                 if pending.error is None:
@@ -629,19 +712,18 @@ class Service:
 
     # -- the pass ----------------------------------------------------------------------
 
-    def _pass(self, conn: Connection) -> _Passed:
+    def _pass(self, tx: _Tx) -> _Passed:
         """Run the engine and apply its plan, again while preemptions create retries."""
         started = time.perf_counter()
         summary = PassSummary()
         waiting = 0
         for _ in range(_MAX_PASSES):
             now = self.clock()
-            state = _State.load(conn)
-            if self._expire_leases(conn, state, summary):
-                state = _State.load(conn)  # rare: the expired holders' units are free now
+            self._expire_leases(tx, summary)
+            state = tx.live()
             snapshot = state.snapshot(now)
             plan = reconcile(snapshot)
-            retried = self._apply(conn, state, snapshot, plan, now, summary)
+            retried = self._apply(tx, state, snapshot, plan, now, summary)
             waiting = len(snapshot.queue) - len(plan.grants) - len(plan.rejections)
             if not retried:
                 break
@@ -655,38 +737,47 @@ class Service:
             round(time.perf_counter() - started, 6),
             summary.waits,
         )
-        return _Passed(result, state, plan)
+        return _Passed(result, plan)
 
-    def _expire_leases(self, conn: Connection, state: _State, summary: PassSummary) -> bool:
+    def _expire_leases(self, tx: _Tx, summary: PassSummary) -> bool:
         """Release the live allocations whose lease ran out; whether there were any."""
+        conn, state = tx.conn, tx.live()
         now = self.clock()
         expired = [
             a for a in state.allocations.values()
             if a.lease_expires_at is not None and a.lease_expires_at < now
         ]
         for allocation in expired:
-            request = state.holders[allocation.request_id]
+            request = state.holders.pop(allocation.request_id)
+            del state.allocations[request.id]
             why = f"lease expired: no heartbeat for {request.lease_ttl} s; units returned"
             repo.release_allocation(conn, request.id, now)
             repo.set_request_status(conn, request.id, RequestStatus.RELEASED, why, now)
-            repo.insert_event(conn, "lease_expired", why, now, request_id=request.id,
+            tx.event("lease_expired", why, now, request_id=request.id,
                               pool_id=allocation.pool_id)
+            tx.finished[request.id] = (
+                repo.with_status(request, RequestStatus.RELEASED, why, now),
+                replace(allocation, released_at=as_utc(now)),
+            )
             summary.expired.append(request.id)
         return bool(expired)
 
     def _apply(
         self,
-        conn: Connection,
+        tx: _Tx,
         state: _State,
         snapshot: Snapshot,
         plan: Plan,
         now: datetime,
         summary: PassSummary,
     ) -> int:
-        """Write the plan; returns how many retry attempts it queued."""
+        """Write the plan, and keep ``state`` current; returns how many retry attempts it
+        queued."""
+        conn = tx.conn
         retried = 0
         for preemption in plan.preemptions:
-            victim = state.holders[preemption.victim_id]
+            victim = state.holders.pop(preemption.victim_id)
+            pool_id = state.allocations.pop(victim.id).pool_id
             repo.release_allocation(conn, victim.id, now)
             repo.set_request_status(
                 conn,
@@ -696,18 +787,17 @@ class Service:
                 now,
                 preempted_by_id=preemption.preemptor_id,
             )
-            repo.insert_event(
-                conn,
+            tx.event(
                 "preempted",
                 preemption.message,
                 now,
                 request_id=victim.id,
-                pool_id=state.allocations[victim.id].pool_id,
+                pool_id=pool_id,
                 data={"rule": preemption.rule.value, "by": preemption.preemptor_id},
             )
             summary.preempted.append(victim.id)
             if victim.attempt <= victim.max_retries:
-                retry_id = repo.insert_request(
+                retry = repo.insert_request(
                     conn,
                     victim.component_id,
                     victim.demand,
@@ -719,43 +809,50 @@ class Service:
                     previous_attempt_id=victim.id,
                     lease_ttl=victim.lease_ttl,
                     created_by_token_id=victim.created_by_token_id,
-                ).id
-                repo.insert_event(
-                    conn,
+                )
+                tx.event(
                     "retried",
                     f"attempt {victim.attempt + 1} of {victim.max_retries + 1} after preemption",
                     now,
-                    request_id=retry_id,
+                    request_id=retry.id,
                     data={"previous_attempt_id": victim.id},
                 )
-                summary.retried.append(retry_id)
+                _put_in_order(state.queued, retry.id, retry, _queue_order)
+                summary.retried.append(retry.id)
                 retried += 1
         snapshot_requests = {r.id: r for r in snapshot.queue}
         for grant in plan.grants:
-            request = state.queued[grant.request_id]
+            request = state.queued.pop(grant.request_id)
             placement = snapshot_requests[request.id].placements[grant.placement_index]
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
             lease = request.lease_ttl
-            repo.insert_allocation(
+            allocation = repo.insert_allocation(
                 conn, request.id, pool.id, policy.id, pool.name, policy.priority, now,
                 lease_expires_at=now + timedelta(seconds=lease) if lease else None,
             )
             message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
             repo.set_request_status(conn, request.id, RequestStatus.ALLOCATED, message, now)
-            repo.insert_event(
-                conn, "allocated", message, now, request_id=request.id, pool_id=pool.id
+            tx.event(
+                "allocated", message, now, request_id=request.id, pool_id=pool.id
             )
+            state.holders[request.id] = repo.with_status(
+                request, RequestStatus.ALLOCATED, message, now
+            )
+            _put_in_order(state.allocations, request.id, allocation, _allocation_order)
             summary.granted.append(request.id)
             summary.waits.append(max(0.0, (now - request.created_at).total_seconds()))
         for rejection in plan.rejections:
-            request = state.queued[rejection.request_id]
+            request = state.queued.pop(rejection.request_id)
             message = "; ".join(r.message for r in rejection.reasons) or (
                 f"{state.components[request.component_id].type.value} "
                 f"`{state.components[request.component_id].name}` has no policy on any pool"
             )
             repo.set_request_status(conn, request.id, RequestStatus.REJECTED, message, now)
-            repo.insert_event(conn, "rejected", message, now, request_id=request.id)
+            tx.event("rejected", message, now, request_id=request.id)
+            tx.finished[request.id] = (
+                repo.with_status(request, RequestStatus.REJECTED, message, now), None
+            )
             summary.rejected.append(request.id)
         # Only a changed reason is written, so a long idle queue costs no writes.
         granted = {g.request_id for g in plan.grants}
@@ -767,16 +864,31 @@ class Service:
                         reasons[request_id].append(group.reason.message)
         for request_id, messages in reasons.items():
             message = "waiting: " + "; ".join(messages)
-            if state.queued[request_id].status_reason != message:
+            request = state.queued[request_id]
+            if request.status_reason != message:
                 repo.set_request_reason(conn, request_id, message, now)
+                state.queued[request_id] = repo.with_reason(request, message, now)
         return retried
 
-    def _finish(self, conn: Connection, request: Request, status: RequestStatus, why: str) -> None:
+    def _finish(self, tx: _Tx, request: Request, status: RequestStatus, why: str) -> None:
+        """End a queued or allocated request."""
+        conn, state = tx.conn, tx.live()
         now = self.clock()
+        allocation = None
         if request.status is RequestStatus.ALLOCATED:
             repo.release_allocation(conn, request.id, now)
+            del state.holders[request.id]
+            allocation = replace(state.allocations.pop(request.id), released_at=as_utc(now))
+        else:
+            del state.queued[request.id]
         repo.set_request_status(conn, request.id, status, why, now)
-        repo.insert_event(conn, status.value, why, now, request_id=request.id)
+        tx.event(status.value, why, now, request_id=request.id)
+        tx.finished[request.id] = (repo.with_status(request, status, why, now), allocation)
+
+    def _request(self, tx: _Tx, ref: str) -> Request:
+        """The request ``ref`` names (id or unique id prefix), as it now is."""
+        known = tx.known(ref)
+        return known[0] if known is not None else repo.get_request(tx.conn, ref)
 
     # -- views -------------------------------------------------------------------------
 
@@ -871,12 +983,19 @@ class Service:
         found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
         return self._request_view_of(conn, state.components, request, found)
 
-    def _request_view_after(self, conn: Connection, done: _Passed, request_id: str) -> RequestView:
-        """A request's view right after a pass, which already knows where a waiting request
-        stands: no second load and engine run."""
-        request = repo.get_request(conn, request_id)
+    def _request_view_after(self, tx: _Tx, done: _Passed, request_id: str) -> RequestView:
+        """A request's view right after its operation and the pass, which already knows where
+        a waiting request stands: no second load and engine run, and no read at all when the
+        transaction knows the request."""
+        known = tx.known(request_id)
+        if known is None:
+            request = repo.get_request(tx.conn, request_id)
+            allocation, retried_as_id = repo.allocation_and_retry(tx.conn, request_id)
+        else:
+            # Only a preempted request has a retry, and the transaction does not know those.
+            (request, allocation), retried_as_id = known, None
         entries = queue_entries(done.plan).get(request_id, ())
-        return self._request_view_of(conn, done.state.components, request, entries)
+        return _view(tx.live().components, request, allocation, retried_as_id, entries)
 
     def _request_view_of(
         self,
@@ -886,48 +1005,83 @@ class Service:
         entries: tuple[QueueEntry, ...],
         pool_state: str | None = None,
     ) -> RequestView:
-        owner = components[request.component_id]
         allocation, retried_as_id = repo.allocation_and_retry(conn, request.id)
-        queue = tuple(
-            QueuePlace(
-                e.queue.removeprefix("pool "),
-                e.position,
-                e.reason.message,
-                e.reason.check.value,
-                e.holding,
-            )
-            for e in entries
-        )
-        return RequestView(
-            id=request.id,
-            status=request.status.value,
-            status_reason=request.status_reason,
-            component=owner.name,
-            component_type=owner.type.value,
-            resources=dict(request.demand),
-            preemptible=request.preemptible,
-            max_retries=request.max_retries,
-            attempt=request.attempt,
-            previous_attempt_id=request.previous_attempt_id,
-            retried_as_id=retried_as_id,
-            preempted_by_id=request.preempted_by_id,
-            labels=dict(request.labels),
-            pool=allocation.pool_name if allocation else None,
-            priority=allocation.priority if allocation else None,
-            created=request.created_at,
-            updated=request.updated_at,
-            allocated_at=allocation.allocated_at if allocation else None,
-            released_at=allocation.released_at if allocation else None,
-            lease_ttl=request.lease_ttl,
-            lease_expires_at=allocation.lease_expires_at if allocation else None,
-            queue=queue,
-            state=pool_state,
-        )
+        return _view(components, request, allocation, retried_as_id, entries, pool_state)
 
     @staticmethod
     def _touches_pool(state: _State, view: RequestView, pool_id: str) -> bool:
         pool = state.pools[pool_id]
         return view.pool == pool.name or any(p.pool == pool.name for p in view.queue)
+
+
+def _view(
+    components: Mapping[str, Component],
+    request: Request,
+    allocation: Allocation | None,
+    retried_as_id: str | None,
+    entries: tuple[QueueEntry, ...],
+    pool_state: str | None = None,
+) -> RequestView:
+    owner = components[request.component_id]
+    queue = tuple(
+        QueuePlace(
+            e.queue.removeprefix("pool "),
+            e.position,
+            e.reason.message,
+            e.reason.check.value,
+            e.holding,
+        )
+        for e in entries
+    )
+    return RequestView(
+        id=request.id,
+        status=request.status.value,
+        status_reason=request.status_reason,
+        component=owner.name,
+        component_type=owner.type.value,
+        resources=dict(request.demand),
+        preemptible=request.preemptible,
+        max_retries=request.max_retries,
+        attempt=request.attempt,
+        previous_attempt_id=request.previous_attempt_id,
+        retried_as_id=retried_as_id,
+        preempted_by_id=request.preempted_by_id,
+        labels=dict(request.labels),
+        pool=allocation.pool_name if allocation else None,
+        priority=allocation.priority if allocation else None,
+        created=request.created_at,
+        updated=request.updated_at,
+        allocated_at=allocation.allocated_at if allocation else None,
+        released_at=allocation.released_at if allocation else None,
+        lease_ttl=request.lease_ttl,
+        lease_expires_at=allocation.lease_expires_at if allocation else None,
+        queue=queue,
+        state=pool_state,
+    )
+
+
+R = TypeVar("R")
+
+
+def _put_in_order(
+    records: dict[str, R], key: str, record: R, order: Callable[[R], tuple[datetime, str]]
+) -> None:
+    """Add ``record`` where a load would have put it (loads sort by ``order``): at the end,
+    unless it sorts before the last one (e.g. several granted at the same moment)."""
+    last = next(reversed(records.values()), None)
+    records[key] = record
+    if last is not None and order(record) < order(last):
+        ordered = sorted(records.items(), key=lambda item: order(item[1]))
+        records.clear()
+        records.update(ordered)
+
+
+def _queue_order(request: Request) -> tuple[datetime, str]:
+    return request.created_at, request.id
+
+
+def _allocation_order(allocation: Allocation) -> tuple[datetime, str]:
+    return allocation.allocated_at, allocation.request_id
 
 
 def _component(conn: Connection, name: str, kind: ComponentType) -> Component | None:

@@ -3,8 +3,10 @@
 Like ``fairpool.scheduling``, each command is one write transaction: the change, then a pass
 over every tree it touches (operation admission, fair share, the job plan; see
 ``fairpool.engine.jobs``), then the plan is stored -- so a command answers with the decision
-already made. Reads compute the dynamic characteristics (fair / usage / demand share, dominant
-resource, starvation) from the stored state; they never write.
+already made. An operation may run in several trees (YTsaurus ``pool_trees``): it has a
+placement (pool, weight, limits, running or pending) in each, and one pending-job count.
+Reads compute the dynamic characteristics (fair / usage / demand share, dominant resource,
+starvation) from the stored state; they never write.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from fairpool.store.tree_records import (
     NodeRecord,
     OperationRecord,
     OperationStatus,
+    PlacementRecord,
     PoolTreeRecord,
 )
 
@@ -266,8 +269,59 @@ class PreemptedJobView:
 
 
 @dataclass(frozen=True, slots=True)
+class InterruptingJobView:
+    """A job chosen for preemption that keeps its units until ``deadline``."""
+
+    job: str
+    node: str
+    preempted_by: str | None
+    reason: str | None
+    deadline: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "node": self.node,
+            "preempted_by": self.preempted_by,
+            "reason": self.reason,
+            "deadline": _iso(self.deadline),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementView:
+    """An operation in one of its pool trees (YTsaurus computes an operation's dynamic
+    characteristics per tree)."""
+
+    tree: str
+    pool: str
+    weight: str
+    resource_limits: dict[str, int]
+    #: running / pending in this tree (while the operation is live), else its final status.
+    status: str
+    reason: str | None
+    running_jobs: int
+    shares: SharesView | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tree": self.tree,
+            "pool": self.pool,
+            "weight": self.weight,
+            "resource_limits": self.resource_limits,
+            "status": self.status,
+            "reason": self.reason,
+            "running_jobs": self.running_jobs,
+            **({} if self.shares is None else {
+                key: value for key, value in self.shares.as_dict().items() if key != "weight"
+            }),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class OperationView:
     id: str
+    #: Its trees and their pools, comma-separated in the order given (see ``trees``).
     tree: str
     pool: str
     user: str
@@ -277,14 +331,19 @@ class OperationView:
     job_resources: dict[str, int]
     job_count: int
     gang: bool
+    #: In its first tree (see ``trees`` for each).
     weight: str
     resource_limits: dict[str, int]
+    interruptible: bool
     running_jobs: int
     pending_jobs: int
-    #: Jobs per node.
+    #: Running jobs per node.
     nodes: dict[str, int]
+    interrupting: tuple[InterruptingJobView, ...]
     preempted: tuple[PreemptedJobView, ...]
+    #: In its tree; None when it has several (see ``trees``) or has ended.
     shares: SharesView | None
+    trees: tuple[PlacementView, ...]
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -302,15 +361,19 @@ class OperationView:
             "gang": self.gang,
             "weight": self.weight,
             "resource_limits": self.resource_limits,
+            "interruptible": self.interruptible,
             "running_jobs": self.running_jobs,
             "pending_jobs": self.pending_jobs,
             "nodes": self.nodes,
+            "interrupting_jobs": len(self.interrupting),
+            "interrupting": [job.as_dict() for job in self.interrupting],
             "preempted_jobs": len(self.preempted),
             "preempted": [job.as_dict() for job in self.preempted],
             # The operation's weight above is its own; the shares' copy would repeat it.
             **({} if self.shares is None else {
                 key: value for key, value in self.shares.as_dict().items() if key != "weight"
             }),
+            "trees": [placement.as_dict() for placement in self.trees],
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
@@ -340,9 +403,12 @@ class _State:
     ephemeral_users: dict[str, str]
     pool_since: dict[str, float]
     nodes: tuple[NodeRecord, ...]
+    #: Live operations with a placement in this tree.
     operations: tuple[OperationRecord, ...]
-    #: Running jobs per live operation.
+    #: Live jobs in this tree per live operation.
     jobs: dict[str, tuple[RunningJob, ...]]
+    #: Live jobs per live operation in its other trees (not pending here).
+    elsewhere: dict[str, int]
 
     @classmethod
     def load(cls, conn: Connection, name: str) -> _State:
@@ -361,8 +427,17 @@ class _State:
         )
         operations = tuple(store.list_operations(conn, name, store.LIVE))
         jobs: dict[str, list[RunningJob]] = {op.id: [] for op in operations}
-        for job in store.jobs_of(conn, list(jobs), JobStatus.RUNNING):
-            jobs[job.operation_id].append(RunningJob(job.id, job.node, job.started_at.timestamp()))
+        elsewhere = dict.fromkeys(jobs, 0)
+        for job in store.jobs_of(conn, list(jobs), live=True):
+            if job.tree != name:
+                elsewhere[job.operation_id] += 1
+                continue
+            interrupting = job.status is JobStatus.INTERRUPTING
+            jobs[job.operation_id].append(RunningJob(
+                job.id, job.node, job.started_at.timestamp(),
+                interrupted_for=job.preempted_by if interrupting else None,
+                interrupt_deadline=_seconds(job.interrupt_deadline) if interrupting else None,
+            ))
         return cls(
             record,
             tree,
@@ -372,7 +447,11 @@ class _State:
             tuple(store.list_nodes(conn)),
             operations,
             {op_id: tuple(found) for op_id, found in jobs.items()},
+            elsewhere,
         )
+
+    def placement(self, op: OperationRecord) -> PlacementRecord:
+        return op.placement(self.record.name)
 
     @property
     def cluster_nodes(self) -> list[ClusterNode]:
@@ -384,28 +463,32 @@ class _State:
         return tree_resources(self.tree.config, self.cluster_nodes)
 
     def states(self, running: frozenset[str] | None = None) -> list[OperationState]:
-        return [
-            OperationState(
+        total = self.total
+        states = []
+        for op in self.operations:
+            placement = self.placement(op)
+            states.append(OperationState(
                 id=op.id,
-                pool=op.pool,
-                job_resources=op.job_resources,
+                pool=placement.pool,
+                job_resources=_job_in(op.job_resources, total),
                 job_count=op.job_count,
                 gang=op.gang,
-                running=op.status is OperationStatus.RUNNING if running is None
-                else op.id in running,
+                running=placement.running if running is None else op.id in running,
                 start_time=op.created_at.timestamp(),
-                weight=Fraction(op.weight),
-                resource_limits=op.resource_limits,
+                weight=Fraction(placement.weight),
+                resource_limits=placement.resource_limits,
                 jobs=self.jobs[op.id],
-            )
-            for op in self.operations
-        ]
+                interruptible=op.interruptible,
+                elsewhere=self.elsewhere[op.id],
+            ))
+        return states
 
     def since(self) -> dict[tuple[ElementKind, str], float]:
         since = {(ElementKind.POOL, name): at for name, at in self.pool_since.items()}
         for op in self.operations:
-            if op.below_fair_share_since is not None:
-                since[(ElementKind.OPERATION, op.id)] = op.below_fair_share_since.timestamp()
+            at = self.placement(op).below_fair_share_since
+            if at is not None:
+                since[(ElementKind.OPERATION, op.id)] = at.timestamp()
         return since
 
     def fair_share(
@@ -425,6 +508,14 @@ class _Pass:
     plan: JobPlan
     #: After the plan: what views show and the next pass's starvation clock starts from.
     shares: FairShareResult
+    #: Other trees of operations whose jobs this pass changed.
+    stale: frozenset[str]
+
+
+def _job_in(job: Mapping[str, int], total: Mapping[str, int]) -> dict[str, int]:
+    """One job's resources in a tree: ``user_slots`` counts only where the nodes declare it
+    (an operation in several trees asks for a slot if any of them has slots)."""
+    return {key: amount for key, amount in job.items() if key != "user_slots" or key in total}
 
 
 def _cluster_node(record: NodeRecord) -> ClusterNode:
@@ -468,7 +559,7 @@ class TreesService:
 
     def remove_node(self, name: str) -> None:
         with self.db.write() as conn:
-            running = store.running_jobs_on(conn, name)
+            running = store.live_jobs_on(conn, name)
             if running:
                 raise Conflict(
                     f"node {name} runs {running} jobs; complete or abort their operations first"
@@ -480,15 +571,19 @@ class TreesService:
         trees = [(t.name, PoolTreeConfig.from_mapping(t.config)) for t in store.list_trees(conn)]
         live = store.list_operations(conn, statuses=store.LIVE)
         resources = {op.id: op.job_resources for op in live}
+        nodes = store.list_nodes(conn)
+        capacity = {node.name: node.resources for node in nodes}
         used: dict[str, dict[str, int]] = {}
         counts: dict[str, int] = {}
-        for job in store.jobs_of(conn, list(resources), JobStatus.RUNNING):
+        for job in store.jobs_of(conn, list(resources), live=True):
             counts[job.node] = counts.get(job.node, 0) + 1
             target = used.setdefault(job.node, {})
-            for key, amount in resources[job.operation_id].items():
+            # A node without user_slots is in a tree without them: the job took none there.
+            job_here = _job_in(resources[job.operation_id], capacity.get(job.node, {}))
+            for key, amount in job_here.items():
                 target[key] = target.get(key, 0) + amount
         views = []
-        for node in store.list_nodes(conn):
+        for node in nodes:
             if only is not None and node.name != only:
                 continue
             member = [name for name, config in trees
@@ -568,7 +663,7 @@ class TreesService:
                                 pool.config.to_mapping(), now)
                 changes.append(f"{'~' if before else '+'} pool {pool_name}")
             self._check_node_membership(conn)
-            self._pass(conn, wanted.name)
+            self._passes(conn, [wanted.name])
         return AppliedTree(wanted.name, tuple(changes))
 
     def _insert_tree(self, conn: Connection, name: str, config: Mapping[str, Any]) -> None:
@@ -586,7 +681,7 @@ class TreesService:
             state.tree.with_config(PoolTreeConfig.from_mapping(config))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
-            self._pass(conn, name)
+            self._passes(conn, [name])
             return self._tree_view(conn, name)
 
     def show_tree(self, name: str | None = None) -> TreeView:
@@ -612,7 +707,7 @@ class TreesService:
         """One pass by hand: promotions, grants and starvation preemption as of now."""
         with self.db.write() as conn:
             tree = self._tree_name(conn, name)
-            self._pass(conn, tree)
+            self._passes(conn, [tree])
             return self._tree_view(conn, tree, detailed=True)
 
     def _tree_name(self, conn: Connection, name: str | None) -> str:
@@ -625,7 +720,7 @@ class TreesService:
 
     def _tree_view(self, conn: Connection, name: str, detailed: bool = False) -> TreeView:
         state = _State.load(conn, name)
-        statuses = [op.status for op in state.operations]
+        running = sum(1 for op in state.operations if state.placement(op).running)
         elements: tuple[ElementRow, ...] = ()
         warnings: tuple[str, ...] = ()
         if detailed:
@@ -639,8 +734,8 @@ class TreesService:
             resources=state.total,
             nodes=tuple(n.name for n in state.cluster_nodes),
             pools=len(state.tree.pools),
-            running_operations=statuses.count(OperationStatus.RUNNING),
-            pending_operations=statuses.count(OperationStatus.PENDING),
+            running_operations=running,
+            pending_operations=len(state.operations) - running,
             elements=elements,
             warnings=warnings,
         )
@@ -658,7 +753,7 @@ class TreesService:
                 raise Conflict(f"pool {name} already exists in tree {tree}")
             state.tree.with_pool(Pool(name, parent, config))
             store.save_pool(conn, tree, name, parent, config.to_mapping(), self.clock())
-            self._pass(conn, tree)
+            self._passes(conn, [tree])
             return self._pool_view(conn, tree, name)
 
     def set_pool(self, tree: str, name: str, option: str, value: str) -> PoolView:
@@ -676,7 +771,7 @@ class TreesService:
             state.tree.with_pool(changed)
             store.save_pool(conn, tree, name, changed.parent, changed.config.to_mapping(),
                             self.clock())
-            self._pass(conn, tree)
+            self._passes(conn, [tree])
             return self._pool_view(conn, tree, name)
 
     def describe_pool(self, tree: str | None, name: str) -> PoolView:
@@ -693,7 +788,7 @@ class TreesService:
                                "complete or abort them first")
             state.tree.without_pool(name)
             store.delete_pool(conn, tree, name)
-            self._pass(conn, tree)
+            self._passes(conn, [tree])
 
     @staticmethod
     def _own_pool(state: _State, name: str) -> Pool:
@@ -750,39 +845,54 @@ class TreesService:
         user: str,
         job_resources: Mapping[str, object],
         job_count: int,
-        tree: str | None = None,
+        trees: Sequence[str] = (),
         pool: str | None = None,
         weight: str | int | float = 1,
         gang: bool = False,
         resource_limits: Mapping[str, object] | None = None,
+        interruptible: bool = False,
+        tree_options: Mapping[str, object] | None = None,
     ) -> OperationView:
-        """Start an operation of ``job_count`` jobs: rejected (nothing written) when a
-        ``max_operation_count`` is reached anywhere up to the root; else pending or running,
+        """Start an operation of ``job_count`` jobs in ``trees`` (YTsaurus ``pool_trees``;
+        none: the default_tree), with ``pool`` / ``weight`` / ``resource_limits`` in each
+        unless ``tree_options`` (YTsaurus ``scheduling_options_per_pool_tree``) says otherwise
+        for a tree. Rejected (nothing written) when a ``max_operation_count`` is reached
+        anywhere up to the root of any of its trees; else pending or running in each tree,
         with the jobs that fit granted at once."""
         weight_value = _weight(weight)
         if isinstance(job_count, bool) or not isinstance(job_count, int) or job_count < 1:
             raise InvalidInput("job_count", job_count, "must be a positive integer")
         job = parse_resources("job_resources", dict(job_resources))
         limits = parse_resources("resource_limits", dict(resource_limits or {}))
+        options = _parse_tree_options(tree_options)
         with self.db.write() as conn:
             now = self.clock()
-            state = _State.load(conn, self._tree_name(conn, tree))
-            leaf, state = self._operation_pool(conn, state, pool or user, user, now)
-            total = state.total
-            if total.get("user_slots") and "user_slots" not in job:
+            names = list(trees) or [self._tree_name(conn, None)]
+            _check_trees(names, options)
+            states = {name: _State.load(conn, name) for name in names}
+            if any(s.total.get("user_slots") for s in states.values()) and "user_slots" not in job:
                 # YTsaurus counts a job's slot; only in trees whose nodes declare slots.
                 job["user_slots"] = 1
             if not any(job.values()):
                 raise InvalidInput("job_resources", dict(job_resources), "must ask for something")
-            _check_some_node_fits(state, job)
-            _check_operation_count(conn, state, leaf)
+            placements = []
+            for name in names:
+                given = options.get(name, _TreeOptions())
+                leaf, state = self._operation_pool(
+                    conn, states[name], given.pool or pool or user, user, now
+                )
+                _check_some_node_fits(state, _job_in(job, state.total))
+                _check_operation_count(conn, state, leaf)
+                placements.append(store.Placement(
+                    name, leaf, str(given.weight or weight_value),
+                    limits if given.resource_limits is None else given.resource_limits,
+                ))
             operation_id = store.insert_operation(
-                conn, tree=state.tree.name, pool=leaf, user=user, job_resources=job,
-                job_count=job_count, gang=gang, weight=str(weight_value),
-                resource_limits=limits, now=now,
+                conn, user=user, job_resources=job, job_count=job_count, gang=gang,
+                interruptible=interruptible, placements=placements, now=now,
             )
-            result = self._pass(conn, state.tree.name)
-            return self._operation_view(conn, store.get_operation(conn, operation_id), result)
+            results = self._passes(conn, names)
+            return self._operation_view(conn, store.get_operation(conn, operation_id), results)
 
     def _operation_pool(
         self, conn: Connection, state: _State, pool: str, user: str, now: datetime
@@ -803,16 +913,18 @@ class TreesService:
                     state = self._add_ephemeral(conn, state, subpool, user, now)
                 return subpool.name, state
             if resolved.forbid_immediate_operations:
-                raise InvalidInput("pool", pool, "forbids operations directly in it "
-                                   "(forbid_immediate_operations); use one of its subpools")
+                raise InvalidInput("pool", pool, f"forbids operations directly in it in tree "
+                                   f"{tree.name} (forbid_immediate_operations); use one of "
+                                   "its subpools")
             return pool, state
         parent = None if config.default_parent_pool == ROOT else config.default_parent_pool
         if parent is not None and parent not in tree.pools:
             raise InvalidInput("default_parent_pool", parent, f"no such pool in tree {tree.name}")
         owned = sum(1 for owner in state.ephemeral_users.values() if owner == user)
         if owned >= config.max_ephemeral_pool_per_user:
-            raise InvalidInput("pool", pool, f"no such pool, and user {user} already has {owned} "
-                               "ephemeral pools (max_ephemeral_pool_per_user "
+            raise InvalidInput("pool", pool, f"no such pool in tree {tree.name}, and user {user} "
+                               f"already has {owned} ephemeral pools there "
+                               "(max_ephemeral_pool_per_user "
                                f"{config.max_ephemeral_pool_per_user})")
         return pool, self._add_ephemeral(conn, state, Pool(pool, parent, PoolConfig(), True),
                                          user, now)
@@ -830,7 +942,7 @@ class TreesService:
 
     def describe_operation(self, ref: str) -> OperationView:
         with self.db.read() as conn:
-            return self._operation_view(conn, store.get_operation(conn, ref), None)
+            return self._operation_view(conn, store.get_operation(conn, ref), {})
 
     def list_operations(
         self, tree: str | None = None, status: str | None = None
@@ -844,7 +956,7 @@ class TreesService:
                                    + ", ".join(s.value for s in OperationStatus)) from None
         with self.db.read() as conn:
             found = store.list_operations(conn, tree, statuses)
-            return [self._operation_view(conn, op, None, shares=False) for op in found]
+            return [self._operation_view(conn, op, {}, shares=False) for op in found]
 
     def complete_operation(self, ref: str) -> OperationView:
         return self._end(ref, OperationStatus.COMPLETED, JobStatus.COMPLETED, "completed")
@@ -861,11 +973,13 @@ class TreesService:
             if operation.status.is_final:
                 raise Conflict(f"operation {operation.id} is already {operation.status.value}")
             store.end_jobs(conn, operation.id, jobs, now)
-            store.update_operation(conn, operation.id, now, status=status, status_reason=why,
-                                   below_fair_share_since=None)
-            self._drop_unused_ephemeral(conn, operation.tree, operation.pool)
-            result = self._pass(conn, operation.tree)
-            return self._operation_view(conn, store.get_operation(conn, operation.id), result)
+            store.update_operation(conn, operation.id, now, status=status, status_reason=why)
+            for placement in operation.placements:
+                store.update_placement(conn, operation.id, placement.tree, running=False,
+                                       reason=None, below_fair_share_since=None)
+                self._drop_unused_ephemeral(conn, placement.tree, placement.pool)
+            results = self._passes(conn, [p.tree for p in operation.placements])
+            return self._operation_view(conn, store.get_operation(conn, operation.id), results)
 
     @staticmethod
     def _drop_unused_ephemeral(conn: Connection, tree: str, pool: str) -> None:
@@ -884,42 +998,76 @@ class TreesService:
         self,
         conn: Connection,
         operation: OperationRecord,
-        result: _Pass | None,
+        results: Mapping[str, _Pass],
         shares: bool = True,
     ) -> OperationView:
+        """The operation; its shares in each tree from ``results`` (the passes just run), else
+        computed now."""
         jobs = store.jobs_of(conn, [operation.id])
         running = [j for j in jobs if j.status is JobStatus.RUNNING]
+        interrupting = [j for j in jobs if j.status is JobStatus.INTERRUPTING]
         nodes: dict[str, int] = {}
         for job in sorted(running, key=lambda j: j.node):  # by node name, whatever the row order
             nodes[job.node] = nodes.get(job.node, 0) + 1
-        element = None
-        if shares and not operation.status.is_final:
-            if result is None:
-                state = _State.load(conn, operation.tree)
-                fair = state.fair_share(state.states(), self.clock())
-            else:
-                fair = result.shares
-            element = SharesView.of(fair.operations[operation.id])
+        live = not operation.status.is_final
+        placements = []
+        for placement in operation.placements:
+            element = None
+            if shares and live:
+                if placement.tree in results:
+                    fair = results[placement.tree].shares
+                else:
+                    state = _State.load(conn, placement.tree)
+                    fair = state.fair_share(state.states(), self.clock())
+                element = SharesView.of(fair.operations[operation.id])
+            placements.append(PlacementView(
+                tree=placement.tree,
+                pool=placement.pool,
+                weight=placement.weight,
+                resource_limits=placement.resource_limits,
+                status=operation.status.value if not live
+                else "running" if placement.running else "pending",
+                reason=placement.reason,
+                running_jobs=sum(1 for j in running if j.tree == placement.tree),
+                shares=element,
+            ))
+        first = placements[0]
+        several = len(placements) > 1
+        if not live:
+            reason = operation.status_reason
+        elif several:
+            reason = "; ".join(f"tree {p.tree}: {p.reason}" for p in placements
+                               if p.reason) or None
+        else:
+            reason = first.reason
         return OperationView(
             id=operation.id,
-            tree=operation.tree,
-            pool=operation.pool,
+            tree=",".join(p.tree for p in placements),
+            pool=",".join(p.pool for p in placements),
             user=operation.user,
             status=operation.status.value,
-            reason=operation.status_reason,
+            reason=reason,
             job_resources=operation.job_resources,
             job_count=operation.job_count,
             gang=operation.gang,
-            weight=operation.weight,
-            resource_limits=operation.resource_limits,
+            weight=first.weight,
+            resource_limits=first.resource_limits,
+            interruptible=operation.interruptible,
             running_jobs=len(running),
-            pending_jobs=0 if operation.status.is_final else operation.job_count - len(running),
+            pending_jobs=0 if not live
+            else operation.job_count - len(running) - len(interrupting),
             nodes=nodes,
+            interrupting=tuple(
+                InterruptingJobView(j.id, j.node, j.preempted_by, j.reason,
+                                    j.interrupt_deadline)
+                for j in interrupting
+            ),
             preempted=tuple(
                 PreemptedJobView(j.id, j.node, j.preempted_by, j.reason, j.finished_at)
                 for j in jobs if j.status is JobStatus.PREEMPTED
             ),
-            shares=element,
+            shares=None if several else first.shares,
+            trees=tuple(placements),
             created_at=operation.created_at,
             started_at=operation.started_at,
             finished_at=operation.finished_at,
@@ -928,8 +1076,16 @@ class TreesService:
     # -- the pass ----------------------------------------------------------------------------
 
     def _pass_all(self, conn: Connection) -> None:
-        for record in store.list_trees(conn):
-            self._pass(conn, record.name)
+        self._passes(conn, [record.name for record in store.list_trees(conn)])
+
+    def _passes(self, conn: Connection, names: Sequence[str]) -> dict[str, _Pass]:
+        """A pass over each tree of ``names``; then, once more, over the other trees of the
+        operations whose jobs changed (their pending jobs are one count for all their trees,
+        so those trees' reasons and shares are stale)."""
+        results = {name: self._pass(conn, name) for name in names}
+        again = sorted({tree for result in results.values() for tree in result.stale})
+        results.update((name, self._pass(conn, name)) for name in again)
+        return results
 
     def _pass(self, conn: Connection, name: str) -> _Pass:
         """Admission, fair share, job plan; store the plan and the starvation clocks."""
@@ -942,12 +1098,17 @@ class TreesService:
             NodeState(_cluster_node(n), _seconds(n.last_preemption_at)) for n in state.nodes
         ]
         plan = plan_jobs(state.tree, nodes, states, before, now.timestamp())
+        by_id = {op.id: op for op in state.operations}
         for op_id in admission.promoted:
-            store.update_operation(conn, op_id, now, status=OperationStatus.RUNNING,
-                                   started_at=now)
+            store.update_placement(conn, op_id, name, running=True)
+            if by_id[op_id].status is OperationStatus.PENDING:  # not yet running in any tree
+                store.update_operation(conn, op_id, now, status=OperationStatus.RUNNING,
+                                       started_at=now)
+        store.finish_interruptions(conn, plan.expired, now)
         for preemption in plan.preemptions:
-            store.preempt_job(conn, preemption.job, preemption.preemptor, preemption.reason, now)
-        store.insert_jobs(conn, [(g.operation, g.node) for g in plan.grants], now)
+            store.preempt_job(conn, preemption.job, preemption.preemptor, preemption.reason, now,
+                              _moment(preemption.deadline))
+        store.insert_jobs(conn, name, [(g.operation, g.node) for g in plan.grants], now)
         store.mark_preemption(conn, plan.preempted_nodes, now)
         # The shares after the plan: what the answer shows, and whose starvation clocks the
         # next pass continues (an operation the plan satisfied is no longer below its share).
@@ -959,34 +1120,101 @@ class TreesService:
             )
             starvation = after.operations[op.id].starvation
             since = _moment(starvation.below_fair_share_since) if starvation else None
-            if (reason, since) != (op.status_reason, op.below_fair_share_since):
-                store.update_operation(conn, op.id, now, status_reason=reason,
+            placement = state.placement(op)
+            if (reason, since) != (placement.reason, placement.below_fair_share_since):
+                store.update_placement(conn, op.id, name, reason=reason,
                                        below_fair_share_since=since)
         for pool_name, element in after.pools.items():
             starvation = element.starvation
             at = None if starvation is None else starvation.below_fair_share_since
             if at != state.pool_since.get(pool_name):
                 store.set_pool_since(conn, name, pool_name, _moment(at))
-        return _Pass(admission, plan, after)
+        changed = {g.operation for g in plan.grants} | {p.operation for p in plan.preemptions}
+        stale = frozenset(p.tree for op in state.operations if op.id in changed
+                          for p in op.placements if p.tree != name)
+        return _Pass(admission, plan, after, stale)
 
 
 def _after(states: Sequence[OperationState], plan: JobPlan, now: float) -> list[OperationState]:
-    """The operations with the plan applied (ids of new jobs do not matter to fair share)."""
-    preempted = {p.job for p in plan.preemptions}
+    """The operations with the plan applied (ids of new jobs do not matter to fair share;
+    interrupted jobs keep their units)."""
+    gone = {p.job for p in plan.preemptions if p.deadline is None} | set(plan.expired)
+    interrupted = {p.job: p for p in plan.preemptions if p.deadline is not None}
     result = []
     for state in states:
-        kept = tuple(job for job in state.jobs if job.id not in preempted)
+        kept = tuple(
+            replace(job, interrupted_for=interrupted[job.id].preemptor,
+                    interrupt_deadline=interrupted[job.id].deadline)
+            if job.id in interrupted else job
+            for job in state.jobs if job.id not in gone
+        )
         new = tuple(RunningJob(f"new-{i}", g.node, now)
                     for i, g in enumerate(plan.grants) if g.operation == state.id)
         result.append(replace(state, jobs=kept + new))
     return result
 
 
-def _weight(value: str | int | float) -> Fraction:
-    weight = number("weight", value)
+def _weight(value: object, field: str = "weight") -> Fraction:
+    weight = number(field, value)
     if weight <= 0:
-        raise InvalidInput("weight", value, "must be positive")
+        raise InvalidInput(field, value, "must be positive")
     return weight
+
+
+@dataclass(frozen=True, slots=True)
+class _TreeOptions:
+    """One entry of ``scheduling_options_per_pool_tree``: what overrides the operation's
+    own pool, weight and resource_limits in that tree."""
+
+    pool: str | None = None
+    weight: Fraction | None = None
+    resource_limits: dict[str, int] | None = None
+
+
+_TREE_OPTION_KEYS = ("pool", "weight", "resource_limits")
+
+
+def _parse_tree_options(given: Mapping[str, object] | None) -> dict[str, _TreeOptions]:
+    """``{tree: {pool, weight, resource_limits}}``, each key checked and named on error."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise InvalidInput("tree_options", given, "must map tree names to options")
+    parsed = {}
+    for tree, options in given.items():
+        field = f"tree_options.{tree}"
+        if not isinstance(options, Mapping):
+            raise InvalidInput(field, options, "must map pool / weight / resource_limits "
+                               "to values")
+        for key in options:
+            if key not in _TREE_OPTION_KEYS:
+                raise InvalidInput(f"{field}.{key}", options[key], "unknown option; one of "
+                                   + ", ".join(_TREE_OPTION_KEYS))
+        pool = options.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            raise InvalidInput(f"{field}.pool", pool, "must be a pool name")
+        weight = options.get("weight")
+        limits = options.get("resource_limits")
+        if limits is not None and not isinstance(limits, Mapping):
+            raise InvalidInput(f"{field}.resource_limits", limits, "must be a mapping")
+        parsed[str(tree)] = _TreeOptions(
+            pool=pool,
+            weight=None if weight is None else _weight(weight, f"{field}.weight"),
+            resource_limits=None if limits is None
+            else parse_resources(f"{field}.resource_limits", dict(limits)),
+        )
+    return parsed
+
+
+def _check_trees(names: Sequence[str], options: Mapping[str, _TreeOptions]) -> None:
+    """Each tree once; per-tree options only for the operation's trees."""
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise InvalidInput("tree", name, "given twice")
+    for name in options:
+        if name not in names:
+            raise InvalidInput(f"tree_options.{name}", name, "is not one of the operation's "
+                               f"trees ({', '.join(names)})")
 
 
 def _check_some_node_fits(state: _State, job: Mapping[str, int]) -> None:
@@ -1022,7 +1250,8 @@ def _check_operation_count(conn: Connection, state: _State, leaf: str) -> None:
         if started >= limit:
             raise InvalidInput(
                 "pool", pool,
-                f"has {started} started operations, its max_operation_count is {limit}",
+                f"has {started} started operations in tree {state.tree.name}, its "
+                f"max_operation_count is {limit}",
             )
     started = sum(per_pool.values())
     if started >= state.tree.config.max_operation_count:
@@ -1033,10 +1262,10 @@ def _check_operation_count(conn: Connection, state: _State, leaf: str) -> None:
 
 
 def _operation_counts(state: _State, pool: str) -> tuple[int, int]:
-    """Running and started operations in the pool's subtree."""
-    inside = [op for op in state.operations
-              if op.pool != ROOT and pool in state.tree.ancestors(op.pool)]
-    return sum(1 for op in inside if op.status is OperationStatus.RUNNING), len(inside)
+    """Running (in this tree) and started operations in the pool's subtree."""
+    inside = [placement for placement in map(state.placement, state.operations)
+              if placement.pool != ROOT and pool in state.tree.ancestors(placement.pool)]
+    return sum(1 for placement in inside if placement.running), len(inside)
 
 
 def _parents_first(tree: PoolTree) -> list[str]:
@@ -1045,18 +1274,19 @@ def _parents_first(tree: PoolTree) -> list[str]:
 
 def _element_rows(state: _State, shares: FairShareResult) -> list[ElementRow]:
     """The root, then each pool followed by its subtree and its operations."""
+    placements = [state.placement(op) for op in state.operations]
     rows = [ElementRow(ROOT, "root", 0, SharesView.of(shares.root),
-                       sum(1 for op in state.operations if op.status is OperationStatus.RUNNING),
-                       len(state.operations), None)]
-    by_pool: dict[str, list[OperationRecord]] = {}
-    for op in state.operations:
-        by_pool.setdefault(op.pool, []).append(op)
+                       sum(1 for placement in placements if placement.running),
+                       len(placements), None)]
+    by_pool: dict[str, list[PlacementRecord]] = {}
+    for placement in placements:
+        by_pool.setdefault(placement.pool, []).append(placement)
 
     def operations(pool: str, depth: int) -> None:
-        for op in by_pool.get(pool, []):
-            rows.append(ElementRow(op.id, "operation", depth,
-                                   SharesView.of(shares.operations[op.id]), None, None,
-                                   op.status.value))
+        for placement in by_pool.get(pool, []):
+            rows.append(ElementRow(placement.operation_id, "operation", depth,
+                                   SharesView.of(shares.operations[placement.operation_id]),
+                                   None, None, "running" if placement.running else "pending"))
 
     def walk(parent: str | None, depth: int) -> None:
         for name in state.tree.children(parent):

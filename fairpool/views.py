@@ -61,10 +61,38 @@ class RequestView:
     state: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        data = _jsonable(asdict(self))
-        data["queue"] = [asdict(place) for place in self.queue]
-        if self.state is None:
-            del data["state"]
+        # Field by field: every API answer about a request is built here, and asdict's
+        # recursive deep copy cost more than the rest of the response.
+        data = {
+            "id": self.id,
+            "status": self.status,
+            "status_reason": self.status_reason,
+            "component": self.component,
+            "component_type": self.component_type,
+            "resources": dict(self.resources),
+            "preemptible": self.preemptible,
+            "max_retries": self.max_retries,
+            "attempt": self.attempt,
+            "previous_attempt_id": self.previous_attempt_id,
+            "retried_as_id": self.retried_as_id,
+            "preempted_by_id": self.preempted_by_id,
+            "labels": dict(self.labels),
+            "pool": self.pool,
+            "priority": self.priority,
+            "created": self.created.isoformat(),
+            "updated": self.updated.isoformat(),
+            "allocated_at": _iso(self.allocated_at),
+            "released_at": _iso(self.released_at),
+            "lease_ttl": self.lease_ttl,
+            "lease_expires_at": _iso(self.lease_expires_at),
+            "queue": [
+                {"pool": p.pool, "position": p.position, "reason": p.reason, "check": p.check,
+                 "holding": p.holding}
+                for p in self.queue
+            ],
+        }
+        if self.state is not None:
+            data["state"] = self.state
         return data
 
     @classmethod

@@ -148,3 +148,54 @@ def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(tmp_path
                          "no pool 'nope' in tree physical")
     assert not unused.exists()
     assert "Traceback" not in server.log()
+
+
+def test_interruptible_operations_show_their_interrupting_jobs(tmp_path: Path) -> None:
+    fairpool(tmp_path, "node", "add", "n1", "--resources", '{"cpu": 4}').ok()
+    fairpool(tmp_path, "pool-tree", "create", "physical", "--config",
+             '{"fair_share_starvation_timeout": 0, "allocation_preemption_timeout": 600000}').ok()
+    for name in ("a", "b"):
+        fairpool(tmp_path, "pool", "create", name, "--tree", "physical").ok()
+    soft = fairpool(tmp_path, "operation", "start", "--pool", "a", "--user", "u",
+                    "--job-resources", '{"cpu": 1}', "--job-count", "4", "--interruptible",
+                    "-o", "json").ok().json
+    assert soft["interruptible"] and soft["running_jobs"] == 4
+    hungry = fairpool(tmp_path, "operation", "start", "--pool", "b", "--user", "v",
+                      "--job-resources", '{"cpu": 1}', "--job-count", "2", "-o", "json").ok().json
+    fairpool(tmp_path, "pool-tree", "reconcile").ok()  # starving now: 2 jobs interrupted
+    shown = fairpool(tmp_path, "operation", "describe", soft["id"], "-o", "json").ok().json
+    assert (shown["running_jobs"], shown["interrupting_jobs"], shown["pending_jobs"]) == (2, 2, 0)
+    assert {job["preempted_by"] for job in shown["interrupting"]} == {hungry["id"]}
+    assert all(job["deadline"] for job in shown["interrupting"])
+    table = fairpool(tmp_path, "operation", "describe", soft["id"][:8]).ok().out
+    assert "Interrupting jobs" in table and "allocation_preemption_timeout 600000 ms" in table
+    waiting = fairpool(tmp_path, "operation", "describe", hungry["id"], "-o", "json").ok().json
+    assert waiting["running_jobs"] == 0
+    assert "2 wait for interrupted jobs to leave n1" in waiting["reason"]
+
+
+def test_an_operation_in_two_trees(tmp_path: Path) -> None:
+    fairpool(tmp_path, "node", "add", "g1", "--tags", "gpu", "--resources", '{"cpu": 2}').ok()
+    fairpool(tmp_path, "node", "add", "c1", "--tags", "cpu", "--resources", '{"cpu": 4}').ok()
+    fairpool(tmp_path, "pool-tree", "create", "physical", "--node-tag-filter", "gpu").ok()
+    fairpool(tmp_path, "pool-tree", "create", "cpus", "--node-tag-filter", "cpu").ok()
+    fairpool(tmp_path, "pool", "create", "batch", "--tree", "physical").ok()
+    fairpool(tmp_path, "pool", "create", "research", "--tree", "cpus").ok()
+    started = fairpool(tmp_path, "operation", "start", "--tree", "physical", "--tree", "cpus",
+                       "--pool", "batch", "--user", "u", "--job-resources", '{"cpu": 1}',
+                       "--job-count", "5", "--tree-options",
+                       "{cpus: {pool: research, weight: 2}}", "-o", "json").ok().json
+    assert (started["tree"], started["pool"], started["running_jobs"]) == (
+        "physical,cpus", "batch,research", 5)
+    assert [(t["tree"], t["pool"], t["weight"], t["running_jobs"]) for t in started["trees"]] == [
+        ("physical", "batch", "1", 2), ("cpus", "research", "2", 3)]
+    table = fairpool(tmp_path, "operation", "describe", started["id"]).ok().out
+    assert "Pool trees" in table and "research" in table
+    before = db_dump(tmp_path)
+    assert_one_error(
+        fairpool(tmp_path, "operation", "start", "--tree", "physical", "--user", "u",
+                 "--job-resources", '{"cpu": 1}', "--job-count", "1", "--tree-options",
+                 '{"cpus": {"pool": "research"}}'),
+        "tree_options.cpus: is not one of the operation's trees (physical)",
+    )
+    assert db_dump(tmp_path) == before

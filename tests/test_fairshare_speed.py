@@ -1,15 +1,20 @@
-"""The fast paths of the fair-share update: the float backend against the exact one, the
-``numeric`` switch, and the lazily described result maps (``docs/trees.md``, "Speed")."""
+"""The fast paths of the fair-share update: the float backend (compiled, and its pure-Python
+fallback) against the exact one, the ``numeric`` switch, and the lazily described result maps
+(``docs/trees.md``, "Speed")."""
 
 from __future__ import annotations
 
 import importlib.util
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction as F
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 
+from fairpool.engine import fairshare
 from fairpool.engine.fairshare import (
     EXACT_ELEMENT_LIMIT,
     SNAP_EPSILON,
@@ -30,6 +35,43 @@ _SPEC = importlib.util.spec_from_file_location(
 assert _SPEC is not None and _SPEC.loader is not None
 benchmark = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(benchmark)
+
+
+@contextmanager
+def python_float_backend() -> Iterator[None]:
+    """The float backend without the compiled kernel, as where it could not be built."""
+    kernel, fairshare.kernel = fairshare.kernel, None
+    try:
+        yield
+    finally:
+        fairshare.kernel = kernel
+
+
+def test_the_compiled_kernel_is_built_and_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pip install -e .`` builds ``_hdrf.c`` (optional for users without a compiler, never
+    silently missing here), and the float backend goes through it."""
+    assert fairshare.kernel is not None, "fairpool/engine/_hdrf.c was not built"
+
+    def python_functions(*_: object) -> None:
+        raise AssertionError("the float backend ran in Python")
+
+    monkeypatch.setattr(fairshare._Update, "_functions", python_functions)
+    result = compute_fair_share(benchmark.build(10, 100), numeric="float")
+    assert any(result.root.fair_share.total.values())
+
+
+def test_the_kernel_rejects_a_malformed_flattening() -> None:
+    """Children must come after their parent (the kernel fits bottom-up by index)."""
+    assert fairshare.kernel is not None, "fairpool/engine/_hdrf.c was not built"
+    # (child_start, child_count, children): the root holding one operation, or the reverse.
+    fits = (array("i", [0, 0]), array("i", [1, 0]), array("i", [1]))
+    backwards = (array("i", [0, 0]), array("i", [0, 1]), array("i", [0]))
+    rows = [[(0,), (1,)], [(0,), (1,)], [(1.0,), (1.0,)], [(1.0,), (0.0,)]]
+    weights = array("d", [1.0, 1.0])
+    shares = fairshare.kernel.update(1, bytes([1, 0]), *fits, weights, *rows, (2,))
+    assert array("d", shares).tolist() == [0.5, 0.5]
+    with pytest.raises(ValueError, match="after its parent"):
+        fairshare.kernel.update(1, bytes([1, 0]), *backwards, weights, *rows, (2,))
 
 
 def assert_close(exact: FairShareResult, fast: FairShareResult, tolerance: float) -> None:
@@ -65,11 +107,25 @@ def test_float_backend_gives_the_reference_numbers_exactly(
 @settings(max_examples=200, deadline=None)
 @given(snapshots())
 def test_float_backend_agrees_with_the_exact_one(snapshot: TreeSnapshot) -> None:
-    assert_close(
-        compute_fair_share(snapshot, numeric="exact"),
-        compute_fair_share(snapshot, numeric="float"),
-        SNAP_EPSILON,
-    )
+    exact = compute_fair_share(snapshot, numeric="exact")
+    compiled = compute_fair_share(snapshot, numeric="float")
+    assert_close(exact, compiled, SNAP_EPSILON)
+    with python_float_backend():
+        fallback = compute_fair_share(snapshot, numeric="float")
+    assert_close(exact, fallback, SNAP_EPSILON)
+    # The kernel mirrors the Python code operation for operation: the same floats.
+    assert compiled == fallback
+
+
+@pytest.mark.parametrize("size", [(40, 400), (300, 3000)])
+def test_compiled_and_python_float_backends_agree_on_generated_trees(
+    size: tuple[int, int],
+) -> None:
+    snapshot = benchmark.build(*size)
+    compiled = compute_fair_share(snapshot, numeric="float", now=5.0)
+    with python_float_backend():
+        fallback = compute_fair_share(snapshot, numeric="float", now=5.0)
+    assert compiled == fallback
 
 
 def test_float_backend_snaps_satisfied_demand_to_the_exact_value() -> None:

@@ -3,19 +3,24 @@ fails is undone alone (``fairpool/group_commit.py``, ``Service._write``)."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from fairpool.errors import NotFound
+from fairpool import service as service_module
+from fairpool.errors import Conflict, NotFound
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.service import Service
+from fairpool.store import repo
 from fairpool.store.db import Database
-from fairpool.views import PassSummary
+from fairpool.views import PassSummary, RequestView
 from tests.test_service import Clock
 
 
@@ -96,3 +101,96 @@ def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -
     assert [view.status for view in created] == ["allocated", "allocated"]
     assert len(passes) == 1 and sorted(passes[0].granted) == sorted(v.id for v in created)
     assert {r.id for r in svc.list_requests(status="allocated")} == {v.id for v in created}
+
+
+def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operations keep the state in memory instead of reading it again: after every pass it
+    equals a fresh load, in the same order, and what they answer equals what is read back."""
+    checked = 0
+    run_pass = service_module.Service._pass
+
+    def checked_pass(self: Service, tx: Any) -> Any:
+        nonlocal checked
+        passed = run_pass(self, tx)
+        fresh = service_module._State.load(tx.conn)
+        for name in ("pools", "policies", "components", "allocations", "queued"):
+            assert list(getattr(tx.state, name).items()) == list(getattr(fresh, name).items())
+        assert tx.state.holders == fresh.holders
+        for request_id, (request, allocation) in tx.finished.items():
+            assert request == repo.get_request(tx.conn, request_id)
+            assert allocation == repo.allocation_and_retry(tx.conn, request_id)[0]
+        checked += 1
+        return passed
+
+    monkeypatch.setattr(service_module.Service, "_pass", checked_pass)
+    svc.update_pool("gpus", capacity={"gpu": 6})
+    svc.attach_policy("gpus", "vip", priority=5)
+    for _ in range(2):  # several granted at one moment
+        whole = svc.create_request("vip", demand={"gpu": 6})
+        small = [svc.create_request(c, demand={"gpu": 1}) for c in ["team", "vip"] * 3]
+        svc.release_request(whole.id)
+        for view in small:
+            if svc.get_request(view.id).status in ("queued", "allocated"):
+                svc.cancel_request(view.id)
+    rng = random.Random(7)
+    made: list[str] = []
+
+    def operation() -> Callable[[], Any]:
+        live = [r for r in made if svc.get_request(r).status in ("queued", "allocated")]
+        choice = rng.random()
+        if choice < 0.4 or not live:
+            component = rng.choice(["team", "team", "vip"])
+            lease = rng.choice([None, None, 1])
+            return lambda: svc.create_request(
+                component, demand={"gpu": rng.randint(1, 3)}, max_retries=rng.randint(0, 1),
+                lease_ttl=lease,
+            )
+        target = rng.choice(live)
+        return rng.choice([
+            lambda: svc.release_request(target), lambda: svc.cancel_request(target),
+            lambda: svc.heartbeat(target), svc.reconcile,
+            lambda: svc.create_request("team", demand={"gpu": 9}),  # rejected at once
+        ])
+
+    def record(result: Any) -> None:
+        if isinstance(result, RequestView):
+            made.append(result.id)
+            read = svc.get_request(result.id)
+            assert replace(result, queue=()) == replace(read, queue=())
+
+    for step in range(60):
+        # Forward (leases expire), and sometimes back (records come out of order).
+        svc.clock.now += timedelta(seconds=rng.choice([0, 0, 2, -1]))  # type: ignore[attr-defined]
+        if step % 3:
+            try:
+                record(operation()())
+            except Conflict:
+                pass
+            continue
+        # Several operations in one transaction, one of them failing.
+        leader = svc._writes._leader
+        leader.acquire()
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                futures = [pool.submit(operation()) for _ in range(3)]
+                futures.append(pool.submit(svc.release_request, "no-such-request"))
+                wait_for(lambda: len(svc._writes._queue) == 4)
+                leader.release()
+                leader = None
+                for future in futures:
+                    try:
+                        record(future.result())
+                    except (Conflict, NotFound):
+                        pass
+        finally:
+            if leader is not None:
+                leader.release()
+    assert checked > 40
+    with svc.db.read() as conn:  # each request's events, written together, exactly once
+        events = repo.list_events(conn)
+        requests = repo.list_requests(conn)
+    assert sorted(e.request_id for e in events if e.kind in ("created", "retried")) == sorted(
+        r.id for r in requests
+    )

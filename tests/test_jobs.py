@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction as F
 
 import pytest
@@ -176,6 +177,14 @@ def test_grants(
     for op_id, needle in reasons.items():
         assert needle in result.waiting[op_id].reason, result.waiting[op_id]
     assert result.preemptions == ()
+
+
+def test_jobs_running_in_the_operations_other_trees_are_not_pending_here() -> None:
+    """YTsaurus pool_trees: one pending count for all the operation's trees."""
+    x = replace(op("x", "a", 5), elsewhere=3)
+    result = plan(tree(A), [node("n1", cpu=8)], [x])
+    assert granted(result) == {"x": 2} and "x" not in result.waiting
+    assert x.fair_share_input().pending_job_count == 2
 
 
 def test_grants_go_to_the_first_node_with_room_and_fill_the_cluster() -> None:
@@ -382,15 +391,103 @@ def test_a_gang_that_is_not_starving_does_not_preempt() -> None:
     assert "gang of 2 jobs: only 0 fit" in result.waiting["gang"].reason
 
 
+# -- interruption: allocation_preemption_timeout ------------------------------------------
+
+
+def applied(ops: Sequence[OperationState], result: JobPlan, now: float) -> list[OperationState]:
+    """The operations after ``result`` (as the service stores it): preempted and expired jobs
+    gone, interrupted ones marked, grants running."""
+    gone = {p.job for p in result.preemptions if p.deadline is None} | set(result.expired)
+    interrupted = {p.job: p for p in result.preemptions if p.deadline is not None}
+    after = []
+    for o in ops:
+        jobs = tuple(
+            replace(j, interrupted_for=interrupted[j.id].preemptor, interrupt_deadline=interrupted[j.id].deadline)
+            if j.id in interrupted else j
+            for j in o.jobs if j.id not in gone
+        )
+        new = tuple(RunningJob(f"{o.id}/new-{now}-{i}", g.node, now) for i, g in enumerate(result.grants) if g.operation == o.id)
+        after.append(replace(o, jobs=jobs + new))
+    return after
+
+
+def test_an_interruptible_victim_keeps_its_units_until_the_deadline() -> None:
+    """batch (interruptible) fills the cluster; adhoc starves at 131 s. Its victims are
+    interrupted with deadline 131 + 10 s: until then nobody gets their units and nothing more
+    is preempted; at 141 s adhoc gets them."""
+    t = tree(*SEED)  # allocation_preemption_timeout: 10000 ms
+    batch, adhoc = batch_holds_everything()
+    ops = [replace(batch, interruptible=True), adhoc]
+    since = {(ElementKind.OPERATION, "adhoc"): 100.0}
+    first = plan(t, SEED_NODES, ops, now=131.0, since=since)
+    assert len(first.preemptions) == 81 and first.grants == ()
+    assert {p.deadline for p in first.preemptions} == {141.0}
+    assert first.preemptions[0].reason == (
+        "interrupted for starving operation adhoc: operation batch used 1 of cpu, above its "
+        "fair share 0.1818 * preemption_satisfaction_threshold 1; allocation_preemption_timeout "
+        "10000 ms"
+    )
+    assert first.waiting["adhoc"].reason.startswith(
+        "81 wait for interrupted jobs to leave n1, n2 (allocation_preemption_timeout); starving"
+    )
+    state = applied(ops, first, 131.0)
+    before = plan(t, SEED_NODES, state, now=140.9, since=since)
+    assert before.preemptions == () and before.grants == () and before.expired == ()
+    assert before.waiting["adhoc"].pending_jobs == 100
+    at_deadline = plan(t, SEED_NODES, state, now=141.0, since=since)
+    assert set(at_deadline.expired) == {p.job for p in first.preemptions}
+    assert granted(at_deadline) == {"adhoc": 81}
+    assert at_deadline.preemptions == ()  # batch is at its floor now
+
+
+def test_a_timeout_of_zero_preempts_at_once() -> None:
+    t = tree(*SEED, allocation_preemption_timeout=0)
+    batch, adhoc = batch_holds_everything()
+    result = plan(t, SEED_NODES, [replace(batch, interruptible=True), adhoc], now=131.0,
+                  since={(ElementKind.OPERATION, "adhoc"): 100.0})
+    assert granted(result) == {"adhoc": 81}
+    assert {p.deadline for p in result.preemptions} == {None}
+
+
+def test_mixed_victims_hold_the_freed_part_too() -> None:
+    """On a full 6-cpu node, big needs 2 cpu: the newest victim is interruptible, the next
+    one is not. That one is preempted at once, but its cpu is held for big with the other's."""
+    t = tree(A, B, pool("c"), fair_share_starvation_timeout=0)
+    nodes = [node("n1", cpu=6)]
+    ops = [
+        op("soft", "a", 3, jobs=[("n1", 4), ("n1", 5), ("n1", 6)]),
+        op("hard", "b", 3, jobs=[("n1", 1), ("n1", 2), ("n1", 3)], start=1),
+        op("big", "c", 1, start=10, cpu=2),
+    ]
+    ops[0] = replace(ops[0], interruptible=True)
+    since = {(ElementKind.OPERATION, "big"): 0.0}
+    first = plan(t, nodes, ops, now=1.0, since=since)
+    # fair share 1/3 each: soft and hard may each lose one job, newest first
+    assert [(p.job, p.deadline) for p in first.preemptions] == [("soft/2", 11.0), ("hard/2", None)]
+    assert first.grants == ()
+    # a newcomer finds the freed cpu held for big
+    state = [*applied(ops, first, 1.0), op("newcomer", "a", 1, start=5)]
+    later = plan(t, nodes, state, now=5.0, since=since)
+    assert later.grants == () and later.preemptions == ()
+    assert later.waiting["big"].reason == "1 wait for interrupted jobs to leave n1 (allocation_preemption_timeout)"
+    done = plan(t, nodes, state, now=11.0, since=since)
+    assert done.expired == ("soft/2",) and granted(done) == {"big": 1}
+
+
 # -- properties ------------------------------------------------------------------------------
 
 
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[PoolTree, list[NodeState], list[OperationState], float, dict[tuple[ElementKind, str], float]]:
+def worlds(draw: st.DrawFn, interruptions: bool = False) -> tuple[PoolTree, list[NodeState], list[OperationState], float, dict[tuple[ElementKind, str], float]]:
+    """Random trees, nodes and operations; with ``interruptions``, interruptible operations,
+    jobs being interrupted (deadlines before, at and after ``now`` = 10) and jobs running in
+    the operations' other trees."""
     threshold = draw(st.sampled_from(["0.5", "1", "1.5"]))
     pools = [pool("p0", strong_guarantee_resources={"cpu": draw(st.integers(0, 4))})]
     pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16))})]
-    t = tree(*pools, preemption_satisfaction_threshold=threshold, fair_share_starvation_timeout=0)
+    timeout = draw(st.sampled_from([0, 5000])) if interruptions else 10_000
+    t = tree(*pools, preemption_satisfaction_threshold=threshold, fair_share_starvation_timeout=0,
+             allocation_preemption_timeout=timeout)
     nodes = [
         node(f"n{i}", last=draw(st.sampled_from([None, 0.0, 9.0])), cpu=draw(st.integers(1, 6)), gpu=draw(st.integers(0, 2)))
         for i in range(draw(st.integers(1, 3)))
@@ -413,6 +510,18 @@ def worlds(draw: st.DrawFn) -> tuple[PoolTree, list[NodeState], list[OperationSt
         if gang and jobs and len(jobs) != count:
             gang = False
         ops.append(op(f"o{index}", draw(st.sampled_from(["p0", "p1", "p2"])), count, jobs=jobs, gang=gang, start=float(index), **job))
+    if interruptions and ops:
+        ids = [o.id for o in ops]
+        for index, o in enumerate(ops):
+            marked = tuple(
+                replace(j, interrupted_for=draw(st.sampled_from([*ids, "ended"])),
+                        interrupt_deadline=draw(st.sampled_from([5.0, 10.0, 15.0])))
+                if draw(st.booleans()) else j
+                for j in o.jobs
+            ) if not o.gang else o.jobs
+            # jobs in the operation's other trees (pool_trees): not pending here
+            elsewhere = 0 if o.gang else draw(st.integers(0, o.job_count - len(o.jobs)))
+            ops[index] = replace(o, jobs=marked, interruptible=draw(st.booleans()), elsewhere=elsewhere)
     since = {(ElementKind.OPERATION, o.id): 0.0 for o in ops if draw(st.booleans())}
     return t, nodes, ops, 10.0, since
 
@@ -442,6 +551,39 @@ def test_node_capacity_is_never_exceeded(world: World) -> None:
     for n in nodes:
         for key, amount in used[n.node.name].items():
             assert amount <= n.node.resources.get(key, 0), (n, used)
+
+
+@settings(max_examples=500, deadline=None)
+@given(worlds(interruptions=True))
+def test_jobs_being_interrupted_keep_their_units_until_their_deadline(world: World) -> None:
+    """No over-commit with interruptions: an interrupted job holds its units until its
+    deadline (then it is freed, once), and is never preempted again meanwhile."""
+    t, nodes, ops, now, _ = world
+    _, result = planned(world)
+    jobs = {j.id: j for o in ops for j in o.jobs}
+    assert set(result.expired) == {
+        j.id for j in jobs.values() if j.interrupt_deadline is not None and j.interrupt_deadline <= now
+    }
+    for p in result.preemptions:
+        assert jobs[p.job].interrupt_deadline is None
+        interruptible = next(o for o in ops if o.id == p.operation).interruptible
+        assert (p.deadline is not None) == (interruptible and t.config.allocation_preemption_timeout > 0)
+        if p.deadline is not None:
+            assert p.deadline == now + t.config.allocation_preemption_timeout / 1000
+    gone = {p.job for p in result.preemptions if p.deadline is None} | set(result.expired)
+    by_id = {o.id: o for o in ops}
+    used: dict[str, dict[str, int]] = {n.node.name: {} for n in nodes}
+    placements = [(o, j.node) for o in ops for j in o.jobs if j.id not in gone]
+    placements += [(by_id[g.operation], g.node) for g in result.grants]
+    for o, where in placements:
+        for key, amount in o.job_resources.items():
+            used[where][key] = used[where].get(key, 0) + amount
+    for n in nodes:
+        for key, amount in used[n.node.name].items():
+            assert amount <= n.node.resources.get(key, 0), (n, used)
+    for o in ops:  # never more live jobs (in all its trees) than the operation asks for
+        live = sum(1 for j in o.jobs if j.id not in gone) + result.granted(o.id)
+        assert live + o.elsewhere <= o.job_count
 
 
 @settings(max_examples=150, deadline=None)

@@ -281,6 +281,18 @@ def tree_commands(fp: Transcript) -> None:
                "--job-resources", '{"cpu": 1}', "--job-count", "10", "-o", "json")
     fp("operation", "start", "--user", "carol", "--job-resources", '{"cpu": 2}',
        "--job-count", "1")                                                    # ephemeral pool
+    fp("operation", "start", "--pool", "project-batch", "--user", "dan", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1", "--interruptible")                  # interruptible
+    both = fp("operation", "start", "--tree", "physical", "--tree", "cpus", "--pool",
+              "project-batch", "--user", "fay", "--job-resources", '{"cpu": 1}', "--job-count",
+              "3", "--tree-options", '{"cpus": {"pool": "fay-cpus", "weight": 2}}', "-o",
+              "json")                                                         # two trees
+    fp("operation", "describe", both["id"])
+    fp("operation", "start", "--tree", "physical", "--user", "u", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1", "--tree-options", '{"cpus": {"pool": "x"}}')  # not its
+    fp("operation", "start", "--tree", "physical", "--tree", "nope", "--user", "u",
+       "--job-resources", '{"cpu": 1}', "--job-count", "1")                 # unknown tree
+    fp("operation", "abort", both["id"])
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 65}', "--job-count", "1")                                     # fits no node
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
@@ -367,12 +379,13 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -
     assert {"allocated", "queued", "rejected"} <= set(statuses)
     for needle in ("no pool 'nope'", "no pool tree 'nope'", "unknown pool option",
                    "max_operation_count is 1", "job_count: must be a positive integer",
-                   "no default_tree set", "already completed"):
+                   "no default_tree set", "already completed",
+                   "tree_options.cpus: is not one of the operation's trees"):
         assert any(needle in e for e in errors), needle
     started = [s.stdout for s in embedded.steps
                if s.args[:2] == ("operation", "start") and isinstance(s.stdout, dict)]
     assert [(op["status"], op["running_jobs"]) for op in started] == [
-        ("running", 100), ("running", 0), ("running", 2)]
+        ("running", 100), ("running", 0), ("running", 3), ("running", 2)]
     applies = [s.code for s in embedded.steps if s.args[:2] == ("config", "apply")]
     assert applies == [1, 0, 1, 1, 0]  # aborted, confirmed, shape error, reference error, --yes
     reasons = [str(s.stdout.get("reason")) for s in embedded.steps

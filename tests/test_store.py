@@ -349,18 +349,23 @@ def test_preemption_and_retry_links(db: Database, component_id: str) -> None:
             repo.delete_request(connection, victim.id)
 
 
-def test_holders_are_the_requests_with_a_live_allocation(db: Database, component_id: str) -> None:
+def test_holders_are_the_requests_of_the_live_allocations(
+    db: Database, component_id: str
+) -> None:
     with db.write() as connection:
         pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
         requests = [
             repo.insert_request(connection, component_id, {"gpu": i + 1}, at(i), preemptible=True)
             for i in range(4)
         ]
-        for request in requests[1:]:
+        for request in reversed(requests[1:]):
             repo.insert_allocation(connection, request.id, pool_id, None, "gpus", 0, at(5))
         repo.release_allocation(connection, requests[2].id, at(6))
     with db.read() as connection:
-        assert repo.holders(connection) == [requests[1], requests[3]]
+        live = [a.request_id for a in repo.live_allocations(connection)]
+        # In queue order, whatever the order asked for; unknown ids are left out.
+        assert repo.requests_by_id(connection, [*live, "no-such-id"]) == [requests[1], requests[3]]
+        assert repo.requests_by_id(connection, []) == []
 
 
 def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) -> None:
@@ -470,9 +475,9 @@ def test_allocations(db: Database, component_id: str) -> None:
 
 def test_events(db: Database) -> None:
     with db.write() as connection:
-        events = [
-            repo.insert_event(
-                connection,
+        repo.insert_events(connection, [])
+        repo.insert_events(connection, [
+            repo.event_row(
                 "granted",
                 f"event {i}",
                 at(i),
@@ -481,11 +486,17 @@ def test_events(db: Database) -> None:
                 data={"i": i, "nested": {"ok": True}},
             )
             for i in range(5)
-        ]
-        bare = repo.insert_event(connection, "note", "no extras", at(9))
-    assert bare == Event(bare.id, at(9), "note", None, None, "no extras", {})
+        ])
+        repo.insert_events(connection, [repo.event_row("note", "no extras", at(9))])
     with db.read() as connection:
-        assert repo.list_events(connection) == [*events, bare]
+        *events, bare = repo.list_events(connection)
+        # Numbered in the order given.
+        assert [e.message for e in events] == [f"event {i}" for i in range(5)]
+        assert events[1] == Event(
+            events[1].id, at(1), "granted", "r1", "p", "event 1", {"i": 1, "nested": {"ok": True}}
+        )
+        assert bare == Event(bare.id, at(9), "note", None, None, "no extras", {})
+        assert [e.id for e in events] == sorted(e.id for e in events) and bare.id > events[-1].id
         assert repo.list_events(connection, limit=2) == [events[4], bare]
         assert repo.list_events(connection, request_id="r1") == [events[1], events[3]]
         assert repo.list_events(connection, request_id="r2", limit=1) == [events[4]]
@@ -537,7 +548,9 @@ def _count_then_append(url: str, start: Barrier, results: Queue[str]) -> None:
             for _ in range(WRITES_PER_PROCESS):
                 with db.write() as connection:
                     seen = connection.scalar(select(func.count()).select_from(schema.event))
-                    repo.insert_event(connection, "tick", "tick", NOW, data={"seen": seen})
+                    repo.insert_events(
+                        connection, [repo.event_row("tick", "tick", NOW, data={"seen": seen})]
+                    )
 
     _report(results, work)
 
@@ -546,7 +559,7 @@ def _open_at_once(url: str, start: Barrier, results: Queue[str]) -> None:
     def work() -> None:
         start.wait(timeout=60)
         with Database.open(url) as db, db.write() as connection:
-            repo.insert_event(connection, "opened", "opened", NOW)
+            repo.insert_events(connection, [repo.event_row("opened", "opened", NOW)])
 
     _report(results, work)
 

@@ -14,7 +14,18 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import JSON, Column, Connection, create_engine, inspect, make_url, text, update
+from sqlalchemy import (
+    JSON,
+    BindParameter,
+    Column,
+    Connection,
+    bindparam,
+    create_engine,
+    inspect,
+    make_url,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from fairpool.store import repo, schema
@@ -328,3 +339,61 @@ def test_schema_head_constant_is_the_migrations_head(tmp_path: Path) -> None:
         head = ScriptDirectory.from_config(migration_config(connection)).get_current_head()
     db.close()
     assert head == SCHEMA_HEAD
+
+
+def test_0008_moves_each_operations_tree_to_a_placement(
+    database_url: str, new_database: Callable[..., str]
+) -> None:
+    """Operations stored before multi-tree operations keep their tree, pool, weight, limits,
+    reason and starvation clock (now per tree), and their jobs name the tree; and back."""
+    from fairpool.store import trees as tree_store
+
+    def moment(name: str) -> BindParameter[datetime]:
+        return bindparam(name, type_=schema.UTCDateTime())
+
+    url = new_database(make_url(database_url).get_backend_name())
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            command.upgrade(migration_config(connection), "0007")
+            connection.execute(text(
+                "INSERT INTO pool_tree (name, config, created_at, updated_at) "
+                "VALUES ('physical', '{}', :now, :now)").bindparams(moment("now")), {"now": NOW})
+            insert_operation = text(
+                "INSERT INTO tree_operation (id, tree, pool, user_name, job_resources, "
+                "job_count, gang, weight, resource_limits, status, status_reason, created_at, "
+                "started_at, finished_at, updated_at, below_fair_share_since, interruptible) "
+                "VALUES (:id, 'physical', :pool, 'u', '{\"cpu\": 1}', 2, FALSE, :weight, "
+                "'{\"cpu\": 4}', :status, :reason, :now, :now, :finished, :now, :since, FALSE)"
+            ).bindparams(moment("now"), moment("finished"), moment("since"))
+            connection.execute(insert_operation, [
+                {"id": "live", "pool": "batch", "weight": "2", "status": "running",
+                 "reason": "1 jobs pending: no room", "finished": None, "since": NOW, "now": NOW},
+                {"id": "done", "pool": "adhoc", "weight": "1", "status": "completed",
+                 "reason": "completed", "finished": NOW, "since": None, "now": NOW},
+            ])
+            connection.execute(text(
+                "INSERT INTO tree_job (id, operation_id, node, status, started_at) "
+                "VALUES ('j1', 'live', 'n1', 'running', :now)").bindparams(moment("now")),
+                {"now": NOW})
+            command.upgrade(migration_config(connection), "head")
+        with Database.open(url) as db, db.read() as connection:
+            live = tree_store.get_operation(connection, "live")
+            done = tree_store.get_operation(connection, "done")
+            jobs = tree_store.jobs_of(connection, ["live"])
+        (placement,) = live.placements
+        assert (placement.tree, placement.pool, placement.weight, placement.resource_limits) == (
+            "physical", "batch", "2", {"cpu": 4})
+        assert (placement.running, placement.reason, placement.below_fair_share_since) == (
+            True, "1 jobs pending: no room", NOW)
+        assert (live.status_reason, done.status_reason) == (None, "completed")
+        assert (done.placements[0].pool, done.placements[0].running) == ("adhoc", False)
+        assert [job.tree for job in jobs] == ["physical"]
+        with engine.begin() as connection:
+            command.downgrade(migration_config(connection), "0007")
+            row = connection.execute(text(
+                "SELECT tree, pool, weight, status_reason FROM tree_operation WHERE id = 'live'"
+            )).one()
+        assert tuple(row) == ("physical", "batch", "2", "1 jobs pending: no room")
+    finally:
+        engine.dispose()

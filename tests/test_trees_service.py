@@ -1,16 +1,17 @@
 """Pool trees as a service (seed 003) on a real database, SQLite and PostgreSQL: the seed's
-examples end to end, operation-count admission, starvation preemption on an injected clock,
-and that a refused command writes nothing. The planner itself is tested pure in
+examples end to end, operation-count admission, starvation preemption and interruption on an
+injected clock, operations in several trees, and that a refused command writes nothing. The planner itself is tested pure in
 ``test_jobs.py``, the fair share in ``test_fairshare.py``."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.store import schema
@@ -33,6 +34,7 @@ pools:
       project-backup: {strong_guarantee_resources: {cpu: 20}, max_running_operation_count: 2}
 """
 CPU = {"cpu": 1}
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -82,7 +84,7 @@ def test_the_seed_example_saturated_then_batch_takes_the_slack(
     assert (tree.name, tree.default, tree.resources) == ("physical", True, {"cpu": 100, "user_slots": 128})
     assert tree.nodes == ("gpu-01", "gpu-02")  # cpu-01 is not selected by the filter
     # adhoc idle: batch takes the whole slack
-    batch = seed.start_operation(tree="physical", pool="project-batch", user="alice",
+    batch = seed.start_operation(trees=["physical"], pool="project-batch", user="alice",
                                  job_resources=CPU, job_count=200)
     assert (batch.status, batch.running_jobs, batch.pending_jobs) == ("running", 100, 100)
     assert batch.job_resources == {"cpu": 1, "user_slots": 1}
@@ -131,7 +133,8 @@ def test_operation_count_limits_at_every_level(seed: TreesService) -> None:
     )
     before = dump(seed)
     with pytest.raises(InvalidInput, match=re.escape(
-            "pool: has 3 started operations, its max_operation_count is 3 (got 'project-backup')"
+            "pool: has 3 started operations in tree physical, its max_operation_count is 3 (got "
+            "'project-backup')"
     )):
         seed.start_operation(pool="project-backup", user="u", job_resources=CPU, job_count=1)
     assert dump(seed) == before
@@ -143,7 +146,8 @@ def test_operation_count_limits_at_every_level(seed: TreesService) -> None:
     seed.set_pool("physical", "project-root", "max_operation_count", "3")
     seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
     with pytest.raises(InvalidInput, match=re.escape(
-            "has 3 started operations, its max_operation_count is 3 (got 'project-root')"
+            "has 3 started operations in tree physical, its max_operation_count is 3 (got "
+            "'project-root')"
     )):
         seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
     assert len(seed.list_operations(status="running")) == 3
@@ -166,7 +170,7 @@ def test_ephemeral_pools(seed: TreesService) -> None:
     op = seed.start_operation(user="dave", job_resources=CPU, job_count=1)
     assert op.pool == "dave"
     assert seed.describe_pool("physical", "dave").ephemeral
-    with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pools"):
+    with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pools there"):
         seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
     seed.complete_operation(op.id)
     with pytest.raises(NotFound):
@@ -252,3 +256,173 @@ def test_starvation_timeline_and_backoff(seed: TreesService, clock: Clock) -> No
                                .where(schema.cluster_node.c.last_preemption_at.is_not(None))
                                ).scalars().all()
     assert stamped  # preemptive_scheduling_backoff starts on the nodes that preempted
+
+
+def test_interruptible_victims_keep_their_units_until_allocation_preemption_timeout(
+    seed: TreesService, clock: Clock
+) -> None:
+    seed.set_tree("physical", "fair_share_starvation_timeout", "1000")
+    seed.set_tree("physical", "job_interrupt_timeout", "5000")  # the YTsaurus alias
+    batch = seed.start_operation(pool="project-batch", user="a", job_resources=CPU,
+                                 job_count=100, interruptible=True)
+    assert batch.interruptible and batch.as_dict()["interrupting"] == []
+    adhoc = seed.start_operation(pool="project-adhoc", user="b", job_resources=CPU,
+                                 job_count=10)
+    advance(clock, 1.1)
+    seed.reconcile()  # starving: 10 of batch's jobs are interrupted, not preempted
+    interrupted_at = clock.now  # (the clock ticks 1 ms per read)
+    seen = seed.describe_operation(batch.id)
+    assert (seen.running_jobs, len(seen.interrupting), seen.pending_jobs) == (90, 10, 0)
+    deadline = seen.interrupting[0].deadline
+    assert {j.deadline for j in seen.interrupting} == {deadline}
+    assert deadline is not None
+    assert timedelta(seconds=4.99) < deadline - interrupted_at <= timedelta(seconds=5)
+    assert {j.preempted_by for j in seen.interrupting} == {adhoc.id}
+    assert seen.as_dict()["interrupting"][0]["deadline"] == deadline.isoformat()
+    assert "allocation_preemption_timeout 5000 ms" in (seen.interrupting[0].reason or "")
+    waiting = seed.describe_operation(adhoc.id)
+    assert (waiting.running_jobs, waiting.reason) == (0, (
+        "10 jobs pending: 10 wait for interrupted jobs to leave gpu-01, gpu-02 "
+        "(allocation_preemption_timeout)"
+    ))
+    with seed.db.read() as conn:
+        used = conn.execute(select(func.count()).select_from(schema.tree_job).where(
+            schema.tree_job.c.status.in_(["running", "interrupting"]))).scalar_one()
+    assert used == 100  # the units are still taken: nothing over-committed
+    advance(clock, 4.9)
+    seed.reconcile()  # before the deadline: nothing changes, nothing more is preempted
+    assert seed.describe_operation(adhoc.id).running_jobs == 0
+    assert len(seed.describe_operation(batch.id).interrupting) == 10
+    advance(clock, 0.1)
+    seed.reconcile()  # at the deadline: the units are taken and go to adhoc
+    assert seed.describe_operation(adhoc.id).running_jobs == 10
+    seen = seed.describe_operation(batch.id)
+    assert (seen.running_jobs, len(seen.interrupting), len(seen.preempted)) == (90, 0, 10)
+    assert seen.pending_jobs == 10
+    assert {j.preempted_by for j in seen.preempted} == {adhoc.id}
+
+
+def test_an_interrupting_job_ends_with_its_operation(seed: TreesService, clock: Clock) -> None:
+    seed.set_tree("physical", "fair_share_starvation_timeout", "0")
+    batch = seed.start_operation(pool="project-batch", user="a", job_resources=CPU,
+                                 job_count=100, interruptible=True)
+    adhoc = seed.start_operation(pool="project-adhoc", user="b", job_resources=CPU,
+                                 job_count=10)
+    advance(clock, 1)
+    seed.reconcile()
+    assert len(seed.describe_operation(batch.id).interrupting) == 10
+    seed.complete_operation(batch.id)  # the units return at once: adhoc gets them
+    assert seed.describe_operation(adhoc.id).running_jobs == 10
+
+
+@pytest.mark.parametrize(("values", "constraint"), [
+    ({"status": "interrupting"}, "interrupting_has_deadline"),
+    ({"interrupt_deadline": NOW}, "running_not_interrupted"),
+    ({"status": "interrupting", "interrupt_deadline": NOW, "finished_at": NOW},
+     "finished_iff_not_live"),
+])
+def test_the_store_refuses_inconsistent_interruptions(
+    seed: TreesService, values: dict[str, object], constraint: str
+) -> None:
+    seed.start_operation(pool="project-batch", user="a", job_resources=CPU, job_count=1)
+    with pytest.raises(IntegrityError, match=constraint), seed.db.write() as conn:
+        conn.execute(update(schema.tree_job).values(**values))
+
+
+# -- operations in several trees (YTsaurus pool_trees) -------------------------------------
+
+CPU_TREE = """
+name: cpus
+config: {node_tag_filter: cpu, max_running_operation_count: 2}
+pools:
+  research: {max_operation_count: 1}
+  other: {}
+"""
+
+
+@pytest.fixture
+def two_trees(seed: TreesService) -> TreesService:
+    """The seed's tree on the gpu nodes (100 cpu) and ``cpus`` on cpu-01 (500 cpu)."""
+    seed.apply_tree(CPU_TREE)
+    return seed
+
+
+def test_an_operation_runs_its_jobs_in_any_of_its_trees(two_trees: TreesService) -> None:
+    op = two_trees.start_operation(
+        trees=["physical", "cpus"], pool="project-batch", user="alice", job_resources=CPU,
+        job_count=300, tree_options={"cpus": {"pool": "research", "weight": 3}},
+    )
+    assert (op.tree, op.pool, op.status) == ("physical,cpus", "project-batch,research", "running")
+    # one pending count for both trees: 100 jobs on the gpu nodes, the other 200 on cpu-01
+    assert (op.running_jobs, op.pending_jobs) == (300, 0)
+    assert op.reason is None  # the gpu tree's pass ran again once cpu-01 took the rest
+    assert op.nodes == {"cpu-01": 200, "gpu-01": 50, "gpu-02": 50}
+    physical, cpus = op.trees
+    assert (physical.tree, physical.pool, physical.weight, physical.running_jobs) == (
+        "physical", "project-batch", "1", 100)
+    assert (cpus.tree, cpus.pool, cpus.weight, cpus.running_jobs) == ("cpus", "research", "3", 200)
+    assert physical.shares is not None and cpus.shares is not None and op.shares is None
+    assert (physical.shares.usage_share, cpus.shares.usage_share) == (1.0, 0.4)
+    data = op.as_dict()
+    assert [t["tree"] for t in data["trees"]] == ["physical", "cpus"] and "fair_share" not in data
+    # each tree's fair share sees it with that tree's weight
+    other = two_trees.start_operation(trees=["cpus"], pool="other", user="bob",
+                                      job_resources=CPU, job_count=500)
+    assert other.pending_jobs == 200
+    shown = two_trees.show_tree("cpus").elements
+    fair = {row.name: row.shares.fair_share for row in shown if row.kind == "pool"}
+    assert fair == {"research": 0.4, "other": 0.6}  # research's demand is its usage: 200 cpu
+    assert two_trees.describe_operation(op.id).trees[1].reason is None
+    # ending it frees its jobs in both trees
+    two_trees.complete_operation(op.id)
+    assert two_trees.describe_operation(other.id).running_jobs == 500
+    assert {n.name: n.running_jobs for n in two_trees.list_nodes()} == {
+        "cpu-01": 500, "gpu-01": 0, "gpu-02": 0}
+
+
+def test_a_tree_limit_pends_the_operation_in_that_tree_only(two_trees: TreesService) -> None:
+    for _ in range(2):  # cpus runs at most 2 operations
+        two_trees.start_operation(trees=["cpus"], pool="other", user="bob", job_resources=CPU,
+                                  job_count=1)
+    op = two_trees.start_operation(trees=["physical", "cpus"], pool="project-batch", user="a",
+                                   job_resources=CPU, job_count=150,
+                                   tree_options={"cpus": {"pool": "research"}})
+    assert (op.status, op.running_jobs, op.pending_jobs) == ("running", 100, 50)
+    assert [(t.tree, t.status) for t in op.trees] == [("physical", "running"), ("cpus", "pending")]
+    assert op.reason == (
+        "tree physical: 50 jobs pending: no node of tree physical has room for a job "
+        "(cpu 1, user_slots 1) now; tree cpus: pending: tree cpus runs 2 operations, its "
+        "max_running_operation_count is 2"
+    )
+    rows = {row.name: row.status for row in two_trees.show_tree("cpus").elements
+            if row.kind == "operation"}
+    assert rows[op.id] == "pending"
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"trees": ["physical", "nope"]}, NotFound, "no pool tree 'nope'"),
+    ({"trees": ["physical", "physical"]}, InvalidInput, "tree: given twice (got 'physical')"),
+    ({"trees": ["physical"], "tree_options": {"cpus": {"pool": "research"}}}, InvalidInput,
+     "tree_options.cpus: is not one of the operation's trees (physical) (got 'cpus')"),
+    ({"trees": ["physical", "cpus"], "tree_options": {"cpus": {"pol": "research"}}},
+     InvalidInput, "tree_options.cpus.pol: unknown option; one of pool, weight, "
+     "resource_limits (got 'research')"),
+    ({"trees": ["physical", "cpus"], "tree_options": {"cpus": {"weight": 0}}}, InvalidInput,
+     "tree_options.cpus.weight: must be positive (got 0)"),
+    ({"trees": ["physical", "cpus"], "tree_options": {"cpus": {"resource_limits": {"cpu": -1}}}},
+     InvalidInput, "tree_options.cpus.resource_limits.cpu"),
+    # admission is checked in every tree: research holds 1 started operation at most
+    ({"trees": ["physical", "cpus"], "tree_options": {"cpus": {"pool": "research"}}},
+     InvalidInput, "pool: has 1 started operations in tree cpus, its max_operation_count is 1 "
+     "(got 'research')"),
+])
+def test_a_refused_multi_tree_operation_writes_nothing(
+    two_trees: TreesService, kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    two_trees.start_operation(trees=["cpus"], pool="research", user="u", job_resources=CPU,
+                              job_count=1)
+    before = dump(two_trees)
+    with pytest.raises(error, match=re.escape(message)):
+        two_trees.start_operation(pool="project-batch", user="u", job_resources=CPU,
+                                  job_count=1, **kwargs)  # type: ignore[arg-type]
+    assert dump(two_trees) == before

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, FastAPI, Path, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
-from fairpool.api.metrics import Metrics, changed_ids
+from fairpool.api.metrics import Metrics, dequeued_ids
 from fairpool.api.models import (
     MAX_BODY_BYTES,
     TEXT_PATTERN,
@@ -44,7 +44,7 @@ from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.store import trees as tree_store
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, RequestView
+from fairpool.views import PassSummary
 
 log = logging.getLogger("fairpool.api")
 
@@ -63,8 +63,6 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 10_000
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-P = ParamSpec("P")
-T = TypeVar("T")
 
 Ref = Annotated[
     str,
@@ -104,20 +102,12 @@ class Api:
         self.stopping = False
 
     def _committed(self, summary: PassSummary) -> None:
-        """A pass has committed: count it, and wake the long-polls of the requests it
-        changed."""
+        """A pass has committed: count it, and wake the long-polls of the requests it took
+        out of the queue."""
         self.metrics.record([summary])
-        changed = changed_ids(summary)
-        if changed:
-            self.notifier.notify(changed)
-
-    def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A service operation on one request that also wakes its long-polls
-        (e.g. a cancel)."""
-        result = fn(*args, **kwargs)
-        if isinstance(result, RequestView):
-            self.notifier.notify([result.id])
-        return result
+        dequeued = dequeued_ids(summary)
+        if dequeued:
+            self.notifier.notify(dequeued)
 
     def reconcile(self) -> PassSummary:
         return self.service.reconcile()
@@ -160,10 +150,12 @@ class Api:
         self.stopping = True
         self.notifier.close()
 
-    def status_of(self, request_id: str) -> str:
-        """A request's status alone: one small read, no engine run."""
+    def status_of(self, ref: str) -> tuple[str, str]:
+        """The id and status of request ``ref`` (id or unique id prefix): one small read, no
+        engine run."""
         with self.service.db.read() as conn:
-            return repo.get_request(conn, request_id).status.value
+            request = repo.get_request(conn, ref)
+            return request.id, request.status.value
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:
@@ -218,89 +210,14 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     app.state.auth = tokens = Auth(service, auth)
     router = APIRouter(prefix=PREFIX, dependencies=tokens.dependencies())
 
-    # -- pools -------------------------------------------------------------------------
-
-    @router.post("/pools", status_code=201, tags=["pools"])
-    def create_pool(body: PoolCreate) -> JSONResponse:
-        """Create a resource pool."""
-        pool = api.write(service.create_pool, body.name, body.capacity, body.description)
-        return _json(pool.as_dict(), 201)
-
-    @router.get("/pools", tags=["pools"])
-    def list_pools() -> JSONResponse:
-        """Every pool with occupied vs total per key and its queue length."""
-        return _json(_whole([p.as_dict() for p in service.list_pools()]))
-
-    @router.get("/pools/{ref}", tags=["pools"])
-    def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
-        """One pool with its policies, active and queued requests."""
-        return _json(visible_pool(tokens, caller, service.get_pool(ref)).as_dict())
-
-    @router.patch("/pools/{ref}", tags=["pools"])
-    def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
-        """Change capacity (0 removes a key) and/or description."""
-        pool = api.write(service.update_pool, ref, body.capacity, body.description)
-        return _json(pool.as_dict())
-
-    @router.delete("/pools/{ref}", status_code=204, tags=["pools"])
-    def delete_pool(ref: Ref) -> Response:
-        """Delete a pool; refused (409) while it has live allocations."""
-        api.write(service.delete_pool, ref)
-        return Response(status_code=204)
-
-    @router.get("/pools/{ref}/requests", tags=["pools"])
-    def pool_requests(
-        ref: Ref, caller: Caller, view: Literal["queued", "active", "all"] = "all"
-    ) -> JSONResponse:
-        """The pool's active requests and/or its queue in order."""
-        views = visible_requests(tokens, caller, service.pool_requests(ref, view))
-        rows = [r.as_dict() for r in views]
-        return _json(_whole(rows))
-
-    # -- policies ----------------------------------------------------------------------
-
-    @router.post("/pools/{ref}/policies", status_code=201, tags=["policies"])
-    def attach_policy(ref: Ref, body: PolicyCreate) -> JSONResponse:
-        """Attach a component's policy (priority, reserved, limit) to a pool."""
-        policy = api.write(
-            service.attach_policy,
-            ref,
-            body.component,
-            body.component_type,
-            body.priority,
-            body.reserved,
-            body.limit,
-        )
-        return _json(policy.as_dict(), 201)
-
-    @router.get("/policies", tags=["policies"])
-    def list_policies(
-        pool: QueryText | None = None,
-        component: QueryText | None = None,
-        component_type: ComponentType | None = None,
-    ) -> JSONResponse:
-        """Policies, optionally of one pool, component or component type."""
-        views = service.list_policies(pool or None, component, component_type)
-        return _json(_whole([v.as_dict() for v in views]))
-
-    @router.delete("/pools/{ref}/policies/{component}", status_code=204, tags=["policies"])
-    def detach_policy(
-        ref: Ref,
-        component: Ref,
-        component_type: ComponentType = "orchestrator",
-    ) -> Response:
-        """Detach a policy; refused (409) while it has live allocations."""
-        api.write(service.detach_policy, ref, component, component_type)
-        return Response(status_code=204)
-
     # -- requests ----------------------------------------------------------------------
+    # First: a route is found by trying the routes in order, and these are the busy ones.
 
     @router.post("/requests", status_code=201, tags=["requests"])
     def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
         """Submit a request; the answer carries the decision already made: allocated, queued
         (with position and reason per pool) or rejected (with the reason)."""
-        view = api.write(
-            service.create_request,
+        view = service.create_request(
             body.component,
             body.component_type,
             body.resources,
@@ -349,42 +266,119 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         ends, with the request (its queue position and reason while it still waits)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout, MAX_WAIT_SECONDS)
-        view = await run_in_threadpool(service.get_request, ref)
-        if view.status != "queued" or api.notifier.closed:
-            return _json(view.as_dict())
-        with api.notifier.watch(view.id) as watch:
-            # Read again now that a change would wake us: none can slip in between.
-            status = await run_in_threadpool(api.status_of, view.id)
-            while status == "queued" and not api.notifier.closed:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                await watch.wait(min(remaining, RECHECK_SECONDS))
-                watch.clear()
-                status = await run_in_threadpool(api.status_of, view.id)
-        view = await run_in_threadpool(service.get_request, view.id)
+        # The whole view is read once, at the end: a waiting request's view costs an engine
+        # run over the whole state, its status one small read.
+        request_id, status = await run_in_threadpool(api.status_of, ref)
+        if status == "queued" and not api.notifier.closed:
+            with api.notifier.watch(request_id) as watch:
+                # Read again now that a change would wake us: none can slip in between.
+                _, status = await run_in_threadpool(api.status_of, request_id)
+                while status == "queued" and not api.notifier.closed:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    await watch.wait(min(remaining, RECHECK_SECONDS))
+                    watch.clear()
+                    _, status = await run_in_threadpool(api.status_of, request_id)
+        view = await run_in_threadpool(service.get_request, request_id)
         return _json(view.as_dict())
 
     @router.post("/requests/{ref}/heartbeat", tags=["requests"])
     def heartbeat(ref: Ref) -> JSONResponse:
         """The holder is alive: renew the lease. Answers with the request in any status, so a
         holder learns of a preemption at its next heartbeat."""
-        return _json(api.write(service.heartbeat, ref).as_dict())
+        return _json(service.heartbeat(ref).as_dict())
 
     @router.post("/requests/{ref}/release", tags=["requests"])
     def release(ref: Ref) -> JSONResponse:
         """The work finished: the units go back to the pool."""
-        return _json(api.write(service.release_request, ref).as_dict())
+        return _json(service.release_request(ref).as_dict())
 
     @router.post("/requests/{ref}/cancel", tags=["requests"])
     def cancel(ref: Ref) -> JSONResponse:
         """Withdraw a queued or allocated request."""
-        return _json(api.write(service.cancel_request, ref).as_dict())
+        view = service.cancel_request(ref)
+        api.notifier.notify([view.id])  # it may have left the queue: wake its long-polls
+        return _json(view.as_dict())
 
     @router.delete("/requests/{ref}", status_code=204, tags=["requests"])
     def delete_request(ref: Ref) -> Response:
         """Delete a request (an allocation it holds is released)."""
-        api.write(service.delete_request, ref)
+        service.delete_request(ref)
+        return Response(status_code=204)
+
+    # -- pools -------------------------------------------------------------------------
+
+    @router.post("/pools", status_code=201, tags=["pools"])
+    def create_pool(body: PoolCreate) -> JSONResponse:
+        """Create a resource pool."""
+        pool = service.create_pool(body.name, body.capacity, body.description)
+        return _json(pool.as_dict(), 201)
+
+    @router.get("/pools", tags=["pools"])
+    def list_pools() -> JSONResponse:
+        """Every pool with occupied vs total per key and its queue length."""
+        return _json(_whole([p.as_dict() for p in service.list_pools()]))
+
+    @router.get("/pools/{ref}", tags=["pools"])
+    def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
+        """One pool with its policies, active and queued requests."""
+        return _json(visible_pool(tokens, caller, service.get_pool(ref)).as_dict())
+
+    @router.patch("/pools/{ref}", tags=["pools"])
+    def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
+        """Change capacity (0 removes a key) and/or description."""
+        pool = service.update_pool(ref, body.capacity, body.description)
+        return _json(pool.as_dict())
+
+    @router.delete("/pools/{ref}", status_code=204, tags=["pools"])
+    def delete_pool(ref: Ref) -> Response:
+        """Delete a pool; refused (409) while it has live allocations."""
+        service.delete_pool(ref)
+        return Response(status_code=204)
+
+    @router.get("/pools/{ref}/requests", tags=["pools"])
+    def pool_requests(
+        ref: Ref, caller: Caller, view: Literal["queued", "active", "all"] = "all"
+    ) -> JSONResponse:
+        """The pool's active requests and/or its queue in order."""
+        views = visible_requests(tokens, caller, service.pool_requests(ref, view))
+        rows = [r.as_dict() for r in views]
+        return _json(_whole(rows))
+
+    # -- policies ----------------------------------------------------------------------
+
+    @router.post("/pools/{ref}/policies", status_code=201, tags=["policies"])
+    def attach_policy(ref: Ref, body: PolicyCreate) -> JSONResponse:
+        """Attach a component's policy (priority, reserved, limit) to a pool."""
+        policy = service.attach_policy(
+            ref,
+            body.component,
+            body.component_type,
+            body.priority,
+            body.reserved,
+            body.limit,
+        )
+        return _json(policy.as_dict(), 201)
+
+    @router.get("/policies", tags=["policies"])
+    def list_policies(
+        pool: QueryText | None = None,
+        component: QueryText | None = None,
+        component_type: ComponentType | None = None,
+    ) -> JSONResponse:
+        """Policies, optionally of one pool, component or component type."""
+        views = service.list_policies(pool or None, component, component_type)
+        return _json(_whole([v.as_dict() for v in views]))
+
+    @router.delete("/pools/{ref}/policies/{component}", status_code=204, tags=["policies"])
+    def detach_policy(
+        ref: Ref,
+        component: Ref,
+        component_type: ComponentType = "orchestrator",
+    ) -> Response:
+        """Detach a policy; refused (409) while it has live allocations."""
+        service.detach_policy(ref, component, component_type)
         return Response(status_code=204)
 
     # -- operations --------------------------------------------------------------------

@@ -128,9 +128,8 @@ class PoolCollector(Collector):
         )
 
 
-def changed_ids(summary: PassSummary) -> set[str]:
-    """The requests whose status the pass changed (and the retries it created)."""
-    return {
-        *summary.granted, *summary.preempted, *summary.rejected, *summary.retried,
-        *summary.expired,
-    }
+def dequeued_ids(summary: PassSummary) -> set[str]:
+    """The requests the pass took out of the queue (granted or rejected): what long-polls
+    wait for. The others it changed were not queued (preempted, expired) or are new
+    (retries), so nobody waits for them to leave the queue yet."""
+    return {*summary.granted, *summary.rejected}

@@ -2,8 +2,8 @@
 
 After every operation the app runs (each one transaction ending in a reconcile pass) and
 after every pass of the reconciler thread, the app calls ``notify(ids)`` with the requests
-whose status that transaction changed (granted, rejected, preempted, expired, retried, or the
-operation's own request). A long-poll on request X registers a ``watch(X)`` *before* it
+that transaction took out of the queue (granted or rejected by the pass, or cancelled): a
+long-poll waits for nothing else. A long-poll on request X registers a ``watch(X)`` *before* it
 re-reads X's status, then sleeps on the watch's event: a change committed between the read and
 the sleep has already set the event, so no wake-up is lost, and a write wakes only the
 waiters it concerns instead of every waiter re-reading the database.

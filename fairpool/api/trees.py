@@ -32,6 +32,8 @@ MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
 #: Jobs of one operation over HTTP: every pass (each command, each reconciler tick) plans and
 #: stores each job, so one request must not be able to stall the server (100k jobs: ~5 s).
 MAX_JOB_COUNT = 10_000
+#: Trees of one operation (YTsaurus pool_trees).
+MAX_POOL_TREES = 16
 #: Tags of one node, and entries of any list or mapping inside an option value.
 MAX_TAGS = 64
 MAX_ITEMS = 64
@@ -148,12 +150,23 @@ class OperationStart(Strict):
     user: Name
     job_resources: Resources = Field(description="One job's resources.")
     job_count: Annotated[int, Field(ge=1, le=MAX_JOB_COUNT)]
-    tree: Name | None = Field(default=None, description="Default: the default_tree.")
-    pool: Name | None = Field(default=None,
-                              description="Default: the user's name (an ephemeral pool).")
+    pool_trees: Annotated[list[Name], Field(max_length=MAX_POOL_TREES)] = Field(
+        default_factory=list,
+        description="The trees it runs in (YTsaurus pool_trees). Default: the default_tree.",
+    )
+    pool: Name | None = Field(default=None, description="Its pool in each tree. Default: the "
+                              "user's name (an ephemeral pool).")
     weight: Weight = 1
     gang: bool = False
     resource_limits: Resources | None = None
+    scheduling_options_per_pool_tree: Options | None = Field(
+        default=None, description="Per tree, what differs from pool / weight / "
+        "resource_limits: {tree: {pool, weight, resource_limits}}.",
+    )
+    interruptible: bool = Field(
+        default=False, description="Its jobs, when preempted, are interrupted first and keep "
+        "their units for the tree's allocation_preemption_timeout.",
+    )
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:
@@ -253,12 +266,14 @@ def trees_router(
 
     @router.post("/operations", status_code=201, tags=["operations of pool trees"])
     def start_operation(body: OperationStart) -> JSONResponse:
-        """Start an operation: rejected (422) at a max_operation_count, pending at a
-        max_running_operation_count, else running with the jobs that fit."""
+        """Start an operation in one or more pool trees: rejected (422) at a
+        max_operation_count of any of them, pending at a max_running_operation_count, else
+        running with the jobs that fit; its jobs run in any of its trees."""
         view = trees.start_operation(
             user=body.user, job_resources=body.job_resources, job_count=body.job_count,
-            tree=body.tree, pool=body.pool, weight=body.weight, gang=body.gang,
-            resource_limits=body.resource_limits,
+            trees=body.pool_trees, pool=body.pool, weight=body.weight, gang=body.gang,
+            resource_limits=body.resource_limits, interruptible=body.interruptible,
+            tree_options=body.scheduling_options_per_pool_tree,
         )
         return _json(view.as_dict(), 201)
 
@@ -274,7 +289,7 @@ def trees_router(
 
     @router.get("/operations/{ref}", tags=["operations of pool trees"])
     def describe_operation(ref: OperationRef) -> JSONResponse:
-        """Fair share, running / pending jobs, why pending, preempted jobs."""
+        """Fair share, running / pending jobs, why pending, interrupted and preempted jobs."""
         return _json(trees.describe_operation(ref).as_dict())
 
     @router.post("/operations/{ref}/complete", tags=["operations of pool trees"])

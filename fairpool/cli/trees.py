@@ -23,6 +23,11 @@ ELEMENT_COLUMNS = ("element", "fair_share", "usage_share", "demand_share", "domi
 OPERATION_COLUMNS = ("id", "tree", "pool", "user", "status", "running_jobs", "pending_jobs",
                      "reason")
 
+PLACEMENT_SHARES = ("fair_share", "usage_share", "demand_share", "dominant_resource",
+                    "satisfaction", "starving")
+PLACEMENT_COLUMNS = ("tree", "pool", "weight", "status", "running_jobs", *PLACEMENT_SHARES,
+                     "reason")
+
 tree_option = click.option("--tree", default=None,
                            help="The pool tree (default: the default_tree).")
 
@@ -286,27 +291,43 @@ def operation() -> None:
 
 
 @operation.command("start")
-@tree_option
-@click.option("--pool", default=None, help="The pool (default: the user's name, ephemeral).")
+@click.option("--tree", "tree_names", multiple=True,
+              help="A pool tree it runs in; repeat for several (YTsaurus pool_trees). "
+              "Default: the default_tree.")
+@click.option("--pool", default=None,
+              help="Its pool in each tree (default: the user's name, ephemeral).")
 @click.option("--user", required=True, help="Who starts it.")
 @click.option("--job-resources", required=True,
               help='One job\'s resources, e.g. \'{"cpu": 1, "memory": "4GiB"}\'.')
 @click.option("--job-count", type=int, required=True, help="How many jobs.")
-@click.option("--weight", default="1", show_default=True, help="Weight within its pool.")
+@click.option("--weight", default="1", show_default=True,
+              help="Weight within its pool, in each tree.")
 @click.option("--gang", is_flag=True, help="All jobs at once or none.")
-@click.option("--resource-limits", default=None, help="The operation's own resource_limits.")
+@click.option("--resource-limits", default=None,
+              help="The operation's own resource_limits, in each tree.")
+@click.option("--tree-options", default=None,
+              help="Per tree, what differs from --pool / --weight / --resource-limits "
+              "(YTsaurus scheduling_options_per_pool_tree), e.g. "
+              "'{\"cpus\": {\"pool\": \"nightly\", \"weight\": 2}}'.")
+@click.option("--interruptible", is_flag=True,
+              help="Its jobs, when preempted, are interrupted first and keep their units for "
+              "the tree's allocation_preemption_timeout.")
 @o.output_option
 def start_operation(
-    tree: str | None, pool: str | None, user: str, job_resources: str, job_count: int,
-    weight: str, gang: bool, resource_limits: str | None, output: str,
+    tree_names: tuple[str, ...], pool: str | None, user: str, job_resources: str, job_count: int,
+    weight: str, gang: bool, resource_limits: str | None, tree_options: str | None,
+    interruptible: bool, output: str,
 ) -> None:
-    """Start an operation: rejected at max_operation_count, pending at
-    max_running_operation_count, else running with the jobs that fit."""
+    """Start an operation in one or more trees: rejected at a max_operation_count of any of
+    them, pending at max_running_operation_count, else running with the jobs that fit. Its
+    jobs run in any of its trees; pending jobs are one count for all of them."""
     view = trees().start_operation(
-        tree=tree, pool=pool, user=user,
+        trees=tree_names, pool=pool, user=user,
         job_resources=parse_mapping("job_resources", job_resources) or {},
         job_count=job_count, weight=weight, gang=gang,
         resource_limits=parse_mapping("resource_limits", resource_limits),
+        interruptible=interruptible,
+        tree_options=parse_mapping("tree_options", tree_options),
     )
     _print_operation(view.as_dict(), output)
 
@@ -315,7 +336,7 @@ def start_operation(
 @click.argument("operation_id")
 @o.output_option
 def describe_operation(operation_id: str, output: str) -> None:
-    """Fair share, running / pending jobs, why pending, preempted jobs."""
+    """Fair share, running / pending jobs, why pending, interrupted and preempted jobs."""
     _print_operation(trees().describe_operation(operation_id).as_dict(), output)
 
 
@@ -348,11 +369,21 @@ def _print_operation(data: dict[str, Any], output: str) -> None:
     if output != "table":
         o.dump(data, output)
         return
-    keys = ("tree", "pool", "user", "status", "reason", "job_resources", "job_count", "gang",
-            "weight", "running_jobs", "pending_jobs", "nodes", "preempted_jobs", "fair_share",
-            "usage_share", "demand_share", "dominant_resource", "satisfaction", "starving",
-            "created_at", "started_at", "finished_at")
+    keys: tuple[str, ...] = (
+        "tree", "pool", "user", "status", "reason", "job_resources", "job_count", "gang",
+        "interruptible", "weight", "running_jobs", "pending_jobs", "nodes", "interrupting_jobs",
+        "preempted_jobs", *PLACEMENT_SHARES, "created_at", "started_at", "finished_at",
+    )
+    if len(data["trees"]) > 1:  # its shares are per tree: in the table below
+        keys = tuple(key for key in keys if key not in PLACEMENT_SHARES)
     o.print_properties(f"Operation '{data['id']}'", [(key, data.get(key)) for key in keys])
+    if len(data["trees"]) > 1:
+        rows = [{**row, "starving": "starving" if row.get("starving") else ""}
+                for row in data["trees"]]
+        o.print_section("Pool trees", rows, PLACEMENT_COLUMNS, empty_message="")
+    if data["interrupting"]:
+        o.print_section("Interrupting jobs", data["interrupting"],
+                        ("job", "node", "preempted_by", "deadline", "reason"), empty_message="")
     if data["preempted"]:
         o.print_section("Preempted jobs", data["preempted"][-10:],
                         ("job", "node", "preempted_by", "reason"), empty_message="")

@@ -46,12 +46,24 @@ guarantee adjustment.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
-from types import MappingProxyType
-from typing import Literal, cast
+from itertools import accumulate, chain
+from operator import attrgetter, is_, truediv
+from types import MappingProxyType, ModuleType
+from typing import Any, Literal, cast
 
 from fairpool.engine.piecewise import (
     ONE,
@@ -68,6 +80,15 @@ from fairpool.engine.piecewise import (
     vmin,
     zeros,
 )
+
+#: The compiled float backend (``_hdrf.c``), None where the package was installed without a
+#: C compiler: then the float backend runs the same algorithm in Python (tests/test_fairshare_speed
+#: asserts that the compiled one is used where the tests run).
+kernel: ModuleType | None
+try:
+    from fairpool.engine import _hdrf as kernel
+except ImportError:
+    kernel = None
 
 #: The resources YTsaurus knows, in its enum order: dominant-resource ties go to the first.
 #: Other (custom) keys follow in name order.
@@ -276,10 +297,11 @@ Numeric = Literal["auto", "exact", "float"]
 class _Element:
     """Per-update working state of one element (mutable only inside one update).
 
-    Usage and demand are kept as integer numerators over the tree total (``_Update.dens``),
-    so that sums are exact and cheap; ``usage`` / ``demand`` / ``limits`` / ``guarantee`` are in
-    the update's number type (``Fraction`` or ``float``), ``exact_*`` always in ``Fraction``
-    (pools only; operations compute theirs when described)."""
+    Usage and demand are kept only as integer numerators over the tree total
+    (``_Update.dens``), so that sums are exact and cheap (``_Update.shares`` converts them);
+    ``limits`` / ``guarantee`` are in the update's number type (``Fraction`` or ``float``),
+    ``exact_*`` always in ``Fraction`` (pools only; operations compute theirs when
+    described)."""
 
     kind: ElementKind
     name: str
@@ -291,8 +313,6 @@ class _Element:
     children: list[_Element] = field(default_factory=list)
     usage_numerators: tuple[int, ...] = ()
     demand_numerators: tuple[int, ...] = ()
-    usage: Vector = ()
-    demand: Vector = ()
     limits: Vector = ()
     guarantee: Vector = ()
     exact_limits: Vector = ()
@@ -302,6 +322,8 @@ class _Element:
     by_fit_factor: Function | None = None
     fitted: Fitted | None = None
     fair_share: Vector = ()
+    #: The position in ``_Update.order``.
+    index: int = 0
 
 
 def _share(amount: int, total_amount: int) -> Fraction:
@@ -323,6 +345,15 @@ def resource_order(snapshot: TreeSnapshot) -> tuple[str, ...]:
     )
 
 
+#: ``_hdrf.c``'s element kinds, by kind and mode.
+_KERNEL_KINDS = {
+    (ElementKind.OPERATION, SchedulingMode.FAIR_SHARE): 0,
+    (ElementKind.ROOT, SchedulingMode.FAIR_SHARE): 1,
+    (ElementKind.POOL, SchedulingMode.FAIR_SHARE): 1,
+    (ElementKind.POOL, SchedulingMode.FIFO): 2,
+}
+
+
 class _Update:
     """One fair-share update over one snapshot, exact or in floats."""
 
@@ -334,14 +365,26 @@ class _Update:
         self.totals = tuple(snapshot.total_resources.get(r, 0) for r in self.resources)
         #: Denominators of usage / demand numerators: the total, or 1 where it is 0 (then an
         #: operation's numerator is its share, 0 or 1, as ``FromJobResources`` says).
-        self.dens = tuple(t or 1 for t in self.totals)
+        self.dens = self.totals if all(self.totals) else tuple(t or 1 for t in self.totals)
         self.main = self.resources.index(snapshot.main_resource)
         self.zero: Number = ZERO if exact else 0.0
         self.one: Number = ONE if exact else 1.0
         self.two: Number = OPERATION_FIT_FACTOR_END if exact else 2.0
         self.zeros: Vector = (self.zero,) * self.size
         self.warnings: list[str] = []
+        #: The limits share of an element without limits, exact and in the update's numbers.
+        full = self.exact_limits_share({})
+        self.unlimited = (full, self.numbers(full))
         self.root = self._build()
+        #: The elements in tree order (depth first, children in the update's order).
+        self.order: list[_Element] = []
+        #: The compiled kernel's result: element ``e``'s shares from ``e.index * size``.
+        self.flat_shares: list[float] | None = None
+
+    def ratio(self, weight: Fraction, lightest: Fraction) -> Number:
+        """A child's weight over its lightest sibling's: how much its suggestion is stretched.
+        In floats from the float weights, as the compiled kernel computes it."""
+        return weight / lightest if self.exact else float(weight) / float(lightest)
 
     def number(self, value: Fraction) -> Number:
         return value if self.exact else float(value)
@@ -351,14 +394,17 @@ class _Update:
 
     def shares(self, numerators: tuple[int, ...]) -> Vector:
         if self.exact:
-            return tuple(Fraction(n, d) for n, d in zip(numerators, self.dens, strict=True))
-        return tuple(n / d for n, d in zip(numerators, self.dens, strict=True))
+            return tuple(map(Fraction, numerators, self.dens))
+        return tuple(map(truediv, numerators, self.dens))
 
-    def numerators(self, amounts: Resources, count: int) -> tuple[int, ...]:
-        return tuple(
-            amounts.get(r, 0) * count if t else int(bool(amounts.get(r, 0) * count))
-            for r, t in zip(self.resources, self.totals, strict=True)
-        )
+    def numerators(self, job: tuple[int, ...], count: int) -> tuple[int, ...]:
+        """``count`` jobs of vector ``job`` over ``dens``."""
+        # List comprehensions, the cheapest loop in CPython: this runs twice per operation.
+        vector = tuple([amount * count for amount in job])
+        if self.dens is self.totals:
+            return vector
+        # Where the tree has none of a resource, any amount of it is the whole (1).
+        return tuple(n if t else int(bool(n)) for n, t in zip(vector, self.totals, strict=True))
 
     def exact_limits_share(self, limits: Resources) -> Vector:
         # min(limits, total) / total; a resource the tree lacks has nothing to give.
@@ -388,15 +434,14 @@ class _Update:
             element = pools[pool.name]
             element.parent = pools[pool.parent or ROOT]
             element.parent.children.append(element)
-        full = self.exact_limits_share({})
-        unlimited = self.numbers(full)
+        unlimited = self.unlimited[1]
+        resources = self.resources
         for operation in self.snapshot.operations:
             parent = pools[operation.pool]
-            jobs = operation.running_job_count + (
-                operation.pending_job_count if operation.running else 0
-            )
-            usage = self.numerators(operation.job_resources, operation.running_job_count)
-            demand = self.numerators(operation.job_resources, jobs)
+            running = operation.running_job_count
+            jobs = running + (operation.pending_job_count if operation.running else 0)
+            amounts = operation.job_resources
+            job = tuple([amounts.get(r, 0) for r in resources])
             parent.children.append(
                 _Element(
                     ElementKind.OPERATION,
@@ -404,10 +449,8 @@ class _Update:
                     parent,
                     specified_weight=operation.weight,
                     operation=operation,
-                    usage_numerators=usage,
-                    demand_numerators=demand,
-                    usage=self.shares(usage),
-                    demand=self.shares(demand),
+                    usage_numerators=self.numerators(job, running),
+                    demand_numerators=self.numerators(job, jobs),
                     limits=(
                         self.limits_share(operation.resource_limits)
                         if operation.resource_limits
@@ -421,34 +464,78 @@ class _Update:
         self._infer_guarantees(root, tuple(Fraction(t) for t in self.totals))
         self._adjust_guarantees(root, tuple(ONE for _ in self.resources))
         self._weights(root)
-        self._functions(root)
         return root
+
+    def solve(self) -> None:
+        """Every element's fair share: functions bottom-up, then shares top-down; in floats by
+        the compiled kernel when it is built."""
+        self.order = list(_walk(self.root))
+        if self.exact or kernel is None:
+            self._functions(self.root)
+            self.distribute(self.root, self.one)
+        else:
+            self._solve_compiled(kernel)
+
+    def _solve_compiled(self, kernel: ModuleType) -> None:
+        """``_hdrf.update`` (which mirrors ``_functions`` and ``distribute``) over the tree
+        flattened in tree order, children as indices; the shares stay in one flat list until
+        an element is described."""
+        order = self.order
+        for index, element in enumerate(order):
+            element.index = index
+
+        # Columns through map(attrgetter) rather than generator expressions: C-speed loops
+        # over every element.
+        def column(*names: str) -> Iterator[Any]:
+            return map(attrgetter(*names), order)
+
+        counts = list(map(len, column("children")))
+        shares = kernel.update(
+            self.size,
+            bytes(map(_KERNEL_KINDS.__getitem__, column("kind", "mode"))),
+            array("i", accumulate(counts, initial=0))[:-1],
+            array("i", counts),
+            array("i", map(attrgetter("index"), chain.from_iterable(column("children")))),
+            array("d", [w.numerator / w.denominator for w in column("weight")]),
+            list(column("usage_numerators")),
+            list(column("demand_numerators")),
+            list(column("limits")),
+            list(column("guarantee")),
+            self.dens,
+        )
+        self.flat_shares = cast(list[float], memoryview(shares).cast("d").tolist())
+
+    def fair_share(self, element: _Element) -> Vector:
+        if self.flat_shares is None:
+            return element.fair_share
+        start = element.index * self.size
+        return tuple(self.flat_shares[start : start + self.size])
 
     def _cumulative(self, element: _Element) -> None:
         """Usage, demand and limits bottom-up; FIFO order of a FIFO pool's operations."""
-        usage = [0] * self.size
-        demand = [0] * self.size
-        for child in element.children:
+        children = element.children
+        for child in children:
             if child.operation is None:
                 self._cumulative(child)
-            for r, (u, d) in enumerate(
-                zip(child.usage_numerators, child.demand_numerators, strict=True)
-            ):
-                usage[r] += u
-                demand[r] += d
-        element.usage_numerators = tuple(usage)
-        element.demand_numerators = tuple(demand)
-        element.usage = self.shares(element.usage_numerators)
-        element.demand = self.shares(element.demand_numerators)
+        if children:  # column sums of the children's vectors
+            usage = zip(*(c.usage_numerators for c in children), strict=True)
+            demand = zip(*(c.demand_numerators for c in children), strict=True)
+            element.usage_numerators = tuple(map(sum, usage))
+            element.demand_numerators = tuple(map(sum, demand))
+        else:
+            element.usage_numerators = element.demand_numerators = (0,) * self.size
         limits = element.pool.resource_limits if element.pool is not None else {}
-        element.exact_limits = self.exact_limits_share(limits)
-        element.limits = self.numbers(element.exact_limits)
+        if limits:
+            element.exact_limits = self.exact_limits_share(limits)
+            element.limits = self.numbers(element.exact_limits)
+        else:
+            element.exact_limits, element.limits = self.unlimited
         if element.mode is SchedulingMode.FIFO:
             element.children.sort(key=lambda child: self._fifo_key(element, child))
             for index, child in enumerate(element.children):
                 child.fifo_index = index
         else:
-            element.children.sort(key=lambda child: (child.kind, child.name))
+            element.children.sort(key=attrgetter("kind", "name"))
 
     @staticmethod
     def _fifo_key(pool: _Element, child: _Element) -> tuple[object, ...]:
@@ -472,9 +559,11 @@ class _Update:
     def _infer_guarantees(self, parent: _Element, parent_amounts: tuple[Fraction, ...]) -> None:
         """``DetermineInferredStrongGuaranteeResources``: top-down, in absolute amounts."""
         pools = [c for c in parent.children if c.pool is not None]
+        if not pools:
+            return
         explicit = [c.pool.strong_guarantee_resources for c in pools if c.pool is not None]
         amounts: list[list[Fraction]] = [
-            [Fraction(e.get(r, 0)) for r in self.resources] for e in explicit
+            [Fraction(e[r]) if e.get(r) else ZERO for r in self.resources] for e in explicit
         ]
         main_total = parent_amounts[self.main]
         for index, resource in enumerate(self.resources):
@@ -482,25 +571,28 @@ class _Update:
                 continue
             inferred = [k for k, e in enumerate(explicit) if resource not in e]
             for k in inferred:
+                main = amounts[k][self.main]
+                # Most pools are guaranteed nothing: no rational arithmetic for them.
                 amounts[k][index] = (
-                    amounts[k][self.main] / main_total * parent_amounts[index]
-                    if main_total
-                    else ZERO
+                    main / main_total * parent_amounts[index] if main and main_total else ZERO
                 )
             if parent.kind is ElementKind.ROOT:
                 continue
+            # Sums skip zero terms (filter): most pools are guaranteed nothing.
+            wanted = sum(filter(None, (amounts[k][index] for k in inferred)), ZERO)
+            if not wanted:
+                continue
+            named = set(range(len(pools))).difference(inferred)
             residual = parent_amounts[index] - sum(
-                (amounts[k][index] for k in range(len(pools)) if k not in inferred), ZERO
+                filter(None, (amounts[k][index] for k in named)), ZERO
             )
-            wanted = sum((amounts[k][index] for k in inferred), ZERO)
             if wanted > max(residual, ZERO):
                 factor = max(residual, ZERO) / wanted
                 for k in inferred:
                     amounts[k][index] *= factor
         for child, child_amounts in zip(pools, amounts, strict=True):
             child.exact_guarantee = tuple(
-                _share(0, t) if not t else a / t
-                for a, t in zip(child_amounts, self.totals, strict=True)
+                a / t if a and t else ZERO for a, t in zip(child_amounts, self.totals, strict=True)
             )
             self._infer_guarantees(child, tuple(child_amounts))
 
@@ -508,9 +600,13 @@ class _Update:
         """``AdjustStrongGuarantees``: clamp to limits, then scale children that overrun their
         parent by one common factor (the largest that fits in every resource)."""
         pools = [c for c in parent.children if c.pool is not None]
-        for child in pools:
+        if not pools and parent.kind is not ElementKind.ROOT:
+            return
+        # Most pools are guaranteed nothing: no rational arithmetic for them.
+        guaranteed = [c for c in pools if any(c.exact_guarantee)]
+        for child in guaranteed:
             child.exact_guarantee = vmin(child.exact_guarantee, child.exact_limits)
-        children_sum = total((c.exact_guarantee for c in pools), self.size)
+        children_sum = total((c.exact_guarantee for c in guaranteed), self.size)
         if not dominated(children_sum, available):
             factor = min(a / s for a, s in zip(available, children_sum, strict=True) if s > a)
             self.warnings.append(
@@ -518,10 +614,10 @@ class _Update:
                 f"{'the tree total' if parent.kind is ElementKind.ROOT else 'its guarantee'}; "
                 f"scaled by {factor}"
             )
-            for child in pools:
+            for child in guaranteed:
                 child.exact_guarantee = scale(child.exact_guarantee, factor)
         if parent.kind is ElementKind.ROOT:
-            parent.exact_guarantee = total((c.exact_guarantee for c in pools), self.size)
+            parent.exact_guarantee = total((c.exact_guarantee for c in guaranteed), self.size)
             parent.guarantee = self.numbers(parent.exact_guarantee)
         for child in pools:
             child.guarantee = self.numbers(child.exact_guarantee)
@@ -564,7 +660,8 @@ class _Update:
     def _operation_by_fit_factor(self, element: _Element) -> Function:
         """On [0, 1] resource r gets ``min(usage[r], f * max usage)``: current usage is covered
         first, equalised across resources; on [1, 2] it grows linearly to demand."""
-        usage, demand = element.usage, element.demand
+        usage = self.shares(element.usage_numerators)
+        demand = self.shares(element.demand_numerators)
         peak = max(usage, default=self.zero)
         xs: list[Number] = [self.zero]
         ys: list[Vector] = [self.zeros]
@@ -590,11 +687,8 @@ class _Update:
             assert child.fitted is not None
             if not any(child.fitted.ys[-1]):
                 continue
-            factor = child.weight / lightest
             parts.append(
-                child.fitted.by_suggestion.stretched(
-                    factor if self.exact else float(factor), self.one
-                )
+                child.fitted.by_suggestion.stretched(self.ratio(child.weight, lightest), self.one)
             )
         if not parts:
             return Function.constant(self.zeros, self.zero, self.one)
@@ -644,10 +738,7 @@ class _Update:
         else:
             lightest = min(child.weight for child in element.children)
             for child in element.children:
-                factor = child.weight / lightest
-                self.distribute(
-                    child, min(one, fit_factor * (factor if self.exact else float(factor)))
-                )
+                self.distribute(child, min(one, fit_factor * self.ratio(child.weight, lightest)))
 
 
 # -- starvation ------------------------------------------------------------------------------
@@ -658,12 +749,25 @@ def is_below_fair_share(
 ) -> bool:
     """``GetStatusImpl``: usage strictly under ``min(fair share * tolerance, demand)`` in every
     resource that is not blocked (blocked: fair share already covers demand); when every
-    resource is blocked, one resource under its bound is enough."""
-    bounds = [min(f * tolerance, d) for f, d in zip(fair_share, demand, strict=True)]
-    open_resources = [r for r, (f, d) in enumerate(zip(fair_share, demand, strict=True)) if f < d]
-    if not open_resources:
-        return any(u < b for u, b in zip(usage, bounds, strict=True))
-    return all(usage[r] < bounds[r] for r in open_resources)
+    resource is blocked, one resource under its bound is enough.
+
+    Compared as integer cross-products of the ratios: exact, and several times cheaper than
+    ``Fraction`` arithmetic (this runs for every element described)."""
+    tn, td = tolerance.as_integer_ratio()
+    any_open = blocked_below = False
+    for f, u, d in zip(fair_share, usage, demand, strict=True):
+        fn, fd = f.as_integer_ratio()
+        un, ud = u.as_integer_ratio()
+        dn, dd = d.as_integer_ratio()
+        # u < min(f * tolerance, d)
+        below = un * fd * td < fn * tn * ud and un * dd < dn * ud
+        if fn * dd < dn * fd:  # f < d: the resource is open
+            if not below:
+                return False
+            any_open = True
+        elif below:
+            blocked_below = True
+    return any_open or blocked_below
 
 
 def _starvation(
@@ -692,16 +796,30 @@ def _starvation(
     )
 
 
-def _snap(value: Number, candidates: Iterable[Fraction]) -> Fraction:
-    """The float backend's output boundary: an exact candidate within ``SNAP_EPSILON``, else
-    the float's exact value (never outside [0, 1])."""
-    if isinstance(value, Fraction):
-        return value
-    for candidate in candidates:
-        # Compared as floats: a float minus a Fraction would build a Fraction.
-        if abs(value - candidate.numerator / candidate.denominator) <= SNAP_EPSILON:
-            return candidate
-    return Fraction(min(max(value, 0.0), 1.0))
+def _snap(
+    computed: Vector, candidates: Sequence[tuple[Vector, Vector]], known: dict[float, Fraction]
+) -> Vector:
+    """The float backend's output boundary: per resource, the first exact candidate (demand,
+    usage, limit, guarantee; each given with the float the update computed with) within
+    ``SNAP_EPSILON``, 0 likewise, else the float's exact value (never outside [0, 1]), from
+    ``known`` when an earlier element had the same float (siblings often do)."""
+    snapped: list[Number] = []
+    pairs = cast(Sequence[tuple[Vector, Sequence[float]]], candidates)
+    for r, value in enumerate(cast(Sequence[float], computed)):
+        for precise, rounded in pairs:
+            # Compared as floats: a float minus a Fraction would build a Fraction.
+            if abs(value - rounded[r]) <= SNAP_EPSILON:
+                snapped.append(precise[r])
+                break
+        else:
+            if abs(value) <= SNAP_EPSILON:
+                snapped.append(ZERO)
+                continue
+            fraction = known.get(value)
+            if fraction is None:
+                fraction = known[value] = Fraction(min(max(value, 0.0), 1.0))
+            snapped.append(fraction)
+    return tuple(snapped)
 
 
 class _Described(Mapping[str, ElementShares]):
@@ -737,6 +855,37 @@ class _Described(Mapping[str, ElementShares]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self.items())!r})"
 
+    # Asking for every value is reading every value: described in one go, collector paused.
+    def values(self) -> ValuesView[ElementShares]:
+        self._describe_all()
+        return super().values()
+
+    def items(self) -> ItemsView[str, ElementShares]:
+        self._describe_all()
+        return super().items()
+
+    def _describe_all(self) -> None:
+        if len(self._cache) == len(self._elements):
+            return
+        with _collector_paused():
+            for name, element in self._elements.items():
+                if name not in self._cache:
+                    self._cache[name] = self._describe(element)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while building many long-lived objects: none of
+    them is garbage, and the collector would walk the growing heap again and again (a fifth
+    of the update's time on large trees, a third of describing every element)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
 
 # -- entry point -----------------------------------------------------------------------------
 
@@ -752,11 +901,13 @@ def compute_fair_share(
     ``below_fair_share_since`` carries each element's ``starving_since`` timestamp from the
     previous update (the result's ``Starvation.below_fair_share_since`` is the next one).
 
-    ``numeric``: ``"exact"`` computes in ``Fraction``; ``"float"`` in floats, reporting each
-    share as the exact demand / usage / limit / guarantee / 0 it is within ``SNAP_EPSILON`` of
-    (else the float's value); ``"auto"`` (default) is exact up to ``EXACT_ELEMENT_LIMIT``
-    pools + operations and float above (``docs/trees.md``, "Speed"). Pools and operations are
-    described (and starvation evaluated) lazily, when the result's maps are read."""
+    ``numeric``: ``"exact"`` computes in ``Fraction``; ``"float"`` in floats (by the compiled
+    ``kernel`` where it is built), reporting each share as the exact demand / usage / limit /
+    guarantee / 0 it is within ``SNAP_EPSILON`` of (else the float's value); ``"auto"``
+    (default) is exact up to ``EXACT_ELEMENT_LIMIT`` pools + operations and float above
+    (``docs/trees.md``, "Speed"). Pools and operations are described (and starvation
+    evaluated) lazily, when the result's maps are read; ``values()`` / ``items()`` describe
+    them all at once."""
     validate_snapshot(snapshot)
     if numeric == "auto":
         exact = len(snapshot.pools) + len(snapshot.operations) <= EXACT_ELEMENT_LIMIT
@@ -764,31 +915,39 @@ def compute_fair_share(
         exact = numeric == "exact"
     else:
         raise ValueError(f"numeric must be 'auto', 'exact' or 'float' (got {numeric!r})")
-    # The update allocates many short-lived cyclic objects (elements point at their parents);
-    # the cyclic collector would walk the growing heap again and again while nothing is
-    # garbage yet, so it is paused for the update (about a fifth of the time on large trees).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_paused():
         update = _Update(snapshot, exact)
-        update.distribute(update.root, update.one)
-    finally:
-        if collecting:
-            gc.enable()
+        update.solve()
     since = below_fair_share_since or {}
     pool_settings: dict[str, StarvationSettings] = {
         pool.name: pool.starvation for pool in snapshot.pools
     }
     resources = update.resources
     dens = update.dens
-    no_limits = update.exact_limits_share({})
+    no_limits = update.unlimited[0]
+    nothing = zeros(update.size)
 
     def shares(vector: Sequence[Number]) -> Shares:
         return MappingProxyType(dict(zip(resources, cast(Sequence[Fraction], vector), strict=True)))
 
+    unlimited_shares, no_shares = shares(no_limits), shares(nothing)
+    # Operations of a large tree repeat a few job vectors and counts: each distinct usage or
+    # demand is converted once (a Fraction costs a gcd) and its read-only map is shared.
+    converted: dict[tuple[int, ...], tuple[Vector, Shares, Vector]] = {}
+
+    def exact_shares(numerators: tuple[int, ...]) -> tuple[Vector, Shares, Vector]:
+        """The shares, as a map, and in the update's numbers."""
+        known = converted.get(numerators)
+        if known is None:
+            vector = tuple(map(Fraction, numerators, dens))
+            known = converted[numerators] = (vector, shares(vector), update.shares(numerators))
+        return known
+
+    fractions: dict[float, Fraction] = {}
+
     def describe(element: _Element) -> ElementShares:
-        usage = tuple(Fraction(n, d) for n, d in zip(element.usage_numerators, dens, strict=True))
-        demand = tuple(Fraction(n, d) for n, d in zip(element.demand_numerators, dens, strict=True))
+        usage, usage_shares, usage_numbers = exact_shares(element.usage_numerators)
+        demand, demand_shares, demand_numbers = exact_shares(element.demand_numerators)
         operation = element.operation
         if operation is not None:
             limits = (
@@ -796,20 +955,21 @@ def compute_fair_share(
                 if operation.resource_limits
                 else no_limits
             )
-            guarantee = zeros(update.size)
+            guarantee = nothing
         else:
             limits, guarantee = element.exact_limits, element.exact_guarantee
         if update.exact:
             fair_share = element.fair_share
         else:
-            fair_share = tuple(
-                _snap(
-                    value,
-                    cast(
-                        tuple[Fraction, ...], (demand[r], usage[r], limits[r], guarantee[r], ZERO)
-                    ),
-                )
-                for r, value in enumerate(element.fair_share)
+            fair_share = _snap(
+                update.fair_share(element),
+                (
+                    (demand, demand_numbers),
+                    (usage, usage_numbers),
+                    (limits, element.limits),
+                    (guarantee, element.guarantee),
+                ),
+                fractions,
             )
         starvation = None
         if now is not None and element.kind is not ElementKind.ROOT:
@@ -828,29 +988,35 @@ def compute_fair_share(
                     now,
                     since.get((element.kind, element.name)),
                 )
-        strong = vmin(fair_share, guarantee)
+        # Identity, not equality: a satisfied operation's share is its demand's very objects.
+        total_shares = demand_shares if all(map(is_, fair_share, demand)) else shares(fair_share)
+        if guarantee is not nothing and any(guarantee):
+            strong = shares(vmin(fair_share, guarantee))
+            proportional = shares(sub(fair_share, vmin(fair_share, guarantee)))
+        else:  # shares are never negative
+            strong, proportional = no_shares, total_shares
         return ElementShares(
             kind=element.kind,
             name=element.name,
             parent=element.parent.name if element.parent is not None else None,
             weight=element.weight,
             fair_share=DetailedFairShare(
-                strong_guarantee=shares(strong),
-                weight_proportional=shares(sub(fair_share, strong)),
-                total=shares(fair_share),
+                strong_guarantee=strong, weight_proportional=proportional, total=total_shares
             ),
-            usage_share=shares(usage),
-            demand_share=shares(demand),
-            limits_share=shares(limits),
-            strong_guarantee_share=shares(guarantee),
-            dominant_resource=resources[_dominant(usage, demand)],
+            usage_share=usage_shares,
+            demand_share=demand_shares,
+            limits_share=unlimited_shares if limits is no_limits else shares(limits),
+            strong_guarantee_share=no_shares if guarantee is nothing else shares(guarantee),
+            dominant_resource=resources[
+                _dominant(element.usage_numerators, element.demand_numerators, dens)
+            ],
             fifo_index=element.fifo_index,
             starvation=starvation,
         )
 
     pools: dict[str, _Element] = {}
     operations: dict[str, _Element] = {}
-    for element in _walk(update.root):
+    for element in update.order:
         if element.kind is ElementKind.POOL:
             pools[element.name] = element
         elif element.kind is ElementKind.OPERATION:
@@ -864,11 +1030,16 @@ def compute_fair_share(
     )
 
 
-def _dominant(usage: Vector, demand: Vector) -> int:
+def _dominant(usage: tuple[int, ...], demand: tuple[int, ...], dens: tuple[int, ...]) -> int:
     """The resource with the largest usage share, or demand share while usage is zero; ties go
-    to the first resource in YTsaurus's order."""
-    vector = usage if any(usage) else demand
-    return max(range(len(vector)), key=lambda r: (vector[r], -r)) if vector else 0
+    to the first resource in YTsaurus's order. Shares are numerators over ``dens``, compared
+    by cross-multiplying (integers: exact, and much cheaper than ``Fraction`` comparisons)."""
+    numerators = usage if any(usage) else demand
+    best = 0
+    for r in range(1, len(numerators)):
+        if numerators[r] * dens[best] > numerators[best] * dens[r]:
+            best = r
+    return best
 
 
 def _walk(element: _Element) -> Iterable[_Element]:

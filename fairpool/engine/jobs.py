@@ -29,6 +29,12 @@ Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.comput
      ``preemptive_scheduling_backoff``. A starving *gang* takes all its pending jobs at once
      (even past its fair share): each job is placed as above on working copies, and only if
      every one finds room are the victims preempted; otherwise nothing is.
+   * **Interruption** (``allocation_preemption_timeout``). A victim of an *interruptible*
+     operation is not preempted at once: it is interrupted and keeps its units until
+     ``now + allocation_preemption_timeout``; the first pass at or after that deadline frees
+     them (the job is preempted then). The starving operation does not get the room before:
+     the room is *held* for it -- granted to it as soon as it is free, left alone by every
+     other operation and not preempted for again meanwhile.
 
 Every pending job that is not granted is explained once per operation (:class:`OperationWait`).
 """
@@ -75,11 +81,17 @@ class RunningJob:
     node: str
     #: Seconds, any epoch: "newest first" compares these (then ids).
     started_at: float
+    #: Set while the job is being interrupted: the starving operation it makes room for.
+    interrupted_for: str | None = None
+    #: Set while the job is being interrupted: when its units are taken. Until then they are
+    #: in use (no over-commit), and the job is no longer preemptible.
+    interrupt_deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class OperationState:
-    """An operation in one tree: ``job_count`` identical jobs of ``job_resources``."""
+    """An operation in one tree: ``job_count`` identical jobs of ``job_resources`` (in all its
+    trees)."""
 
     id: str
     pool: str
@@ -92,10 +104,15 @@ class OperationState:
     weight: Fraction = Fraction(1)
     resource_limits: Resources = field(default_factory=dict)
     jobs: tuple[RunningJob, ...] = ()
+    #: Its jobs, when preempted, are interrupted first (``allocation_preemption_timeout``).
+    interruptible: bool = False
+    #: Live jobs in the operation's other pool trees (YTsaurus ``pool_trees``): pending jobs
+    #: are one count for all its trees, so these are not pending here.
+    elsewhere: int = 0
 
     @property
     def pending_job_count(self) -> int:
-        return self.job_count - len(self.jobs)
+        return self.job_count - self.elsewhere - len(self.jobs)
 
     def fair_share_input(self, running: bool | None = None) -> OperationSnapshot:
         """The operation as the fair-share update sees it (``running`` overrides its own)."""
@@ -150,6 +167,9 @@ class JobPreemption:
     #: The starving operation the job made room for.
     preemptor: str
     reason: str
+    #: None: preempted now, its units free. Else interrupted: its units are taken (and the
+    #: job preempted) by the first pass at or after this moment.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +188,8 @@ class JobPlan:
     waiting: Mapping[str, OperationWait]
     #: Nodes where preemption made room now: their backoff starts.
     preempted_nodes: tuple[str, ...]
+    #: Interrupted jobs whose deadline has come: preempted now, their units free.
+    expired: tuple[str, ...] = ()
 
     def granted(self, operation: str) -> int:
         return sum(1 for grant in self.grants if grant.operation == operation)
@@ -272,20 +294,42 @@ class _Planner:
             n.node.name: dict(n.node.resources) for n in selected
         }
         self.ops = {op.id: op for op in sorted(operations, key=lambda op: (op.start_time, op.id))}
+        #: Live jobs per operation: running, or interrupted with their deadline still ahead.
         self.running_jobs: dict[str, list[RunningJob]] = {}
         self.pool_usage: dict[str, dict[str, int]] = {}
+        self.expired: list[str] = []
+        #: Per starving operation, per node: the units its interrupted victims free there
+        #: (empty once they are free: the room is then in ``free``).
+        self.incoming: dict[str, dict[str, dict[str, int]]] = {}
+        #: Live jobs being interrupted, per operation (no longer preemptible).
+        self.leaving: dict[str, int] = {}
         for op in self.ops.values():
-            self.running_jobs[op.id] = sorted(op.jobs, key=lambda j: (j.started_at, j.id))
+            live = []
             for job in op.jobs:
+                if job.interrupt_deadline is not None and now >= job.interrupt_deadline:
+                    self.expired.append(job.id)
+                    if job.interrupted_for is not None:
+                        self.incoming.setdefault(job.interrupted_for, {}).setdefault(job.node, {})
+                    continue
+                live.append(job)
                 if job.node in self.free:
                     _add(self.free[job.node], op.job_resources, -1)
+                if job.interrupt_deadline is not None:
+                    self.leaving[op.id] = self.leaving.get(op.id, 0) + 1
+                    if job.interrupted_for is not None:
+                        by_node = self.incoming.setdefault(job.interrupted_for, {})
+                        _add(by_node.setdefault(job.node, {}), op.job_resources, 1)
+            self.running_jobs[op.id] = sorted(live, key=lambda j: (j.started_at, j.id))
             for pool in _pools_of(tree, op.pool):
-                _add(self.pool_usage.setdefault(pool, {}), op.job_resources, len(op.jobs))
+                _add(self.pool_usage.setdefault(pool, {}), op.job_resources, len(live))
         self.granted: dict[str, int] = {}
         self.grants: list[JobGrant] = []
         self.preemptions: list[JobPreemption] = []
         self.preempted_nodes: set[str] = set()
         self.waiting: dict[str, str] = {}
+        #: Jobs per operation waiting for room held for it, and the nodes holding it.
+        self.awaited: dict[str, int] = {}
+        self.awaited_on: dict[str, set[str]] = {}
 
     # -- shares ----------------------------------------------------------------------------
 
@@ -305,7 +349,11 @@ class _Planner:
         return len(self.running_jobs[op.id]) + self.granted.get(op.id, 0)
 
     def pending(self, op: OperationState) -> int:
-        return op.job_count - self.jobs_of(op)
+        return op.job_count - op.elsewhere - self.jobs_of(op)
+
+    def open_pending(self, op: OperationState) -> int:
+        """Pending jobs not waiting for room held for them."""
+        return self.pending(op) - self.awaited.get(op.id, 0)
 
     def rank(self, op: OperationState) -> tuple[bool, Fraction, float, str]:
         """Most under-served first: usage / fair share of the dominant resource; operations
@@ -353,6 +401,65 @@ class _Planner:
         self.granted[op.id] = self.granted.get(op.id, 0) + 1
         self.grants.append(JobGrant(op.id, node))
 
+    def hold(self, op: OperationState, node: str, jobs: int, incoming: Resources) -> None:
+        """Keep room for ``jobs`` jobs of ``op`` on ``node``: the free part of it now (the rest,
+        ``incoming``, is still held by jobs being interrupted)."""
+        need = {key: max(0, amount * jobs - incoming.get(key, 0))
+                for key, amount in op.job_resources.items()}
+        _add(self.free[node], need, -1)
+        self.awaited[op.id] = self.awaited.get(op.id, 0) + jobs
+        self.awaited_on.setdefault(op.id, set()).add(node)
+
+    # -- room being freed by interruptions -------------------------------------------------
+
+    def reserve(self) -> None:
+        """Before anything else: an operation that interrupted jobs gets the room they free as
+        soon as it is free (with any free room on that node), and keeps it held until then."""
+        for op in self.ops.values():
+            nodes = self.incoming.get(op.id)
+            if not nodes or not op.running or self.pending(op) <= 0:
+                continue
+            if op.gang:
+                self.reserve_for_gang(op, nodes)
+                continue
+            for node in sorted(n for n in nodes if n in self.free):
+                wanted = min(self.room_for(op, node), self.open_pending(op))
+                while (wanted and _fits(op.job_resources, self.free[node])
+                       and self.limit_problem(op, 1) is None):
+                    self.grant(op, node)
+                    wanted -= 1
+                if wanted and self.limit_problem(op, 1) is None:
+                    self.hold(op, node, wanted, nodes[node])
+
+    def reserve_for_gang(self, op: OperationState, nodes: Mapping[str, Resources]) -> None:
+        """All pending jobs of the gang once they fit at once, else everything held."""
+        count = self.open_pending(op)
+        if self.limit_problem(op, count) is not None:
+            return
+        trial = {name: dict(room) for name, room in self.free.items()}
+        placed: list[str] = []
+        for _ in range(count):
+            node = self.first_fit(op.job_resources, trial)
+            if node is None:
+                break
+            _add(trial[node], op.job_resources, -1)
+            placed.append(node)
+        if len(placed) == count:
+            for node in placed:
+                self.grant(op, node)
+            return
+        for node in sorted(n for n in nodes if n in self.free):
+            wanted = min(self.room_for(op, node), self.open_pending(op))
+            if wanted:
+                self.hold(op, node, wanted, nodes[node])
+
+    def room_for(self, op: OperationState, node: str) -> int:
+        """Jobs of ``op`` that fit on ``node`` once its interrupted victims there are gone."""
+        room = dict(self.free[node])
+        _add(room, self.incoming[op.id][node], 1)
+        return min(room.get(key, 0) // amount for key, amount in op.job_resources.items()
+                   if amount > 0)
+
     # -- regular scheduling ----------------------------------------------------------------
 
     def schedule(self) -> None:
@@ -361,10 +468,12 @@ class _Planner:
         while heap:
             _, op_id = heapq.heappop(heap)
             op = self.ops[op_id]
-            if self.pending(op) <= 0:
+            if self.open_pending(op) <= 0:
                 continue
             if op.gang:
-                self.schedule_gang(op)
+                # A gang waiting for interrupted jobs starts whole, from the room held for it.
+                if not self.awaited.get(op.id):
+                    self.schedule_gang(op)
                 continue
             problem = self.limit_problem(op, 1)
             node = None if problem else self.first_fit(op.job_resources, self.free)
@@ -372,7 +481,7 @@ class _Planner:
                 self.waiting[op.id] = problem or self.no_room(op)
                 continue
             self.grant(op, node)
-            if self.pending(op) > 0:
+            if self.open_pending(op) > 0:
                 heapq.heappush(heap, (self.rank(op), op.id))
 
     def schedule_gang(self, op: OperationState) -> None:
@@ -404,7 +513,8 @@ class _Planner:
         threshold = self.tree.config.preemption_satisfaction_threshold
         result: dict[str, list[RunningJob]] = {}
         for op in self.ops.values():
-            jobs = self.running_jobs[op.id]
+            # Jobs being interrupted are already leaving: neither victims again nor counted.
+            jobs = [job for job in self.running_jobs[op.id] if job.interrupt_deadline is None]
             resource, fair = self.dominant(op)
             floor = fair * threshold
             if not jobs or self.usage_share(op, resource, len(jobs)) <= floor:
@@ -443,7 +553,7 @@ class _Planner:
             op
             for op in self.ops.values()
             if op.running
-            and self.pending(op) > 0
+            and self.open_pending(op) > 0
             and (state := self.fair_share.operations[op.id].starvation) is not None
             and state.status is StarvationStatus.STARVING
         ]
@@ -457,12 +567,17 @@ class _Planner:
             if state.last_preemption_at is None or self.now >= state.last_preemption_at + backoff
         ]
         for op in sorted(starving, key=self.rank):
+            awaited = self.awaited.get(op.id, 0)
             if op.gang:
-                self.preempt_for_gang(op, victims, open_nodes)
+                if not awaited:
+                    self.preempt_for_gang(op, victims, open_nodes)
                 continue
             resource, fair = self.dominant(op)
-            while self.pending(op) > 0 and self.usage_share(op, resource, self.jobs_of(op)) < fair:
-                problem = self.limit_problem(op, 1)
+            while (
+                self.open_pending(op) > 0
+                and self.usage_share(op, resource, self.jobs_of(op) + awaited) < fair
+            ):
+                problem = self.limit_problem(op, 1 + awaited)
                 if problem is not None:
                     self.waiting[op.id] = f"starving, but {problem}"
                     break
@@ -478,11 +593,29 @@ class _Planner:
                     )
                     break
                 node, chosen = choice
-                for victim_op, job in chosen:
-                    self.evict(victim_op, job, op, victims)
-                self.preempted_nodes.add(node)
-                self.grant(op, node)
+                incoming = self.make_room(op, node, chosen, victims)
+                if incoming is None:
+                    self.grant(op, node)
+                else:
+                    self.hold(op, node, 1, incoming)
+                    awaited += 1
                 self.waiting.pop(op.id, None)
+
+    def make_room(
+        self,
+        op: OperationState,
+        node: str,
+        chosen: Sequence[Victim],
+        victims: dict[str, list[RunningJob]],
+    ) -> dict[str, int] | None:
+        """Preempt ``chosen`` for ``op``: None when the room is free now, else the units its
+        interrupted victims still hold (the room is then held for ``op``)."""
+        incoming: dict[str, int] = {}
+        for victim_op, job in chosen:
+            if self.evict(victim_op, job, op, victims):
+                _add(incoming, victim_op.job_resources, 1)
+        self.preempted_nodes.add(node)
+        return incoming or None
 
     def preempt_for_gang(
         self,
@@ -518,12 +651,14 @@ class _Planner:
                     _add(free[job.node], victim_op.job_resources, 1)
             _add(free[node], op.job_resources, -1)
             placed.append((node, chosen))
+        # One interrupted victim anywhere and the gang waits whole: every job's room is held.
+        wait = any(self.interrupts(victim_op) for _, chosen in placed for victim_op, _ in chosen)
         for node, chosen in placed:
-            for victim_op, job in chosen:
-                self.evict(victim_op, job, op, victims)
-            if chosen:
-                self.preempted_nodes.add(node)
-            self.grant(op, node)
+            incoming = self.make_room(op, node, chosen, victims) if chosen else None
+            if wait:
+                self.hold(op, node, 1, incoming or {})
+            else:
+                self.grant(op, node)
         self.waiting.pop(op.id, None)
 
     def cheapest_room(
@@ -553,47 +688,75 @@ class _Planner:
                 best = (node, chosen)
         return best
 
+    def interrupts(self, victim: OperationState) -> bool:
+        """Whether preempting a job of ``victim`` interrupts it first (a timeout of 0 does not)."""
+        return victim.interruptible and self.tree.config.allocation_preemption_timeout > 0
+
     def evict(
         self,
         victim: OperationState,
         job: RunningJob,
         preemptor: OperationState,
         victims: dict[str, list[RunningJob]],
-    ) -> None:
+    ) -> bool:
+        """Preempt ``job`` for ``preemptor``, or interrupt it (True): its units stay in use
+        until its deadline."""
         resource, fair = self.dominant(victim)
-        jobs_before = len(self.running_jobs[victim.id]) + self.granted.get(victim.id, 0)
+        jobs_before = self.jobs_of(victim) - self.leaving.get(victim.id, 0)
         threshold = self.tree.config.preemption_satisfaction_threshold
+        interrupt = self.interrupts(victim)
+        timeout = self.tree.config.allocation_preemption_timeout
         reason = (
-            f"preempted for starving operation {preemptor.id}: operation {victim.id} used "
+            f"{'interrupted' if interrupt else 'preempted'} for starving operation "
+            f"{preemptor.id}: operation {victim.id} used "
             f"{_share(self.usage_share(victim, resource, jobs_before))} of {resource}, above "
             f"its fair share {_share(fair)} * preemption_satisfaction_threshold "
             f"{_share(threshold)}"
+            + (f"; allocation_preemption_timeout {timeout} ms" if interrupt else "")
         )
-        self.preemptions.append(JobPreemption(job.id, victim.id, job.node, preemptor.id, reason))
-        self.running_jobs[victim.id].remove(job)
+        deadline = self.now + timeout / 1000 if interrupt else None
+        self.preemptions.append(
+            JobPreemption(job.id, victim.id, job.node, preemptor.id, reason, deadline)
+        )
         victims[victim.id].remove(job)
+        if interrupt:
+            self.leaving[victim.id] = self.leaving.get(victim.id, 0) + 1
+            return True
+        self.running_jobs[victim.id].remove(job)
         if job.node in self.free:
             _add(self.free[job.node], victim.job_resources, 1)
         for pool in _pools_of(self.tree, victim.pool):
             _add(self.pool_usage[pool], victim.job_resources, -1)
+        return False
 
     # -- the pass --------------------------------------------------------------------------
 
     def run(self) -> JobPlan:
+        self.reserve()
         self.schedule()
         self.preempt()
         waiting = {}
         for op in self.ops.values():
-            if self.pending(op) > 0:
-                reason = self.waiting.get(op.id) or (
-                    "pending: not running yet" if not op.running else self.no_room(op)
+            if self.pending(op) <= 0:
+                continue
+            reason = self.waiting.get(op.id) or (
+                "pending: not running yet" if not op.running else self.no_room(op)
+            )
+            awaited = self.awaited.get(op.id, 0)
+            if awaited:
+                held = (
+                    f"{awaited} wait for interrupted jobs to leave "
+                    f"{', '.join(sorted(self.awaited_on[op.id]))} "
+                    "(allocation_preemption_timeout)"
                 )
-                waiting[op.id] = OperationWait(op.id, self.pending(op), reason)
+                reason = held if awaited == self.pending(op) else f"{held}; {reason}"
+            waiting[op.id] = OperationWait(op.id, self.pending(op), reason)
         return JobPlan(
             tuple(self.grants),
             tuple(self.preemptions),
             MappingProxyType(waiting),
             tuple(sorted(self.preempted_nodes)),
+            tuple(sorted(self.expired)),
         )
 
 

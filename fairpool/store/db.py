@@ -49,6 +49,8 @@ WRITE_LOCK_KEY = int.from_bytes(b"fairpool", "big")
 
 # Execution option telling the SQLite "begin" hook which kind of transaction to open.
 _MODE = "fairpool_mode"
+# Where a pooled SQLite connection remembers whether it is set query_only.
+_QUERY_ONLY = "fairpool_query_only"
 Mode = Literal["read", "write"]
 
 _SQLITE_PRAGMAS = (
@@ -78,7 +80,7 @@ def default_url(home: Path) -> str:
 #: The newest migration. Opening compares the database with it in plain SQL, so the common
 #: case (schema up to date) never imports Alembic, which costs every CLI call ~0.2 s.
 #: tests/test_store_schema.py checks it is the migrations' head.
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0008"
 
 
 def migration_config(connection: Connection) -> Config:
@@ -219,12 +221,14 @@ def _control_sqlite_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        if connection.get_execution_options().get(_MODE) == "write":
-            connection.exec_driver_sql("PRAGMA query_only = OFF")
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-        else:
-            connection.exec_driver_sql("PRAGMA query_only = ON")
-            connection.exec_driver_sql("BEGIN")
+        write = connection.get_execution_options().get(_MODE) == "write"
+        # The setting stays with the pooled connection: a statement less per transaction
+        # when it serves the same kind as before (the common case).
+        info = connection.connection.info
+        if info.get(_QUERY_ONLY) is not (not write):
+            connection.exec_driver_sql(f"PRAGMA query_only = {'OFF' if write else 'ON'}")
+            info[_QUERY_ONLY] = not write
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
 def _retry_while_locked(run: Callable[[str], object], statement: str) -> None:

@@ -441,13 +441,21 @@ _QUEUE = (
     .order_by(schema.request.c.created_at, schema.request.c.id)
 )
 _QUEUE_DEMAND = _demand_statement(_QUEUE)
-_HOLDERS = (
+# By primary key: a join on the live allocations would scan every request ever made.
+_REQUESTS_BY_ID = (
     select(schema.request)
-    .join(schema.allocation, schema.allocation.c.request_id == schema.request.c.id)
-    .where(schema.allocation.c.released_at.is_(None))
+    .where(schema.request.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(schema.request.c.created_at, schema.request.c.id)
 )
-_HOLDERS_DEMAND = _demand_statement(_HOLDERS)
+_REQUESTS_BY_ID_DEMAND = (
+    select(
+        schema.request_resource.c.request_id,
+        schema.request_resource.c.key,
+        schema.request_resource.c.amount,
+    )
+    .where(schema.request_resource.c.request_id.in_(bindparam("ids", expanding=True)))
+    .order_by(schema.request_resource.c.request_id, schema.request_resource.c.key)
+)
 
 
 _INSERT_REQUEST = insert(schema.request)
@@ -591,9 +599,16 @@ def list_requests(
     return _requests(connection, statement)
 
 
-def holders(connection: Connection) -> list[Request]:
-    """The requests that hold a live allocation, in queue order; two queries."""
-    return _requests(connection, _HOLDERS, _HOLDERS_DEMAND)
+def requests_by_id(connection: Connection, request_ids: Sequence[str]) -> list[Request]:
+    """Those of the requests ``request_ids`` that exist, in queue order; two queries per
+    ``_BATCH`` ids."""
+    found: list[Request] = []
+    for start in range(0, len(request_ids), _BATCH):
+        batch = {"ids": list(request_ids[start : start + _BATCH])}
+        found += _requests(connection, _REQUESTS_BY_ID, _REQUESTS_BY_ID_DEMAND, batch)
+    if len(request_ids) > _BATCH:
+        found.sort(key=lambda request: (request.created_at, request.id))
+    return found
 
 
 def queued_requests(connection: Connection) -> list[Request]:
@@ -623,11 +638,35 @@ def set_request_status(
     )
 
 
+def with_status(
+    request: Request,
+    status: RequestStatus,
+    reason: str | None,
+    now: datetime,
+    preempted_by_id: str | None = None,
+) -> Request:
+    """``request`` as ``set_request_status`` leaves its row (for state kept in memory)."""
+    now = as_utc(now)
+    return replace(
+        request,
+        status=status,
+        status_reason=reason,
+        preempted_by_id=preempted_by_id,
+        updated_at=now,
+        finished_at=now if status.is_final else None,
+    )
+
+
 def set_request_reason(
     connection: Connection, request_id: str, reason: str | None, now: datetime
 ) -> None:
     """Explain the current status anew (e.g. why a request still waits)."""
     _update(connection, schema.request, request_id, "request", status_reason=reason, updated_at=now)
+
+
+def with_reason(request: Request, reason: str | None, now: datetime) -> Request:
+    """``request`` as ``set_request_reason`` leaves its row."""
+    return replace(request, status_reason=reason, updated_at=as_utc(now))
 
 
 def allocation_and_retry(
@@ -753,33 +792,26 @@ def live_allocations(connection: Connection, pool_id: str | None = None) -> list
 _INSERT_EVENT = insert(schema.event)
 
 
-def insert_event(
-    connection: Connection,
+#: An event to insert (``event_row``); the database numbers it.
+EventRow = dict[str, Any]
+
+
+def event_row(
     kind: str,
     message: str,
     now: datetime,
-    *,
     request_id: str | None = None,
     pool_id: str | None = None,
     data: Mapping[str, Any] | None = None,
-) -> Event:
-    at, payload = as_utc(now), dict(data or {})
-    result = connection.execute(
-        _INSERT_EVENT,
-        {"at": at, "kind": kind, "request_id": request_id, "pool_id": pool_id,
-         "message": message, "data": payload},
-    )
-    primary_key = result.inserted_primary_key
-    assert primary_key is not None  # always set after a single-row INSERT
-    return Event(
-        id=primary_key[0],
-        at=at,
-        kind=kind,
-        request_id=request_id,
-        pool_id=pool_id,
-        message=message,
-        data=payload,
-    )
+) -> EventRow:
+    return {"at": as_utc(now), "kind": kind, "request_id": request_id, "pool_id": pool_id,
+            "message": message, "data": dict(data or {})}
+
+
+def insert_events(connection: Connection, events: Sequence[EventRow]) -> None:
+    """Append ``events`` to the log, numbered in this order; one statement for all."""
+    if events:
+        connection.execute(_INSERT_EVENT, list(events))
 
 
 def list_events(

@@ -401,23 +401,19 @@ tree_operation = Table(
     "tree_operation",
     metadata,
     _id(),
-    # RESTRICT: a tree with operations cannot vanish from under them.
-    Column("tree", String(255), ForeignKey("pool_tree.name", ondelete="RESTRICT"), nullable=False),
-    # A name, not a key: ephemeral pools go away with their last operation, history stays.
-    Column("pool", String(255), nullable=False),
     Column("user_name", String(255), nullable=False),
     Column("job_resources", JSON, nullable=False),
     Column("job_count", Integer, nullable=False),
     Column("gang", Boolean, nullable=False),
-    Column("weight", String(64), nullable=False),
-    Column("resource_limits", JSON, nullable=False),
     Column("status", String(16), nullable=False),
+    # Why it ended; a live operation's reasons are per tree (tree_operation_placement).
     Column("status_reason", Text, nullable=True),
     _time("created_at"),
     _time("started_at", nullable=True),
     _time("finished_at", nullable=True),
     _time("updated_at"),
-    _time("below_fair_share_since", nullable=True),
+    # Its jobs, when preempted, are interrupted first (allocation_preemption_timeout).
+    Column("interruptible", Boolean, nullable=False),
     CheckConstraint(_one_of("status", OperationStatus), name="status"),
     CheckConstraint("job_count >= 1", name="job_count_positive"),
     CheckConstraint(
@@ -425,8 +421,42 @@ tree_operation = Table(
         name="finished_iff_final",
     ),
     CheckConstraint("status != 'running' OR started_at IS NOT NULL", name="running_is_started"),
-    # Live operations of a tree in start order: tree = ? AND status IN (...) ORDER BY ...
-    Index(None, "tree", "status", "created_at", "id"),
+    CheckConstraint(
+        f"status_reason IS NULL OR status IN ({_FINAL_OPERATION})", name="reason_only_if_final"
+    ),
+    # Live operations in start order: status IN (...) ORDER BY created_at, id.
+    Index(None, "status", "created_at", "id"),
+)
+
+# YTsaurus pool_trees + scheduling_options_per_pool_tree: an operation's pool, weight and
+# resource_limits in each of its trees, and its state there (running or pending, why it waits,
+# its starvation clock).
+tree_operation_placement = Table(
+    "tree_operation_placement",
+    metadata,
+    Column(
+        "operation_id",
+        String(36),
+        ForeignKey("tree_operation.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # RESTRICT: a tree with operations cannot vanish from under them.
+    Column("tree", String(255), ForeignKey("pool_tree.name", ondelete="RESTRICT"), nullable=False),
+    # The trees' order as given (the first one is shown first).
+    Column("position", Integer, nullable=False),
+    # A name, not a key: ephemeral pools go away with their last operation, history stays.
+    Column("pool", String(255), nullable=False),
+    Column("weight", String(64), nullable=False),
+    Column("resource_limits", JSON, nullable=False),
+    # Admitted by max_running_operation_count in this tree (else pending here).
+    Column("running", Boolean, nullable=False),
+    Column("reason", Text, nullable=True),
+    _time("below_fair_share_since", nullable=True),
+    PrimaryKeyConstraint("operation_id", "tree"),
+    UniqueConstraint("operation_id", "position"),
+    CheckConstraint("position >= 0", name="position_non_negative"),
+    # Started operations per pool of a tree: tree = ? GROUP BY pool.
+    Index(None, "tree", "pool"),
 )
 
 tree_job = Table(
@@ -451,12 +481,31 @@ tree_job = Table(
         nullable=True,
     ),
     Column("reason", Text, nullable=True),
+    # allocation_preemption_timeout: when an interrupted job's units are taken.
+    _time("interrupt_deadline", nullable=True),
+    # The tree it runs in: one of its operation's.
+    Column("tree", String(255), nullable=False),
+    ForeignKeyConstraint(
+        ["operation_id", "tree"],
+        ["tree_operation_placement.operation_id", "tree_operation_placement.tree"],
+        ondelete="CASCADE",
+    ),
     CheckConstraint(_one_of("status", JobStatus), name="status"),
     CheckConstraint(
-        "(status = 'running') = (finished_at IS NULL)", name="finished_iff_not_running"
+        "(status IN ('running', 'interrupting')) = (finished_at IS NULL)",
+        name="finished_iff_not_live",
     ),
     CheckConstraint(
-        "preempted_by IS NULL OR status = 'preempted'", name="preemptor_only_if_preempted"
+        "status != 'interrupting' OR interrupt_deadline IS NOT NULL",
+        name="interrupting_has_deadline",
+    ),
+    CheckConstraint(
+        "status != 'running' OR interrupt_deadline IS NULL", name="running_not_interrupted"
+    ),
+    # Only a job chosen for preemption names its preemptor (preempted at once, or interrupted).
+    CheckConstraint(
+        "preempted_by IS NULL OR status = 'preempted' OR interrupt_deadline IS NOT NULL",
+        name="preemptor_only_if_preempted",
     ),
     Index(None, "operation_id", "status"),
     Index(None, "node", "status"),

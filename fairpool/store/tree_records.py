@@ -6,6 +6,7 @@ Configurations are kept as the JSON mappings of their explicit options (what
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -33,11 +34,19 @@ class OperationStatus(StrEnum):
 
 class JobStatus(StrEnum):
     RUNNING = "running"
+    #: Chosen for preemption, interruptible: it keeps its units until its
+    #: ``interrupt_deadline`` (``allocation_preemption_timeout``), then it is preempted.
+    INTERRUPTING = "interrupting"
     #: Made room for a starving operation; the operation asks for the job again (pending).
     PREEMPTED = "preempted"
     #: Ended with its operation.
     COMPLETED = "completed"
     ABORTED = "aborted"
+
+    @property
+    def is_live(self) -> bool:
+        """Its units are in use."""
+        return self in (JobStatus.RUNNING, JobStatus.INTERRUPTING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,45 +117,80 @@ class TreePoolRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """An operation in one of its pool trees: YTsaurus's ``scheduling_options_per_pool_tree``
+    (pool, weight, resource_limits) and its state there."""
+
+    operation_id: str
+    tree: str
+    #: The trees' order as given.
+    position: int
+    pool: str
+    #: Exact decimal or ratio text ("2", "0.5", "1/3").
+    weight: str
+    resource_limits: dict[str, int]
+    #: Admitted by the tree's max_running_operation_count; else pending in this tree.
+    running: bool
+    #: Why its jobs (or it) wait in this tree; None when nothing waits.
+    reason: str | None
+    #: Carried from pass to pass for the starvation timeout.
+    below_fair_share_since: datetime | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> PlacementRecord:
+        return cls(
+            operation_id=row["operation_id"],
+            tree=row["tree"],
+            position=row["position"],
+            pool=row["pool"],
+            weight=row["weight"],
+            resource_limits=dict(row["resource_limits"]),
+            running=row["running"],
+            reason=row["reason"],
+            below_fair_share_since=row["below_fair_share_since"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class OperationRecord:
     id: str
-    tree: str
-    pool: str
     user: str
     job_resources: dict[str, int]
     job_count: int
     gang: bool
-    #: Exact decimal or ratio text ("2", "0.5", "1/3").
-    weight: str
-    resource_limits: dict[str, int]
+    #: Its jobs, when preempted, are interrupted first (``allocation_preemption_timeout``).
+    interruptible: bool
     status: OperationStatus
+    #: Why it ended (live operations: see each placement's reason).
     status_reason: str | None
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
-    below_fair_share_since: datetime | None
+    #: One per pool tree, in the order given.
+    placements: tuple[PlacementRecord, ...]
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> OperationRecord:
+    def from_row(cls, row: RowMapping, placements: Sequence[PlacementRecord]) -> OperationRecord:
         return cls(
             id=row["id"],
-            tree=row["tree"],
-            pool=row["pool"],
             user=row["user_name"],
             job_resources=dict(row["job_resources"]),
             job_count=row["job_count"],
             gang=row["gang"],
-            weight=row["weight"],
-            resource_limits=dict(row["resource_limits"]),
+            interruptible=row["interruptible"],
             status=OperationStatus(row["status"]),
             status_reason=row["status_reason"],
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
             updated_at=row["updated_at"],
-            below_fair_share_since=row["below_fair_share_since"],
+            placements=tuple(sorted(placements, key=lambda p: p.position)),
         )
+
+    def placement(self, tree: str) -> PlacementRecord:
+        """The operation in ``tree`` (one of its trees)."""
+        return next(p for p in self.placements if p.tree == tree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +201,13 @@ class JobRecord:
     status: JobStatus
     started_at: datetime
     finished_at: datetime | None
-    #: The starving operation a preempted job made room for.
+    #: The starving operation a preempted (or interrupting) job made room for.
     preempted_by: str | None
     reason: str | None
+    #: Set once the job is interrupted: when its units are taken.
+    interrupt_deadline: datetime | None
+    #: The pool tree it runs in (one of its operation's).
+    tree: str
 
     @classmethod
     def from_row(cls, row: RowMapping) -> JobRecord:
@@ -172,4 +220,6 @@ class JobRecord:
             finished_at=row["finished_at"],
             preempted_by=row["preempted_by"],
             reason=row["reason"],
+            interrupt_deadline=row["interrupt_deadline"],
+            tree=row["tree"],
         )

@@ -6,10 +6,11 @@ Like ``repo``: plain functions on the caller's transaction, returning frozen rec
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, delete, func, insert, select, update
 
 from fairpool.errors import NotFound
 from fairpool.store import schema
@@ -21,6 +22,7 @@ from fairpool.store.tree_records import (
     NodeRecord,
     OperationRecord,
     OperationStatus,
+    PlacementRecord,
     PoolTreeRecord,
     TreePoolRecord,
 )
@@ -164,29 +166,57 @@ def set_pool_since(
 LIVE = (OperationStatus.PENDING, OperationStatus.RUNNING)
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What an operation asks for in one pool tree."""
+
+    tree: str
+    pool: str
+    weight: str
+    resource_limits: Mapping[str, int]
+
+
 def insert_operation(
     connection: Connection,
     *,
-    tree: str,
-    pool: str,
     user: str,
     job_resources: Mapping[str, int],
     job_count: int,
     gang: bool,
-    weight: str,
-    resource_limits: Mapping[str, int],
+    interruptible: bool,
+    placements: Sequence[Placement],
     now: datetime,
 ) -> str:
-    """A new pending operation; the pass that follows decides whether it runs."""
+    """A new pending operation in ``placements``' trees; the passes that follow decide
+    whether (and where) it runs."""
     now = as_utc(now)
     operation_id = new_id()
     connection.execute(insert(schema.tree_operation).values(
-        id=operation_id, tree=tree, pool=pool, user_name=user,
-        job_resources=dict(job_resources), job_count=job_count, gang=gang, weight=weight,
-        resource_limits=dict(resource_limits), status=OperationStatus.PENDING.value,
-        created_at=now, updated_at=now,
+        id=operation_id, user_name=user, job_resources=dict(job_resources),
+        job_count=job_count, gang=gang, interruptible=interruptible,
+        status=OperationStatus.PENDING.value, created_at=now, updated_at=now,
     ))
+    connection.execute(insert(schema.tree_operation_placement), [
+        {"operation_id": operation_id, "tree": p.tree, "position": position, "pool": p.pool,
+         "weight": p.weight, "resource_limits": dict(p.resource_limits), "running": False}
+        for position, p in enumerate(placements)
+    ])
     return operation_id
+
+
+def _with_placements(
+    connection: Connection, rows: Sequence[RowMapping]
+) -> list[OperationRecord]:
+    """Operation records for ``rows``, each with its placements (one more query)."""
+    table = schema.tree_operation_placement
+    placements: dict[str, list[PlacementRecord]] = {row["id"]: [] for row in rows}
+    if placements:
+        found = connection.execute(
+            select(table).where(table.c.operation_id.in_(list(placements)))
+        ).mappings()
+        for row in found:
+            placements[row["operation_id"]].append(PlacementRecord.from_row(row))
+    return [OperationRecord.from_row(row, placements[row["id"]]) for row in rows]
 
 
 def get_operation(connection: Connection, ref: str) -> OperationRecord:
@@ -194,7 +224,7 @@ def get_operation(connection: Connection, ref: str) -> OperationRecord:
     table = schema.tree_operation
     operation_id = resolve_id(connection, table, ref, "operation")
     row = connection.execute(select(table).where(table.c.id == operation_id)).mappings().one()
-    return OperationRecord.from_row(row)
+    return _with_placements(connection, [row])[0]
 
 
 def list_operations(
@@ -206,10 +236,13 @@ def list_operations(
     table = schema.tree_operation
     statement = select(table).order_by(table.c.created_at, table.c.id)
     if tree is not None:
-        statement = statement.where(table.c.tree == tree)
+        placement = schema.tree_operation_placement
+        statement = statement.where(table.c.id.in_(
+            select(placement.c.operation_id).where(placement.c.tree == tree)
+        ))
     if statuses is not None:
         statement = statement.where(table.c.status.in_([s.value for s in statuses]))
-    return [OperationRecord.from_row(row) for row in connection.execute(statement).mappings()]
+    return _with_placements(connection, list(connection.execute(statement).mappings()))
 
 
 def update_operation(
@@ -229,13 +262,26 @@ def update_operation(
         raise NotFound(f"no operation {operation_id!r}")
 
 
+def update_placement(
+    connection: Connection, operation_id: str, tree: str, **values: Any
+) -> None:
+    """Set columns of an operation's placement in ``tree``."""
+    table = schema.tree_operation_placement
+    connection.execute(
+        update(table)
+        .where(table.c.operation_id == operation_id, table.c.tree == tree)
+        .values(**values)
+    )
+
+
 def count_live_operations(connection: Connection, tree: str) -> dict[str, int]:
     """Started (pending + running) operations per pool name of ``tree``."""
-    table = schema.tree_operation
+    table, placement = schema.tree_operation, schema.tree_operation_placement
     rows = connection.execute(
-        select(table.c.pool, func.count())
-        .where(table.c.tree == tree, table.c.status.in_([s.value for s in LIVE]))
-        .group_by(table.c.pool)
+        select(placement.c.pool, func.count())
+        .join(table, table.c.id == placement.c.operation_id)
+        .where(placement.c.tree == tree, table.c.status.in_([s.value for s in LIVE]))
+        .group_by(placement.c.pool)
     )
     return {pool: count for pool, count in rows}
 
@@ -244,51 +290,77 @@ def count_live_operations(connection: Connection, tree: str) -> dict[str, int]:
 
 
 def insert_jobs(
-    connection: Connection, grants: Sequence[tuple[str, str]], now: datetime
+    connection: Connection, tree: str, grants: Sequence[tuple[str, str]], now: datetime
 ) -> None:
-    """Running jobs, one per ``(operation id, node)``."""
+    """Running jobs in ``tree``, one per ``(operation id, node)``."""
     if grants:
         connection.execute(insert(schema.tree_job), [
-            {"id": new_id(), "operation_id": operation_id, "node": node,
+            {"id": new_id(), "operation_id": operation_id, "node": node, "tree": tree,
              "status": JobStatus.RUNNING.value, "started_at": as_utc(now)}
             for operation_id, node in grants
         ])
 
 
+#: Jobs whose units are in use.
+LIVE_JOBS = tuple(status.value for status in JobStatus if status.is_live)
+
+
 def jobs_of(
-    connection: Connection, operation_ids: Sequence[str], status: JobStatus | None = None
+    connection: Connection, operation_ids: Sequence[str], live: bool = False
 ) -> list[JobRecord]:
-    """Jobs of these operations in start order (only ``status`` when given)."""
+    """Jobs of these operations in start order (only those whose units are in use when
+    ``live``)."""
     table = schema.tree_job
     statement = select(table).where(table.c.operation_id.in_(operation_ids))
-    if status is not None:
-        statement = statement.where(table.c.status == status.value)
+    if live:
+        statement = statement.where(table.c.status.in_(LIVE_JOBS))
     rows = connection.execute(statement.order_by(table.c.started_at, table.c.id)).mappings()
     return [JobRecord.from_row(row) for row in rows]
 
 
-def running_jobs_on(connection: Connection, node: str) -> int:
+def live_jobs_on(connection: Connection, node: str) -> int:
+    """Jobs holding units on ``node`` (running or being interrupted)."""
     table = schema.tree_job
     return int(connection.scalar(
-        select(func.count()).where(table.c.node == node, table.c.status == JobStatus.RUNNING.value)
+        select(func.count()).where(table.c.node == node, table.c.status.in_(LIVE_JOBS))
     ) or 0)
 
 
 def preempt_job(
-    connection: Connection, job_id: str, preemptor: str, reason: str, now: datetime
+    connection: Connection,
+    job_id: str,
+    preemptor: str,
+    reason: str,
+    now: datetime,
+    deadline: datetime | None = None,
 ) -> None:
+    """Preempt a running job now, or (``deadline``) interrupt it: it keeps its units until
+    then."""
     table = schema.tree_job
-    connection.execute(update(table).where(table.c.id == job_id).values(
-        status=JobStatus.PREEMPTED.value, finished_at=as_utc(now), preempted_by=preemptor,
-        reason=reason,
-    ))
+    values: dict[str, Any] = {"preempted_by": preemptor, "reason": reason}
+    if deadline is None:
+        values.update(status=JobStatus.PREEMPTED.value, finished_at=as_utc(now))
+    else:
+        values.update(status=JobStatus.INTERRUPTING.value, interrupt_deadline=as_utc(deadline))
+    connection.execute(update(table).where(table.c.id == job_id).values(**values))
+
+
+def finish_interruptions(connection: Connection, job_ids: Sequence[str], now: datetime) -> None:
+    """Interrupted jobs whose deadline has come: preempted, their units free."""
+    table = schema.tree_job
+    if job_ids:
+        connection.execute(
+            update(table)
+            .where(table.c.id.in_(job_ids), table.c.status == JobStatus.INTERRUPTING.value)
+            .values(status=JobStatus.PREEMPTED.value, finished_at=as_utc(now))
+        )
 
 
 def end_jobs(connection: Connection, operation_id: str, status: JobStatus, now: datetime) -> None:
-    """Every running job of the operation ends with ``status``."""
+    """Every live job of the operation (interrupted ones too) ends with ``status``."""
     table = schema.tree_job
     connection.execute(
         update(table)
-        .where(table.c.operation_id == operation_id, table.c.status == JobStatus.RUNNING.value)
+        .where(table.c.operation_id == operation_id, table.c.status.in_(LIVE_JOBS))
         .values(status=status.value, finished_at=as_utc(now))
     )
