@@ -29,6 +29,7 @@ from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
+from fairpool.store.db import generation as db_generation
 from fairpool.store.records import (
     Allocation,
     ApiToken,
@@ -234,6 +235,10 @@ class Service:
         #: wake-ups), after the commit, on the thread that ran the batch.
         self.on_pass: Callable[[PassSummary], None] | None = None
         self._writes: GroupCommit[_Operation] = GroupCommit(self._run_batch)
+        #: The live state as the last batch committed it, with the store's generation then:
+        #: the next batch starts from it instead of loading it when nobody wrote in between
+        #: (another process, or a write that does not track the state). Only batches touch it.
+        self._committed: tuple[int, _State] | None = None
 
     def close(self) -> None:
         self.db.close()
@@ -673,9 +678,12 @@ class Service:
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         passed: _Passed | None = None
+        committed, self._committed = self._committed, None  # the batch changes it in place
         try:
             with self.db.write() as conn:
-                tx = _Tx(conn)
+                generation = db_generation(conn)
+                fresh = committed is not None and committed[0] == generation - 1
+                tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
                 for pending in batch:
                     if len(batch) == 1:  # alone: its error rolls the transaction back
                         answers.append((pending, pending.work.change(tx)))
@@ -700,11 +708,14 @@ class Service:
                     except Exception as error:  # reads only: the others still commit
                         pending.fail(error)
                 repo.insert_events(conn, tx.events)
+                kept = tx.state
         except BaseException as error:
             for pending in batch:
                 if pending.error is None:
                     pending.fail(error)
             return
+        if kept is not None:
+            self._committed = (generation, kept)
         if passed is not None and self.on_pass is not None and any(
             p.work.passes for p in batch
         ):

@@ -194,3 +194,72 @@ def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
     assert sorted(e.request_id for e in events if e.kind in ("created", "retried")) == sorted(
         r.id for r in requests
     )
+
+
+def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    loads = [0]
+    load = service_module._State.load
+
+    def counted(conn: Any) -> Any:
+        loads[0] += 1
+        return load(conn)
+
+    monkeypatch.setattr(service_module._State, "load", staticmethod(counted))
+    return loads
+
+
+def test_a_batch_starts_from_the_state_the_last_one_committed(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests created, granted, released and cancelled one batch after another: the live
+    state is loaded once, then carried from commit to commit."""
+    svc.reconcile()  # the fixture's pool and policy writes do not track the state
+    loads = _count_loads(monkeypatch)
+    views = [svc.create_request("team", demand={"gpu": 1}) for _ in range(3)]
+    assert [v.status for v in views] == ["allocated", "allocated", "queued"]
+    svc.release_request(views[0].id)
+    assert svc.get_request(views[2].id).status == "allocated"
+    svc.cancel_request(views[1].id)
+    svc.heartbeat(views[2].id)
+    svc.reconcile()
+    assert loads[0] <= 1  # views of waiting requests (get_request) load in their own reads
+
+
+def test_a_write_by_anyone_else_makes_the_next_batch_load_the_state_again(
+    svc: Service, database_url: str
+) -> None:
+    """Another process (here a second service on the same database) takes the last units,
+    then gives them back: the first service's batches see both writes, whatever they kept."""
+    first = svc.create_request("team", demand={"gpu": 1})
+    other_db = Database.open(database_url)
+    try:
+        other = Service(other_db, svc.clock)
+        taken = other.create_request("team", demand={"gpu": 1})
+        assert taken.status == "allocated"
+        # Both units are held: a third request waits (over-commit if the state were stale).
+        third = svc.create_request("team", demand={"gpu": 1})
+        assert third.status == "queued"
+        other.release_request(taken.id)
+        other.update_pool("gpus", capacity={"gpu": 3})  # an untracked write there too
+    finally:
+        other_db.close()
+    svc.release_request(first.id)
+    assert svc.get_request(third.id).status == "allocated"
+    fourth = svc.create_request("team", demand={"gpu": 2})
+    assert fourth.status == "allocated"  # the capacity of 3 the other one set
+    assert svc.create_request("team", demand={"gpu": 1}).status == "queued"
+
+
+def test_a_batch_that_rolls_back_leaves_no_state_behind(svc: Service) -> None:
+    """A batch of one whose operation fails after changing the state in memory is rolled
+    back: the next batch must not start from what it left."""
+    held = svc.create_request("team", demand={"gpu": 2})
+
+    def fails_half_way(tx: Any) -> Any:
+        svc._finish(tx, svc._request(tx, held.id), service_module.RequestStatus.RELEASED, "x")
+        raise RuntimeError("after the release, before the commit")
+
+    with pytest.raises(RuntimeError, match="before the commit"):
+        svc._write(fails_half_way, tracked=True)
+    assert svc.get_request(held.id).status == "allocated"
+    assert svc.create_request("team", demand={"gpu": 1}).status == "queued"

@@ -118,11 +118,11 @@ def test_migrated_database_inspects_like_create_all(
 
 
 def test_downgrade_to_base_and_back(db: Database) -> None:
-    with db.write() as connection:
+    with db.migrating() as connection:
         command.downgrade(migration_config(connection), "base")
     with db.read() as connection:
         assert inspect(connection).get_table_names() == ["alembic_version"]
-    with db.write() as connection:
+    with db.migrating() as connection:
         command.upgrade(migration_config(connection), "head")
     with db.read() as connection:
         assert set(inspect(connection).get_table_names()) == {

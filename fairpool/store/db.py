@@ -51,6 +51,9 @@ WRITE_LOCK_KEY = int.from_bytes(b"fairpool", "big")
 _MODE = "fairpool_mode"
 # Where a pooled SQLite connection remembers whether it is set query_only.
 _QUERY_ONLY = "fairpool_query_only"
+# Where a write transaction's connection keeps the generation it incremented to.
+_GENERATION = "fairpool_generation"
+_BUMP = text("UPDATE store_generation SET value = value + 1 WHERE id = 1 RETURNING value")
 Mode = Literal["read", "write"]
 
 _SQLITE_PRAGMAS = (
@@ -80,7 +83,7 @@ def default_url(home: Path) -> str:
 #: The newest migration. Opening compares the database with it in plain SQL, so the common
 #: case (schema up to date) never imports Alembic, which costs every CLI call ~0.2 s.
 #: tests/test_store_schema.py checks it is the migrations' head.
-SCHEMA_HEAD = "0008"
+SCHEMA_HEAD = "0009"
 
 
 def migration_config(connection: Connection) -> Config:
@@ -104,6 +107,13 @@ def serialize_writers(connection: Connection) -> None:
     """
     if connection.dialect.name == "postgresql":
         connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+
+
+def generation(connection: Connection) -> int:
+    """The store's generation after this write transaction (``Database.write``) began: one
+    more than at the end of the transaction committed before it."""
+    value: int = connection.info[_GENERATION]
+    return value
 
 
 class Database:
@@ -158,9 +168,24 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """One write transaction: committed when the block ends, rolled back if it raises."""
+        """One write transaction: committed when the block ends, rolled back if it raises.
+        It increments the store's generation first (``generation`` tells the new value)."""
+        with self._write(bump=True) as connection:
+            yield connection
+
+    @contextmanager
+    def migrating(self) -> Iterator[Connection]:
+        """A write transaction for schema migrations only: it leaves the generation alone,
+        whose table may not exist yet (or any more)."""
+        with self._write(bump=False) as connection:
+            yield connection
+
+    @contextmanager
+    def _write(self, bump: bool) -> Iterator[Connection]:
         with self._write_lock, self._connect("write") as connection, connection.begin():
             serialize_writers(connection)
+            if bump:
+                connection.info[_GENERATION] = connection.execute(_BUMP).scalar_one()
             yield connection
 
     @contextmanager
@@ -188,7 +213,7 @@ class Database:
         # Under the write lock (PostgreSQL: the advisory lock; its DDL is transactional too),
         # so that of several processes opening a new database at once one migrates and the
         # others then find it at head. No writer runs against a half-migrated schema.
-        with self.write() as connection:
+        with self.migrating() as connection:
             command.upgrade(migration_config(connection), "head")
 
 

@@ -353,6 +353,16 @@ cluster_node = Table(
     _time("last_preemption_at", nullable=True),
 )
 
+# One row: incremented by every write transaction (``Database.write``), so a process can
+# tell whether anyone wrote since its own last commit.
+store_generation = Table(
+    "store_generation",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("value", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+)
+
 pool_tree = Table(
     "pool_tree",
     metadata,
