@@ -377,6 +377,19 @@ class _Planner:
             )
         return problem
 
+    def place_all(self, job: Resources, count: int) -> list[str]:
+        """The nodes ``count`` jobs would take, first fit in the free room, stopping at the
+        first that fits nowhere (a gang's trial: nothing is granted)."""
+        trial = {name: dict(room) for name, room in self.free.items()}
+        placed: list[str] = []
+        for _ in range(count):
+            node = self.first_fit(job, trial)
+            if node is None:
+                break
+            _add(trial[node], job, -1)
+            placed.append(node)
+        return placed
+
     def first_fit(self, job: Resources, free: Mapping[str, Mapping[str, int]]) -> str | None:
         for name, room in free.items():
             if _fits(job, room):
@@ -436,14 +449,7 @@ class _Planner:
         count = self.open_pending(op)
         if self.limit_problem(op, count) is not None:
             return
-        trial = {name: dict(room) for name, room in self.free.items()}
-        placed: list[str] = []
-        for _ in range(count):
-            node = self.first_fit(op.job_resources, trial)
-            if node is None:
-                break
-            _add(trial[node], op.job_resources, -1)
-            placed.append(node)
+        placed = self.place_all(op.job_resources, count)
         if len(placed) == count:
             for node in placed:
                 self.grant(op, node)
@@ -491,18 +497,13 @@ class _Planner:
         if problem is not None:
             self.waiting[op.id] = f"gang of {count} jobs: {problem}"
             return
-        trial = {name: dict(room) for name, room in self.free.items()}
-        placed: list[str] = []
-        for _ in range(count):
-            node = self.first_fit(op.job_resources, trial)
-            if node is None:
-                self.waiting[op.id] = (
-                    f"gang of {count} jobs: only {len(placed)} fit on the nodes of tree "
-                    f"{self.tree.name} now (all or nothing)"
-                )
-                return
-            _add(trial[node], op.job_resources, -1)
-            placed.append(node)
+        placed = self.place_all(op.job_resources, count)
+        if len(placed) < count:
+            self.waiting[op.id] = (
+                f"gang of {count} jobs: only {len(placed)} fit on the nodes of tree "
+                f"{self.tree.name} now (all or nothing)"
+            )
+            return
         for node in placed:
             self.grant(op, node)
 
