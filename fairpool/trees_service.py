@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -25,6 +25,7 @@ from fairpool.engine.fairshare import (
     ElementKind,
     ElementShares,
     FairShareResult,
+    IntegralState,
     compute_fair_share,
 )
 from fairpool.engine.jobs import (
@@ -37,11 +38,13 @@ from fairpool.engine.jobs import (
     format_resources,
     plan_jobs,
 )
+from fairpool.engine.piecewise import ZERO
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.frontends.trees import (
     ClusterNode,
     Pool,
     PoolConfig,
+    PoolIntegralGuarantees,
     PoolTree,
     PoolTreeConfig,
     load_pool_tree,
@@ -53,6 +56,7 @@ from fairpool.frontends.trees import (
 from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.store.tree_records import (
+    IntegralRecord,
     JobStatus,
     NodeRecord,
     OperationRecord,
@@ -76,6 +80,31 @@ def _seconds(value: datetime | None) -> float | None:
 
 def _moment(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def _integral_settings(
+    given: PoolIntegralGuarantees | None, tree: PoolTreeConfig
+) -> dict[str, Any]:
+    """A pool's integral_guarantees with every option resolved (the multiplier limit from the
+    tree when the pool has none; free-volume distribution off unless asked for)."""
+    integral = given or PoolIntegralGuarantees()
+    limit = integral.relaxed_share_multiplier_limit
+    return {
+        "guarantee_type": integral.guarantee_type.value,
+        "burst_guarantee_resources": dict(integral.burst_guarantee_resources),
+        "resource_flow": dict(integral.resource_flow),
+        "relaxed_share_multiplier_limit": _share(
+            tree.integral_guarantees.relaxed_share_multiplier_limit if limit is None else limit
+        ),
+        "can_accept_free_volume": integral.can_accept_free_volume,
+        "should_distribute_free_volume_among_children":
+            bool(integral.should_distribute_free_volume_among_children),
+    }
+
+
+def _elapsed(since: datetime, now: datetime) -> Fraction:
+    """Exact seconds from ``since`` to ``now``; 0 if the clock went back."""
+    return max(Fraction((now - since) // timedelta(microseconds=1), 10**6), ZERO)
 
 
 def _share(value: Fraction) -> float:
@@ -103,8 +132,11 @@ class SharesView:
     weight: float
     starving: bool
     below_fair_share_since: str | None
-    #: Per resource: strong_guarantee / weight_proportional / total fair share, usage, demand.
+    #: Per resource: strong_guarantee / integral_guarantee / weight_proportional / total fair
+    #: share, usage, demand.
     detailed: dict[str, dict[str, float]]
+    #: Burst and relaxed pools: YTsaurus's Orchid integral fields; None elsewhere.
+    integral: dict[str, Any] | None
 
     @classmethod
     def of(cls, element: ElementShares) -> SharesView:
@@ -123,11 +155,13 @@ class SharesView:
             else _iso(_moment(starvation.below_fair_share_since)),
             detailed={
                 "strong_guarantee": _shares(element.fair_share.strong_guarantee),
+                "integral_guarantee": _shares(element.fair_share.integral_guarantee),
                 "weight_proportional": _shares(element.fair_share.weight_proportional),
                 "fair_share": _shares(element.fair_share.total),
                 "usage_share": _shares(element.usage_share),
                 "demand_share": _shares(element.demand_share),
             },
+            integral=None if element.integral is None else _integral_view(element),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -141,7 +175,28 @@ class SharesView:
             "starving": self.starving,
             "below_fair_share_since": self.below_fair_share_since,
             "detailed": self.detailed,
+            "integral": self.integral,
         }
+
+
+def _integral_view(element: ElementShares) -> dict[str, Any]:
+    """An integral pool's Orchid fields (``accumulated_resource_volume`` in resource-seconds,
+    ratio volumes in share-seconds), rounded like every share shown."""
+    integral = element.integral
+    assert integral is not None
+    duration = integral.estimated_burst_usage_duration_seconds
+    return {
+        "integral_guarantee_type": integral.guarantee_type.value,
+        "proposed_integral_share": _shares(element.proposed_integral_share),
+        "specified_burst_ratio": _share(integral.specified_burst_ratio),
+        "specified_resource_flow_ratio": _share(integral.specified_resource_flow_ratio),
+        "total_burst_ratio": _share(integral.total_burst_ratio),
+        "total_resource_flow_ratio": _share(integral.total_resource_flow_ratio),
+        "accumulated_resource_volume": _shares(integral.accumulated_resource_volume),
+        "accumulated_resource_ratio_volume": _share(integral.accumulated_resource_ratio_volume),
+        "integral_pool_capacity": _share(integral.integral_pool_capacity),
+        "estimated_burst_usage_duration_seconds": None if duration is None else _share(duration),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +457,8 @@ class _State:
     tree: PoolTree
     ephemeral_users: dict[str, str]
     pool_since: dict[str, float]
+    #: Integral pools' state after the last pass.
+    integral: dict[str, IntegralRecord]
     nodes: tuple[NodeRecord, ...]
     #: Live operations with a placement in this tree.
     operations: tuple[OperationRecord, ...]
@@ -444,6 +501,7 @@ class _State:
             {p.name: p.ephemeral_user for p in pools if p.ephemeral_user is not None},
             {p.name: p.below_fair_share_since.timestamp() for p in pools
              if p.below_fair_share_since is not None},
+            {p.name: p.integral for p in pools if p.integral is not None},
             tuple(store.list_nodes(conn)),
             operations,
             {op_id: tuple(found) for op_id, found in jobs.items()},
@@ -491,11 +549,29 @@ class _State:
                 since[(ElementKind.OPERATION, op.id)] = at.timestamp()
         return since
 
+    def integral_states(self, now: datetime | None = None) -> dict[str, IntegralState]:
+        """The stored integral states; with ``now``, each with the time elapsed since it was
+        stored (the pass refills and consumes the volume over it), else with none (a read)."""
+        return {
+            name: IntegralState(
+                record.volume,
+                record.share_ratio,
+                ZERO if now is None else _elapsed(record.updated_at, now),
+            )
+            for name, record in self.integral.items()
+        }
+
     def fair_share(
-        self, states: Sequence[OperationState], now: datetime
+        self,
+        states: Sequence[OperationState],
+        now: datetime,
+        integral: Mapping[str, IntegralState] | None = None,
     ) -> FairShareResult:
+        """``integral``: the integral pools' states (default: as stored, nothing elapsed)."""
         snapshot = self.tree.fair_share_snapshot(
-            self.total, [state.fair_share_input() for state in states]
+            self.total,
+            [state.fair_share_input() for state in states],
+            self.integral_states() if integral is None else integral,
         )
         return compute_fair_share(
             snapshot, now=now.timestamp(), below_fair_share_since=self.since()
@@ -830,6 +906,9 @@ class TreesService:
                 "effective_non_preemptible_resource_usage_threshold": dict(
                     resolved.effective_non_preemptible_resource_usage_threshold
                 ),
+                "integral_guarantees": _integral_settings(
+                    resolved.config.integral_guarantees, state.tree.config
+                ),
             },
             children=tuple(state.tree.children(name)),
             running_operation_count=running,
@@ -1093,7 +1172,9 @@ class TreesService:
         state = _State.load(conn, name)
         admission = admit_operations(state.tree, state.states())
         states = state.states(admission.running)
-        before = state.fair_share(states, now)
+        # Integral pools' volumes are refilled and consumed over the time since the last pass,
+        # once: the second update below starts from the volumes this one leaves.
+        before = state.fair_share(states, now, state.integral_states(now))
         nodes = [
             NodeState(_cluster_node(n), _seconds(n.last_preemption_at)) for n in state.nodes
         ]
@@ -1112,7 +1193,11 @@ class TreesService:
         store.mark_preemption(conn, plan.preempted_nodes, now)
         # The shares after the plan: what the answer shows, and whose starvation clocks the
         # next pass continues (an operation the plan satisfied is no longer below its share).
-        after = state.fair_share(_after(states, plan, now.timestamp()), now)
+        refilled = {
+            pool_name: element.integral.state
+            for pool_name, element in before.pools.items() if element.integral is not None
+        }
+        after = state.fair_share(_after(states, plan, now.timestamp()), now, refilled)
         for op in state.operations:
             wait = plan.waiting.get(op.id)
             reason = admission.pending.get(op.id) or (
@@ -1129,6 +1214,16 @@ class TreesService:
             at = None if starvation is None else starvation.below_fair_share_since
             if at != state.pool_since.get(pool_name):
                 store.set_pool_since(conn, name, pool_name, _moment(at))
+            # Every pass stores the integral state, with its time: the next pass refills
+            # from it. A pool that stopped being integral forgets its volume.
+            integral = element.integral
+            if integral is not None:
+                store.set_pool_integral(conn, name, pool_name, IntegralRecord(
+                    dict(integral.state.accumulated_volume),
+                    integral.state.last_share_ratio, now,
+                ))
+            elif pool_name in state.integral:
+                store.set_pool_integral(conn, name, pool_name, None)
         changed = {g.operation for g in plan.grants} | {p.operation for p in plan.preemptions}
         stale = frozenset(p.tree for op in state.operations if op.id in changed
                           for p in op.placements if p.tree != name)

@@ -90,6 +90,17 @@ def test_the_issues_tour(home: Path) -> None:
          ("job_resources.cpu", "largest: 64")),
         (("node", "add", "bad name", "--resources", '{"cpu": 1}'), ("name", "bad name")),
         (("pool", "describe", "nope", "--tree", "physical"), ("no pool 'nope'",)),
+        (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
+          "{guarantee_type: bursty}"),
+         ("integral_guarantees.guarantee_type: must be none, burst or relaxed", "bursty")),
+        (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
+          "{guarantee_type: relaxed, relaxed_share_multiplier_limit: 11}"),
+         ("integral_guarantees.relaxed_share_multiplier_limit: must be between 1 and 10",)),
+        # A child's flow must fit in its parent's (YTsaurus's master checks it).
+        (("pool", "set", "project-adhoc", "--tree", "physical", "integral_guarantees",
+          "{guarantee_type: burst, resource_flow: {cpu: 10}}"),
+         ("pool project-root: integral_guarantees.resource_flow.cpu: is less than its "
+          "children's sum 10 (got 0)",)),
     ],
 )
 def test_bad_input_is_one_error_line_and_writes_nothing(
@@ -199,3 +210,33 @@ def test_an_operation_in_two_trees(tmp_path: Path) -> None:
         "tree_options.cpus: is not one of the operation's trees (physical)",
     )
     assert db_dump(tmp_path) == before
+
+
+def test_integral_guarantees_are_set_and_shown(tmp_path: Path) -> None:
+    """``pool set ... integral_guarantees`` and a YAML apply take the option; ``pool
+    describe`` and ``pool-tree show`` show the integral share and the Orchid fields."""
+    fairpool(tmp_path, "node", "add", "n1", "--resources", '{"cpu": 100}').ok()
+    path = tmp_path / "tree.yaml"
+    path.write_text(
+        "name: t\npools:\n  B: {integral_guarantees: {guarantee_type: relaxed, "
+        "resource_flow: {cpu: 10}}}\n  W: {weight: 3}\n"
+    )
+    fairpool(tmp_path, "pool-tree", "apply", "-f", str(path)).ok()
+    pool = fairpool(tmp_path, "pool", "set", "B", "--tree", "t", "integral_guarantees",
+                    "{guarantee_type: burst, burst_guarantee_resources: {cpu: 50}, "
+                    "resource_flow: {cpu: 10}}", "-o", "json").ok().json
+    assert pool["config"]["integral_guarantees"] == {
+        "guarantee_type": "burst", "burst_guarantee_resources": {"cpu": 50},
+        "resource_flow": {"cpu": 10}}
+    assert pool["effective"]["integral_guarantees"]["relaxed_share_multiplier_limit"] == 3
+    integral = pool["integral"]
+    assert (integral["integral_guarantee_type"], integral["specified_burst_ratio"],
+            integral["specified_resource_flow_ratio"], integral["integral_pool_capacity"]) == (
+        "burst", 0.5, 0.1, 8640.0)
+    assert pool["detailed"]["integral_guarantee"] == {"cpu": 0.0}
+    shown = fairpool(tmp_path, "pool", "describe", "B", "--tree", "t").ok().out
+    assert "Integral guarantees" in shown and "ACCUMULATED RESOURCE RATIO VOLUME" in shown
+    tree = fairpool(tmp_path, "pool-tree", "show", "t", "-o", "json").ok().json
+    b = next(e for e in tree["elements"] if e["name"] == "B")
+    assert b["integral"]["integral_guarantee_type"] == "burst"
+    assert next(e for e in tree["elements"] if e["name"] == "W")["integral"] is None

@@ -8,6 +8,7 @@ tests it cites (``library/vector_hdrf/unittests/fair_share_update_ut.cpp``: clus
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from fractions import Fraction as F
 
 import pytest
@@ -16,6 +17,9 @@ from fairpool.engine.fairshare import (
     ROOT,
     ElementKind,
     FifoSortParameter,
+    IntegralGuarantees,
+    IntegralGuaranteeType,
+    IntegralState,
     OperationSnapshot,
     PoolSnapshot,
     SchedulingMode,
@@ -610,4 +614,173 @@ def test_same_snapshot_in_any_input_order_gives_the_same_result() -> None:
 )
 def test_broken_snapshots_are_refused(snapshot: TreeSnapshot, message: str) -> None:
     with pytest.raises(ValueError, match=message):
+        compute_fair_share(snapshot)
+
+
+# -- integral guarantees (reference/yt_slurm.md §1.6) ------------------------------------------
+
+BURST, RELAXED = IntegralGuaranteeType.BURST, IntegralGuaranteeType.RELAXED
+
+
+def integral_pool(
+    name: str,
+    kind: IntegralGuaranteeType,
+    volume: int,
+    *,
+    burst: int = 0,
+    flow: int = 10,
+    elapsed: int = 0,
+    last: F = F(0),
+    strong: int = 0,
+) -> PoolSnapshot:
+    """An integral pool on a 100-cpu tree: ``volume`` cpu-seconds, ``elapsed`` seconds since
+    the update that left it, which gave it ``last`` of the tree."""
+    return PoolSnapshot(
+        name,
+        strong_guarantee_resources={"cpu": strong} if strong else {},
+        integral_guarantees=IntegralGuarantees(
+            kind, {"cpu": burst} if burst else {}, {"cpu": flow}
+        ),
+        integral_state=IntegralState({"cpu": F(volume)}, last, F(elapsed)),
+    )
+
+
+def burst_against_weight_3(volume: int, elapsed: int = 0, last: F = F(0)) -> TreeSnapshot:
+    """Burst pool B (burst 50 cpu, flow 10) and W of weight 3, both demanding everything."""
+    b = integral_pool("B", BURST, volume, burst=50, elapsed=elapsed, last=last)
+    return TreeSnapshot(
+        {"cpu": 100},
+        (b, PoolSnapshot("W", weight=F(3))),
+        (busy_op("b", "B"), busy_op("w", "W")),
+    )
+
+
+def busy_op(op_id: str, pool: str) -> OperationSnapshot:
+    return OperationSnapshot(op_id, pool, {"cpu": 1}, pending_job_count=1000)
+
+
+INTEGRAL_CASES: list[tuple[str, TreeSnapshot, dict[str, F], F, F]] = [
+    # (case, snapshot, fair shares, B's integral share, B's volume after the update)
+    # Without volume, weights alone: B 1/4, W 3/4.
+    ("burst-without-volume", burst_against_weight_3(volume=0), {"B": F(1, 4), "W": F(3, 4)},
+     F(0), F(0)),
+    # 6000 cpu-s = 60 share-s: over smooth_period 60 s that pays for a share of 1 >= burst 1/2.
+    # B is guaranteed 1/2, then weights split the rest: 1/2 + f + 3f = 1, f = 1/8.
+    ("burst-with-volume", burst_against_weight_3(volume=6000), {"B": F(5, 8), "W": F(3, 8)},
+     F(1, 2), F(6000)),
+    # 100 s at 1/2 of the tree, refilled at 1/10: 6000 + 100 * 100 * (1/10 - 1/2) = 2000 cpu-s,
+    # a share of 20/60 = 1/3: 1/3 + 4f = 1, f = 1/6.
+    ("burst-volume-draining", burst_against_weight_3(volume=6000, elapsed=100, last=F(1, 2)),
+     {"B": F(1, 2), "W": F(1, 2)}, F(1, 3), F(2000)),
+    # 150 s more: 6000 - 150 * 40 = 0: the burst guarantee is gone, weights alone again.
+    ("burst-volume-ran-out", burst_against_weight_3(volume=6000, elapsed=150, last=F(1, 2)),
+     {"B": F(1, 4), "W": F(3, 4)}, F(0), F(0)),
+    # Relaxed, alone with 6000 cpu-s: capped at flow 1/10 * relaxed_share_multiplier_limit 3;
+    # 3/10 + 4f = 1, f = 7/40.
+    ("relaxed-capped-by-flow", TreeSnapshot(
+        {"cpu": 100},
+        (integral_pool("B", RELAXED, 6000), PoolSnapshot("W", weight=F(3))),
+        (busy_op("b", "B"), busy_op("w", "W")),
+     ), {"B": F(19, 40), "W": F(21, 40)}, F(3, 10), F(6000)),
+]
+
+
+@pytest.mark.parametrize("numeric", ["exact", "float"])
+@pytest.mark.parametrize(
+    ("snapshot", "shares", "integral", "volume"),
+    [c[1:] for c in INTEGRAL_CASES],
+    ids=[c[0] for c in INTEGRAL_CASES],
+)
+def test_burst_and_relaxed_pools(
+    snapshot: TreeSnapshot, shares: dict[str, F], integral: F, volume: F, numeric: str
+) -> None:
+    result = compute_fair_share(snapshot, numeric="exact" if numeric == "exact" else "float")
+    for name, share in shares.items():
+        assert abs(result.pools[name].fair_share.total["cpu"] - share) <= 1e-12, name
+    b = result.pools["B"]
+    assert abs(b.fair_share.integral_guarantee["cpu"] - integral) <= 1e-12
+    assert abs(b.proposed_integral_share["cpu"] - integral) <= 1e-12
+    assert b.integral is not None
+    assert b.integral.state.accumulated_volume == {"cpu": volume}
+    assert abs(b.integral.state.last_share_ratio - integral) <= 1e-12
+    if numeric == "exact":  # the root carries the integral share up
+        assert result.root.proposed_integral_share == {"cpu": integral}
+
+
+def test_relaxed_pools_share_what_is_left_in_proportion_to_their_volume() -> None:
+    """S's strong guarantee leaves 1/5; R1 (1200 cpu-s, a ratio of 1/5) and R2 (600 cpu-s,
+    1/10) are suggested 2f and f: 2f + f = 1/5, so 2/15 and 1/15."""
+    snapshot = TreeSnapshot(
+        {"cpu": 100},
+        (
+            PoolSnapshot("S", strong_guarantee_resources={"cpu": 80}),
+            integral_pool("R1", RELAXED, 1200),
+            integral_pool("R2", RELAXED, 600),
+        ),
+        (busy_op("s", "S"), busy_op("r1", "R1"), busy_op("r2", "R2")),
+    )
+    result = compute_fair_share(snapshot)
+    assert {name: p.fair_share.total["cpu"] for name, p in result.pools.items()} == {
+        "S": F(4, 5), "R1": F(2, 15), "R2": F(1, 15)
+    }
+    assert result.pools["R1"].fair_share.integral_guarantee == {"cpu": F(2, 15)}
+    assert result.pools["R2"].fair_share.weight_proportional == {"cpu": F(0)}
+    assert not result.warnings
+
+
+@pytest.mark.parametrize(
+    ("volume", "elapsed", "last", "after"),
+    [
+        (0, 3600, F(0), 36_000),  # idle: 100 cpu * 3600 s * 1/10
+        (863_000, 3600, F(0), 864_000),  # capped at 100 * 1/10 * 86400 s
+        (900_000, 3600, F(0), 900_000),  # above a lowered capacity: never grows
+        (900_000, 100, F(1, 5), 899_000),  # ... but drains: 100 * 100 * (1/10 - 1/5)
+        (5_000, 0, F(1), 5_000),  # nothing elapsed: nothing refilled or consumed
+    ],
+)
+def test_volume_accrues_at_the_flow_and_saturates(
+    volume: int, elapsed: int, last: F, after: int
+) -> None:
+    idle = integral_pool("B", BURST, volume, burst=50, elapsed=elapsed, last=last)
+    result = compute_fair_share(TreeSnapshot({"cpu": 100}, (idle,)))
+    b = result.pools["B"]
+    assert b.integral is not None
+    assert b.integral.state.accumulated_volume == {"cpu": F(after)}
+    assert b.integral.accumulated_resource_ratio_volume == F(after, 100)
+    assert b.integral.integral_pool_capacity == F(8640)  # share-seconds: 1/10 * 86400
+    # Nothing to run: the pool takes no integral share, so the next update consumes nothing.
+    assert b.integral.state.last_share_ratio == 0
+    # At burst 1/2 with a flow of 1/10 the volume lasts ratio volume / (1/2 - 1/10) seconds.
+    assert b.integral.estimated_burst_usage_duration_seconds == F(after, 100) / F(2, 5)
+
+
+def test_overcommitting_burst_guarantees_scales_them_with_strong_guarantees() -> None:
+    """Strong 60 + burst 60 > 100: both scaled by 100/120 (a warning, as YTsaurus alerts);
+    S is then guaranteed 1/2 and B a burst share of 1/2."""
+    snapshot = TreeSnapshot(
+        {"cpu": 100},
+        (
+            PoolSnapshot("S", strong_guarantee_resources={"cpu": 60}),
+            integral_pool("B", BURST, 10**6, burst=60, flow=10),
+        ),
+        (busy_op("s", "S"), busy_op("b", "B")),
+    )
+    result = compute_fair_share(snapshot)
+    assert [w for w in result.warnings if "burst" in w] == [
+        "strong guarantees and burst guarantees exceed the tree total (burst ratio 3/5); "
+        "both scaled by 5/6"
+    ]
+    assert result.pools["S"].strong_guarantee_share == {"cpu": F(1, 2)}
+    b = result.pools["B"]
+    assert b.integral is not None and b.integral.burst_ratio == F(1, 2)
+    assert b.fair_share.total == {"cpu": F(1, 2)} == b.fair_share.integral_guarantee
+
+
+def test_nested_integral_pools_are_refused() -> None:
+    snapshot = TreeSnapshot(
+        {"cpu": 100},
+        (integral_pool("A", BURST, 0, burst=10), replace(integral_pool("B", RELAXED, 0),
+                                                          parent="A")),
+    )
+    with pytest.raises(ValueError, match="integral pools do not nest"):
         compute_fair_share(snapshot)

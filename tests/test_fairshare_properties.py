@@ -6,6 +6,7 @@ Each property was checked to fail against a planted bug (see ``docs/trees.md``).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from fractions import Fraction as F
 
 from hypothesis import given, settings
@@ -15,6 +16,9 @@ from fairpool.engine.fairshare import (
     ROOT,
     ElementShares,
     FairShareResult,
+    IntegralGuarantees,
+    IntegralGuaranteeType,
+    IntegralState,
     OperationSnapshot,
     PoolSnapshot,
     SchedulingMode,
@@ -158,3 +162,113 @@ def test_same_snapshot_same_result_in_any_order(snapshot: TreeSnapshot, rng: ran
     first = compute_fair_share(snapshot)
     assert compute_fair_share(snapshot) == first
     assert compute_fair_share(shuffled) == first
+
+
+@st.composite
+def integral_snapshots(draw: st.DrawFn, resources: tuple[str, ...] = RESOURCES) -> TreeSnapshot:
+    """A random tree (above) in which some pools, never one inside another, are burst or
+    relaxed pools with random burst guarantees, flows, volumes, last share ratios and time
+    elapsed; kept to ``resources``."""
+    snapshot = draw(snapshots())
+    parents = {pool.name: pool.parent for pool in snapshot.pools}
+
+    def line(name: str | None) -> set[str]:
+        found = set()
+        while name is not None:
+            found.add(name)
+            name = parents.get(name)
+        return found
+
+    integral: set[str] = set()
+    pools = []
+    for pool in snapshot.pools:
+        kind = draw(st.sampled_from(IntegralGuaranteeType))
+        related = line(pool.name) | {p for p in integral if pool.name in line(p)}
+        if kind is not IntegralGuaranteeType.NONE and not related & integral:
+            integral.add(pool.name)
+            total = snapshot.total_resources
+            pool = replace(
+                pool,
+                integral_guarantees=IntegralGuarantees(
+                    kind,
+                    {"cpu": draw(st.integers(0, total["cpu"]))},
+                    {"cpu": draw(st.integers(0, total["cpu"]))},
+                    draw(st.none() | st.integers(1, 10).map(F)),
+                ),
+                integral_state=IntegralState(
+                    {r: F(draw(st.integers(0, 100 * total[r]))) for r in total},
+                    F(draw(st.integers(0, 4)), 4),
+                    F(draw(st.integers(0, 120))),
+                ),
+            )
+        pools.append(replace(
+            pool,
+            resource_limits={r: a for r, a in pool.resource_limits.items() if r in resources},
+        ))
+    operations = [
+        replace(
+            op,
+            job_resources={r: a for r, a in op.job_resources.items() if r in resources},
+            resource_limits={r: a for r, a in op.resource_limits.items() if r in resources},
+        )
+        for op in snapshot.operations
+    ]
+    return replace(
+        snapshot,
+        total_resources={r: a for r, a in snapshot.total_resources.items() if r in resources},
+        pools=tuple(pools),
+        operations=tuple(operations),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(integral_snapshots())
+def test_integral_pools_keep_the_invariants(snapshot: TreeSnapshot) -> None:
+    """With burst and relaxed pools: shares sum to at most 1 per resource, stay within demand
+    and limits, children within their parent; volumes stay within [0, max(old, capacity)]."""
+    result = compute_fair_share(snapshot)
+    for resource in result.resources:
+        assert sum(o.fair_share.total[resource] for o in result.operations.values()) <= 1
+        assert result.root.fair_share.total[resource] <= 1
+    for element in elements(result):
+        for resource, share in element.fair_share.total.items():
+            assert 0 <= share <= element.demand_share[resource], element.name
+            assert share <= element.limits_share[resource], element.name
+    for parent in [result.root, *result.pools.values()]:
+        for resource in result.resources:
+            given_out = sum(c.fair_share.total[resource] for c in children_of(result, parent.name))
+            assert given_out <= parent.fair_share.total[resource], parent.name
+    saturation = 86_400
+    for pool in snapshot.pools:
+        shares = result.pools[pool.name]
+        if shares.integral is None:
+            continue
+        flow = shares.integral.specified_resource_flow_ratio
+        for resource, volume in shares.integral.state.accumulated_volume.items():
+            old = pool.integral_state.accumulated_volume.get(resource, F(0))
+            capacity = snapshot.total_resources[resource] * flow * saturation
+            assert 0 <= volume <= max(old, capacity), (pool.name, resource)
+
+
+@settings(max_examples=150, deadline=None)
+@given(integral_snapshots(resources=("cpu",)))
+def test_integral_pool_gets_its_guarantee_up_to_its_demand(snapshot: TreeSnapshot) -> None:
+    """On one resource an integral pool's fair share is at least ``min(strong guarantee +
+    integral share, demand)`` (its guarantee at suggestion 0), where no limit in its subtree
+    holds its demand back; a burst pool's integral share is at most its burst ratio."""
+    result = compute_fair_share(snapshot)
+
+    def subtree(name: str) -> list[ElementShares]:
+        children = children_of(result, name)
+        return [*children, *(e for c in children for e in subtree(c.name))]
+
+    for pool in result.pools.values():
+        if pool.integral is None:
+            continue
+        integral = pool.proposed_integral_share["cpu"]
+        if pool.integral.guarantee_type is IntegralGuaranteeType.BURST:
+            assert integral <= pool.integral.burst_ratio
+        unlimited = all(e.limits_share["cpu"] == 1 for e in [pool, *subtree(pool.name)])
+        if unlimited:
+            guaranteed = pool.strong_guarantee_share["cpu"] + integral
+            assert pool.fair_share.total["cpu"] >= min(guaranteed, pool.demand_share["cpu"])

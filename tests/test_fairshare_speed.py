@@ -8,6 +8,7 @@ import importlib.util
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from fractions import Fraction as F
 from pathlib import Path
 
@@ -19,13 +20,16 @@ from fairpool.engine.fairshare import (
     EXACT_ELEMENT_LIMIT,
     SNAP_EPSILON,
     FairShareResult,
+    IntegralGuarantees,
+    IntegralGuaranteeType,
+    IntegralState,
     OperationSnapshot,
     PoolSnapshot,
     TreeSnapshot,
     compute_fair_share,
 )
 from tests.test_fairshare import CASES
-from tests.test_fairshare_properties import snapshots
+from tests.test_fairshare_properties import integral_snapshots, snapshots
 
 # Loaded from its file: with benchmarks/ on sys.path, benchmarks/http.py would shadow the
 # standard library's http.
@@ -117,6 +121,28 @@ def test_float_backend_agrees_with_the_exact_one(snapshot: TreeSnapshot) -> None
     assert compiled == fallback
 
 
+@settings(max_examples=200, deadline=None)
+@given(integral_snapshots())
+def test_float_backends_agree_with_integral_pools(snapshot: TreeSnapshot) -> None:
+    """Integral shares enter the kernel as part of the guarantees: compiled and Python floats
+    stay bit-identical, and both agree with the exact backend (integral shares and new
+    volumes included)."""
+    exact = compute_fair_share(snapshot, numeric="exact")
+    compiled = compute_fair_share(snapshot, numeric="float")
+    assert_close(exact, compiled, SNAP_EPSILON)
+    with python_float_backend():
+        fallback = compute_fair_share(snapshot, numeric="float")
+    assert compiled == fallback
+    for name, pool in exact.pools.items():
+        fast = compiled.pools[name]
+        for resource, share in pool.proposed_integral_share.items():
+            assert abs(share - fast.proposed_integral_share[resource]) <= SNAP_EPSILON, name
+        if pool.integral is not None:
+            assert fast.integral is not None
+            # Volumes are refilled exactly in both (from the exact previous state).
+            assert pool.integral.state.accumulated_volume == fast.integral.state.accumulated_volume
+
+
 @pytest.mark.parametrize("size", [(40, 400), (300, 3000)])
 def test_compiled_and_python_float_backends_agree_on_generated_trees(
     size: tuple[int, int],
@@ -126,6 +152,39 @@ def test_compiled_and_python_float_backends_agree_on_generated_trees(
     with python_float_backend():
         fallback = compute_fair_share(snapshot, numeric="float", now=5.0)
     assert compiled == fallback
+
+
+def test_compiled_and_python_float_backends_agree_on_a_generated_tree_with_integral_pools(
+) -> None:
+    """A generated tree whose first top-level pools are a burst and a relaxed pool."""
+    snapshot = benchmark.build(40, 400)
+    tops = [pool.name for pool in snapshot.pools if pool.parent is None][:2]
+    cpu = snapshot.total_resources["cpu"]
+    kinds = dict(zip(tops, (IntegralGuaranteeType.BURST, IntegralGuaranteeType.RELAXED),
+                     strict=True))
+    pools = tuple(
+        replace(
+            pool,
+            integral_guarantees=IntegralGuarantees(
+                kinds[pool.name], {"cpu": cpu // 4}, {"cpu": cpu // 20}
+            ),
+            # 30 share-seconds in every resource (the volume's ratio is the least over them).
+            integral_state=IntegralState(
+                {r: F(total * 30) for r, total in snapshot.total_resources.items()},
+                F(1, 10),
+                F(7),
+            ),
+        )
+        if pool.name in kinds else pool
+        for pool in snapshot.pools
+    )
+    snapshot = replace(snapshot, pools=pools)
+    compiled = compute_fair_share(snapshot, numeric="float", now=5.0)
+    with python_float_backend():
+        fallback = compute_fair_share(snapshot, numeric="float", now=5.0)
+    assert compiled == fallback
+    assert any(compiled.pools[name].proposed_integral_share["cpu"] for name in tops)
+    assert_close(compute_fair_share(snapshot, numeric="exact", now=5.0), compiled, 1e-9)
 
 
 def test_float_backend_snaps_satisfied_demand_to_the_exact_value() -> None:

@@ -307,6 +307,12 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool", "describe", "project-batch", "--tree", "physical", "-o", "json")
     fp("pool", "describe", "project-adhoc")                                   # the default tree
     fp("pool", "describe", "nope", "--tree", "physical")                      # unknown pool
+    # Integral guarantees without a flow: no volume, so the same numbers at any time.
+    fp("pool", "set", "project-root", "--tree", "physical", "integral_guarantees",
+       "{guarantee_type: relaxed}", "-o", "json")
+    fp("pool", "describe", "project-root", "--tree", "physical")
+    fp("pool", "set", "project-root", "--tree", "physical", "integral_guarantees",
+       "{guarantee_type: bursty}")                                            # bad value
     fp("operation", "describe", batch["id"])
     fp("operation", "describe", adhoc["id"][:8], "-o", "json")
     fp("operation", "describe", "ffffffff")                                   # not found

@@ -17,13 +17,18 @@ from tests.worlds import demand
 
 
 class Clock:
-    """Time the tests move by hand (the engine never reads the wall clock)."""
+    """Time the tests move by hand (the engine never reads the wall clock); each reading
+    moves it ``step`` on (by default 1 ms, so that records get distinct times)."""
 
-    def __init__(self) -> None:
-        self.now = datetime(2026, 3, 1, tzinfo=UTC)
+    def __init__(
+        self, now: datetime = datetime(2026, 3, 1, tzinfo=UTC),
+        step: timedelta = timedelta(milliseconds=1),
+    ) -> None:
+        self.now = now
+        self.step = step
 
     def __call__(self) -> datetime:
-        self.now += timedelta(milliseconds=1)
+        self.now += self.step
         return self.now
 
 

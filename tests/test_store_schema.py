@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from fractions import Fraction as F
 from pathlib import Path
 from typing import Any
 
@@ -395,5 +396,47 @@ def test_0008_moves_each_operations_tree_to_a_placement(
                 "SELECT tree, pool, weight, status_reason FROM tree_operation WHERE id = 'live'"
             )).one()
         assert tuple(row) == ("physical", "batch", "2", "1 jobs pending: no room")
+    finally:
+        engine.dispose()
+
+
+def test_0010_upgrades_a_database_with_pools(
+    database_url: str, new_database: Callable[..., str]
+) -> None:
+    """Pools stored before integral guarantees get no integral state (all three columns
+    NULL), the constraint keeps the three together, and a pass then fills them; and back."""
+    from fairpool.store import trees as tree_store
+    from fairpool.store.tree_records import IntegralRecord
+
+    url = new_database(make_url(database_url).get_backend_name())
+    engine = create_engine(url)
+    now = bindparam("now", type_=schema.UTCDateTime())
+    try:
+        with engine.begin() as connection:
+            command.upgrade(migration_config(connection), "0009")
+            connection.execute(text(
+                "INSERT INTO pool_tree (name, config, created_at, updated_at) "
+                "VALUES ('physical', '{}', :now, :now)").bindparams(now), {"now": NOW})
+            connection.execute(text(
+                "INSERT INTO tree_pool (tree, name, config, created_at, updated_at) VALUES "
+                "('physical', 'burst', '{\"integral_guarantees\": {\"guarantee_type\": "
+                "\"burst\"}}', :now, :now)").bindparams(now), {"now": NOW})
+            command.upgrade(migration_config(connection), "head")
+        with Database.open(url) as db:
+            with db.read() as connection:
+                (pool,) = tree_store.list_pools(connection, "physical")
+            assert pool.integral is None and pool.config["integral_guarantees"]
+            with db.write() as connection:
+                tree_store.set_pool_integral(connection, "physical", "burst", IntegralRecord(
+                    {"cpu": F(6000)}, F(1, 2), NOW))
+            with db.read() as connection:
+                (pool,) = tree_store.list_pools(connection, "physical")
+            assert pool.integral == IntegralRecord({"cpu": F(6000)}, F(1, 2), NOW)
+            with pytest.raises(IntegrityError), db.write() as connection:
+                connection.execute(update(schema.tree_pool).values(integral_updated_at=None))
+        with engine.begin() as connection:
+            command.downgrade(migration_config(connection), "0009")
+            columns = {c["name"] for c in inspect(connection).get_columns("tree_pool")}
+        assert not {"integral_volume", "integral_share_ratio", "integral_updated_at"} & columns
     finally:
         engine.dispose()

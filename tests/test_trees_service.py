@@ -426,3 +426,113 @@ def test_a_refused_multi_tree_operation_writes_nothing(
         two_trees.start_operation(pool="project-batch", user="u", job_resources=CPU,
                                   job_count=1, **kwargs)  # type: ignore[arg-type]
     assert dump(two_trees) == before
+
+
+# -- integral guarantees ---------------------------------------------------------------------------
+
+INTEGRAL_TREE = """
+name: burst
+pools:
+  B: {integral_guarantees: {guarantee_type: burst, burst_guarantee_resources: {cpu: 50},
+      resource_flow: {cpu: 10}}}
+  W: {weight: 3}
+"""
+
+
+@pytest.fixture
+def still() -> Clock:
+    """A clock that moves only by hand, so that the time between passes is exact."""
+    return Clock(NOW, step=timedelta(0))
+
+
+@pytest.fixture
+def integral_trees(database_url: str, still: Clock) -> Iterator[TreesService]:
+    db = Database.open(database_url)
+    service = TreesService(db, still)
+    service.add_node("n1", [], {"cpu": 100})
+    service.apply_tree(INTEGRAL_TREE)
+    yield service
+    db.close()
+
+
+def stored_integral(trees: TreesService, pool: str) -> tuple[object, object, object]:
+    table = schema.tree_pool
+    with trees.db.read() as conn:
+        row = conn.execute(
+            select(table.c.integral_volume, table.c.integral_share_ratio,
+                   table.c.integral_updated_at).where(table.c.name == pool)
+        ).one()
+    return row[0], row[1], row[2]
+
+
+def test_a_burst_pool_spends_its_volume_pass_by_pass(
+    integral_trees: TreesService, still: Clock
+) -> None:
+    """B (burst 50 cpu, flow 10) against W (weight 3) on 100 cpu, both demanding everything.
+    Each pass refills and consumes B's volume over the time since the previous one (exactly
+    once per command), in the same transaction."""
+    trees = integral_trees
+    assert stored_integral(trees, "B") == ({"cpu": "0"}, "0", NOW)
+    still.now += timedelta(seconds=600)  # idle: 100 cpu * 600 s * 1/10 = 6000 cpu-s
+    for user, pool in (("u1", "B"), ("u2", "W")):
+        trees.start_operation(user=user, job_resources={"cpu": 1}, job_count=1000,
+                              trees=["burst"], pool=pool)
+    b = trees.describe_pool("burst", "B").as_dict()
+    # 6000 cpu-s pay for a share of 1 over smooth_period: B is guaranteed its burst 1/2,
+    # then weights split the rest: 1/2 + f + 3f = 1.
+    assert (b["fair_share"], trees.describe_pool("burst", "W").as_dict()["fair_share"]) == (
+        0.625, 0.375
+    )
+    assert b["detailed"]["integral_guarantee"] == {"cpu": 0.5}
+    integral = b["integral"]
+    assert integral["integral_guarantee_type"] == "burst"
+    assert integral["accumulated_resource_volume"] == {"cpu": 6000.0}
+    assert integral["accumulated_resource_ratio_volume"] == 60.0
+    assert integral["integral_pool_capacity"] == 8640.0
+    assert integral["estimated_burst_usage_duration_seconds"] == 150.0  # 60 / (1/2 - 1/10)
+    assert stored_integral(trees, "B") == ({"cpu": "6000"}, "1/2", still.now)
+
+    still.now += timedelta(seconds=100)  # 6000 + 100 * 100 * (1/10 - 1/2) = 2000: a share 1/3
+    trees.reconcile("burst")
+    assert shares_of(trees) == {"B": 0.5, "W": 0.5}
+    assert stored_integral(trees, "B") == ({"cpu": "2000"}, "1/3", still.now)
+
+    still.now += timedelta(seconds=150)  # 2000 - 150 * 100 * (1/3 - 1/10) < 0: empty
+    trees.reconcile("burst")
+    assert shares_of(trees) == {"B": 0.25, "W": 0.75}
+    assert stored_integral(trees, "B") == ({"cpu": "0"}, "0", still.now)
+
+
+def shares_of(trees: TreesService) -> dict[str, float]:
+    return {row.name: row.shares.fair_share
+            for row in trees.show_tree("burst").elements if row.kind == "pool"}
+
+
+@pytest.mark.parametrize(
+    ("waits", "volume"),
+    [
+        ((3600,), "36000"),  # 100 cpu * 3600 s * 1/10
+        ((3600, 3600), "72000"),  # two passes add up
+        ((86_400 * 10,), "864000"),  # capped at flow * pool_capacity_saturation_period (1 day)
+    ],
+)
+def test_an_idle_integral_pool_accrues_at_its_flow_up_to_its_capacity(
+    integral_trees: TreesService, still: Clock, waits: tuple[int, ...], volume: str
+) -> None:
+    for wait in waits:
+        still.now += timedelta(seconds=wait)
+        integral_trees.reconcile("burst")
+    assert stored_integral(integral_trees, "B") == ({"cpu": volume}, "0", still.now)
+    # Reading recomputes nothing: the volume is the last pass's.
+    still.now += timedelta(seconds=60)
+    view = integral_trees.describe_pool("burst", "B").as_dict()
+    assert view["integral"]["accumulated_resource_volume"] == {"cpu": float(volume)}
+
+
+def test_a_pool_that_stops_being_integral_forgets_its_volume(
+    integral_trees: TreesService, still: Clock
+) -> None:
+    still.now += timedelta(seconds=60)
+    integral_trees.set_pool("burst", "B", "integral_guarantees", "{guarantee_type: none}")
+    assert stored_integral(integral_trees, "B") == (None, None, None)
+    assert integral_trees.describe_pool("burst", "B").as_dict()["integral"] is None

@@ -280,6 +280,8 @@ def _print_pool(data: dict[str, Any], output: str) -> None:
             "satisfaction", "weight", "starving", "below_fair_share_since")
     o.print_properties(f"Pool '{data['name']}'", [(key, data[key]) for key in keys])
     o.print_properties("Effective values", list(data["effective"].items()))
+    if data["integral"] is not None:
+        o.print_properties("Integral guarantees", list(data["integral"].items()))
 
 
 # -- operation ---------------------------------------------------------------------------------

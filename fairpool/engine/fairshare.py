@@ -37,8 +37,20 @@ The algorithm (``docs/trees.md`` has the long version):
    demand)`` in every resource the element is not blocked on; ``starving`` once that has lasted
    longer than the effective ``fair_share_starvation_timeout``.
 
-Not implemented (documented in ``docs/trees.md``): integral guarantees (burst / relaxed), the
-step function for gang operations, ``best_allocation_share`` (the node-fit cap on an
+**Integral guarantees** (burst and relaxed pools; only when the tree has some), between steps
+1 and 2: each integral pool's volume (``PoolSnapshot.integral_state``, with the seconds
+elapsed since the previous update: an input, never read from a clock) gains ``total * elapsed *
+flow ratio``, loses ``total * elapsed * last share ratio``, floored at 0 and capped at
+``max(old, flow * pool_capacity_saturation_period)``; burst guarantees overcommitting the tree
+scale with the strong ones; a burst pool is guaranteed ``min(burst ratio, volume / total /
+smooth_period)`` and takes what it would get at suggestion 0; relaxed pools share what the
+guarantees leave in proportion to their volumes. The resulting integral share is added to the
+guarantee in MFFBS (``DetailedFairShare.integral_guarantee``); the new volume and share ratio
+are in ``ElementShares.integral.state``. The float backend computes these steps in floats in
+Python and hands the compiled kernel the guarantees with the integral shares included.
+
+Not implemented (documented in ``docs/trees.md``): free-volume redistribution of integral
+pools, the step function for gang operations, ``best_allocation_share`` (the node-fit cap on an
 operation's limits), aggressive starvation, promised-guarantee fair share and priority strong
 guarantee adjustment.
 """
@@ -46,6 +58,7 @@ guarantee adjustment.
 from __future__ import annotations
 
 import gc
+import math
 from array import array
 from collections.abc import (
     Callable,
@@ -72,6 +85,7 @@ from fairpool.engine.piecewise import (
     Function,
     Number,
     Vector,
+    add,
     dominated,
     fit,
     scale,
@@ -102,6 +116,10 @@ OPERATION_FIT_FACTOR_END = Fraction(2)
 
 Resources = Mapping[str, int]
 
+#: Accumulated volumes are rounded down to a multiple of 1 / VOLUME_RESOLUTION resource-seconds
+#: (a resource-microsecond): exact, but with denominators that stay small update after update.
+VOLUME_RESOLUTION = 10**6
+
 
 class SchedulingMode(StrEnum):
     FAIR_SHARE = "fair_share"
@@ -127,6 +145,18 @@ class StarvationStatus(StrEnum):
     STARVING = "starving"
 
 
+class IntegralGuaranteeType(StrEnum):
+    """``integral_guarantees.guarantee_type``: a burst pool is guaranteed up to its
+    ``burst_guarantee_resources`` while its volume lasts; a relaxed pool gets a share of what
+    strong and burst guarantees leave, in proportion to its volume."""
+
+    NONE = "none"
+    BURST = "burst"
+    RELAXED = "relaxed"
+
+
+_NO_INTEGRAL = IntegralGuaranteeType.NONE
+
 # -- input ---------------------------------------------------------------------------------
 
 
@@ -138,6 +168,40 @@ class StarvationSettings:
     tolerance: Fraction = Fraction(4, 5)
     #: ``fair_share_starvation_timeout`` in milliseconds (YTsaurus units).
     timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class IntegralGuarantees:
+    """A pool's ``integral_guarantees`` (YTsaurus ``TPoolIntegralGuaranteesConfig``), as far as
+    the update reads it; resources are absolute amounts, like strong guarantees."""
+
+    guarantee_type: IntegralGuaranteeType = IntegralGuaranteeType.NONE
+    burst_guarantee_resources: Resources = field(default_factory=dict)
+    resource_flow: Resources = field(default_factory=dict)
+    #: None: the tree's ``relaxed_share_multiplier_limit``.
+    relaxed_share_multiplier_limit: Fraction | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IntegralState:
+    """What an integral pool carries from one update to the next (YTsaurus
+    ``TIntegralResourcesState``): the accumulated volume per resource, in resource-seconds
+    (cpu-seconds, byte-seconds, ...), and the integral share ratio it held since the previous
+    update. ``elapsed`` is the time since that update, in seconds: passed in, never read from a
+    clock; 0 (the first update of a pool) neither refills nor consumes."""
+
+    accumulated_volume: Mapping[str, Fraction] = field(default_factory=dict)
+    last_share_ratio: Fraction = ZERO
+    elapsed: Fraction = ZERO
+
+
+@dataclass(frozen=True, slots=True)
+class IntegralSettings:
+    """The tree's ``integral_guarantees`` (YTsaurus defaults), durations in milliseconds."""
+
+    smooth_period: int = 60_000
+    pool_capacity_saturation_period: int = 86_400_000
+    relaxed_share_multiplier_limit: Fraction = Fraction(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +220,9 @@ class PoolSnapshot:
         FifoSortParameter.START_TIME,
     )
     starvation: StarvationSettings = StarvationSettings()
+    integral_guarantees: IntegralGuarantees = IntegralGuarantees()
+    #: The previous update's volume and share ratio (ignored unless the pool is integral).
+    integral_state: IntegralState = IntegralState()
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +271,7 @@ class TreeSnapshot:
     #: The root's (tree-level) starvation options; the root itself never starves.
     starvation: StarvationSettings = StarvationSettings()
     enable_pool_starvation: bool = True
+    integral_guarantees: IntegralSettings = IntegralSettings()
 
 
 # -- output --------------------------------------------------------------------------------
@@ -213,11 +281,41 @@ Shares = Mapping[str, Fraction]
 
 @dataclass(frozen=True, slots=True)
 class DetailedFairShare:
-    """The fair share split as YTsaurus's Orchid shows it (no integral part: not implemented)."""
+    """The fair share split as YTsaurus's Orchid shows it (``SetDetailedFairShare``): the part
+    within the strong guarantee, then within the integral share, then the rest."""
 
     strong_guarantee: Shares
+    integral_guarantee: Shares
     weight_proportional: Shares
     total: Shares
+
+
+@dataclass(frozen=True, slots=True)
+class IntegralShares:
+    """An integral pool's fields in YTsaurus's Orchid. Ratios are shares of the tree; volumes
+    are after this update's refill and consumption."""
+
+    guarantee_type: IntegralGuaranteeType
+    #: ``burst_guarantee_resources`` / ``resource_flow`` as a share of the tree (the largest
+    #: over resources), as configured.
+    specified_burst_ratio: Fraction
+    specified_resource_flow_ratio: Fraction
+    #: The burst ratio the update used: scaled down with strong guarantees when strong and
+    #: burst guarantees together overcommit the tree.
+    burst_ratio: Fraction
+    total_burst_ratio: Fraction
+    total_resource_flow_ratio: Fraction
+    #: Resource-seconds per resource.
+    accumulated_resource_volume: Shares
+    #: The smallest ``volume / total`` over resources: share-seconds ("fair_share*sec").
+    accumulated_resource_ratio_volume: Fraction
+    #: The share-seconds the volume fills up to: flow ratio * ``pool_capacity_saturation_period``.
+    integral_pool_capacity: Fraction
+    #: How long the volume lasts while using the burst guarantee (the flow keeps refilling);
+    #: None where it lasts for ever (burst <= flow) and for relaxed pools.
+    estimated_burst_usage_duration_seconds: Fraction | None
+    #: What the next update starts from (its ``elapsed`` left to the caller).
+    state: IntegralState
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +344,11 @@ class ElementShares:
     #: Operations in a FIFO pool: the position in the pool's order, from 0.
     fifo_index: int | None
     starvation: Starvation | None
+    #: The integral share added to the guarantee (YTsaurus ``proposed_integral_share``):
+    #: an integral pool's own, summed up its ancestors; 0 elsewhere.
+    proposed_integral_share: Shares
+    #: Burst and relaxed pools only.
+    integral: IntegralShares | None
 
     @property
     def key(self) -> tuple[ElementKind, str]:
@@ -324,6 +427,17 @@ class _Element:
     fair_share: Vector = ()
     #: The position in ``_Update.order``.
     index: int = 0
+    #: Integral guarantees (pools of a tree that has integral pools): the burst ratio used
+    #: (scaled on overcommit) and the flow ratio, both 0 unless the pool is integral; their
+    #: sums over the subtree; the integral share added to the guarantee, in the update's
+    #: numbers (empty: none); an integral pool's volume after this update and its new ratio.
+    burst_ratio: Fraction = ZERO
+    flow_ratio: Fraction = ZERO
+    total_burst_ratio: Fraction = ZERO
+    total_flow_ratio: Fraction = ZERO
+    proposed: Vector = ()
+    volume: tuple[Fraction, ...] = ()
+    last_ratio: Fraction = ZERO
 
 
 def _share(amount: int, total_amount: int) -> Fraction:
@@ -462,8 +576,24 @@ class _Update:
             )
         self._cumulative(root)
         self._infer_guarantees(root, tuple(Fraction(t) for t in self.totals))
-        self._adjust_guarantees(root, tuple(ONE for _ in self.resources))
+        #: Burst and relaxed pools in tree order; empty (the common case) skips every step
+        #: of integral guarantees, so such trees are computed exactly as before.
+        self.integral_pools = [
+            element
+            for element in _walk(root)
+            if element.pool is not None
+            and element.pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
+        ]
+        available: Vector = tuple(ONE for _ in self.resources)
+        if self.integral_pools:
+            self._integral_ratios(root)
+            self._refill_volumes()
+            available = self._check_integral_overcommit(root, available)
+        self._adjust_guarantees(root, available)
         self._weights(root)
+        if self.integral_pools:
+            self._burst_shares()
+            self._relaxed_shares(root)
         return root
 
     def solve(self) -> None:
@@ -500,7 +630,7 @@ class _Update:
             list(column("usage_numerators")),
             list(column("demand_numerators")),
             list(column("limits")),
-            list(column("guarantee")),
+            list(map(self.guarantee, order)),
             self.dens,
         )
         self.flat_shares = cast(list[float], memoryview(shares).cast("d").tolist())
@@ -634,12 +764,235 @@ class _Update:
             if child.specified_weight is not None:
                 child.weight = child.specified_weight
             elif multiplier is not None:
+                # Resource flows count as guarantees here (``GetWeight``); 0 without them.
                 own, parents = (
-                    max(child.exact_guarantee, default=ZERO),
-                    max(element.exact_guarantee, default=ZERO),
+                    max(child.exact_guarantee, default=ZERO) + child.total_flow_ratio,
+                    max(element.exact_guarantee, default=ZERO) + element.total_flow_ratio,
                 )
                 child.weight = Fraction(multiplier * own / parents) if own and parents else ONE
             self._weights(child)
+
+    # -- integral guarantees ---------------------------------------------------------------
+
+    def guarantee(self, element: _Element) -> Vector:
+        """What MFFBS guarantees first (YTsaurus ``GetGuaranteeShare``): the strong guarantee
+        plus the integral share, in the update's numbers."""
+        if not element.proposed:
+            return element.guarantee
+        return add(element.guarantee, element.proposed)
+
+    def max_ratio(self, amounts: Resources) -> Fraction:
+        """``amounts`` as a share of the tree: the largest over the resources it has."""
+        return max(
+            (
+                Fraction(amounts.get(r, 0), t)
+                for r, t in zip(self.resources, self.totals, strict=True)
+                if t
+            ),
+            default=ZERO,
+        )
+
+    def ratio_volume(self, element: _Element) -> Fraction:
+        """``accumulated_resource_ratio_volume``: the least ``volume / total``, share-seconds."""
+        return min(
+            (v / t for v, t in zip(element.volume, self.totals, strict=True) if t), default=ZERO
+        )
+
+    def ratio_by_volume(self, element: _Element) -> Fraction:
+        """``GetIntegralShareRatioByVolume``: the share the volume pays for over
+        ``smooth_period``."""
+        smooth = Fraction(self.snapshot.integral_guarantees.smooth_period, 1000)
+        return self.ratio_volume(element) / smooth
+
+    def _integral_ratios(self, element: _Element) -> None:
+        """Burst and flow ratios of integral pools, and their sums over every subtree
+        (``UpdateCumulativeAttributes``); a pool without a guarantee type has neither."""
+        burst = flow = ZERO
+        for child in element.children:
+            if child.pool is not None:
+                self._integral_ratios(child)
+                burst += child.total_burst_ratio
+                flow += child.total_flow_ratio
+        pool = element.pool
+        if pool is not None and pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL:
+            settings = pool.integral_guarantees
+            element.burst_ratio = self.max_ratio(settings.burst_guarantee_resources)
+            element.flow_ratio = self.max_ratio(settings.resource_flow)
+        element.total_burst_ratio = element.burst_ratio + burst
+        element.total_flow_ratio = element.flow_ratio + flow
+
+    def _refill_volumes(self) -> None:
+        """``UpdateAccumulatedResourceVolume``: over ``elapsed`` seconds each resource's volume
+        gains ``total * elapsed * flow ratio`` and loses ``total * elapsed * last share
+        ratio``; floored at 0, capped at ``max(old volume, capacity)`` with capacity
+        ``total * flow ratio * pool_capacity_saturation_period`` (a volume above a lowered
+        capacity drains but never grows). Exact in both backends, then rounded down to a
+        resource-microsecond so that stored volumes keep small denominators."""
+        settings = self.snapshot.integral_guarantees
+        saturation = Fraction(settings.pool_capacity_saturation_period, 1000)
+        for element in self.integral_pools:
+            assert element.pool is not None
+            state = element.pool.integral_state
+            old = tuple(
+                state.accumulated_volume.get(r, ZERO) if t else ZERO
+                for r, t in zip(self.resources, self.totals, strict=True)
+            )
+            elapsed = state.elapsed
+            if elapsed <= 0:
+                element.volume = old
+                continue
+            net = element.flow_ratio - state.last_share_ratio
+            volume = []
+            for amount, t in zip(old, self.totals, strict=True):
+                capacity = t * element.flow_ratio * saturation
+                grown = min(max(amount + t * elapsed * net, ZERO), max(amount, capacity))
+                volume.append(Fraction(math.floor(grown * VOLUME_RESOLUTION), VOLUME_RESOLUTION))
+            element.volume = tuple(volume)
+
+    def _check_integral_overcommit(self, root: _Element, available: Vector) -> Vector:
+        """``ValidateAndAdjustSpecifiedGuarantees``'s integral part: strong guarantees plus
+        resource flows, or plus burst guarantees, must fit in the tree (YTsaurus's
+        ``PoolTreeGuaranteesOvercommit`` alert: here a warning). Overcommitting burst
+        guarantees also scales the root's strong guarantees and every burst ratio by one
+        common factor, the largest with which they fit; the strong guarantees of the root's
+        children are then fitted into what that leaves."""
+        strong = total(
+            (c.exact_guarantee for c in root.children if c.pool is not None), self.size
+        )
+        sums = [g for g, t in zip(strong, self.totals, strict=True) if t]
+        flow, burst = root.total_flow_ratio, root.total_burst_ratio
+        if flow and any(g + flow > 1 for g in sums):
+            self.warnings.append(
+                f"strong guarantees and resource flows exceed the tree total "
+                f"(flow ratio {flow}); resource flows are not scaled"
+            )
+        if not burst or all(g + burst <= 1 for g in sums):
+            return available
+        # Exact: the strong guarantee shares are Fractions in both backends.
+        factor = Fraction(min(ONE / (g + burst) for g in sums))
+        self.warnings.append(
+            f"strong guarantees and burst guarantees exceed the tree total (burst ratio "
+            f"{burst}); both scaled by {factor}"
+        )
+        for element in self.integral_pools:
+            element.burst_ratio *= factor
+        return vmin(available, scale(strong, factor))
+
+    def _headroom(self, element: _Element) -> Vector:
+        """Limits minus the strong guarantee: room for an integral share."""
+        zero = self.zero
+        return tuple(
+            max(lim - g, zero) for lim, g in zip(element.limits, element.guarantee, strict=True)
+        )
+
+    def _available_limits(self, element: _Element) -> Vector:
+        """``GetHierarchicalAvailableLimitsShare``: limits minus guarantees (integral shares
+        included), the least over the element and its ancestors below the root."""
+        zero = self.zero
+        result: Vector = (self.one,) * self.size
+        current: _Element | None = element
+        while current is not None and current.kind is not ElementKind.ROOT:
+            guarantee = self.guarantee(current)
+            result = tuple(
+                min(a, max(lim - g, zero))
+                for a, lim, g in zip(result, current.limits, guarantee, strict=True)
+            )
+            current = current.parent
+        return result
+
+    def _raise_integral(self, element: _Element, delta: Vector) -> None:
+        """``IncreaseHierarchicalIntegralShare``: the element and every ancestor guarantee
+        ``delta`` more, each within its limits (the root may be overcommitted: part of a strong
+        guarantee can serve as a relaxed share)."""
+        current: _Element | None = element
+        while current is not None:
+            raised = add(current.proposed or self.zeros, delta)
+            if current.kind is not ElementKind.ROOT:
+                raised = vmin(raised, self._headroom(current))
+            current.proposed = raised
+            current = current.parent
+
+    def _within(self, element: _Element, suggestion: Number) -> Vector:
+        """An integral pool's share beyond its strong guarantee at ``suggestion``, with the
+        functions just built for it."""
+        assert element.fitted is not None
+        zero = self.zero
+        share = element.fitted.at(suggestion)[1]
+        return tuple(max(x - g, zero) for x, g in zip(share, element.guarantee, strict=True))
+
+    def _burst_shares(self) -> None:
+        """``UpdateBurstPoolIntegralShares``: a burst pool is guaranteed, on top of its strong
+        guarantee, ``min(burst ratio, ratio by volume)`` of every resource (within its and
+        its ancestors' room); its integral share is what it would take at suggestion 0 under
+        that guarantee, beyond the strong guarantee."""
+        for element in self.integral_pools:
+            assert element.pool is not None
+            if element.pool.integral_guarantees.guarantee_type is not IntegralGuaranteeType.BURST:
+                continue
+            ratio = self.number(min(element.burst_ratio, self.ratio_by_volume(element)))
+            proposed = vmin((ratio,) * self.size, self._available_limits(element))
+            element.proposed = vmin(proposed, self._headroom(element))
+            self._functions(element)
+            element.proposed = ()
+            integral = self._within(element, self.zero)
+            self._raise_integral(element, integral)
+            element.last_ratio = _exact_ratio(max(integral, default=self.zero))
+
+    def _relaxed_shares(self, root: _Element) -> None:
+        """``UpdateRelaxedPoolIntegralShares``: what the root's children leave within their
+        guarantees (strong and burst, up to demand) is shared among relaxed pools with
+        volume: each is capped at ``strong + min(ratio by volume, flow ratio *
+        relaxed_share_multiplier_limit)`` and suggested ``min(1, f * ratio / least ratio)``,
+        with the one largest ``f`` whose shares beyond the strong guarantees fit in what is
+        left. YTsaurus binary-searches ``f``; here it is the exact inverse of the summed
+        (monotone, piecewise-linear) excess function, found like a max fit factor."""
+        relaxed = [
+            element
+            for element in self.integral_pools
+            if element.pool is not None
+            and element.pool.integral_guarantees.guarantee_type is IntegralGuaranteeType.RELAXED
+        ]
+        if not relaxed:
+            return
+        zero = self.zero
+        left: Vector = (self.one,) * self.size
+        for child in root.children:
+            if child.pool is not None:
+                used = vmin(self.guarantee(child), self.shares(child.demand_numerators))
+                left = sub(left, used)
+        left = tuple(max(x, zero) for x in left)
+        default_limit = self.snapshot.integral_guarantees.relaxed_share_multiplier_limit
+        chosen: list[tuple[_Element, Fraction]] = []
+        for element in relaxed:
+            assert element.pool is not None
+            ratio = self.ratio_by_volume(element)
+            if not ratio:
+                continue
+            limit = element.pool.integral_guarantees.relaxed_share_multiplier_limit
+            cap = self.number(min(ratio, element.flow_ratio * (limit or default_limit)))
+            limits = element.limits
+            element.limits = vmin(limits, tuple(g + cap for g in element.guarantee))
+            self._functions(element)
+            element.limits = limits
+            chosen.append((element, ratio))
+        if not chosen:
+            return
+        lightest = min(ratio for _, ratio in chosen)
+        stretches = [self.ratio(ratio, lightest) for _, ratio in chosen]
+        parts = []
+        for (element, _), stretch in zip(chosen, stretches, strict=True):
+            assert element.fitted is not None
+            suggested = element.fitted.by_suggestion.stretched(stretch, self.one)
+            parts.append(_excess(suggested, element.guarantee, zero))
+        excess = Function.sum(parts)
+        low, high = excess(excess.start), excess(excess.end)
+        bound = tuple(min(max(a, lo), hi) for a, lo, hi in zip(left, low, high, strict=True))
+        fit_factor = fit(excess, bound, bound).at(zero)[0]
+        for (element, _), stretch in zip(chosen, stretches, strict=True):
+            integral = self._within(element, min(self.one, fit_factor * stretch))
+            integral = vmin(integral, self._available_limits(element))
+            self._raise_integral(element, integral)
+            element.last_ratio = _exact_ratio(max(integral, default=zero))
 
     # -- functions -----------------------------------------------------------------------
 
@@ -711,7 +1064,7 @@ class _Update:
         low, high = function(function.start), function(function.end)
         # The root is guaranteed the whole tree.
         guarantee = (
-            (self.one,) * self.size if element.kind is ElementKind.ROOT else (element.guarantee)
+            (self.one,) * self.size if element.kind is ElementKind.ROOT else self.guarantee(element)
         )
         limits = tuple(
             min(max(lim, lo), hi) for lim, lo, hi in zip(element.limits, low, high, strict=True)
@@ -944,6 +1297,35 @@ def compute_fair_share(
         return known
 
     fractions: dict[float, Fraction] = {}
+    saturation = Fraction(snapshot.integral_guarantees.pool_capacity_saturation_period, 1000)
+
+    def integral_of(element: _Element) -> IntegralShares | None:
+        pool = element.pool
+        if pool is None or pool.integral_guarantees.guarantee_type is _NO_INTEGRAL:
+            return None
+        settings = pool.integral_guarantees
+        volume = {
+            r: v for r, v, t in zip(resources, element.volume, update.totals, strict=True) if t
+        }
+        ratio_volume = update.ratio_volume(element)
+        burst = settings.guarantee_type is IntegralGuaranteeType.BURST
+        return IntegralShares(
+            guarantee_type=settings.guarantee_type,
+            specified_burst_ratio=update.max_ratio(settings.burst_guarantee_resources),
+            specified_resource_flow_ratio=element.flow_ratio,
+            burst_ratio=element.burst_ratio,
+            total_burst_ratio=element.total_burst_ratio,
+            total_resource_flow_ratio=element.total_flow_ratio,
+            accumulated_resource_volume=MappingProxyType(volume),
+            accumulated_resource_ratio_volume=ratio_volume,
+            integral_pool_capacity=element.flow_ratio * saturation,
+            estimated_burst_usage_duration_seconds=(
+                ratio_volume / (element.burst_ratio - element.flow_ratio)
+                if burst and element.burst_ratio > element.flow_ratio
+                else None
+            ),
+            state=IntegralState(MappingProxyType(volume), element.last_ratio),
+        )
 
     def describe(element: _Element) -> ElementShares:
         usage, usage_shares, usage_numbers = exact_shares(element.usage_numerators)
@@ -990,18 +1372,35 @@ def compute_fair_share(
                 )
         # Identity, not equality: a satisfied operation's share is its demand's very objects.
         total_shares = demand_shares if all(map(is_, fair_share, demand)) else shares(fair_share)
+        proposed = (
+            nothing
+            if not element.proposed
+            else element.proposed
+            if update.exact
+            else tuple(map(_exact_ratio, element.proposed))
+        )
+        integral_part: Shares = no_shares
         if guarantee is not nothing and any(guarantee):
-            strong = shares(vmin(fair_share, guarantee))
-            proportional = shares(sub(fair_share, vmin(fair_share, guarantee)))
+            within = vmin(fair_share, guarantee)
+            strong = shares(within)
+            rest = sub(fair_share, within)
         else:  # shares are never negative
-            strong, proportional = no_shares, total_shares
+            strong, rest = no_shares, fair_share
+        if proposed is not nothing and any(proposed):
+            integral = vmin(rest, proposed)
+            integral_part = shares(integral)
+            rest = sub(rest, integral)
+        proportional = total_shares if rest is fair_share else shares(rest)
         return ElementShares(
             kind=element.kind,
             name=element.name,
             parent=element.parent.name if element.parent is not None else None,
             weight=element.weight,
             fair_share=DetailedFairShare(
-                strong_guarantee=strong, weight_proportional=proportional, total=total_shares
+                strong_guarantee=strong,
+                integral_guarantee=integral_part,
+                weight_proportional=proportional,
+                total=total_shares,
             ),
             usage_share=usage_shares,
             demand_share=demand_shares,
@@ -1012,6 +1411,8 @@ def compute_fair_share(
             ],
             fifo_index=element.fifo_index,
             starvation=starvation,
+            proposed_integral_share=no_shares if proposed is nothing else shares(proposed),
+            integral=integral_of(element),
         )
 
     pools: dict[str, _Element] = {}
@@ -1042,6 +1443,42 @@ def _dominant(usage: tuple[int, ...], demand: tuple[int, ...], dens: tuple[int, 
     return best
 
 
+def _exact_ratio(value: Number) -> Fraction:
+    """A share ratio the next update consumes, exact: a float's own value, or 0 within
+    ``SNAP_EPSILON`` of it (rounding residue)."""
+    if isinstance(value, float) and abs(value) <= SNAP_EPSILON:
+        return ZERO
+    return Fraction(value)
+
+
+def _excess(function: Function, floor: Vector, zero: Number) -> Function:
+    """``x -> max(function(x) - floor, 0)`` per resource: the points where a component crosses
+    its floor are added, so the result is piecewise linear on its own points."""
+    xs, ys = function.xs, function.ys
+    out_x: list[Number] = [xs[0]]
+    out_y: list[Vector] = [ys[0]]
+    for index in range(1, len(xs)):
+        x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
+        if x1 > x0:
+            crossings = sorted(
+                {
+                    x0 + (x1 - x0) * (f - a) / (b - a)
+                    for a, b, f in zip(y0, y1, floor, strict=True)
+                    if a < f < b
+                }
+            )
+            for x in crossings:
+                t = (x - x0) / (x1 - x0)
+                out_x.append(x)
+                out_y.append(tuple(a + (b - a) * t for a, b in zip(y0, y1, strict=True)))
+        out_x.append(x1)
+        out_y.append(y1)
+    return Function(
+        tuple(out_x),
+        tuple(tuple(max(y - f, zero) for y, f in zip(v, floor, strict=True)) for v in out_y),
+    )
+
+
 def _walk(element: _Element) -> Iterable[_Element]:
     stack = [element]
     while stack:
@@ -1070,6 +1507,19 @@ def validate_snapshot(snapshot: TreeSnapshot) -> None:
             ancestor = parents[ancestor]
         if pool.weight is not None and pool.weight <= 0:
             raise ValueError(f"pool {pool.name!r}: weight must be positive")
+    integral = {
+        pool.name
+        for pool in snapshot.pools
+        if pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
+    }
+    for name in integral:
+        ancestor = parents[name]
+        while ancestor != ROOT:
+            if ancestor in integral:
+                raise ValueError(f"pool {name!r}: integral pools do not nest (in {ancestor!r})")
+            ancestor = parents[ancestor]
+    if snapshot.integral_guarantees.smooth_period <= 0:
+        raise ValueError("integral_guarantees.smooth_period must be positive")
     fifo = {pool.name for pool in snapshot.pools if pool.mode is SchedulingMode.FIFO}
     for pool in snapshot.pools:
         if parents[pool.name] in fifo:
@@ -1103,6 +1553,11 @@ __all__ = [
     "ElementShares",
     "FairShareResult",
     "FifoSortParameter",
+    "IntegralGuaranteeType",
+    "IntegralGuarantees",
+    "IntegralSettings",
+    "IntegralShares",
+    "IntegralState",
     "OperationSnapshot",
     "PoolSnapshot",
     "SchedulingMode",

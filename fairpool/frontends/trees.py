@@ -37,6 +37,10 @@ import yaml
 from fairpool.engine.fairshare import (
     ROOT,
     FifoSortParameter,
+    IntegralGuarantees,
+    IntegralGuaranteeType,
+    IntegralSettings,
+    IntegralState,
     OperationSnapshot,
     PoolSnapshot,
     SchedulingMode,
@@ -53,6 +57,7 @@ __all__ = [
     "IntegralGuaranteesSettings",
     "Pool",
     "PoolConfig",
+    "PoolIntegralGuarantees",
     "PoolTree",
     "PoolTreeConfig",
     "load_pool_tree",
@@ -360,7 +365,9 @@ class ClusterNode:
 
 @dataclass(frozen=True, slots=True)
 class IntegralGuaranteesSettings:
-    """Tree ``integral_guarantees``: kept and validated; integral guarantees are not computed."""
+    """Tree ``integral_guarantees``: how fast volume turns into share (``smooth_period``), how
+    much a pool may hoard (``pool_capacity_saturation_period`` of its flow), and the default
+    cap on a relaxed pool's share (``relaxed_share_multiplier_limit`` times its flow)."""
 
     smooth_period: int = 60_000
     pool_capacity_saturation_period: int = 86_400_000
@@ -369,11 +376,75 @@ class IntegralGuaranteesSettings:
     @classmethod
     def from_mapping(cls, field_name: str, raw: object) -> IntegralGuaranteesSettings:
         parsers = {
-            "smooth_period": _milliseconds,
+            # Volume / smooth_period is a share: 0 would divide by zero.
+            "smooth_period": lambda f, v: _integer(f, v, low=1),
             "pool_capacity_saturation_period": _milliseconds,
             "relaxed_share_multiplier_limit": _at_least_one,
         }
         return cls(**_options(cls, raw, f"{field_name}.", parsers, {}, "integral_guarantees"))
+
+    def snapshot(self) -> IntegralSettings:
+        return IntegralSettings(
+            self.smooth_period,
+            self.pool_capacity_saturation_period,
+            self.relaxed_share_multiplier_limit,
+        )
+
+
+def _guarantee_type(field_name: str, value: object) -> IntegralGuaranteeType:
+    try:
+        return IntegralGuaranteeType(str(value))
+    except ValueError:
+        raise InvalidInput(field_name, value, "must be none, burst or relaxed") from None
+
+
+def _multiplier_limit(field_name: str, value: object) -> Fraction:
+    amount = number(field_name, value)
+    if not 1 <= amount <= 10:
+        raise InvalidInput(field_name, value, "must be between 1 and 10")
+    return amount
+
+
+@dataclass(frozen=True, slots=True)
+class PoolIntegralGuarantees:
+    """A pool's ``integral_guarantees`` (YTsaurus ``TPoolIntegralGuaranteesConfig``). A burst
+    pool is guaranteed up to ``burst_guarantee_resources`` while its volume, filled at
+    ``resource_flow``, lasts; a relaxed pool gets a share of what is left in proportion to its
+    volume. A pool without a type may still name both, as the sum its integral children may
+    use. The free-volume options are kept and shown; free volume is not redistributed."""
+
+    guarantee_type: IntegralGuaranteeType = IntegralGuaranteeType.NONE
+    burst_guarantee_resources: Resources = field(default_factory=dict)
+    resource_flow: Resources = field(default_factory=dict)
+    #: None: the tree's ``integral_guarantees.relaxed_share_multiplier_limit``.
+    relaxed_share_multiplier_limit: Fraction | None = None
+    can_accept_free_volume: bool = True
+    should_distribute_free_volume_among_children: bool | None = None
+
+    @classmethod
+    def from_mapping(cls, field_name: str, raw: object) -> PoolIntegralGuarantees:
+        parsers = {
+            "guarantee_type": _guarantee_type,
+            "burst_guarantee_resources": parse_resources,
+            "resource_flow": parse_resources,
+            "relaxed_share_multiplier_limit": _multiplier_limit,
+            "can_accept_free_volume": _boolean,
+            "should_distribute_free_volume_among_children": _boolean,
+        }
+        values = _options(cls, raw, f"{field_name}.", parsers, {}, "integral_guarantees")
+        return cls(**values)
+
+    @property
+    def is_integral(self) -> bool:
+        return self.guarantee_type is not IntegralGuaranteeType.NONE
+
+    def snapshot(self) -> IntegralGuarantees:
+        return IntegralGuarantees(
+            self.guarantee_type,
+            self.burst_guarantee_resources,
+            self.resource_flow,
+            self.relaxed_share_multiplier_limit,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +488,7 @@ class PoolConfig:
     fair_share_starvation_timeout: int | None = None
     fair_share_starvation_tolerance: Fraction | None = None
     non_preemptible_resource_usage_threshold: Resources | None = None
+    integral_guarantees: PoolIntegralGuarantees | None = None
     #: The options given explicitly, so presets and updates merge field by field. Left empty
     #: (a config built in code), every option that differs from its default counts as given.
     specified: frozenset[str] = frozenset()
@@ -460,13 +532,25 @@ def _plain(value: object) -> object:
         return [_plain(item) for item in value]
     if isinstance(value, EphemeralSubpoolConfig):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, SchedulingMode | FifoSortParameter):
+    if isinstance(value, PoolIntegralGuarantees):
+        # The options that differ from their defaults: what a user would have written.
+        defaults = PoolIntegralGuarantees()
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in fields(value)
+            if getattr(value, f.name) != getattr(defaults, f.name)
+        }
+    if isinstance(value, SchedulingMode | FifoSortParameter | IntegralGuaranteeType):
         return value.value
     return value
 
 
 def _ephemeral(field_name: str, value: object) -> EphemeralSubpoolConfig:
     return EphemeralSubpoolConfig.from_mapping(field_name, value)
+
+
+def _integral(field_name: str, value: object) -> PoolIntegralGuarantees:
+    return PoolIntegralGuarantees.from_mapping(field_name, value)
 
 
 _POOL_PARSERS: dict[str, Callable[[str, object], object]] = {
@@ -485,6 +569,7 @@ _POOL_PARSERS: dict[str, Callable[[str, object], object]] = {
     "fair_share_starvation_timeout": _milliseconds,
     "fair_share_starvation_tolerance": _unit_interval,
     "non_preemptible_resource_usage_threshold": parse_resources,
+    "integral_guarantees": _integral,
 }
 _POOL_ALIASES = {
     "min_share_resources": "strong_guarantee_resources",
@@ -708,12 +793,18 @@ class PoolTree:
     # -- compilation ----------------------------------------------------------------------
 
     def fair_share_snapshot(
-        self, total_resources: Resources, operations: Sequence[OperationSnapshot] = ()
+        self,
+        total_resources: Resources,
+        operations: Sequence[OperationSnapshot] = (),
+        integral_states: Mapping[str, IntegralState] | None = None,
     ) -> TreeSnapshot:
-        """The fair-share input: every pool with its effective attributes."""
+        """The fair-share input: every pool with its effective attributes; an integral pool
+        with its state from ``integral_states`` (none: an empty volume)."""
+        states = integral_states or {}
         pools = []
         for pool_name in self.effective:
             resolved = self.effective[pool_name]
+            integral = resolved.config.integral_guarantees
             pools.append(
                 PoolSnapshot(
                     name=pool_name,
@@ -727,6 +818,10 @@ class PoolTree:
                         resolved.effective_fair_share_starvation_tolerance,
                         resolved.effective_fair_share_starvation_timeout,
                     ),
+                    integral_guarantees=(
+                        IntegralGuarantees() if integral is None else integral.snapshot()
+                    ),
+                    integral_state=states.get(pool_name, IntegralState()),
                 )
             )
         return TreeSnapshot(
@@ -742,6 +837,7 @@ class PoolTree:
                 self.config.fair_share_starvation_timeout,
             ),
             enable_pool_starvation=self.config.enable_pool_starvation,
+            integral_guarantees=self.config.integral_guarantees.snapshot(),
         )
 
     def to_mapping(self) -> dict[str, object]:
@@ -796,6 +892,39 @@ class PoolTree:
                         own.get(resource, 0),
                         f"is less than its children's sum {wanted}",
                     )
+            _check_integral_children(parent, children)
+
+
+def _integral_amounts(pool: EffectivePool) -> tuple[Resources, Resources]:
+    integral = pool.config.integral_guarantees or PoolIntegralGuarantees()
+    return integral.burst_guarantee_resources, integral.resource_flow
+
+
+def _check_integral_children(parent: EffectivePool, children: Sequence[EffectivePool]) -> None:
+    """As YTsaurus's master: an integral pool has no children with burst guarantees or
+    resource flows, and children's burst guarantees and flows fit in the parent's (a resource
+    a child names, the parent names too)."""
+    integral = parent.config.integral_guarantees
+    if integral is not None and integral.is_integral:
+        for child in children:
+            burst, flow = _integral_amounts(child)
+            if any(burst.values()) or any(flow.values()):
+                raise InvalidInput(
+                    f"pool {child.name}: integral_guarantees",
+                    _plain(child.config.integral_guarantees),
+                    f"integral pool {parent.name} cannot have children with integral resources",
+                )
+    for index, option in enumerate(("burst_guarantee_resources", "resource_flow")):
+        own = _integral_amounts(parent)[index]
+        named = {r for child in children for r in _integral_amounts(child)[index]}
+        for resource in sorted(named):
+            wanted = sum(_integral_amounts(c)[index].get(resource, 0) for c in children)
+            if wanted > own.get(resource, 0):
+                raise InvalidInput(
+                    f"pool {parent.name}: integral_guarantees.{option}.{resource}",
+                    own.get(resource, 0),
+                    f"is less than its children's sum {wanted}",
+                )
 
 
 def _check_pool_name(pool: Pool) -> None:

@@ -395,12 +395,23 @@ tree_pool = Table(
     _time("below_fair_share_since", nullable=True),
     _time("created_at"),
     _time("updated_at"),
+    # Integral guarantees: the accumulated volume (resource -> resource-seconds, exact text
+    # such as "2000" or "3/4"), the integral share ratio held since then (exact text) and when
+    # the fair-share update computed them. All three NULL: no state yet.
+    Column("integral_volume", JSON(none_as_null=True), nullable=True),
+    Column("integral_share_ratio", String(255), nullable=True),
+    _time("integral_updated_at", nullable=True),
     PrimaryKeyConstraint("tree", "name"),
     # RESTRICT: a pool with children cannot be deleted from under them.
     ForeignKeyConstraint(
         ["tree", "parent"], ["tree_pool.tree", "tree_pool.name"], ondelete="RESTRICT"
     ),
     CheckConstraint("parent IS NULL OR parent != name", name="not_its_own_parent"),
+    CheckConstraint(
+        "(integral_volume IS NULL) = (integral_updated_at IS NULL) "
+        "AND (integral_share_ratio IS NULL) = (integral_updated_at IS NULL)",
+        name="integral_state_whole",
+    ),
 )
 
 _FINAL_OPERATION = ", ".join(

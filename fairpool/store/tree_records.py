@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -99,11 +100,15 @@ class TreePoolRecord:
     ephemeral_user: str | None
     #: Carried from pass to pass for the starvation timeout.
     below_fair_share_since: datetime | None
+    #: Integral guarantees, carried from pass to pass: None before the pool's first pass as
+    #: an integral pool.
+    integral: IntegralRecord | None
     created_at: datetime
     updated_at: datetime
 
     @classmethod
     def from_row(cls, row: RowMapping) -> TreePoolRecord:
+        at = row["integral_updated_at"]
         return cls(
             tree=row["tree"],
             name=row["name"],
@@ -111,9 +116,25 @@ class TreePoolRecord:
             config=dict(row["config"]),
             ephemeral_user=row["ephemeral_user"],
             below_fair_share_since=row["below_fair_share_since"],
+            integral=None if at is None else IntegralRecord(
+                {key: Fraction(value) for key, value in row["integral_volume"].items()},
+                Fraction(row["integral_share_ratio"]),
+                at,
+            ),
             created_at=row["created_at"],
             updated_at=row["updated_at"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class IntegralRecord:
+    """An integral pool's state after a fair-share update (exact, stored as text)."""
+
+    #: Resource -> resource-seconds.
+    volume: dict[str, Fraction]
+    #: The integral share ratio the pool holds until the next update consumes it.
+    share_ratio: Fraction
+    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

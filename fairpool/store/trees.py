@@ -17,6 +17,7 @@ from fairpool.store import schema
 from fairpool.store.repo import check_found, new_id, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
+    IntegralRecord,
     JobRecord,
     JobStatus,
     NodeRecord,
@@ -158,6 +159,25 @@ def set_pool_since(
         update(table).where(table.c.tree == tree, table.c.name == name).values(
             below_fair_share_since=since
         )
+    )
+
+
+def set_pool_integral(
+    connection: Connection, tree: str, name: str, state: IntegralRecord | None
+) -> None:
+    """Store an integral pool's volume and share ratio (None: clear them)."""
+    table = schema.tree_pool
+    values: dict[str, Any] = {
+        "integral_volume": None, "integral_share_ratio": None, "integral_updated_at": None,
+    }
+    if state is not None:
+        values = {
+            "integral_volume": {key: str(amount) for key, amount in state.volume.items()},
+            "integral_share_ratio": str(state.share_ratio),
+            "integral_updated_at": as_utc(state.updated_at),
+        }
+    connection.execute(
+        update(table).where(table.c.tree == tree, table.c.name == name).values(**values)
     )
 
 
