@@ -351,6 +351,9 @@ class RemoteTrees:
         body = {"option": option, "value": value}
         return Answer(self._call("PATCH", f"/pool-trees/{_segment(name)}", json=body))
 
+    def delete_tree(self, name: str) -> None:
+        self._call("DELETE", f"/pool-trees/{_segment(name)}")
+
     def show_tree(self, name: str | None = None) -> Answer:
         return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name))}"))
 

@@ -760,6 +760,20 @@ class TreesService:
             self._passes(conn, [name])
             return self._tree_view(conn, name)
 
+    def delete_tree(self, name: str) -> None:
+        """Delete a tree with its pools; refused while operations are started in it. Ended
+        operations lose their history in it (an operation that ran only there is gone)."""
+        with self.db.write() as conn:
+            state = _State.load(conn, name)
+            if state.operations:
+                raise Conflict(
+                    f"pool tree {name} has {len(state.operations)} started operations "
+                    f"({', '.join(op.id for op in state.operations[:5])}"
+                    f"{', ...' if len(state.operations) > 5 else ''}): "
+                    "complete or abort them first"
+                )
+            store.delete_tree(conn, name, _parents_first(state.tree)[::-1])
+
     def show_tree(self, name: str | None = None) -> TreeView:
         with self.db.read() as conn:
             return self._tree_view(conn, self._tree_name(conn, name), detailed=True)

@@ -122,6 +122,26 @@ def test_a_whole_tree_from_yaml_is_applied_idempotently(tmp_path: Path) -> None:
     assert again.out.strip() == "Pool tree 'physical' is unchanged."
 
 
+def test_a_tree_is_deleted_when_nothing_runs_in_it(tmp_path: Path) -> None:
+    fairpool(tmp_path, "node", "add", "n1", "--tags", "gpu", "--resources", '{"cpu": 100}').ok()
+    path = tmp_path / "tree.yaml"
+    path.write_text(SEED_TREE)
+    fairpool(tmp_path, "pool-tree", "create", "physical", "--config-file", str(path)).ok()
+    op = fairpool(tmp_path, "operation", "start", "--pool", "project-batch", "--user", "u",
+                  "--job-resources", '{"cpu": 1}', "--job-count", "2", "-o", "json").ok().json
+    before = db_dump(tmp_path)
+    assert_one_error(fairpool(tmp_path, "pool-tree", "delete", "physical"),
+                     "pool tree physical has 1 started operations", op["id"],
+                     "complete or abort them first")
+    assert db_dump(tmp_path) == before
+    fairpool(tmp_path, "operation", "complete", op["id"]).ok()
+    deleted = fairpool(tmp_path, "pool-tree", "delete", "physical").ok()
+    assert deleted.err.strip() == "Pool tree 'physical' deleted."
+    assert fairpool(tmp_path, "pool-tree", "list").ok().out.strip() == "No pool trees found."
+    assert_one_error(fairpool(tmp_path, "pool-tree", "delete", "physical"),
+                     "no pool tree 'physical'")
+
+
 def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(tmp_path: Path) -> None:
     """With ``--url`` the commands go through the server (no local store is opened), and the
     server's reconciler tick runs the trees' passes: a starving operation gets its jobs by

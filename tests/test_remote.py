@@ -345,6 +345,9 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "default", "cpus")
     fp("pool-tree", "default", "nope")                                        # unknown tree
     fp("pool-tree", "show")
+    fp("pool-tree", "delete", "other")
+    fp("pool-tree", "delete", "other")                                        # gone
+    fp("pool-tree", "delete", "cpus")                                         # started operations
     fp("node", "remove", "gpu-02")
     fp("node", "remove", "gpu-02")                                            # unknown node
     fp("operation", "list", "-o", "yaml")
@@ -386,7 +389,8 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -
     for needle in ("no pool 'nope'", "no pool tree 'nope'", "unknown pool option",
                    "max_operation_count is 1", "job_count: must be a positive integer",
                    "no default_tree set", "already completed",
-                   "tree_options.cpus: is not one of the operation's trees"):
+                   "tree_options.cpus: is not one of the operation's trees",
+                   "no pool tree 'other'", "complete or abort them first"):
         assert any(needle in e for e in errors), needle
     started = [s.stdout for s in embedded.steps
                if s.args[:2] == ("operation", "start") and isinstance(s.stdout, dict)]

@@ -380,6 +380,42 @@ def test_an_operation_runs_its_jobs_in_any_of_its_trees(two_trees: TreesService)
         "cpu-01": 500, "gpu-01": 0, "gpu-02": 0}
 
 
+def test_a_tree_is_deleted_once_no_operation_is_started_in_it(two_trees: TreesService) -> None:
+    both = two_trees.start_operation(
+        trees=["physical", "cpus"], pool="project-batch", user="alice", job_resources=CPU,
+        job_count=150, tree_options={"cpus": {"pool": "research"}},
+    )
+    here = two_trees.start_operation(trees=["physical"], pool="project-adhoc", user="bob",
+                                     job_resources=CPU, job_count=1)
+    two_trees.default_tree("physical")
+    before = dump(two_trees)
+    with pytest.raises(Conflict, match=(
+        f"pool tree physical has 2 started operations \\({both.id}, {here.id}\\): "
+        "complete or abort them first"
+    )):
+        two_trees.delete_tree("physical")
+    assert dump(two_trees) == before  # nothing written
+    two_trees.complete_operation(both.id)
+    two_trees.abort_operation(here.id)
+    two_trees.delete_tree("physical")
+    assert [t.name for t in two_trees.list_trees()] == ["cpus"]
+    assert two_trees.default_tree() is None
+    # the operation that ran only there is gone; the other keeps its history in cpus
+    with pytest.raises(NotFound):
+        two_trees.describe_operation(here.id)
+    kept = two_trees.describe_operation(both.id)
+    assert (kept.tree, kept.pool, kept.status) == ("cpus", "research", "completed")
+    counts = dump(two_trees)
+    assert counts["tree_pool"] == 2 and counts["pool_tree_default"] == 0
+    assert counts["tree_job"] == 50  # the 50 jobs it ran on cpu-01
+    assert counts["cluster_node"] == 3  # nodes belong to no tree
+    # the name is free again, and an unknown tree is an error
+    two_trees.apply_tree(SEED_TREE)
+    assert {row.name for row in two_trees.show_tree("physical").elements} >= {"project-batch"}
+    with pytest.raises(NotFound, match="no pool tree 'nope'"):
+        two_trees.delete_tree("nope")
+
+
 def test_a_tree_limit_pends_the_operation_in_that_tree_only(two_trees: TreesService) -> None:
     for _ in range(2):  # cpus runs at most 2 operations
         two_trees.start_operation(trees=["cpus"], pool="other", user="bob", job_resources=CPU,

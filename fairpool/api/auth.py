@@ -116,6 +116,7 @@ RULES: dict[str, Rule] = {
     # yet, like workloads).
     **{name: Rule.ADMIN for name in (
         "add_node", "remove_node", "create_pool_tree", "apply_pool_tree", "set_pool_tree",
+        "delete_pool_tree",
         "set_default_tree", "reconcile_pool_tree", "create_tree_pool", "set_tree_pool",
         "delete_tree_pool",
     )},

@@ -233,6 +233,13 @@ def trees_router(
         """Set one tree option, validated with every pool (YTsaurus units: milliseconds)."""
         return _json(trees.set_tree(name, body.option, body.value).as_dict())
 
+    @router.delete("/pool-trees/{name}", status_code=204, tags=["pool trees"])
+    def delete_pool_tree(name: TreeName) -> Response:
+        """Delete a tree and its pools; refused (409) while operations are started in it.
+        Ended operations lose their history in it."""
+        trees.delete_tree(name)
+        return Response(status_code=204)
+
     @router.post("/pool-trees/{name}/reconcile", tags=["pool trees"])
     def reconcile_pool_tree(name: TreeName) -> JSONResponse:
         """One pass now: promote pending operations, grant jobs, preempt for starving ones."""

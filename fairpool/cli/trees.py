@@ -145,6 +145,15 @@ def set_tree(name: str, option: str, value: str, output: str) -> None:
     _print_tree(trees().set_tree(name, option, value).as_dict(), output)
 
 
+@pool_tree.command("delete")
+@click.argument("name")
+def delete_tree(name: str) -> None:
+    """Delete a tree and its pools (no started operations; ended ones lose their history
+    in it). Nodes stay: they belong to no tree."""
+    trees().delete_tree(name)
+    o.declare(f"Pool tree '{name}' deleted.")
+
+
 @pool_tree.command("show")
 @click.argument("name", required=False)
 @o.output_option

@@ -90,6 +90,25 @@ def set_tree_config(
     check_found(result.rowcount, "pool tree", name)
 
 
+def delete_tree(connection: Connection, name: str, pools_children_first: Sequence[str]) -> None:
+    """Delete tree ``name``, its pools and its ended operations' history in it (jobs and
+    placements; an operation that ran only here goes whole). The caller has made sure no live
+    operation is placed in it."""
+    placement, operation = schema.tree_operation_placement, schema.tree_operation
+    elsewhere = select(placement.c.operation_id).where(placement.c.tree != name)
+    only_here = select(placement.c.operation_id).where(
+        placement.c.tree == name, placement.c.operation_id.not_in(elsewhere)
+    )
+    connection.execute(delete(operation).where(operation.c.id.in_(only_here)))
+    connection.execute(delete(placement).where(placement.c.tree == name))  # jobs: cascade
+    pool = schema.tree_pool
+    for pool_name in pools_children_first:  # a parent is RESTRICTed while it has children
+        connection.execute(delete(pool).where(pool.c.tree == name, pool.c.name == pool_name))
+    table = schema.pool_tree
+    result = connection.execute(delete(table).where(table.c.name == name))  # default: cascade
+    check_found(result.rowcount, "pool tree", name)
+
+
 def find_tree(connection: Connection, name: str) -> PoolTreeRecord | None:
     table = schema.pool_tree
     row = connection.execute(select(table).where(table.c.name == name)).mappings().first()
