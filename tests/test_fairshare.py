@@ -610,6 +610,43 @@ def test_same_snapshot_in_any_input_order_gives_the_same_result() -> None:
             "FIFO pool holds operations only",
         ),
         (TreeSnapshot({"cpu": 1}, (), (OperationSnapshot("o", "p", {}),)), "unknown pool"),
+        # The operations are checked as columns first: the message still names the one at fault.
+        (
+            TreeSnapshot(
+                {"cpu": 1},
+                (PoolSnapshot("p"),),
+                (OperationSnapshot("a", "p", {}), OperationSnapshot("b", "p", {}, weight=F(0))),
+            ),
+            "operation 'b': weight must be positive",
+        ),
+        (
+            TreeSnapshot(
+                {"cpu": 1},
+                (PoolSnapshot("p"),),
+                (OperationSnapshot("a", "p", {}, weight=F(-1, 2)),),
+            ),
+            "operation 'a': weight must be positive",
+        ),
+        (
+            TreeSnapshot(
+                {"cpu": 1}, (PoolSnapshot("p"),), (OperationSnapshot("a", "p", {}, -1, 2),)
+            ),
+            "operation 'a': job counts must be non-negative",
+        ),
+        (
+            TreeSnapshot(
+                {"cpu": 1}, (PoolSnapshot("p"),), (OperationSnapshot("a", "p", {}, 2, -1),)
+            ),
+            "operation 'a': job counts must be non-negative",
+        ),
+        (
+            TreeSnapshot(
+                {"cpu": 1},
+                (PoolSnapshot("p"),),
+                (OperationSnapshot("a", "p", {}), OperationSnapshot("a", "p", {})),
+            ),
+            "operation ids must be unique",
+        ),
     ],
 )
 def test_broken_snapshots_are_refused(snapshot: TreeSnapshot, message: str) -> None:

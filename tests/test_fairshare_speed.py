@@ -219,7 +219,7 @@ def test_auto_switches_to_floats_above_the_limit() -> None:
         OperationSnapshot(f"o{i}", "a", {"cpu": 1}, pending_job_count=1 + i % 3)
         for i in range(EXACT_ELEMENT_LIMIT)
     )
-    snapshot = TreeSnapshot({"cpu": 1000}, pools, operations)
+    snapshot = TreeSnapshot({"cpu": EXACT_ELEMENT_LIMIT // 2}, pools, operations)
     auto = compute_fair_share(snapshot)
     exact = compute_fair_share(snapshot, numeric="exact")
     assert_close(exact, auto, SNAP_EPSILON)

@@ -386,7 +386,7 @@ class FairShareResult:
 # -- the element tree --------------------------------------------------------------------
 
 #: Elements (pools + operations) up to which ``numeric="auto"`` computes exactly.
-EXACT_ELEMENT_LIMIT = 2_000
+EXACT_ELEMENT_LIMIT = 200
 
 #: Float backend: a computed share within this of an exact candidate (demand, usage, limits,
 #: guarantee, 0) is reported as that candidate. Shares are fractions of the tree, in [0, 1];
@@ -414,6 +414,9 @@ class _Element:
     pool: PoolSnapshot | None = None
     operation: OperationSnapshot | None = None
     children: list[_Element] = field(default_factory=list)
+    #: The children that are pools, in ``children``'s order: the pool-only steps skip the
+    #: operations (most elements) without looking at them.
+    pools: list[_Element] = field(default_factory=list)
     usage_numerators: tuple[int, ...] = ()
     demand_numerators: tuple[int, ...] = ()
     limits: Vector = ()
@@ -548,14 +551,24 @@ class _Update:
             element = pools[pool.name]
             element.parent = pools[pool.parent or ROOT]
             element.parent.children.append(element)
+            element.parent.pools.append(element)
         unlimited = self.unlimited[1]
         resources = self.resources
+        # Operations repeat a few job vectors and counts: each distinct one's numerators are
+        # computed once and shared (which also lets later steps convert each once).
+        shapes: dict[tuple[tuple[int, ...], int, int], tuple[tuple[int, ...], ...]] = {}
         for operation in self.snapshot.operations:
             parent = pools[operation.pool]
             running = operation.running_job_count
             jobs = running + (operation.pending_job_count if operation.running else 0)
             amounts = operation.job_resources
-            job = tuple([amounts.get(r, 0) for r in resources])
+            shape = (tuple([amounts.get(r, 0) for r in resources]), running, jobs)
+            numerators = shapes.get(shape)
+            if numerators is None:
+                numerators = shapes[shape] = (
+                    self.numerators(shape[0], running),
+                    self.numerators(shape[0], jobs),
+                )
             parent.children.append(
                 _Element(
                     ElementKind.OPERATION,
@@ -563,8 +576,8 @@ class _Update:
                     parent,
                     specified_weight=operation.weight,
                     operation=operation,
-                    usage_numerators=self.numerators(job, running),
-                    demand_numerators=self.numerators(job, jobs),
+                    usage_numerators=numerators[0],
+                    demand_numerators=numerators[1],
                     limits=(
                         self.limits_share(operation.resource_limits)
                         if operation.resource_limits
@@ -578,12 +591,19 @@ class _Update:
         self._infer_guarantees(root, tuple(Fraction(t) for t in self.totals))
         #: Burst and relaxed pools in tree order; empty (the common case) skips every step
         #: of integral guarantees, so such trees are computed exactly as before.
-        self.integral_pools = [
-            element
-            for element in _walk(root)
-            if element.pool is not None
-            and element.pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
-        ]
+        self.integral_pools = (
+            [
+                element
+                for element in _walk(root)
+                if element.pool is not None
+                and element.pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
+            ]
+            if any(
+                pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
+                for pool in self.snapshot.pools
+            )
+            else []
+        )
         available: Vector = tuple(ONE for _ in self.resources)
         if self.integral_pools:
             self._integral_ratios(root)
@@ -644,9 +664,8 @@ class _Update:
     def _cumulative(self, element: _Element) -> None:
         """Usage, demand and limits bottom-up; FIFO order of a FIFO pool's operations."""
         children = element.children
-        for child in children:
-            if child.operation is None:
-                self._cumulative(child)
+        for child in element.pools:
+            self._cumulative(child)
         if children:  # column sums of the children's vectors
             usage = zip(*(c.usage_numerators for c in children), strict=True)
             demand = zip(*(c.demand_numerators for c in children), strict=True)
@@ -666,6 +685,7 @@ class _Update:
                 child.fifo_index = index
         else:
             element.children.sort(key=attrgetter("kind", "name"))
+            element.pools.sort(key=attrgetter("name"))
 
     @staticmethod
     def _fifo_key(pool: _Element, child: _Element) -> tuple[object, ...]:
@@ -688,7 +708,7 @@ class _Update:
 
     def _infer_guarantees(self, parent: _Element, parent_amounts: tuple[Fraction, ...]) -> None:
         """``DetermineInferredStrongGuaranteeResources``: top-down, in absolute amounts."""
-        pools = [c for c in parent.children if c.pool is not None]
+        pools = parent.pools
         if not pools:
             return
         explicit = [c.pool.strong_guarantee_resources for c in pools if c.pool is not None]
@@ -729,7 +749,7 @@ class _Update:
     def _adjust_guarantees(self, parent: _Element, available: Vector) -> None:
         """``AdjustStrongGuarantees``: clamp to limits, then scale children that overrun their
         parent by one common factor (the largest that fits in every resource)."""
-        pools = [c for c in parent.children if c.pool is not None]
+        pools = parent.pools
         if not pools and parent.kind is not ElementKind.ROOT:
             return
         # Most pools are guaranteed nothing: no rational arithmetic for them.
@@ -758,9 +778,7 @@ class _Update:
         share when the tree infers weights (1 if either is zero), else 1. Operations always
         carry their own weight (set when they are built)."""
         multiplier = self.snapshot.infer_weight_from_guarantees_share_multiplier
-        for child in element.children:
-            if child.operation is not None:
-                continue
+        for child in element.pools:
             if child.specified_weight is not None:
                 child.weight = child.specified_weight
             elif multiplier is not None:
@@ -808,11 +826,10 @@ class _Update:
         """Burst and flow ratios of integral pools, and their sums over every subtree
         (``UpdateCumulativeAttributes``); a pool without a guarantee type has neither."""
         burst = flow = ZERO
-        for child in element.children:
-            if child.pool is not None:
-                self._integral_ratios(child)
-                burst += child.total_burst_ratio
-                flow += child.total_flow_ratio
+        for child in element.pools:
+            self._integral_ratios(child)
+            burst += child.total_burst_ratio
+            flow += child.total_flow_ratio
         pool = element.pool
         if pool is not None and pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL:
             settings = pool.integral_guarantees
@@ -856,9 +873,7 @@ class _Update:
         guarantees also scales the root's strong guarantees and every burst ratio by one
         common factor, the largest with which they fit; the strong guarantees of the root's
         children are then fitted into what that leaves."""
-        strong = total(
-            (c.exact_guarantee for c in root.children if c.pool is not None), self.size
-        )
+        strong = total((c.exact_guarantee for c in root.pools), self.size)
         sums = [g for g, t in zip(strong, self.totals, strict=True) if t]
         flow, burst = root.total_flow_ratio, root.total_burst_ratio
         if flow and any(g + flow > 1 for g in sums):
@@ -956,10 +971,9 @@ class _Update:
             return
         zero = self.zero
         left: Vector = (self.one,) * self.size
-        for child in root.children:
-            if child.pool is not None:
-                used = vmin(self.guarantee(child), self.shares(child.demand_numerators))
-                left = sub(left, used)
+        for child in root.pools:
+            used = vmin(self.guarantee(child), self.shares(child.demand_numerators))
+            left = sub(left, used)
         left = tuple(max(x, zero) for x in left)
         default_limit = self.snapshot.integral_guarantees.relaxed_share_multiplier_limit
         chosen: list[tuple[_Element, Fraction]] = []
@@ -1141,12 +1155,16 @@ def _starvation(
         timeout_ms = timeout_ms * min(1, operation.pending_job_count)
     below = is_below_fair_share(fair_share, usage, demand, tolerance)
     if not below:
-        return Starvation(False, None, StarvationStatus.NON_STARVING)
+        return _NOT_BELOW
     start = now if since is None else since
     starving = now > start + timeout_ms / 1000
     return Starvation(
         True, start, StarvationStatus.STARVING if starving else StarvationStatus.NON_STARVING
     )
+
+
+#: Most elements' starvation: one shared (immutable) value.
+_NOT_BELOW = Starvation(False, None, StarvationStatus.NON_STARVING)
 
 
 def _snap(
@@ -1156,8 +1174,10 @@ def _snap(
     usage, limit, guarantee; each given with the float the update computed with) within
     ``SNAP_EPSILON``, 0 likewise, else the float's exact value (never outside [0, 1]), from
     ``known`` when an earlier element had the same float (siblings often do)."""
-    snapped: list[Number] = []
     pairs = cast(Sequence[tuple[Vector, Sequence[float]]], candidates)
+    if computed == pairs[0][1]:  # every resource at the first candidate: a satisfied element
+        return pairs[0][0]
+    snapped: list[Number] = []
     for r, value in enumerate(cast(Sequence[float], computed)):
         for precise, rounded in pairs:
             # Compared as floats: a float minus a Fraction would build a Fraction.
@@ -1286,14 +1306,19 @@ def compute_fair_share(
     unlimited_shares, no_shares = shares(no_limits), shares(nothing)
     # Operations of a large tree repeat a few job vectors and counts: each distinct usage or
     # demand is converted once (a Fraction costs a gcd) and its read-only map is shared.
-    converted: dict[tuple[int, ...], tuple[Vector, Shares, Vector]] = {}
+    converted: dict[tuple[int, ...], tuple[Vector, Shares, Vector, int]] = {}
 
-    def exact_shares(numerators: tuple[int, ...]) -> tuple[Vector, Shares, Vector]:
-        """The shares, as a map, and in the update's numbers."""
+    def exact_shares(numerators: tuple[int, ...]) -> tuple[Vector, Shares, Vector, int]:
+        """The shares, as a map, in the update's numbers, and the largest one's index."""
         known = converted.get(numerators)
         if known is None:
             vector = tuple(map(Fraction, numerators, dens))
-            known = converted[numerators] = (vector, shares(vector), update.shares(numerators))
+            known = converted[numerators] = (
+                vector,
+                shares(vector),
+                update.shares(numerators),
+                _dominant(numerators, dens),
+            )
         return known
 
     fractions: dict[float, Fraction] = {}
@@ -1328,8 +1353,10 @@ def compute_fair_share(
         )
 
     def describe(element: _Element) -> ElementShares:
-        usage, usage_shares, usage_numbers = exact_shares(element.usage_numerators)
-        demand, demand_shares, demand_numbers = exact_shares(element.demand_numerators)
+        usage, usage_shares, usage_numbers, usage_dominant = exact_shares(element.usage_numerators)
+        demand, demand_shares, demand_numbers, demand_dominant = exact_shares(
+            element.demand_numerators
+        )
         operation = element.operation
         if operation is not None:
             limits = (
@@ -1406,8 +1433,9 @@ def compute_fair_share(
             demand_share=demand_shares,
             limits_share=unlimited_shares if limits is no_limits else shares(limits),
             strong_guarantee_share=no_shares if guarantee is nothing else shares(guarantee),
+            # The largest usage share, or demand share while usage is zero.
             dominant_resource=resources[
-                _dominant(element.usage_numerators, element.demand_numerators, dens)
+                usage_dominant if any(element.usage_numerators) else demand_dominant
             ],
             fifo_index=element.fifo_index,
             starvation=starvation,
@@ -1431,11 +1459,10 @@ def compute_fair_share(
     )
 
 
-def _dominant(usage: tuple[int, ...], demand: tuple[int, ...], dens: tuple[int, ...]) -> int:
-    """The resource with the largest usage share, or demand share while usage is zero; ties go
-    to the first resource in YTsaurus's order. Shares are numerators over ``dens``, compared
-    by cross-multiplying (integers: exact, and much cheaper than ``Fraction`` comparisons)."""
-    numerators = usage if any(usage) else demand
+def _dominant(numerators: tuple[int, ...], dens: tuple[int, ...]) -> int:
+    """The resource with the largest share; ties go to the first resource in YTsaurus's order.
+    Shares are numerators over ``dens``, compared by cross-multiplying (integers: exact, and
+    much cheaper than ``Fraction`` comparisons)."""
     best = 0
     for r in range(1, len(numerators)):
         if numerators[r] * dens[best] > numerators[best] * dens[r]:
@@ -1524,10 +1551,22 @@ def validate_snapshot(snapshot: TreeSnapshot) -> None:
     for pool in snapshot.pools:
         if parents[pool.name] in fifo:
             raise ValueError(f"pool {pool.name!r}: a FIFO pool holds operations only")
-    ids = [operation.id for operation in snapshot.operations]
-    if len(set(ids)) != len(ids):
+    operations = snapshot.operations
+    if len(set(map(attrgetter("id"), operations))) != len(operations):
         raise ValueError("operation ids must be unique")
-    for operation in snapshot.operations:
+
+    def least(name: str) -> int:
+        return cast(int, min(map(attrgetter(name), operations), default=1))
+
+    # Column checks at C speed (a weight's sign is its numerator's); the loop below only
+    # finds the first operation at fault.
+    if (
+        known.issuperset(map(attrgetter("pool"), operations))
+        and least("weight.numerator") > 0
+        and min(least("running_job_count"), least("pending_job_count")) >= 0
+    ):
+        return
+    for operation in operations:
         if operation.pool not in known:
             raise ValueError(f"operation {operation.id!r}: unknown pool {operation.pool!r}")
         if operation.weight <= 0:
