@@ -540,10 +540,16 @@ def planned(world: World) -> tuple[FairShareResult, JobPlan]:
 def test_node_capacity_is_never_exceeded(world: World) -> None:
     _, nodes, ops, _, _ = world
     _, result = planned(world)
-    preempted = {p.job for p in result.preemptions}
+    assert_nodes_hold_their_jobs(nodes, ops, result, {p.job for p in result.preemptions})
+
+
+def assert_nodes_hold_their_jobs(
+    nodes: Sequence[NodeState], ops: Sequence[OperationState], result: JobPlan, gone: set[str]
+) -> None:
+    """After the plan (its grants, without the jobs ``gone``), no node holds more than it has."""
     by_id = {o.id: o for o in ops}
     used: dict[str, dict[str, int]] = {n.node.name: {} for n in nodes}
-    placements = [(o, j.node) for o in ops for j in o.jobs if j.id not in preempted]
+    placements = [(o, j.node) for o in ops for j in o.jobs if j.id not in gone]
     placements += [(by_id[g.operation], g.node) for g in result.grants]
     for o, where in placements:
         for key, amount in o.job_resources.items():
@@ -571,16 +577,7 @@ def test_jobs_being_interrupted_keep_their_units_until_their_deadline(world: Wor
         if p.deadline is not None:
             assert p.deadline == now + t.config.allocation_preemption_timeout / 1000
     gone = {p.job for p in result.preemptions if p.deadline is None} | set(result.expired)
-    by_id = {o.id: o for o in ops}
-    used: dict[str, dict[str, int]] = {n.node.name: {} for n in nodes}
-    placements = [(o, j.node) for o in ops for j in o.jobs if j.id not in gone]
-    placements += [(by_id[g.operation], g.node) for g in result.grants]
-    for o, where in placements:
-        for key, amount in o.job_resources.items():
-            used[where][key] = used[where].get(key, 0) + amount
-    for n in nodes:
-        for key, amount in used[n.node.name].items():
-            assert amount <= n.node.resources.get(key, 0), (n, used)
+    assert_nodes_hold_their_jobs(nodes, ops, result, gone)
     for o in ops:  # never more live jobs (in all its trees) than the operation asks for
         live = sum(1 for j in o.jobs if j.id not in gone) + result.granted(o.id)
         assert live + o.elsewhere <= o.job_count
