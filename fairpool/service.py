@@ -676,8 +676,21 @@ class Service:
         return result
 
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
+        """One transaction for the whole batch. An operation whose change fails is undone
+        alone: the transaction is rolled back, that operation fails, and the others run again
+        in a new one (no savepoint per operation: failures are rare, savepoints are not)."""
+        work = list(batch)
+        while work:
+            failed = self._attempt(work)
+            if failed is None:
+                return
+            work.remove(failed)
+
+    def _attempt(self, batch: list[Pending[_Operation]]) -> Pending[_Operation] | None:
+        """Run ``batch``; the operation whose change raised (rolled back, failed), if any."""
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         passed: _Passed | None = None
+        failed: Pending[_Operation] | None = None
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
             with self.db.write() as conn:
@@ -685,17 +698,12 @@ class Service:
                 fresh = committed is not None and committed[0] == generation - 1
                 tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
                 for pending in batch:
-                    if len(batch) == 1:  # alone: its error rolls the transaction back
+                    try:
                         answers.append((pending, pending.work.change(tx)))
-                    else:
-                        written = len(tx.events)
-                        try:
-                            with conn.begin_nested():  # a savepoint: undo this one only
-                                answers.append((pending, pending.work.change(tx)))
-                        except Exception as error:
-                            pending.fail(error)
-                            del tx.events[written:]
-                            tx.forget()  # it may have changed the live state half-way
+                    except Exception as error:
+                        pending.fail(error)
+                        failed = pending
+                        raise
                     if not pending.work.tracked:
                         tx.forget()
                 if any(p.work.passes for p, _ in answers):
@@ -710,16 +718,19 @@ class Service:
                 repo.insert_events(conn, tx.events)
                 kept = tx.state
         except BaseException as error:
+            if failed is not None and isinstance(error, Exception):
+                return failed
             for pending in batch:
                 if pending.error is None:
                     pending.fail(error)
-            return
+            return None
         if kept is not None:
             self._committed = (generation, kept)
         if passed is not None and self.on_pass is not None and any(
             p.work.passes for p in batch
         ):
             self.on_pass(passed.summary)
+        return None
 
     # -- the pass ----------------------------------------------------------------------
 

@@ -263,3 +263,35 @@ def test_a_batch_that_rolls_back_leaves_no_state_behind(svc: Service) -> None:
         svc._write(fails_half_way, tracked=True)
     assert svc.get_request(held.id).status == "allocated"
     assert svc.create_request("team", demand={"gpu": 1}).status == "queued"
+
+
+def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(svc: Service) -> None:
+    """Its writes and its changes to the state in memory are gone; the operations around it
+    commit (the batch runs again without it)."""
+    held = svc.create_request("team", demand={"gpu": 2})
+
+    def fails_half_way(tx: Any) -> Any:
+        svc._finish(tx, svc._request(tx, held.id), service_module.RequestStatus.RELEASED, "x")
+        raise RuntimeError("after the release, before the commit")
+
+    leader = svc._writes._leader
+    leader.acquire()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            futures: list[Future[Any]] = [
+                pool.submit(svc.create_request, "team", demand={"gpu": 1}),
+                pool.submit(svc._write, fails_half_way, tracked=True),
+                pool.submit(svc.create_request, "team", demand={"gpu": 1}),
+            ]
+            wait_for(lambda: len(svc._writes._queue) == 3)
+            leader.release()
+            leader = None
+            around = [futures[0].result(), futures[2].result()]
+            with pytest.raises(RuntimeError, match="before the commit"):
+                futures[1].result()
+    finally:
+        if leader is not None:
+            leader.release()
+    assert svc.get_request(held.id).status == "allocated"  # the release was undone
+    assert [view.status for view in around] == ["queued", "queued"]  # the 2 units stay held
+    assert {svc.get_request(v.id).status for v in around} == {"queued"}
