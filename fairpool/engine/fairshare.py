@@ -591,19 +591,12 @@ class _Update:
         self._infer_guarantees(root, tuple(Fraction(t) for t in self.totals))
         #: Burst and relaxed pools in tree order; empty (the common case) skips every step
         #: of integral guarantees, so such trees are computed exactly as before.
-        self.integral_pools = (
-            [
-                element
-                for element in _walk(root)
-                if element.pool is not None
-                and element.pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
-            ]
-            if any(
-                pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
-                for pool in self.snapshot.pools
-            )
-            else []
-        )
+        self.integral_pools = [
+            element
+            for element in _walk(root, pools_only=True)
+            if element.pool is not None
+            and element.pool.integral_guarantees.guarantee_type is not _NO_INTEGRAL
+        ]
         available: Vector = tuple(ONE for _ in self.resources)
         if self.integral_pools:
             self._integral_ratios(root)
@@ -1506,12 +1499,13 @@ def _excess(function: Function, floor: Vector, zero: Number) -> Function:
     )
 
 
-def _walk(element: _Element) -> Iterable[_Element]:
+def _walk(element: _Element, pools_only: bool = False) -> Iterable[_Element]:
+    """The subtree in tree order; ``pools_only`` skips the operations (most elements)."""
     stack = [element]
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed(current.children))
+        stack.extend(reversed(current.pools if pools_only else current.children))
 
 
 def validate_snapshot(snapshot: TreeSnapshot) -> None:
