@@ -5,7 +5,9 @@
 Starts ``python -m fairpool.api`` on a free loopback port, once per backend (SQLite under a
 temporary home; PostgreSQL in a throwaway database created here and dropped after), and a
 bare FastAPI app (one POST route that does nothing) on the same stack: uvicorn, one process,
-the same uvicorn settings as ``fairpool server``, plain ``def`` endpoints in the thread pool.
+the same uvicorn settings as ``fairpool server``, an ``async`` route as fairpool's busy routes
+are (``Api.write``). The bare endpoint is measured first and again last; the ratio uses the
+mean of the two, and both are printed, since they drift on a shared machine.
 
 N client threads (httpx, one connection each) then loop for ``--duration`` seconds after a
 short warm-up, on a pool of their own per case:
@@ -14,7 +16,10 @@ short warm-up, on a pool of their own per case:
 * contended: capacity N/4 (``--contended-capacity``), so most clients wait: submit answers
   "queued", the client long-polls ``/requests/{id}/wait`` until allocated, then releases.
 
-Prints per case the admissions per second and, for the contended case, p50/p99 of the time
+Prints per case the admissions per second, the server process's CPU time per admission
+(Linux: /proc; with the bare endpoint's per request beside it: on a 2-core machine the
+clients' own CPU bounds the bare endpoint, not the server) and, for the contended case,
+p50/p99 of the time
 from a client sending a release to the next waiter's long-poll answering "allocated" (the
 waiter is the one the server allocated in that release's transaction: writes are serialized,
 so it is the release with the latest ``released_at`` at or before the waiter's
@@ -153,7 +158,7 @@ def serve_baseline(port: int) -> None:
     app = FastAPI()
 
     @app.post("/noop")
-    def noop() -> JSONResponse:
+    async def noop() -> JSONResponse:
         return JSONResponse({"ok": True})
 
     @app.get("/readyz")
@@ -230,12 +235,34 @@ def _body(response: httpx.Response, expected: int) -> dict[str, Any]:
     return body
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) process ``pid`` has used so far; None without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_clients(clients: int, duration: float, work: Callable[[httpx.Client, Window, Tally],
-                                                          None], url: str) -> tuple[Tally, float]:
-    """``clients`` threads each run ``work`` until the window is over; their merged tally
-    and the measured seconds."""
+                                                          None], server: Process
+                ) -> tuple[Tally, float, float | None]:
+    """``clients`` threads each run ``work`` until the window is over; their merged tally,
+    the measured seconds, and the server's CPU seconds in the window (None if unknown)."""
     window = Window(duration)
     tallies = [Tally() for _ in range(clients)]
+    assert server.process is not None
+    pid = server.process.pid
+    cpu: list[float | None] = []
+
+    def sample_cpu() -> None:
+        for moment in (window.start, window.end):
+            time.sleep(max(0.0, moment - time.monotonic()))
+            cpu.append(cpu_seconds(pid))
+
+    sampler = threading.Thread(target=sample_cpu, daemon=True)
+    sampler.start()
+    url = server.url
 
     def client(tally: Tally) -> None:
         with httpx.Client(base_url=url, timeout=30.0) as http:
@@ -253,6 +280,8 @@ def run_clients(clients: int, duration: float, work: Callable[[httpx.Client, Win
             thread.join()
     finally:
         window.stopped.set()
+    sampler.join()
+    before, after = cpu
     merged = Tally()
     for tally in tallies:
         merged.admissions += tally.admissions
@@ -261,7 +290,8 @@ def run_clients(clients: int, duration: float, work: Callable[[httpx.Client, Win
         merged.releases += tally.releases
         merged.woken += tally.woken
         merged.errors += tally.errors
-    return merged, duration
+    used = after - before if before is not None and after is not None else None
+    return merged, duration, used
 
 
 def bare_requests(http: httpx.Client, window: Window, tally: Tally) -> None:
@@ -332,22 +362,50 @@ class Case:
     name: str
     capacity: int
     rate: float
+    #: The server's CPU milliseconds per admission (None if unknown).
+    cpu_ms: float | None
     waited: float
     latencies: list[float]
 
 
-def measure_backend(backend: str, url: str, args: argparse.Namespace) -> list[Case]:
+@dataclass
+class Bare:
+    rate: float
+    cpu_ms: float | None
+
+
+def measure_bare(baseline: Process, args: argparse.Namespace, when: str) -> Bare:
+    baseline.start()
+    tally, seconds, cpu = run_clients(args.clients, args.duration, bare_requests, baseline)
+    baseline.stop()
+    if tally.errors:
+        raise RuntimeError(f"bare endpoint: {tally.errors[0]}")
+    cpu_ms = cpu * 1e3 / tally.requests if cpu is not None and tally.requests else None
+    bare = Bare(tally.requests / seconds, cpu_ms)
+    print(f"bare FastAPI POST endpoint ({when}), {args.clients} clients: {bare.rate:,.0f} "
+          f"requests/s{_cpu(cpu_ms, 'request')}", flush=True)
+    return bare
+
+
+def _cpu(ms: float | None, per: str) -> str:
+    return "" if ms is None else f", server CPU {ms:.2f} ms per {per}"
+
+
+def measure_backend(backend: str, server: Process, args: argparse.Namespace) -> list[Case]:
     results = []
-    with httpx.Client(base_url=url + API, timeout=30.0) as admin:
+    with httpx.Client(base_url=server.url + API, timeout=30.0) as admin:
         for name, capacity in (("uncontended", args.clients),
                                ("contended", args.contended_capacity)):
             pool, component = f"bench-{name}", f"bench-{name}"
             _body(admin.post("/pools", json={"name": pool, "capacity": {"gpu": capacity}}), 201)
             _body(admin.post(f"/pools/{pool}/policies", json={"component": component}), 201)
-            tally, seconds = run_clients(args.clients, args.duration, cycles(pool, component), url)
+            tally, seconds, cpu = run_clients(
+                args.clients, args.duration, cycles(pool, component), server
+            )
             if tally.errors:
                 raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
-            results.append(Case(backend, name, capacity, tally.admissions / seconds,
+            cpu_ms = cpu * 1e3 / tally.admissions if cpu is not None and tally.admissions else None
+            results.append(Case(backend, name, capacity, tally.admissions / seconds, cpu_ms,
                                 tally.waited / max(1, tally.admissions), wake_latencies(tally)))
     return results
 
@@ -381,18 +439,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)
     workdir = Path(tempfile.mkdtemp(prefix="fairpool-bench-http-"))
     cases: list[Case] = []
+    bares: list[Bare] = []
     try:
         with ExitStack() as stack:
             baseline = baseline_server(workdir)
             stack.callback(baseline.stop)
-            baseline.start()
-            tally, seconds = run_clients(args.clients, args.duration, bare_requests, baseline.url)
-            baseline.stop()
-            if tally.errors:
-                raise RuntimeError(f"bare endpoint: {tally.errors[0]}")
-            bare = tally.requests / seconds
-            print(f"bare FastAPI POST endpoint, {args.clients} clients: {bare:,.0f} requests/s",
-                  flush=True)
+            bares.append(measure_bare(baseline, args, "first"))
             for backend in backends:
                 database_url = None
                 if backend == "postgresql":
@@ -406,8 +458,9 @@ def main() -> None:
                 server = fairpool_server(workdir / backend, database_url)
                 stack.callback(server.stop)
                 server.start()
-                cases += measure_backend(backend, server.url, args)
+                cases += measure_backend(backend, server, args)
                 server.stop()
+            bares.append(measure_bare(baseline, args, "last"))
     except KeyboardInterrupt:
         print("interrupted; servers stopped, databases dropped", file=sys.stderr)
         sys.exit(130)
@@ -417,18 +470,22 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{args.clients} clients, {args.duration:g} s per case after {WARMUP_SECONDS:g} s "
           f"warm-up, a pool of its own per case; {os.cpu_count()} CPUs, load average {load}\n")
-    header = ("backend", "case", "capacity", "admissions/s", "waited", "wake p50 ms",
+    bare = statistics.mean(b.rate for b in bares)
+    header = ("backend", "case", "capacity", "admissions/s", "CPU ms", "waited", "wake p50 ms",
               "wake p99 ms", "wakes", "ratio")
-    print("{:<11} {:<12} {:>8} {:>12} {:>7} {:>11} {:>11} {:>6} {:>6}".format(*header))
+    print("{:<11} {:<12} {:>8} {:>12} {:>6} {:>7} {:>11} {:>11} {:>6} {:>6}".format(*header))
     for case in cases:
         p50 = p99 = "-"
         if case.latencies:
             p50 = f"{statistics.median(case.latencies) * 1e3:.1f}"
             p99 = f"{percentile(case.latencies, 99) * 1e3:.1f}"
+        cpu = "-" if case.cpu_ms is None else f"{case.cpu_ms:.2f}"
         print(f"{case.backend:<11} {case.name:<12} {case.capacity:>8} {case.rate:>12,.0f} "
-              f"{case.waited:>7.0%} {p50:>11} {p99:>11} {len(case.latencies):>6} "
+              f"{cpu:>6} {case.waited:>7.0%} {p50:>11} {p99:>11} {len(case.latencies):>6} "
               f"{case.rate / bare:>6.2f}")
-    print()
+    print(f"\nCPU ms: the server's CPU time per admission. Bare endpoint: "
+          f"{' and '.join(f'{b.rate:,.0f}' for b in bares)} requests/s (first and last), "
+          f"mean {bare:,.0f}; the ratios use the mean.")
     for case in cases:
         print(f"ratio admissions/s / bare requests/s ({case.backend}, {case.name}): "
               f"{case.rate / bare:.2f}  (target >= 0.3)")

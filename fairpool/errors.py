@@ -41,3 +41,9 @@ class InvalidInput(FairpoolError, ValueError):
 
 class Conflict(FairpoolError):
     """The request is valid but the current state forbids it (e.g. live allocations)."""
+
+
+class WouldWait(Exception):
+    """Not a user error: raised, before anything was written, by a write told not to wait
+    (``Service.at_once``) that would have had to wait for a lock or do long work; the caller
+    runs it again where waiting is fine."""

@@ -11,7 +11,9 @@ import hashlib
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -24,7 +26,7 @@ from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
@@ -52,6 +54,13 @@ MAX_LEASE_TTL = 30 * 24 * 3600
 _MAX_PASSES = 4
 
 PoolRequestView = Literal["queued", "active", "all"]
+
+#: A write run ``at_once`` goes ahead only on a live state it already holds, with at most this
+#: many queued requests (a pass over them takes well under a millisecond); else it would wait.
+AT_ONCE_QUEUE_LIMIT = 200
+
+# Set by ``Service.at_once`` for the writes of the block.
+_at_once: ContextVar[bool] = ContextVar("fairpool_at_once", default=False)
 
 
 #: Every API token secret starts with this, so that it is recognizable (e.g. by secret scanners).
@@ -242,6 +251,18 @@ class Service:
 
     def close(self) -> None:
         self.db.close()
+
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Writes in the block run now or not at all: one that would wait (another write of
+        this process or of another running, PostgreSQL's round trips, the live state to
+        load, a long queue to pass over) raises ``WouldWait`` before writing anything. For a
+        server's event loop, which must not block: it runs the write on a thread instead."""
+        token = _at_once.set(True)
+        try:
+            yield
+        finally:
+            _at_once.reset(token)
 
     # -- pools -------------------------------------------------------------------------
 
@@ -672,7 +693,12 @@ class Service:
         unless ``passes`` is False, then the answer ``change`` returned is built. Operations
         from other threads waiting at the same time share the transaction and the pass.
         ``tracked``: ``change`` keeps the transaction's live state current (see ``_Tx``)."""
-        result: T = self._writes.submit(_Operation(change, passes, tracked))
+        if not _at_once.get():
+            result: T = self._writes.submit(_Operation(change, passes, tracked))
+            return result
+        if not self.db.embedded:
+            raise WouldWait("a PostgreSQL write waits for the network")
+        result = self._writes.run_now(_Operation(change, passes, tracked))
         return result
 
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
@@ -691,12 +717,16 @@ class Service:
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         passed: _Passed | None = None
         failed: Pending[_Operation] | None = None
+        at_once = _at_once.get()
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
-            with self.db.write() as conn:
+            with self.db.write(wait=not at_once) as conn:
                 generation = db_generation(conn)
                 fresh = committed is not None and committed[0] == generation - 1
                 tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
+                if at_once and (tx.state is None or len(tx.state.queued) > AT_ONCE_QUEUE_LIMIT):
+                    self._committed = committed  # left as it was: the write is undone
+                    raise WouldWait("the live state is to be loaded, or the queue is long")
                 for pending in batch:
                     try:
                         answers.append((pending, pending.work.change(tx)))
@@ -739,10 +769,13 @@ class Service:
         started = time.perf_counter()
         summary = PassSummary()
         waiting = 0
+        plan = Plan()
         for _ in range(_MAX_PASSES):
             now = self.clock()
             self._expire_leases(tx, summary)
             state = tx.live()
+            if not state.queued:  # nothing waits: nothing to grant, reject or preempt for
+                break
             snapshot = state.snapshot(now)
             plan = reconcile(snapshot)
             retried = self._apply(tx, state, snapshot, plan, now, summary)

@@ -180,9 +180,10 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
     held = submit(client, "err-orch", gpu=2)
     assert held["status"] == "allocated"
     # Requests until two ids share a first character: an ambiguous prefix.
+    rejected = submit(client, "err-orch", gpu=99)["id"]  # rejected at once
     ids = [r["id"] for r in ok(client.get("/requests", params={"limit": 10000}))["items"]]
     while len({i[0] for i in ids}) == len(ids):
-        ids.append(submit(client, "err-orch", gpu=99)["id"])  # rejected at once
+        ids.append(submit(client, "err-orch", gpu=99)["id"])
     ambiguous = next(i[0] for i in ids if sum(j[0] == i[0] for j in ids) > 1)
     request = {"component": "err-orch", "resources": {"gpu": 1}}
     before = state(client)
@@ -245,8 +246,8 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("GET", "/pools/err-gpus/requests", {"params": {"view": "some"}}, 422, "view"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": -1}}, 422, "timeout"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": "nan"}}, 422, "timeout"),
-        ("POST", f"/requests/{ids[-1]}/release", {}, 409, None),
-        ("POST", f"/requests/{ids[-1]}/cancel", {}, 409, None),
+        ("POST", f"/requests/{rejected}/release", {}, 409, None),
+        ("POST", f"/requests/{rejected}/cancel", {}, 409, None),
         ("PUT", "/pools/err-gpus", {"json": {}}, 405, None),
         ("GET", "/nowhere", {}, 404, None),
     ]

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,29 @@ def wait_for(check: Callable[[], bool], seconds: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+@contextmanager
+def batch_running(svc: Service) -> Iterator[None]:
+    """A write batch that changes nothing runs until the block ends: writes submitted in the
+    block queue up behind it and form the next batch."""
+    running, finish = threading.Event(), threading.Event()
+
+    def blocks(tx: Any) -> Any:
+        running.set()
+        assert finish.wait(30)
+        return lambda tx, passed: None
+
+    thread = threading.Thread(
+        target=svc._write, args=(blocks,), kwargs={"passes": False, "tracked": True}
+    )
+    thread.start()
+    try:
+        assert running.wait(10)
+        yield
+    finally:
+        finish.set()
+        thread.join(30)
 
 
 def test_operations_queued_during_a_batch_form_the_next_batch() -> None:
@@ -61,6 +85,57 @@ def test_operations_queued_during_a_batch_form_the_next_batch() -> None:
     assert sorted(batches[1]) == ["b", "bad", "c"]  # one batch for the three that waited
 
 
+def test_a_caller_returns_when_its_batch_ends_and_the_first_queued_leads_next() -> None:
+    """Callers of a batch return when it ends, even while the next batch runs; the next
+    batch is led by the caller queued first, and takes every caller queued by then."""
+    gates = {work: threading.Event() for work in ("a", "b1", "b2", "c", "d")}
+    started = {work: threading.Event() for work in gates}
+    batches: list[list[str]] = []
+    leaders: list[str] = []
+
+    def run_batch(batch: list[Pending[str]]) -> None:
+        batches.append([p.work for p in batch])
+        leaders.append(threading.current_thread().name)
+        for pending in batch:
+            started[pending.work].set()
+        for pending in batch:
+            assert gates[pending.work].wait(10)
+            pending.succeed(pending.work)
+
+    group: GroupCommit[str] = GroupCommit(run_batch)
+    threads: dict[str, Future[tuple[str, str]]] = {}
+
+    def call(work: str) -> tuple[str, str]:
+        return threading.current_thread().name, group.submit(work)
+
+    with ThreadPoolExecutor(5, thread_name_prefix="caller") as pool:
+
+        def submit(work: str) -> None:
+            threads[work] = pool.submit(call, work)
+
+        submit("a")
+        assert started["a"].wait(10)
+        submit("b1")
+        wait_for(lambda: len(group._queue) == 1)
+        submit("b2")
+        wait_for(lambda: len(group._queue) == 2)
+        gates["a"].set()
+        assert started["b1"].wait(10) and started["b2"].wait(10)
+        submit("c")
+        wait_for(lambda: len(group._queue) == 1)
+        submit("d")
+        wait_for(lambda: len(group._queue) == 2)
+        gates["b1"].set(), gates["b2"].set()
+        assert started["c"].wait(10)  # the next batch runs, and waits for its gate
+        results = {work: threads[work].result(5) for work in ("a", "b1", "b2")}
+        gates["c"].set(), gates["d"].set()
+        results |= {work: threads[work].result(10) for work in ("c", "d")}
+    assert batches == [["a"], ["b1", "b2"], ["c", "d"]]
+    assert all(answer == work for work, (_, answer) in results.items())
+    names = {work: name for work, (name, _) in results.items()}
+    assert leaders == [names["a"], names["b1"], names["c"]]
+
+
 def test_an_unsettled_operation_fails_instead_of_hanging() -> None:
     group: GroupCommit[str] = GroupCommit(lambda batch: None)
     with pytest.raises(RuntimeError, match="without settling"):
@@ -80,24 +155,17 @@ def svc(database_url: str) -> Iterator[Service]:
 def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -> None:
     passes: list[PassSummary] = []
     svc.on_pass = passes.append
-    leader = svc._writes._leader
-    leader.acquire()  # as if a batch were running: the writes below queue up behind it
-    try:
-        with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(3) as pool:
+        with batch_running(svc):  # the writes below queue up behind it
             futures: list[Future[Any]] = [
                 pool.submit(svc.create_request, "team", demand={"gpu": 1}),
                 pool.submit(svc.release_request, "no-such-request"),
                 pool.submit(svc.create_request, "team", demand={"gpu": 1}),
             ]
             wait_for(lambda: len(svc._writes._queue) == 3)
-            leader.release()
-            leader = None
-            created = [futures[0].result(), futures[2].result()]
-            with pytest.raises(NotFound):
-                futures[1].result()
-    finally:
-        if leader is not None:
-            leader.release()
+        created = [futures[0].result(), futures[2].result()]
+        with pytest.raises(NotFound):
+            futures[1].result()
     assert [view.status for view in created] == ["allocated", "allocated"]
     assert len(passes) == 1 and sorted(passes[0].granted) == sorted(v.id for v in created)
     assert {r.id for r in svc.list_requests(status="allocated")} == {v.id for v in created}
@@ -170,23 +238,16 @@ def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
                 pass
             continue
         # Several operations in one transaction, one of them failing.
-        leader = svc._writes._leader
-        leader.acquire()
-        try:
-            with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(4) as pool:
+            with batch_running(svc):
                 futures = [pool.submit(operation()) for _ in range(3)]
                 futures.append(pool.submit(svc.release_request, "no-such-request"))
                 wait_for(lambda: len(svc._writes._queue) == 4)
-                leader.release()
-                leader = None
-                for future in futures:
-                    try:
-                        record(future.result())
-                    except (Conflict, NotFound):
-                        pass
-        finally:
-            if leader is not None:
-                leader.release()
+            for future in futures:
+                try:
+                    record(future.result())
+                except (Conflict, NotFound):
+                    pass
     assert checked > 40
     with svc.db.read() as conn:  # each request's events, written together, exactly once
         events = repo.list_events(conn)
@@ -274,24 +335,17 @@ def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(svc: Service) 
         svc._finish(tx, svc._request(tx, held.id), service_module.RequestStatus.RELEASED, "x")
         raise RuntimeError("after the release, before the commit")
 
-    leader = svc._writes._leader
-    leader.acquire()
-    try:
-        with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(3) as pool:
+        with batch_running(svc):
             futures: list[Future[Any]] = [
                 pool.submit(svc.create_request, "team", demand={"gpu": 1}),
                 pool.submit(svc._write, fails_half_way, tracked=True),
                 pool.submit(svc.create_request, "team", demand={"gpu": 1}),
             ]
             wait_for(lambda: len(svc._writes._queue) == 3)
-            leader.release()
-            leader = None
-            around = [futures[0].result(), futures[2].result()]
-            with pytest.raises(RuntimeError, match="before the commit"):
-                futures[1].result()
-    finally:
-        if leader is not None:
-            leader.release()
+        around = [futures[0].result(), futures[2].result()]
+        with pytest.raises(RuntimeError, match="before the commit"):
+            futures[1].result()
     assert svc.get_request(held.id).status == "allocated"  # the release was undone
     assert [view.status for view in around] == ["queued", "queued"]  # the 2 units stay held
     assert {svc.get_request(v.id).status for v in around} == {"queued"}

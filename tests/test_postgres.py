@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,18 +61,36 @@ def _lock_is_free(other: psycopg.Connection[Any]) -> bool:
 
 
 @contextmanager
-def _statements() -> Iterator[list[str]]:
-    """The SQL of every statement any engine sends meanwhile (psycopg sends BEGIN itself)."""
+def _statements(tmp_path: Path) -> Iterator[list[str]]:
+    """The SQL every connection checked out of any engine meanwhile sends, in order, as
+    libpq traces it: statements fairpool runs on the DBAPI cursor included. Transaction
+    control (psycopg sends BEGIN itself) is left out."""
+    trace = (tmp_path / "libpq.trace").open("w+")
+    traced: list[Any] = []
+
+    def checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.pgconn.trace(trace.fileno())
+        dbapi_connection.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        traced.append(dbapi_connection)
+
     statements: list[str] = []
-
-    def record(*args: Any) -> None:
-        statements.append(args[2])
-
-    event.listen(Engine, "before_cursor_execute", record)
+    event.listen(Engine, "checkout", checkout)
     try:
         yield statements
     finally:
-        event.remove(Engine, "before_cursor_execute", record)
+        event.remove(Engine, "checkout", checkout)
+        for dbapi_connection in traced:
+            if not dbapi_connection.closed:
+                dbapi_connection.pgconn.untrace()
+        trace.seek(0)
+        for line in trace:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "F" and fields[2] in ("Query", "Parse"):
+                # Query: "SQL"; Parse: "statement name" "SQL" ...
+                sql = fields[3].split('"')[1 if fields[2] == "Query" else 3]
+                if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
+                    statements.append(sql)
+        trace.close()
 
 
 def test_write_holds_the_lock_until_commit_or_rollback(
@@ -88,12 +107,14 @@ def test_write_holds_the_lock_until_commit_or_rollback(
     assert _lock_is_free(other)
 
 
-def test_the_lock_is_the_first_statement_of_a_write_and_reads_take_none(db: Database) -> None:
-    with _statements() as statements, db.write() as connection:
+def test_the_lock_is_the_first_statement_of_a_write_and_reads_take_none(
+    db: Database, tmp_path: Path
+) -> None:
+    with _statements(tmp_path) as statements, db.write() as connection:
         repo.list_pools(connection)
     assert statements[0] == f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"
     assert sum("pg_advisory" in statement for statement in statements) == 1
-    with _statements() as statements, db.read() as connection:
+    with _statements(tmp_path) as statements, db.read() as connection:
         repo.list_pools(connection)
     assert statements and not any("pg_advisory" in statement for statement in statements)
 

@@ -60,6 +60,13 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.writes = Counter(
+            "fairpool_request_writes",
+            "Writes of the submit, release, cancel and heartbeat routes, by where they ran: "
+            "event_loop (at once) or worker_thread (they had to wait).",
+            ["runs_on"],
+            registry=self.registry,
+        )
         self.registry.register(PoolCollector(service))
 
     def record(self, summaries: Iterable[PassSummary]) -> None:

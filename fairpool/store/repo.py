@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from fairpool.errors import AmbiguousReference, NotFound
 from fairpool.store import schema
+from fairpool.store.direct import Direct
 from fairpool.store.records import (
     Allocation,
     ApiToken,
@@ -85,19 +86,17 @@ def check_found(rowcount: int, what: str, id_: str) -> None:
         raise NotFound(f"no {what} {id_!r}")
 
 
-# Hot statements are built once: building a statement and its cache key costs more than
-# running it (~60 µs of ~100 µs per statement, measured on SQLite). Where the columns set vary,
-# the SET clause comes from the parameters' keys.
+# Updates by id run on the DBAPI cursor; the SET clause comes from the parameters' names.
 _UPDATE_BY_ID = {
-    table: update(table).where(table.c.id == bindparam("_id"))
+    table: Direct(update(table).where(table.c.id == bindparam("_id")))
     for table in schema.metadata.tables.values()
     if "id" in table.c
 }
 
 
 def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
-    result = connection.execute(_UPDATE_BY_ID[table], {"_id": id_, **values})
-    check_found(result.rowcount, what, id_)
+    changed = _UPDATE_BY_ID[table].execute(connection, {"_id": id_, **values})
+    check_found(changed, what, id_)
 
 
 def _delete(connection: Connection, table: Table, id_: str, what: str) -> None:
@@ -458,8 +457,8 @@ _REQUESTS_BY_ID_DEMAND = (
 )
 
 
-_INSERT_REQUEST = insert(schema.request)
-_INSERT_REQUEST_RESOURCE = insert(schema.request_resource)
+_INSERT_REQUEST = Direct(insert(schema.request))
+_INSERT_REQUEST_RESOURCE = Direct(insert(schema.request_resource))
 
 
 def insert_request(
@@ -497,8 +496,8 @@ def insert_request(
         lease_ttl=lease_ttl,
         created_by_token_id=created_by_token_id,
     )
-    connection.execute(
-        _INSERT_REQUEST,
+    _INSERT_REQUEST.execute(
+        connection,
         {
             "id": request.id,
             "component_id": component_id,
@@ -516,8 +515,8 @@ def insert_request(
         },
     )
     if demand:
-        connection.execute(
-            _INSERT_REQUEST_RESOURCE,
+        _INSERT_REQUEST_RESOURCE.execute_many(
+            connection,
             [
                 {"request_id": request.id, "key": key, "amount": amount}
                 for key, amount in demand.items()
@@ -706,10 +705,10 @@ def delete_request(connection: Connection, request_id: str) -> None:
 # Allocations
 
 
-_INSERT_ALLOCATION = insert(schema.allocation)
-_RELEASE_ALLOCATION = (
-    update(schema.allocation)
-    .where(
+_INSERT_ALLOCATION = Direct(insert(schema.allocation))
+# Updates of a request's live allocation; the SET clause comes from the parameters' names.
+_UPDATE_LIVE_ALLOCATION = Direct(
+    update(schema.allocation).where(
         schema.allocation.c.request_id == bindparam("_request_id"),
         schema.allocation.c.released_at.is_(None),
     )
@@ -736,8 +735,8 @@ def insert_allocation(
         released_at=None,
         lease_expires_at=as_utc(lease_expires_at) if lease_expires_at else None,
     )
-    connection.execute(
-        _INSERT_ALLOCATION,
+    _INSERT_ALLOCATION.execute(
+        connection,
         {
             "request_id": request_id,
             "pool_id": pool_id,
@@ -753,21 +752,18 @@ def insert_allocation(
 
 def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -> None:
     """Push a live allocation's lease out to ``expires_at``."""
-    table = schema.allocation
-    result = connection.execute(
-        update(table)
-        .where(table.c.request_id == request_id, table.c.released_at.is_(None))
-        .values(lease_expires_at=as_utc(expires_at))
+    changed = _UPDATE_LIVE_ALLOCATION.execute(
+        connection, {"_request_id": request_id, "lease_expires_at": as_utc(expires_at)}
     )
-    check_found(result.rowcount, "live allocation for request", request_id)
+    check_found(changed, "live allocation for request", request_id)
 
 
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
     """Give the request's units back; NotFound unless it holds a live allocation."""
-    result = connection.execute(
-        _RELEASE_ALLOCATION, {"_request_id": request_id, "released_at": as_utc(now)}
+    changed = _UPDATE_LIVE_ALLOCATION.execute(
+        connection, {"_request_id": request_id, "released_at": as_utc(now)}
     )
-    check_found(result.rowcount, "live allocation for request", request_id)
+    check_found(changed, "live allocation for request", request_id)
 
 
 _LIVE_ALLOCATIONS = (
@@ -789,7 +785,7 @@ def live_allocations(connection: Connection, pool_id: str | None = None) -> list
 # Events
 
 
-_INSERT_EVENT = insert(schema.event)
+_INSERT_EVENT = Direct(insert(schema.event))
 
 
 #: An event to insert (``event_row``); the database numbers it.
@@ -811,7 +807,7 @@ def event_row(
 def insert_events(connection: Connection, events: Sequence[EventRow]) -> None:
     """Append ``events`` to the log, numbered in this order; one statement for all."""
     if events:
-        connection.execute(_INSERT_EVENT, list(events))
+        _INSERT_EVENT.execute_many(connection, events)
 
 
 def list_events(

@@ -1,0 +1,126 @@
+"""``Direct`` statements write what SQLAlchemy's execution would, on SQLite and PostgreSQL.
+
+Each case writes one row through ``Direct`` and the same values, under another key, through
+``connection.execute``, then compares the two rows as the database stores them (raw SQL, no
+type processing: on SQLite a datetime is text, a bool an integer, JSON a string).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Table, bindparam, insert, text, update
+
+from fairpool.store import repo, schema
+from fairpool.store.db import Database
+from fairpool.store.direct import Direct
+from fairpool.store.records import ComponentType
+
+NOW = datetime(2025, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+ELSEWHERE = timezone(timedelta(hours=-7, minutes=-30))
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    with Database.open(database_url) as database:
+        yield database
+
+
+def _stored(connection: Connection, table: Table, key: str, value: str) -> dict[str, Any]:
+    row = connection.exec_driver_sql(
+        f"SELECT * FROM {table.name} WHERE {key} = '{value}'"
+    ).mappings().one()
+    return {column: cell for column, cell in row.items() if column not in (key, "id")}
+
+
+def _request(component_id: str, id_: str, **changes: Any) -> dict[str, Any]:
+    values = {
+        "id": id_,
+        "component_id": component_id,
+        "status": "queued",
+        "preemptible": True,
+        "max_retries": 2,
+        "attempt": 1,
+        "previous_attempt_id": None,
+        "labels": {"team": "ämbient ✓", "quote": "it's \"x\""},
+        "created_at": NOW,
+        "updated_at": NOW.astimezone(ELSEWHERE),
+        "lease_ttl": None,
+        "created_by_token_id": None,
+        "idempotency_key": None,
+    }
+    return values | changes
+
+
+REQUEST_CASES = [
+    {},
+    {"preemptible": False, "labels": {}, "lease_ttl": 60, "idempotency_key": "k-1"},
+    {"created_at": datetime(1999, 12, 31, 23, 59, 59, tzinfo=ELSEWHERE), "attempt": 3},
+]
+
+
+@pytest.mark.parametrize("changes", REQUEST_CASES)
+def test_insert_writes_what_execute_writes(db: Database, changes: dict[str, Any]) -> None:
+    statement = insert(schema.request)
+    with db.write() as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        direct_values = _request(component.id, "direct", **changes)
+        if changes.get("idempotency_key"):
+            direct_values["idempotency_key"] = "direct-key"
+        Direct(statement).execute(connection, direct_values)
+        connection.execute(statement, _request(component.id, "core", **changes))
+        direct = _stored(connection, schema.request, "id", "direct")
+        core = _stored(connection, schema.request, "id", "core")
+    direct.pop("idempotency_key"), core.pop("idempotency_key")
+    assert direct == core
+    with db.read() as connection:  # and read back through the records, the same values
+        got = repo.get_request(connection, "direct")
+    assert got.labels == direct_values["labels"]
+    assert got.created_at == direct_values["created_at"]
+    assert got.preemptible is direct_values["preemptible"]
+
+
+def test_update_and_execute_many_write_what_execute_writes(db: Database) -> None:
+    events = [
+        repo.event_row("allocated", "on pool ä", NOW, data={"by": None, "n": [1, 2]}),
+        repo.event_row("released", "x", NOW.astimezone(ELSEWHERE)),
+    ]
+    with db.write() as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        for id_ in ("direct", "core"):
+            connection.execute(insert(schema.request), _request(component.id, id_))
+        change = {"status": "released", "finished_at": NOW + timedelta(seconds=1.5),
+                  "status_reason": None, "preemptible": False}
+        statement = update(schema.request).where(schema.request.c.id == bindparam("_id"))
+        changed = Direct(statement).execute(
+            connection, {"_id": "direct", **change}
+        )
+        connection.execute(statement, {"_id": "core", **change})
+        assert changed == 1
+        assert _stored(connection, schema.request, "id", "direct") == _stored(
+            connection, schema.request, "id", "core"
+        )
+        Direct(insert(schema.event)).execute_many(connection, events)
+        connection.execute(insert(schema.event), events)
+        rows = connection.exec_driver_sql(
+            "SELECT at, kind, request_id, pool_id, message, data FROM event ORDER BY id"
+        ).all()
+    assert len(rows) == 4
+    assert rows[:2] == rows[2:]
+
+
+def test_changed_rows_and_scalars(db: Database) -> None:
+    with db.write() as connection:
+        missing = Direct(update(schema.request).where(schema.request.c.id == bindparam("_id")))
+        assert missing.execute(connection, {"_id": "nobody", "status": "queued"}) == 0
+        assert Direct(text("SELECT 41 + 1")).scalar(connection) == 42
+        assert Direct(text("SELECT 1 WHERE 1 = 0")).scalar(connection) is None
+
+
+def test_a_statement_needing_parameters_it_is_not_given_is_refused(db: Database) -> None:
+    statement = update(schema.request).where(schema.request.c.id == bindparam("_id"))
+    with db.write() as connection, pytest.raises(ValueError, match="_id"):
+        Direct(statement).execute(connection, {"status": "queued"})
