@@ -75,15 +75,18 @@ def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
 
 
 def _capped_wait(case: Case) -> None:
-    """A long-poll that would wait longer than ``MAX_WAIT`` waits ``MAX_WAIT``; invalid
-    timeouts are sent as generated."""
-    if not case.path.endswith("/wait") or not case.query or "timeout" not in case.query:
+    """A long-poll that would wait longer than ``MAX_WAIT`` waits ``MAX_WAIT``, also one sent
+    without a timeout (the default is 30 s, and a generated ref such as ``B`` can be a prefix
+    of the queued request's id); invalid timeouts are sent as generated."""
+    if not case.path.endswith("/wait"):
         return
+    if case.query is None:
+        case.query = {}
     try:
-        seconds = float(case.query["timeout"])
+        seconds = float(case.query.get("timeout", MAX_WAIT))
     except (TypeError, ValueError):
         return
-    if math.isfinite(seconds) and seconds > MAX_WAIT:
+    if math.isfinite(seconds) and seconds >= MAX_WAIT:
         case.query["timeout"] = MAX_WAIT
 
 
@@ -93,3 +96,23 @@ def test_no_server_errors_and_answers_match_the_schema(case: Case) -> None:
     started = time.monotonic()
     case.call_and_validate(timeout=10.0)
     assert time.monotonic() - started < 5.0, "one call took over 5 s"
+
+
+@pytest.mark.parametrize(
+    ("query", "sent"),
+    [
+        (None, {"timeout": MAX_WAIT}),
+        ({}, {"timeout": MAX_WAIT}),
+        ({"timeout": 30}, {"timeout": MAX_WAIT}),
+        ({"timeout": 0.05}, {"timeout": 0.05}),
+        ({"timeout": "inf"}, {"timeout": "inf"}),
+        ({"timeout": "x"}, {"timeout": "x"}),
+    ],
+)
+def test_a_generated_long_poll_waits_at_most_max_wait(
+    api_schema: OpenApiSchema, query: dict[str, Any] | None, sent: dict[str, Any]
+) -> None:
+    operation = api_schema[API + "/requests/{ref}/wait"]["GET"]
+    case = operation.Case(path_parameters={"ref": "B"}, query=query)
+    _capped_wait(case)
+    assert case.query == sent
