@@ -32,6 +32,7 @@ from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
+from fairpool.store.direct import DeferredWriteFailed, send_deferred
 from fairpool.store.records import (
     Allocation,
     ApiToken,
@@ -706,21 +707,30 @@ class Service:
         alone: the transaction is rolled back, that operation fails, and the others run again
         in a new one (no savepoint per operation: failures are rare, savepoints are not)."""
         work = list(batch)
+        defer = not self.db.embedded
         while work:
-            failed = self._attempt(work)
+            try:
+                failed = self._attempt(work, defer)
+            except DeferredWriteFailed:
+                defer = False  # again, writing as it goes, to learn whose write fails
+                continue
             if failed is None:
                 return
             work.remove(failed)
 
-    def _attempt(self, batch: list[Pending[_Operation]]) -> Pending[_Operation] | None:
-        """Run ``batch``; the operation whose change raised (rolled back, failed), if any."""
+    def _attempt(
+        self, batch: list[Pending[_Operation]], defer: bool
+    ) -> Pending[_Operation] | None:
+        """Run ``batch``; the operation whose change raised (rolled back, failed), if any.
+        ``defer``: PostgreSQL sends the writes together (``Database.write``); if one of them
+        fails, ``DeferredWriteFailed`` is raised and nothing is settled."""
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         passed: _Passed | None = None
         failed: Pending[_Operation] | None = None
         at_once = _at_once.get()
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
-            with self.db.write(wait=not at_once) as conn:
+            with self.db.write(wait=not at_once, defer=defer) as conn:
                 generation = db_generation(conn)
                 fresh = committed is not None and committed[0] == generation - 1
                 tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
@@ -730,6 +740,8 @@ class Service:
                 for pending in batch:
                     try:
                         answers.append((pending, pending.work.change(tx)))
+                    except DeferredWriteFailed:  # an earlier operation's write, perhaps
+                        raise
                     except Exception as error:
                         pending.fail(error)
                         failed = pending
@@ -740,13 +752,16 @@ class Service:
                     passed = self._pass(tx)
                 else:
                     passed = _Passed(PassSummary(), Plan())
+                repo.insert_events(conn, tx.events)
+                send_deferred(conn)  # so that no answer's read fails for a write
                 for pending, answer in answers:
                     try:
                         pending.succeed(answer(tx, passed))
                     except Exception as error:  # reads only: the others still commit
                         pending.fail(error)
-                repo.insert_events(conn, tx.events)
                 kept = tx.state
+        except DeferredWriteFailed:
+            raise
         except BaseException as error:
             if failed is not None and isinstance(error, Exception):
                 return failed

@@ -349,3 +349,31 @@ def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(svc: Service) 
     assert svc.get_request(held.id).status == "allocated"  # the release was undone
     assert [view.status for view in around] == ["queued", "queued"]  # the 2 units stay held
     assert {svc.get_request(v.id).status for v in around} == {"queued"}
+
+
+def test_an_operation_whose_write_fails_when_sent_is_undone_alone(svc: Service) -> None:
+    """On PostgreSQL a batch's writes are sent together after its changes ran, so a failed
+    write is not known to be any one operation's: the batch runs again writing as it goes,
+    and then only that operation fails, with its own error. Same outcome on SQLite."""
+    held = svc.create_request("team", demand={"gpu": 2})
+
+    def fails_when_written(tx: Any) -> Any:
+        svc._finish(tx, svc._request(tx, held.id), service_module.RequestStatus.RELEASED, "x")
+        repo.renew_lease(tx.conn, "no-such-request", svc.clock())  # changes no row
+        return lambda tx, _: None
+
+    with ThreadPoolExecutor(3) as pool:
+        with batch_running(svc):
+            futures: list[Future[Any]] = [
+                pool.submit(svc.create_request, "team", demand={"gpu": 1}),
+                pool.submit(svc._write, fails_when_written, tracked=True),
+                # It reads (its key): on PostgreSQL the failed write is sent in its change.
+                pool.submit(svc.create_request, "team", demand={"gpu": 1}, idempotency_key="k"),
+            ]
+            wait_for(lambda: len(svc._writes._queue) == 3)
+        around = [futures[0].result(), futures[2].result()]
+        with pytest.raises(NotFound, match="no-such-request"):
+            futures[1].result()
+    assert svc.get_request(held.id).status == "allocated"
+    assert [view.status for view in around] == ["queued", "queued"]
+    assert {svc.get_request(v.id).status for v in around} == {"queued"}

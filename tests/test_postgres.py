@@ -6,6 +6,7 @@ Skipped when PostgreSQL is unreachable, failed instead under CI (see conftest.py
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, func, make_url, select
 from sqlalchemy.exc import OperationalError
 
+from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
 from fairpool.store.db import WRITE_LOCK_KEY, Database, migration_config
@@ -61,36 +63,50 @@ def _lock_is_free(other: psycopg.Connection[Any]) -> bool:
 
 
 @contextmanager
-def _statements(tmp_path: Path) -> Iterator[list[str]]:
-    """The SQL every connection checked out of any engine meanwhile sends, in order, as
-    libpq traces it: statements fairpool runs on the DBAPI cursor included. Transaction
-    control (psycopg sends BEGIN itself) is left out."""
+def _protocol(tmp_path: Path) -> Iterator[list[list[str]]]:
+    """The protocol messages of the transactions any engine begins meanwhile, in order, as
+    libpq traces them: [direction ("F" from us, "B" from the server), length, type,
+    fields...]. Statements fairpool runs on the DBAPI cursor included."""
     trace = (tmp_path / "libpq.trace").open("w+")
     traced: list[Any] = []
 
-    def checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.pgconn.trace(trace.fileno())
-        dbapi_connection.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-        traced.append(dbapi_connection)
+    def begin(connection: Connection) -> None:
+        dbapi_connection: Any = connection.connection.driver_connection
+        if dbapi_connection not in traced:
+            dbapi_connection.pgconn.trace(trace.fileno())
+            dbapi_connection.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            traced.append(dbapi_connection)
 
-    statements: list[str] = []
-    event.listen(Engine, "checkout", checkout)
+    messages: list[list[str]] = []
+    event.listen(Engine, "begin", begin)
     try:
-        yield statements
+        yield messages
     finally:
-        event.remove(Engine, "checkout", checkout)
+        event.remove(Engine, "begin", begin)
         for dbapi_connection in traced:
             if not dbapi_connection.closed:
                 dbapi_connection.pgconn.untrace()
         trace.seek(0)
-        for line in trace:
-            fields = line.rstrip("\n").split("\t")
-            if fields[0] == "F" and fields[2] in ("Query", "Parse"):
-                # Query: "SQL"; Parse: "statement name" "SQL" ...
-                sql = fields[3].split('"')[1 if fields[2] == "Query" else 3]
-                if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
-                    statements.append(sql)
+        messages.extend(line.rstrip("\n").split("\t") for line in trace)
         trace.close()
+
+
+def _sql(messages: list[list[str]]) -> list[str]:
+    """The statements sent, transaction control (psycopg sends BEGIN itself) left out."""
+    statements = []
+    for fields in messages:
+        if fields[0] == "F" and fields[2] in ("Query", "Parse"):
+            # Query: "SQL"; Parse: "statement name" "SQL" ...
+            sql = fields[3].split('"')[1 if fields[2] == "Query" else 3]
+            if sql.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
+                statements.append(sql)
+    return statements
+
+
+def _round_trips(messages: list[list[str]]) -> int:
+    """How many times we sent and then waited for the server's answer."""
+    directions = [fields[0] for fields in messages if fields[0] in ("F", "B")]
+    return sum(1 for sent, then in itertools.pairwise(directions) if (sent, then) == ("F", "B"))
 
 
 def test_write_holds_the_lock_until_commit_or_rollback(
@@ -110,13 +126,36 @@ def test_write_holds_the_lock_until_commit_or_rollback(
 def test_the_lock_is_the_first_statement_of_a_write_and_reads_take_none(
     db: Database, tmp_path: Path
 ) -> None:
-    with _statements(tmp_path) as statements, db.write() as connection:
+    for defer in (False, True):
+        with _protocol(tmp_path) as messages, db.write(defer=defer) as connection:
+            repo.list_pools(connection)
+        statements = _sql(messages)
+        assert statements[0] == f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"
+        assert sum("pg_advisory" in statement for statement in statements) == 1
+    with _protocol(tmp_path) as messages, db.read() as connection:
         repo.list_pools(connection)
-    assert statements[0] == f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"
-    assert sum("pg_advisory" in statement for statement in statements) == 1
-    with _statements(tmp_path) as statements, db.read() as connection:
-        repo.list_pools(connection)
+    statements = _sql(messages)
     assert statements and not any("pg_advisory" in statement for statement in statements)
+
+
+def test_a_write_of_the_service_takes_three_round_trips(url: str, tmp_path: Path) -> None:
+    """BEGIN, the lock and the generation; the writes, sent together; COMMIT. However many
+    statements the write runs."""
+    with Database.open(url) as db:
+        service = Service(db)
+        service.create_pool("gpus", {"gpu": 8})
+        service.attach_policy("gpus", "team")
+        service.release_request(service.create_request("team", demand={"gpu": 1}).id)
+        with _protocol(tmp_path) as create:
+            held = service.create_request("team", demand={"gpu": 1}, labels={"a": "b"})
+        with _protocol(tmp_path) as release:
+            service.release_request(held.id)
+    assert held.status == "allocated"
+    executed = sum(fields[:1] + fields[2:3] == ["F", "Execute"] for fields in create)
+    # the lock, the generation, the request, its resources, allocation and status, two events
+    assert executed >= 8
+    assert _round_trips(create) == 3
+    assert _round_trips(release) == 3
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

@@ -12,11 +12,13 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Table, bindparam, insert, text, update
+from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 
+from fairpool.errors import NotFound
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
-from fairpool.store.direct import Direct
+from fairpool.store.direct import DeferredWriteFailed, Direct
 from fairpool.store.records import ComponentType
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -95,11 +97,10 @@ def test_update_and_execute_many_write_what_execute_writes(db: Database) -> None
         change = {"status": "released", "finished_at": NOW + timedelta(seconds=1.5),
                   "status_reason": None, "preemptible": False}
         statement = update(schema.request).where(schema.request.c.id == bindparam("_id"))
-        changed = Direct(statement).execute(
-            connection, {"_id": "direct", **change}
+        Direct(statement).execute(
+            connection, {"_id": "direct", **change}, must_change=("request", "direct")
         )
         connection.execute(statement, {"_id": "core", **change})
-        assert changed == 1
         assert _stored(connection, schema.request, "id", "direct") == _stored(
             connection, schema.request, "id", "core"
         )
@@ -113,14 +114,80 @@ def test_update_and_execute_many_write_what_execute_writes(db: Database) -> None
 
 
 def test_changed_rows_and_scalars(db: Database) -> None:
+    set_status = Direct(update(schema.request).where(schema.request.c.id == bindparam("_id")))
     with db.write() as connection:
-        missing = Direct(update(schema.request).where(schema.request.c.id == bindparam("_id")))
-        assert missing.execute(connection, {"_id": "nobody", "status": "queued"}) == 0
+        set_status.execute(connection, {"_id": "nobody", "status": "queued"})  # may change none
+        with pytest.raises(NotFound, match="no request 'nobody'"):
+            set_status.execute(
+                connection, {"_id": "nobody", "status": "queued"}, must_change=("request", "nobody")
+            )
+    with db.write() as connection:
         assert Direct(text("SELECT 41 + 1")).scalar(connection) == 42
         assert Direct(text("SELECT 1 WHERE 1 = 0")).scalar(connection) is None
+        made = Direct(text("SELECT count(*) FROM component")).scalar(
+            connection, preceded_by=[_insert_component("a"), _insert_component("b")]
+        )
+        assert made == 2
+
+
+def _insert_component(name: str) -> Direct:
+    return Direct(text(
+        "INSERT INTO component (id, name, type, created_at) "
+        f"VALUES ('{name}', '{name}', 'orchestrator', '2025-01-01 00:00:00+00:00')"
+    ))
 
 
 def test_a_statement_needing_parameters_it_is_not_given_is_refused(db: Database) -> None:
     statement = update(schema.request).where(schema.request.c.id == bindparam("_id"))
     with db.write() as connection, pytest.raises(ValueError, match="_id"):
         Direct(statement).execute(connection, {"status": "queued"})
+
+
+# Deferred writes (PostgreSQL): queued, then sent together when the transaction next needs
+# the database.
+
+ON_POSTGRESQL = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+SET_STATUS = Direct(update(schema.request).where(schema.request.c.id == bindparam("_id")))
+
+
+def _count(connection: Connection) -> int:
+    return int(connection.execute(select(func.count()).select_from(schema.request)).scalar_one())
+
+
+@ON_POSTGRESQL
+def test_deferred_writes_are_seen_by_the_next_statement_and_committed(db: Database) -> None:
+    with db.write(defer=True) as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+        SET_STATUS.execute(connection, {"_id": "a", "status": "released"}, ("request", "a"))
+        assert _count(connection) == 1  # a SQLAlchemy statement: the queue went first
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "b"))
+        assert Direct(text("SELECT count(*) FROM request")).scalar(connection) == 2
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "c"))
+    with db.read() as connection:  # the last one was sent at the end, before the commit
+        assert [r.status.value for r in repo.list_requests(connection)] == [
+            "released", "queued", "queued"
+        ]
+
+
+@ON_POSTGRESQL
+@pytest.mark.parametrize("failing", ["no row changed", "duplicate key"])
+def test_a_failed_deferred_write_fails_the_transaction_when_sent(
+    db: Database, failing: str
+) -> None:
+    with pytest.raises(DeferredWriteFailed) as failed, db.write(defer=True) as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+        if failing == "no row changed":
+            SET_STATUS.execute(connection, {"_id": "x", "status": "queued"}, ("request", "x"))
+        else:
+            Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "b"))
+    cause = failed.value.__cause__
+    if failing == "no row changed":
+        assert isinstance(cause, NotFound) and "no request 'x'" in str(cause)
+    else:
+        assert isinstance(cause, IntegrityError)
+    with db.read() as connection:  # rolled back: nothing of it was committed
+        assert _count(connection) == 0
+        assert repo.list_components(connection) == []

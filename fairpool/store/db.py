@@ -39,7 +39,12 @@ if TYPE_CHECKING:
 from sqlalchemy.engine import make_url
 
 from fairpool.errors import WouldWait
-from fairpool.store.direct import Direct
+from fairpool.store.direct import (
+    Direct,
+    defer_writes,
+    send_deferred,
+    stop_deferring,
+)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -60,6 +65,7 @@ _QUERY_ONLY = "fairpool_query_only"
 _GENERATION = "fairpool_generation"
 _BUMP = Direct(text("UPDATE store_generation SET value = value + 1 WHERE id = 1 RETURNING value"))
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
+_BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
 _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"))
 # The SQLite busy timeouts a transaction begins with: waiting for the lock, or failing at once.
 _BUSY_TIMEOUTS = {ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (LOCK_TIMEOUT_MS, 0)}
@@ -107,16 +113,20 @@ def migration_config(connection: Connection) -> Config:
     return config
 
 
-def serialize_writers(connection: Connection) -> None:
-    """Make write transactions mutually exclusive across processes; runs first in each one.
+def _opening(connection: Connection) -> tuple[Direct, ...]:
+    """What a write transaction starts with, to make writers mutually exclusive across
+    processes.
 
-    Nothing to do on SQLite, where BEGIN IMMEDIATE already took the single write lock. On
-    PostgreSQL it must be the transaction's first statement, in READ COMMITTED: a REPEATABLE
-    READ snapshot would be taken by this very statement, before the wait, and miss the commit
-    of the writer it waited for.
+    Nothing on SQLite, where the begin hook's BEGIN IMMEDIATE took the single write lock. On
+    PostgreSQL: BEGIN, in READ COMMITTED, then the advisory lock as the first statement: a
+    REPEATABLE READ snapshot would be taken by that very statement, before the wait, and miss
+    the commit of the writer it waited for. The writer's connection is in autocommit mode
+    and sends BEGIN itself, so that BEGIN, the lock and what follows go in one round trip
+    (in a pipeline psycopg's own BEGIN waits for its answer).
     """
     if connection.dialect.name == "postgresql":
-        _WRITE_LOCK.execute(connection)
+        return _BEGIN_READ_COMMITTED, _WRITE_LOCK
+    return ()
 
 
 def generation(connection: Connection) -> int:
@@ -156,7 +166,7 @@ class Database:
             if parsed.drivername == "postgresql":
                 # psycopg 3 is the driver fairpool depends on; SQLAlchemy's default is psycopg2.
                 parsed = parsed.set(drivername="postgresql+psycopg")
-            # Writes need READ COMMITTED (see serialize_writers); reads switch per connection.
+            # Writes need READ COMMITTED (see _opening); reads switch per connection.
             engine = create_engine(parsed, isolation_level="READ COMMITTED")
             _configure_postgresql(engine)
         else:
@@ -191,13 +201,17 @@ class Database:
         return self._engine.dialect.name == "sqlite"
 
     @contextmanager
-    def write(self, wait: bool = True) -> Iterator[Connection]:
+    def write(self, wait: bool = True, defer: bool = False) -> Iterator[Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises.
         It increments the store's generation first (``generation`` tells the new value).
 
         Without ``wait`` (embedded databases only), ``WouldWait`` is raised, before anything
-        is written, instead of waiting for another writer of this process or of another."""
-        with self._write(bump=True, wait=wait) as connection:
+        is written, instead of waiting for another writer of this process or of another.
+
+        With ``defer``, on PostgreSQL, ``Direct`` writes are queued and sent together
+        (``direct.defer_writes``): one that fails raises ``DeferredWriteFailed``, from the
+        next statement or from the end of the block."""
+        with self._write(bump=True, wait=wait, defer=defer) as connection:
             yield connection
 
     @contextmanager
@@ -208,28 +222,42 @@ class Database:
             yield connection
 
     @contextmanager
-    def _write(self, bump: bool, wait: bool = True) -> Iterator[Connection]:
+    def _write(self, bump: bool, wait: bool = True, defer: bool = False) -> Iterator[Connection]:
         if not wait and not self.embedded:
             raise WouldWait("a PostgreSQL write waits for the network")
         if not self._write_lock.acquire(blocking=wait):
             raise WouldWait("another write of this process is running")
         try:
-            connection = self._writer
-            if connection is None:
-                connection = self._engine.connect()
+            connection = self._writer or self._connect_writer()
             self._writer = None
             try:
                 with self._begin(connection, wait):
-                    serialize_writers(connection)
                     if bump:
-                        connection.info[_GENERATION] = _BUMP.scalar(connection)
-                    yield connection
+                        connection.info[_GENERATION] = _BUMP.scalar(
+                            connection, preceded_by=_opening(connection)
+                        )
+                    else:
+                        for statement in _opening(connection):
+                            statement.execute(connection)
+                    if defer and not self.embedded:
+                        defer_writes(connection)
+                    try:
+                        yield connection
+                        send_deferred(connection)
+                    finally:
+                        stop_deferring(connection)
             except BaseException:
                 connection.close()
                 raise
             self._writer = connection
         finally:
             self._write_lock.release()
+
+    def _connect_writer(self) -> Connection:
+        connection = self._engine.connect()
+        if not self.embedded:  # see _opening
+            connection.execution_options(isolation_level="AUTOCOMMIT")
+        return connection
 
     @staticmethod
     def _begin(connection: Connection, wait: bool) -> RootTransaction:
@@ -352,3 +380,7 @@ def _configure_postgresql(engine: Engine) -> None:
         cursor.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         cursor.close()
         dbapi_connection.commit()
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _before_statement(connection: Connection, *_: Any) -> None:
+        send_deferred(connection)  # a statement sees the writes queued before it

@@ -1,4 +1,5 @@
-"""The write path's hot statements, run straight on the DBAPI cursor.
+"""The write path's hot statements, run straight on the DBAPI cursor, and on PostgreSQL sent
+together.
 
 SQLAlchemy's execution layer (execution context, events, result wrapping) costs ~35 µs per
 statement, where an UPDATE by primary key takes ~3 µs on SQLite's own cursor; a create +
@@ -7,6 +8,15 @@ SQLAlchemy's compiler, with the bind processors of its columns' types, so it wri
 the values ``connection.execute`` would (``tests/test_store_direct.py`` checks that rows
 written either way are stored alike), and then runs on the transaction's own DBAPI
 connection, inside the transaction the ``Connection`` holds.
+
+On PostgreSQL every statement is a network round trip, and under load each one also waits
+for the GIL on its way back. So a write transaction may *defer* its writes
+(``defer_writes``): an INSERT or UPDATE that needs no answer is queued, and the queue is sent
+in one psycopg pipeline (one round trip) when the transaction next needs the database: a
+SQLAlchemy statement, a scalar, or its commit (``send_deferred``). Rows a queued UPDATE must
+change are checked once it has run. Which operation a failed deferred write belongs to is not
+known when it fails, so it raises ``DeferredWriteFailed``, and the caller runs the transaction
+again without deferring to find out.
 """
 
 from __future__ import annotations
@@ -18,6 +28,24 @@ from typing import Any
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import ClauseElement
+
+from fairpool.errors import NotFound
+
+#: Where a connection keeps its queue of deferred writes while it defers them.
+_DEFERRED = "fairpool_deferred"
+
+#: What an UPDATE must change, or it fails with NotFound: (what, id), e.g. ("pool", id).
+MustChange = tuple[str, str]
+
+
+class DeferredWriteFailed(Exception):
+    """A deferred write failed when the queue was sent (its error is the ``__cause__``); the
+    transaction is to be rolled back. Which of its operations caused it is unknown."""
+
+
+def check_found(rowcount: int, what: str, id_: str) -> None:
+    if rowcount == 0:
+        raise NotFound(f"no {what} {id_!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,23 +69,88 @@ class _Compiled:
         }
 
 
-_Runner = Callable[[Any, _Compiled, Any], Any]
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A bound statement: one execution, or with ``many`` one per row of ``parameters``."""
+
+    sql: str
+    parameters: Any
+    many: bool = False
+    must_change: MustChange | None = None
+
+    def run(self, cursor: Any) -> None:
+        if self.many:
+            cursor.executemany(self.sql, self.parameters)
+        else:
+            cursor.execute(self.sql, self.parameters)
+
+    def check(self, cursor: Any) -> None:
+        if self.must_change is not None:
+            check_found(cursor.rowcount, *self.must_change)
 
 
-def _execute(cursor: Any, compiled: _Compiled, parameters: Mapping[str, Any]) -> int:
-    cursor.execute(compiled.sql, compiled.bind(parameters))
-    rowcount: int = cursor.rowcount
-    return rowcount
+def defer_writes(connection: Connection) -> None:
+    """Queue ``connection``'s writes until ``stop_deferring`` (PostgreSQL only)."""
+    assert connection.dialect.name == "postgresql", "deferring pays off only over a network"
+    connection.info[_DEFERRED] = []
 
 
-def _execute_many(cursor: Any, compiled: _Compiled, rows: Sequence[Mapping[str, Any]]) -> None:
-    cursor.executemany(compiled.sql, [compiled.bind(row) for row in rows])
+def stop_deferring(connection: Connection) -> None:
+    """Drop the queue (sent or not: after the commit, or with the rollback)."""
+    connection.info.pop(_DEFERRED, None)
 
 
-def _scalar(cursor: Any, compiled: _Compiled, parameters: Mapping[str, Any]) -> Any:
-    cursor.execute(compiled.sql, compiled.bind(parameters))
-    row = cursor.fetchone()
-    return None if row is None else row[0]
+def send_deferred(connection: Connection) -> None:
+    """Send the queued writes, if any, in one round trip; ``DeferredWriteFailed`` if one
+    fails."""
+    queue: list[_Write] | None = connection.info.get(_DEFERRED)
+    if not queue:
+        return
+    writes = list(queue)
+    queue.clear()
+    try:
+        _send(connection, writes)
+    except Exception as error:
+        raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
+
+
+def _send(connection: Connection, writes: Sequence[_Write]) -> Any:
+    """Run ``writes`` in one pipeline (one round trip), then check what they changed; the
+    last one's cursor, its rows still to fetch."""
+    dbapi_connection: Any = connection.connection.driver_connection
+    cursors: list[Any] = []
+    try:
+        with dbapi_connection.pipeline():
+            for write in writes:
+                cursors.append(dbapi_connection.cursor())
+                write.run(cursors[-1])
+        for write, cursor in zip(writes, cursors, strict=True):
+            write.check(cursor)
+    except Exception as error:
+        failure = error if isinstance(error, NotFound) else _wrapped(connection, None, error)
+        for cursor in cursors:
+            cursor.close()
+        raise failure from error
+    for cursor in cursors[:-1]:
+        cursor.close()
+    return cursors[-1]
+
+
+def _wrapped(connection: Connection, sql: str | None, error: Exception) -> Exception:
+    """``error`` as SQLAlchemy raises it from ``connection.execute`` (IntegrityError,
+    OperationalError, StatementError around a bind processor's error...); a lost connection
+    is invalidated. So callers handle one kind of error."""
+    dialect = connection.dialect
+    base = dialect.loaded_dbapi.Error
+    invalidated = isinstance(error, base) and dialect.is_disconnect(
+        error, connection.connection.driver_connection, None
+    )
+    if invalidated:
+        connection.invalidate(error)
+    wrapped: Exception = DBAPIError.instance(
+        sql, None, error, base, connection_invalidated=invalidated, dialect=dialect
+    )
+    return wrapped
 
 
 class Direct:
@@ -71,58 +164,105 @@ class Direct:
         self._statement = statement
         self._compiled: dict[tuple[str, tuple[str, ...]], _Compiled] = {}
 
-    def execute(self, connection: Connection, parameters: Mapping[str, Any] | None = None) -> int:
-        """Run it once; the number of rows it changed."""
-        parameters = parameters or {}
-        rowcount: int = self._run(connection, tuple(parameters), parameters, _execute)
-        return rowcount
+    def execute(
+        self,
+        connection: Connection,
+        parameters: Mapping[str, Any] | None = None,
+        must_change: MustChange | None = None,
+    ) -> None:
+        """Run it once (or queue it, while ``connection`` defers writes). With
+        ``must_change``, NotFound if it changed no row (or ``DeferredWriteFailed`` later)."""
+        self._run(connection, self._bound(connection, parameters or {}, must_change))
 
     def execute_many(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Run it once per row; every row names the same parameters."""
-        self._run(connection, tuple(rows[0]), rows, _execute_many)
+        """Run it once per row (or queue that); every row names the same parameters."""
+        compiled = self._compiled_for(connection, tuple(rows[0]))
+        bound = [_bind(connection, compiled, row) for row in rows]
+        self._run(connection, _Write(compiled.sql, bound, many=True))
 
-    def scalar(self, connection: Connection, parameters: Mapping[str, Any] | None = None) -> Any:
-        """Run it once; the first column of its first row (None without rows)."""
-        parameters = parameters or {}
-        return self._run(connection, tuple(parameters), parameters, _scalar)
-
-    def _run(
-        self, connection: Connection, keys: tuple[str, ...], parameters: Any, run: _Runner
+    def scalar(
+        self,
+        connection: Connection,
+        parameters: Mapping[str, Any] | None = None,
+        preceded_by: Sequence[Direct] = (),
     ) -> Any:
-        dialect = connection.dialect
-        compiled = self._compiled.get((dialect.name, keys))
-        if compiled is None:
-            compiled = self._compiled[dialect.name, keys] = self._compile(dialect, keys)
-        dbapi_connection = connection.connection.driver_connection
-        cursor = dbapi_connection.cursor()  # type: ignore[union-attr]
+        """Run it once; the first column of its first row (None without rows). The writes
+        ``connection`` deferred are sent first. ``preceded_by``: statements without
+        parameters run first; on PostgreSQL they and it are sent together, in one round
+        trip."""
+        send_deferred(connection)
+        writes = [first._bound(connection, {}) for first in preceded_by]
+        writes.append(self._bound(connection, parameters or {}))
+        if connection.dialect.name == "postgresql" and len(writes) > 1:
+            cursor = _send(connection, writes)
+        else:
+            for write in writes[:-1]:
+                self._open(connection, write).close()
+            cursor = self._open(connection, writes[-1])
         try:
-            return run(cursor, compiled, parameters)
-        except Exception as error:
-            # Raised as SQLAlchemy raises it from ``connection.execute`` (IntegrityError,
-            # OperationalError, StatementError around a bind processor's error...), and a
-            # lost connection is invalidated, so that callers handle one kind of error.
-            base = dialect.loaded_dbapi.Error
-            invalidated = isinstance(error, base) and dialect.is_disconnect(
-                error, dbapi_connection, cursor
-            )
-            if invalidated:
-                connection.invalidate(error)
-            raise DBAPIError.instance(
-                compiled.sql, None, error, base, connection_invalidated=invalidated,
-                dialect=dialect,
-            ) from error
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if row is None else row[0]
+
+    def _run(self, connection: Connection, write: _Write) -> None:
+        queue: list[_Write] | None = connection.info.get(_DEFERRED)
+        if queue is not None:
+            queue.append(write)
+            return
+        cursor = self._open(connection, write)
+        try:
+            write.check(cursor)
         finally:
             cursor.close()
 
-    def _compile(self, dialect: Dialect, keys: tuple[str, ...]) -> _Compiled:
-        compiled: Any = self._statement.compile(dialect=dialect, column_keys=list(keys))
-        unknown = set(compiled.binds) - set(keys)
-        if unknown:  # a default or a literal SQLAlchemy would have filled in at execution
-            raise ValueError(f"parameters missing: {', '.join(sorted(unknown))}")
-        processors = {}
-        for name, bind in compiled.binds.items():
-            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
-            if processor is not None:
-                processors[name] = processor
-        order = tuple(compiled.positiontup) if compiled.positional else None
-        return _Compiled(compiled.string, order, processors)
+    @staticmethod
+    def _open(connection: Connection, write: _Write) -> Any:
+        """A cursor that ran ``write``."""
+        cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            write.run(cursor)
+        except Exception as error:
+            cursor.close()
+            raise _wrapped(connection, write.sql, error) from error
+        return cursor
+
+    def _bound(
+        self,
+        connection: Connection,
+        parameters: Mapping[str, Any],
+        must_change: MustChange | None = None,
+    ) -> _Write:
+        compiled = self._compiled_for(connection, tuple(parameters))
+        bound = _bind(connection, compiled, parameters)
+        return _Write(compiled.sql, bound, must_change=must_change)
+
+    def _compiled_for(self, connection: Connection, keys: tuple[str, ...]) -> _Compiled:
+        dialect = connection.dialect
+        compiled = self._compiled.get((dialect.name, keys))
+        if compiled is None:
+            compiled = self._compiled[dialect.name, keys] = _compile(
+                self._statement, dialect, keys
+            )
+        return compiled
+
+
+def _bind(connection: Connection, compiled: _Compiled, parameters: Mapping[str, Any]) -> Any:
+    try:
+        return compiled.bind(parameters)
+    except Exception as error:  # a bind processor refused a value
+        raise _wrapped(connection, compiled.sql, error) from error
+
+
+def _compile(statement: ClauseElement, dialect: Dialect, keys: tuple[str, ...]) -> _Compiled:
+    compiled: Any = statement.compile(dialect=dialect, column_keys=list(keys))
+    unknown = set(compiled.binds) - set(keys)
+    if unknown:  # a default or a literal SQLAlchemy would have filled in at execution
+        raise ValueError(f"parameters missing: {', '.join(sorted(unknown))}")
+    processors = {}
+    for name, bind in compiled.binds.items():
+        processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if processor is not None:
+            processors[name] = processor
+    order = tuple(compiled.positiontup) if compiled.positional else None
+    return _Compiled(compiled.string, order, processors)

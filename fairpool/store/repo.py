@@ -31,7 +31,7 @@ from sqlalchemy import (
 
 from fairpool.errors import AmbiguousReference, NotFound
 from fairpool.store import schema
-from fairpool.store.direct import Direct
+from fairpool.store.direct import Direct, check_found
 from fairpool.store.records import (
     Allocation,
     ApiToken,
@@ -81,11 +81,6 @@ def resolve_id(
     raise NotFound(f"no {what} {ref!r}")
 
 
-def check_found(rowcount: int, what: str, id_: str) -> None:
-    if rowcount == 0:
-        raise NotFound(f"no {what} {id_!r}")
-
-
 # Updates by id run on the DBAPI cursor; the SET clause comes from the parameters' names.
 _UPDATE_BY_ID = {
     table: Direct(update(table).where(table.c.id == bindparam("_id")))
@@ -95,8 +90,7 @@ _UPDATE_BY_ID = {
 
 
 def _update(connection: Connection, table: Table, id_: str, what: str, **values: Any) -> None:
-    changed = _UPDATE_BY_ID[table].execute(connection, {"_id": id_, **values})
-    check_found(changed, what, id_)
+    _UPDATE_BY_ID[table].execute(connection, {"_id": id_, **values}, must_change=(what, id_))
 
 
 def _delete(connection: Connection, table: Table, id_: str, what: str) -> None:
@@ -752,18 +746,20 @@ def insert_allocation(
 
 def renew_lease(connection: Connection, request_id: str, expires_at: datetime) -> None:
     """Push a live allocation's lease out to ``expires_at``."""
-    changed = _UPDATE_LIVE_ALLOCATION.execute(
-        connection, {"_request_id": request_id, "lease_expires_at": as_utc(expires_at)}
+    _UPDATE_LIVE_ALLOCATION.execute(
+        connection,
+        {"_request_id": request_id, "lease_expires_at": as_utc(expires_at)},
+        must_change=("live allocation for request", request_id),
     )
-    check_found(changed, "live allocation for request", request_id)
 
 
 def release_allocation(connection: Connection, request_id: str, now: datetime) -> None:
     """Give the request's units back; NotFound unless it holds a live allocation."""
-    changed = _UPDATE_LIVE_ALLOCATION.execute(
-        connection, {"_request_id": request_id, "released_at": as_utc(now)}
+    _UPDATE_LIVE_ALLOCATION.execute(
+        connection,
+        {"_request_id": request_id, "released_at": as_utc(now)},
+        must_change=("live allocation for request", request_id),
     )
-    check_found(changed, "live allocation for request", request_id)
 
 
 _LIVE_ALLOCATIONS = (

@@ -14,7 +14,8 @@ from sqlalchemy import Connection, RowMapping, delete, func, insert, select, upd
 
 from fairpool.errors import NotFound
 from fairpool.store import schema
-from fairpool.store.repo import check_found, new_id, resolve_id
+from fairpool.store.direct import check_found
+from fairpool.store.repo import new_id, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     IntegralRecord,
