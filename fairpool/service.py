@@ -722,15 +722,22 @@ class Service:
         self, batch: list[Pending[_Operation]], defer: bool
     ) -> Pending[_Operation] | None:
         """Run ``batch``; the operation whose change raised (rolled back, failed), if any.
-        ``defer``: PostgreSQL sends the writes together (``Database.write``); if one of them
-        fails, ``DeferredWriteFailed`` is raised and nothing is settled."""
+
+        ``defer``: PostgreSQL sends the writes together (``Database.write``), and when the
+        batch starts from the state the last one committed, BEGIN, the lock and the
+        generation go with them: the state is then only believed current until they are
+        sent. A change that fails on it sends them first, so that it fails only if the
+        state was current. If a write sent fails (or the state was not current),
+        ``DeferredWriteFailed`` is raised and no operation is settled."""
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
+        outcomes: list[tuple[Pending[_Operation], Any, Exception | None]] = []
         passed: _Passed | None = None
         failed: Pending[_Operation] | None = None
         at_once = _at_once.get()
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
-            with self.db.write(wait=not at_once, defer=defer) as conn:
+            last_seen = committed[0] if committed is not None and defer else None
+            with self.db.write(wait=not at_once, defer=defer, last_seen=last_seen) as conn:
                 generation = db_generation(conn)
                 fresh = committed is not None and committed[0] == generation - 1
                 tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
@@ -742,8 +749,9 @@ class Service:
                         answers.append((pending, pending.work.change(tx)))
                     except DeferredWriteFailed:  # an earlier operation's write, perhaps
                         raise
-                    except Exception as error:
-                        pending.fail(error)
+                    except Exception:
+                        if last_seen is not None:
+                            send_deferred(conn)  # DeferredWriteFailed if the state was stale
                         failed = pending
                         raise
                     if not pending.work.tracked:
@@ -752,23 +760,29 @@ class Service:
                     passed = self._pass(tx)
                 else:
                     passed = _Passed(PassSummary(), Plan())
-                repo.insert_events(conn, tx.events)
-                send_deferred(conn)  # so that no answer's read fails for a write
                 for pending, answer in answers:
                     try:
-                        pending.succeed(answer(tx, passed))
+                        outcomes.append((pending, answer(tx, passed), None))
+                    except DeferredWriteFailed:
+                        raise
                     except Exception as error:  # reads only: the others still commit
-                        pending.fail(error)
+                        outcomes.append((pending, None, error))
+                repo.insert_events(conn, tx.events)
                 kept = tx.state
         except DeferredWriteFailed:
             raise
         except BaseException as error:
             if failed is not None and isinstance(error, Exception):
+                failed.fail(error)
                 return failed
             for pending in batch:
-                if pending.error is None:
-                    pending.fail(error)
+                pending.fail(error)
             return None
+        for pending, result, refused in outcomes:
+            if refused is None:
+                pending.succeed(result)
+            else:
+                pending.fail(refused)
         if kept is not None:
             self._committed = (generation, kept)
         if passed is not None and self.on_pass is not None and any(

@@ -311,6 +311,26 @@ def test_a_write_by_anyone_else_makes_the_next_batch_load_the_state_again(
     assert svc.create_request("team", demand={"gpu": 1}).status == "queued"
 
 
+def test_an_operation_refused_on_a_state_another_writer_changed_runs_again(
+    svc: Service, database_url: str
+) -> None:
+    """The first service still holds its state from before the other one's write, in which
+    the request waits: releasing it must not be refused ("queued, not allocated"), since the
+    other service allocated it. On PostgreSQL the batch learns only when its writes are sent
+    that the state was stale; the refusal must wait for that."""
+    holders = [svc.create_request("team", demand={"gpu": 1}) for _ in range(2)]
+    waiting = svc.create_request("team", demand={"gpu": 1})
+    assert waiting.status == "queued"
+    other_db = Database.open(database_url)
+    try:
+        Service(other_db, svc.clock).release_request(holders[0].id)  # and allocates `waiting`
+    finally:
+        other_db.close()
+    assert svc.release_request(waiting.id).status == "released"
+    with pytest.raises(Conflict, match="released, not allocated"):
+        svc.release_request(waiting.id)  # refused on a current state: refused for good
+
+
 def test_a_batch_that_rolls_back_leaves_no_state_behind(svc: Service) -> None:
     """A batch of one whose operation fails after changing the state in memory is rolled
     back: the next batch must not start from what it left."""

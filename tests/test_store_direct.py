@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 
 from fairpool.errors import NotFound
 from fairpool.store import repo, schema
-from fairpool.store.db import Database
+from fairpool.store.db import Database, generation
 from fairpool.store.direct import DeferredWriteFailed, Direct
 from fairpool.store.records import ComponentType
 
@@ -184,10 +184,29 @@ def test_a_failed_deferred_write_fails_the_transaction_when_sent(
             Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
         Direct(insert(schema.request)).execute(connection, _request(component.id, "b"))
     cause = failed.value.__cause__
-    if failing == "no row changed":
-        assert isinstance(cause, NotFound) and "no request 'x'" in str(cause)
+    if failing == "no row changed":  # checked in the database, which refuses to commit
+        assert isinstance(cause, DataError) and "division by zero" in str(cause)
     else:
         assert isinstance(cause, IntegrityError)
     with db.read() as connection:  # rolled back: nothing of it was committed
         assert _count(connection) == 0
         assert repo.list_components(connection) == []
+
+
+@ON_POSTGRESQL
+def test_a_write_expecting_the_generation_commits_only_if_it_is_that(db: Database) -> None:
+    with db.write() as connection:
+        seen = generation(connection)
+    for last_seen in (seen - 1, seen + 1):
+        with pytest.raises(DeferredWriteFailed), db.write(
+            defer=True, last_seen=last_seen
+        ) as connection:
+            assert generation(connection) == last_seen + 1
+            repo.insert_component(connection, f"c{last_seen}", ComponentType.ORCHESTRATOR, NOW)
+    with db.write(defer=True, last_seen=seen) as connection:
+        assert generation(connection) == seen + 1
+        repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+    with db.read() as connection:
+        assert [c.name for c in repo.list_components(connection)] == ["c"]
+    with db.write() as connection:
+        assert generation(connection) == seen + 2

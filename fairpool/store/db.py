@@ -64,6 +64,9 @@ _QUERY_ONLY = "fairpool_query_only"
 # Where a write transaction's connection keeps the generation it incremented to.
 _GENERATION = "fairpool_generation"
 _BUMP = Direct(text("UPDATE store_generation SET value = value + 1 WHERE id = 1 RETURNING value"))
+_BUMP_FROM = Direct(
+    text("UPDATE store_generation SET value = value + 1 WHERE id = 1 AND value = :seen")
+)
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
 _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"))
@@ -127,6 +130,24 @@ def _opening(connection: Connection) -> tuple[Direct, ...]:
     if connection.dialect.name == "postgresql":
         return _BEGIN_READ_COMMITTED, _WRITE_LOCK
     return ()
+
+
+def _start(connection: Connection, bump: bool, last_seen: int | None) -> None:
+    """Open a write transaction: BEGIN where needed, the lock, and with ``bump`` the
+    generation incremented. ``last_seen``: it is expected to be that (see
+    ``Database.write``); else it is read, and all this is one round trip on PostgreSQL."""
+    opening = _opening(connection)
+    if bump and last_seen is None:
+        connection.info[_GENERATION] = _BUMP.scalar(connection, preceded_by=opening)
+        return
+    for statement in opening:
+        statement.execute(connection)
+    if bump:
+        assert last_seen is not None
+        _BUMP_FROM.execute(
+            connection, {"seen": last_seen}, must_change=("store generation", str(last_seen))
+        )
+        connection.info[_GENERATION] = last_seen + 1
 
 
 def generation(connection: Connection) -> int:
@@ -201,7 +222,9 @@ class Database:
         return self._engine.dialect.name == "sqlite"
 
     @contextmanager
-    def write(self, wait: bool = True, defer: bool = False) -> Iterator[Connection]:
+    def write(
+        self, wait: bool = True, defer: bool = False, last_seen: int | None = None
+    ) -> Iterator[Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises.
         It increments the store's generation first (``generation`` tells the new value).
 
@@ -209,9 +232,14 @@ class Database:
         is written, instead of waiting for another writer of this process or of another.
 
         With ``defer``, on PostgreSQL, ``Direct`` writes are queued and sent together
-        (``direct.defer_writes``): one that fails raises ``DeferredWriteFailed``, from the
-        next statement or from the end of the block."""
-        with self._write(bump=True, wait=wait, defer=defer) as connection:
+        (``direct.defer_writes``), the last ones with COMMIT: one that fails raises
+        ``DeferredWriteFailed``, from the next statement or from the end of the block, and
+        nothing is committed. ``last_seen``, with ``defer``: the generation the caller
+        believes the store is at, its last commit's. BEGIN, the lock and the increment are
+        then queued too, and the generation is checked when they are sent: if another
+        writer committed since, ``DeferredWriteFailed``. So a whole transaction of deferred
+        writes is one round trip."""
+        with self._write(bump=True, wait=wait, defer=defer, last_seen=last_seen) as connection:
             yield connection
 
     @contextmanager
@@ -222,7 +250,9 @@ class Database:
             yield connection
 
     @contextmanager
-    def _write(self, bump: bool, wait: bool = True, defer: bool = False) -> Iterator[Connection]:
+    def _write(
+        self, bump: bool, wait: bool = True, defer: bool = False, last_seen: int | None = None
+    ) -> Iterator[Connection]:
         if not wait and not self.embedded:
             raise WouldWait("a PostgreSQL write waits for the network")
         if not self._write_lock.acquire(blocking=wait):
@@ -232,18 +262,13 @@ class Database:
             self._writer = None
             try:
                 with self._begin(connection, wait):
-                    if bump:
-                        connection.info[_GENERATION] = _BUMP.scalar(
-                            connection, preceded_by=_opening(connection)
-                        )
-                    else:
-                        for statement in _opening(connection):
-                            statement.execute(connection)
-                    if defer and not self.embedded:
+                    deferring = defer and not self.embedded
+                    if deferring:
                         defer_writes(connection)
+                    _start(connection, bump, last_seen if deferring else None)
                     try:
                         yield connection
-                        send_deferred(connection)
+                        send_deferred(connection, commit=True)
                     finally:
                         stop_deferring(connection)
             except BaseException:

@@ -13,10 +13,11 @@ On PostgreSQL every statement is a network round trip, and under load each one a
 for the GIL on its way back. So a write transaction may *defer* its writes
 (``defer_writes``): an INSERT or UPDATE that needs no answer is queued, and the queue is sent
 in one psycopg pipeline (one round trip) when the transaction next needs the database: a
-SQLAlchemy statement, a scalar, or its commit (``send_deferred``). Rows a queued UPDATE must
-change are checked once it has run. Which operation a failed deferred write belongs to is not
-known when it fails, so it raises ``DeferredWriteFailed``, and the caller runs the transaction
-again without deferring to find out.
+SQLAlchemy statement, a scalar, or its end, where COMMIT goes with it (``send_deferred``). A
+queued UPDATE that must change a row checks so in the database (``_checked``), so that a
+failed check aborts the transaction before that COMMIT. Which operation a failed deferred
+write belongs to is not known when it fails, so it raises ``DeferredWriteFailed``, and the
+caller runs the transaction again without deferring to find out.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.expression import ClauseElement
 
 from fairpool.errors import NotFound
@@ -48,6 +49,11 @@ def check_found(rowcount: int, what: str, id_: str) -> None:
         raise NotFound(f"no {what} {id_!r}")
 
 
+def _checked(sql: str) -> str:
+    """PostgreSQL: UPDATE ``sql``, failing (division by zero) when it changes no row."""
+    return f"WITH changed AS ({sql} RETURNING 1) SELECT 1 / count(*) FROM changed"
+
+
 @dataclass(frozen=True, slots=True)
 class _Compiled:
     sql: str
@@ -55,6 +61,8 @@ class _Compiled:
     #: ones (psycopg's ``%(name)s``).
     order: tuple[str, ...] | None
     processors: Mapping[str, Callable[[Any], Any]]
+    #: PostgreSQL UPDATEs: the statement checking in the database that it changed a row.
+    checked_sql: str | None = None
 
     def bind(self, parameters: Mapping[str, Any]) -> Sequence[Any] | Mapping[str, Any]:
         processors = self.processors
@@ -71,22 +79,31 @@ class _Compiled:
 
 @dataclass(frozen=True, slots=True)
 class _Write:
-    """A bound statement: one execution, or with ``many`` one per row of ``parameters``."""
+    """A bound statement: one execution, or with ``many`` one per row of ``parameters``.
+    With ``must_change``, it must change a row: checked on its cursor, or when deferred by
+    ``checked_sql`` in the database."""
 
     sql: str
     parameters: Any
     many: bool = False
     must_change: MustChange | None = None
+    checked_sql: str | None = None
 
-    def run(self, cursor: Any) -> None:
+    def run(self, cursor: Any, deferred: bool = False) -> None:
         if self.many:
             cursor.executemany(self.sql, self.parameters)
+        elif deferred and self.must_change is not None:
+            assert self.checked_sql is not None, "only PostgreSQL UPDATEs are deferred"
+            cursor.execute(self.checked_sql, self.parameters)
         else:
             cursor.execute(self.sql, self.parameters)
 
     def check(self, cursor: Any) -> None:
         if self.must_change is not None:
             check_found(cursor.rowcount, *self.must_change)
+
+
+_COMMIT = _Write("COMMIT", None)
 
 
 def defer_writes(connection: Connection) -> None:
@@ -100,37 +117,46 @@ def stop_deferring(connection: Connection) -> None:
     connection.info.pop(_DEFERRED, None)
 
 
-def send_deferred(connection: Connection) -> None:
-    """Send the queued writes, if any, in one round trip; ``DeferredWriteFailed`` if one
-    fails."""
+def send_deferred(connection: Connection, commit: bool = False) -> bool:
+    """Send the queued writes, if any, in one round trip, and with ``commit`` COMMIT with
+    them; whether it committed. ``DeferredWriteFailed`` if one fails (nothing committed),
+    except for ``OperationalError`` (the lock's timeout, a lost connection), raised as is:
+    it is the transaction's failure, which running it again would meet again."""
     queue: list[_Write] | None = connection.info.get(_DEFERRED)
     if not queue:
-        return
-    writes = list(queue)
+        return False
+    writes = list(queue) + ([_COMMIT] if commit else [])
     queue.clear()
     try:
-        _send(connection, writes)
+        _send(connection, writes, deferred=True).close()
+    except OperationalError:  # a lock timeout, a lost connection: no operation's doing
+        raise
     except Exception as error:
         raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
+    return commit
 
 
-def _send(connection: Connection, writes: Sequence[_Write]) -> Any:
-    """Run ``writes`` in one pipeline (one round trip), then check what they changed; the
-    last one's cursor, its rows still to fetch."""
+def _send(connection: Connection, writes: Sequence[_Write], deferred: bool) -> Any:
+    """Run ``writes`` in one pipeline (one round trip); the last one's cursor, its rows
+    still to fetch."""
     dbapi_connection: Any = connection.connection.driver_connection
     cursors: list[Any] = []
+    first: Exception | None = None
     try:
         with dbapi_connection.pipeline():
-            for write in writes:
-                cursors.append(dbapi_connection.cursor())
-                write.run(cursors[-1])
-        for write, cursor in zip(writes, cursors, strict=True):
-            write.check(cursor)
+            try:
+                for write in writes:
+                    cursors.append(dbapi_connection.cursor())
+                    write.run(cursors[-1], deferred)
+            except Exception as error:  # the pipeline's end then finds it aborted
+                first = error
     except Exception as error:
-        failure = error if isinstance(error, NotFound) else _wrapped(connection, None, error)
+        first = first or error
+    if first is not None:
+        failure = _wrapped(connection, None, first)
         for cursor in cursors:
             cursor.close()
-        raise failure from error
+        raise failure from first
     for cursor in cursors[:-1]:
         cursor.close()
     return cursors[-1]
@@ -194,7 +220,7 @@ class Direct:
         writes = [first._bound(connection, {}) for first in preceded_by]
         writes.append(self._bound(connection, parameters or {}))
         if connection.dialect.name == "postgresql" and len(writes) > 1:
-            cursor = _send(connection, writes)
+            cursor = _send(connection, writes, deferred=False)
         else:
             for write in writes[:-1]:
                 self._open(connection, write).close()
@@ -235,7 +261,8 @@ class Direct:
     ) -> _Write:
         compiled = self._compiled_for(connection, tuple(parameters))
         bound = _bind(connection, compiled, parameters)
-        return _Write(compiled.sql, bound, must_change=must_change)
+        return _Write(compiled.sql, bound, must_change=must_change,
+                      checked_sql=compiled.checked_sql)
 
     def _compiled_for(self, connection: Connection, keys: tuple[str, ...]) -> _Compiled:
         dialect = connection.dialect
@@ -265,4 +292,6 @@ def _compile(statement: ClauseElement, dialect: Dialect, keys: tuple[str, ...]) 
         if processor is not None:
             processors[name] = processor
     order = tuple(compiled.positiontup) if compiled.positional else None
-    return _Compiled(compiled.string, order, processors)
+    sql: str = compiled.string
+    checked = dialect.name == "postgresql" and sql.lstrip().upper().startswith("UPDATE")
+    return _Compiled(sql, order, processors, _checked(sql) if checked else None)
