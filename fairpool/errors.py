@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 
 class FairpoolError(Exception):
     """Base class: the message is the whole line shown to the user."""
@@ -47,3 +50,12 @@ class WouldWait(Exception):
     """Not a user error: raised, before anything was written, by a write told not to wait
     (``Service.at_once``) that would have had to wait for a lock or do long work; the caller
     runs it again where waiting is fine."""
+
+
+class Later(Exception):
+    """Not an error: raised by a write queued by ``Service.later``, before anything was
+    written, with the future its answer (or error) will come in."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        super().__init__("the write was queued")
+        self.future = future

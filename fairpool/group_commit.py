@@ -2,15 +2,20 @@
 
 Writers are serialized anyway (one database write lock), so while one transaction runs, the
 operations that queue up behind it are taken together by the next one: one lock, one reconcile
-pass and one commit for all of them instead of one each. No thread of its own: the first
-waiting caller leads the next batch (leader/follower), the others sleep until their batch
-has ended. A lone caller runs its operation at once, as without batching.
+pass and one commit for all of them instead of one each. The first waiting caller leads the
+next batch (leader/follower), the others sleep until their batch has ended. A lone caller
+runs its operation at once, as without batching.
+
+An event loop must not wait: it queues its operations with ``submit_later`` and gets a future.
+A batch that no caller is to lead is then led by a thread of the GroupCommit's own, started
+on first use, so that the loop's operations need no worker thread of their own each.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 from fairpool.errors import WouldWait
@@ -21,15 +26,17 @@ T = TypeVar("T")
 class Pending(Generic[T]):
     """One operation waiting for its batch: what to run, then its answer or its error."""
 
-    __slots__ = ("_done", "_wake", "ended", "error", "result", "work")
+    __slots__ = ("_done", "_wake", "ended", "error", "future", "result", "work")
 
-    def __init__(self, work: T) -> None:
+    def __init__(self, work: T, future: Future[Any] | None = None) -> None:
         self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
         self._done = False
         #: Its batch has ended: the answer (or error) it has now is final.
         self.ended = False
+        #: Where the answer goes when nobody waits for it (``submit_later``).
+        self.future = future
         # Held until its caller is woken: its batch has ended, or it is to lead the next one.
         self._wake = threading.Lock()
         self._wake.acquire()
@@ -68,8 +75,13 @@ class GroupCommit(Generic[T]):
     def __init__(self, run_batch: Callable[[list[Pending[T]]], None]) -> None:
         self._run_batch = run_batch
         self._queue: list[Pending[T]] = []
-        self._lock = threading.Lock()  # guards the queue and ``_leading``
+        self._lock = threading.Lock()  # guards the queue, ``_leading`` and the driver's state
         self._leading = False
+        # The thread that leads batches no caller leads, and what it is told.
+        self._driver: threading.Thread | None = None
+        self._drive = threading.Condition(self._lock)
+        self._driving = False
+        self._closed = False
 
     def submit(self, work: T) -> Any:
         """Run ``work`` in the next batch; its result, or its error raised here."""
@@ -84,6 +96,56 @@ class GroupCommit(Generic[T]):
         with self._lock:
             batch, self._queue = self._queue, []
         return self._lead(pending, batch)
+
+    def submit_later(self, work: T) -> Future[Any]:
+        """Queue ``work`` without waiting: its result, or its error, comes in the future."""
+        pending = Pending(work, Future())
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("group commit closed")
+            self._queue.append(pending)
+            if not self._leading:
+                self._leading = True
+                self._hand_to_driver()
+        assert pending.future is not None
+        return pending.future
+
+    def close(self) -> None:
+        """Stop the driver thread once it is idle; ``submit_later`` refuses from now on."""
+        with self._lock:
+            self._closed = True
+            self._drive.notify()
+            driver = self._driver
+        if driver is not None and driver is not threading.current_thread():
+            driver.join()
+
+    def _hand_to_driver(self) -> None:
+        """Under the lock: the driver thread is to lead the next batch."""
+        self._driving = True
+        if self._driver is None:
+            self._driver = threading.Thread(
+                target=self._drive_batches, name="fairpool-writer", daemon=True
+            )
+            self._driver.start()
+        self._drive.notify()
+
+    def _drive_batches(self) -> None:
+        while True:
+            with self._lock:
+                while not self._driving and not self._closed:
+                    self._drive.wait()
+                if not self._driving:
+                    return
+                self._driving = False
+                batch, self._queue = self._queue, []
+            try:
+                self._run_batch(batch)
+            except Exception as error:  # settle them rather than lose the thread
+                for pending in batch:
+                    if not pending.done:
+                        pending.fail(error)
+            finally:
+                self._end(batch)
 
     def run_now(self, work: T) -> Any:
         """Run ``work`` now, in a batch of its own (so that its failing to start fails no
@@ -110,7 +172,15 @@ class GroupCommit(Generic[T]):
                 ended.ended = True
             successor = self._queue[0] if self._queue else None
             self._leading = successor is not None
+            if successor is not None and successor.future is not None:
+                self._hand_to_driver()  # nobody waits to lead it
+                successor = None
         for ended in batch:
-            ended._wake.release()
+            if ended.future is None:
+                ended._wake.release()
+            elif ended.error is not None:
+                ended.future.set_exception(ended.error)
+            else:
+                ended.future.set_result(ended.result)
         if successor is not None:
             successor._wake.release()

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import Connection
 
@@ -26,7 +26,7 @@ from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
+from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait
 from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
@@ -60,8 +60,19 @@ PoolRequestView = Literal["queued", "active", "all"]
 #: many queued requests (a pass over them takes well under a millisecond); else it would wait.
 AT_ONCE_QUEUE_LIMIT = 200
 
-# Set by ``Service.at_once`` for the writes of the block.
-_at_once: ContextVar[bool] = ContextVar("fairpool_at_once", default=False)
+# How the writes of a block go: waited for, "at_once" (``Service.at_once``) or "later"
+# (``Service.later``).
+_Mode = Literal["wait", "at_once", "later"]
+_mode: ContextVar[_Mode] = ContextVar("fairpool_writes", default="wait")
+
+
+@contextmanager
+def _writing(mode: _Mode) -> Iterator[None]:
+    token = _mode.set(mode)
+    try:
+        yield
+    finally:
+        _mode.reset(token)
 
 
 #: Every API token secret starts with this, so that it is recognizable (e.g. by secret scanners).
@@ -251,6 +262,7 @@ class Service:
         self._committed: tuple[int, _State] | None = None
 
     def close(self) -> None:
+        self._writes.close()
         self.db.close()
 
     @contextmanager
@@ -258,12 +270,18 @@ class Service:
         """Writes in the block run now or not at all: one that would wait (another write of
         this process or of another running, PostgreSQL's round trips, the live state to
         load, a long queue to pass over) raises ``WouldWait`` before writing anything. For a
-        server's event loop, which must not block: it runs the write on a thread instead."""
-        token = _at_once.set(True)
-        try:
+        server's event loop, which must not block: it queues the write instead (``later``)."""
+        with _writing("at_once"):
             yield
-        finally:
-            _at_once.reset(token)
+
+    @contextmanager
+    def later(self) -> Iterator[None]:
+        """Writes in the block are queued, not waited for: ``Later`` is raised, before
+        anything is written, with the future of the write's answer. For a server's event
+        loop, which awaits it; only for methods whose write is their last step (the busy
+        routes' create, release, cancel, heartbeat), since the rest of the method is skipped."""
+        with _writing("later"):
+            yield
 
     # -- pools -------------------------------------------------------------------------
 
@@ -694,13 +712,15 @@ class Service:
         unless ``passes`` is False, then the answer ``change`` returned is built. Operations
         from other threads waiting at the same time share the transaction and the pass.
         ``tracked``: ``change`` keeps the transaction's live state current (see ``_Tx``)."""
-        if not _at_once.get():
-            result: T = self._writes.submit(_Operation(change, passes, tracked))
-            return result
-        if not self.db.embedded:
-            raise WouldWait("a PostgreSQL write waits for the network")
-        result = self._writes.run_now(_Operation(change, passes, tracked))
-        return result
+        operation = _Operation(change, passes, tracked)
+        mode = _mode.get()
+        if mode == "later":
+            raise Later(self._writes.submit_later(operation))
+        if mode == "at_once":
+            if not self.db.embedded:
+                raise WouldWait("a PostgreSQL write waits for the network")
+            return cast(T, self._writes.run_now(operation))
+        return cast(T, self._writes.submit(operation))
 
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
         """One transaction for the whole batch. An operation whose change fails is undone
@@ -733,7 +753,7 @@ class Service:
         outcomes: list[tuple[Pending[_Operation], Any, Exception | None]] = []
         passed: _Passed | None = None
         failed: Pending[_Operation] | None = None
-        at_once = _at_once.get()
+        at_once = _mode.get() == "at_once"
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
             last_seen = committed[0] if committed is not None and defer else None

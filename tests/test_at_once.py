@@ -189,12 +189,12 @@ def test_a_route_that_must_wait_waits_on_a_thread_and_the_server_answers_meanwhi
         metrics = httpx.get(server.url + "/metrics", timeout=5.0).text
         # The first submit and the release ran at once; the submit that met the lock did not.
         assert 'fairpool_request_writes_total{runs_on="event_loop"} 2.0' in metrics
-        assert 'fairpool_request_writes_total{runs_on="worker_thread"} 1.0' in metrics
+        assert 'fairpool_request_writes_total{runs_on="writer_thread"} 1.0' in metrics
     finally:
         server.stop()
 
 
-def test_on_postgresql_the_routes_write_on_worker_threads(
+def test_on_postgresql_the_routes_write_on_the_writer_thread(
     new_database: Callable[..., str], tmp_path: Path
 ) -> None:
     server = ApiServer(
@@ -210,7 +210,7 @@ def test_on_postgresql_the_routes_write_on_worker_threads(
             assert made.json()["status"] == "allocated", made.text
             assert client.post(f"/requests/{made.json()['id']}/release").status_code == 200
         metrics = httpx.get(server.url + "/metrics", timeout=5.0).text
-        assert 'fairpool_request_writes_total{runs_on="worker_thread"} 2.0' in metrics
+        assert 'fairpool_request_writes_total{runs_on="writer_thread"} 2.0' in metrics
         assert 'runs_on="event_loop"' not in metrics
     finally:
         server.stop()

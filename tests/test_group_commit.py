@@ -136,6 +136,48 @@ def test_a_caller_returns_when_its_batch_ends_and_the_first_queued_leads_next() 
     assert leaders == [names["a"], names["b1"], names["c"]]
 
 
+def test_operations_queued_without_waiting_are_led_by_the_writer_thread() -> None:
+    """``submit_later`` returns a future at once; a batch no caller is to lead (the queue was
+    idle, or its first operation has no caller waiting) is led by the GroupCommit's thread,
+    and callers queued behind it still lead their own batch and get their answers."""
+    gate, running = threading.Event(), threading.Event()
+    batches: list[tuple[str, list[str]]] = []
+
+    def run_batch(batch: list[Pending[str]]) -> None:
+        batches.append((threading.current_thread().name, [p.work for p in batch]))
+        if len(batches) == 1:
+            running.set()
+            assert gate.wait(10)
+        for pending in batch:
+            if pending.work.startswith("bad"):
+                pending.fail(ValueError(pending.work))
+            else:
+                pending.succeed(pending.work.upper())
+
+    group: GroupCommit[str] = GroupCommit(run_batch)
+    first = group.submit_later("a")
+    assert running.wait(10) and not first.done()  # led by another thread: this one is free
+    later = [group.submit_later(work) for work in ("b", "bad-c")]
+    with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:
+        waiting = pool.submit(group.submit, "d")
+        wait_for(lambda: len(group._queue) == 3)
+        gate.set()
+        assert first.result(10) == "A"
+        assert later[0].result(10) == "B"
+        with pytest.raises(ValueError, match="bad-c"):
+            later[1].result(10)
+        assert waiting.result(10) == "D"
+    assert [work for _, work in batches] == [["a"], ["b", "bad-c", "d"]]
+    assert {name for name, _ in batches} == {"fairpool-writer"}  # "b" was first in line
+    with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:  # a caller first: it leads
+        assert pool.submit(group.submit, "e").result(10) == "E"
+        assert group.submit_later("f").result(10) == "F"
+    assert batches[2][0].startswith("caller") and batches[3][0] == "fairpool-writer"
+    group.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        group.submit_later("g")
+
+
 def test_an_unsettled_operation_fails_instead_of_hanging() -> None:
     group: GroupCommit[str] = GroupCommit(lambda batch: None)
     with pytest.raises(RuntimeError, match="without settling"):

@@ -37,7 +37,7 @@ from fairpool.api.notify import notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
-from fairpool.errors import NotFound, WouldWait
+from fairpool.errors import Later, NotFound, WouldWait
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
@@ -114,16 +114,22 @@ class Api:
         return self.service.reconcile()
 
     async def write(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """A service write for an ``async`` route: run on the event loop's thread when it can
-        run at once (embedded store, no other write running, live state held: ~0.3 ms), else
-        on a worker thread, where it may wait. The worker thread's hop and its contention for
-        the GIL cost more than such a write itself (docs/service.md#throughput)."""
+        """A service write for an ``async`` route (one whose write is its last step): run on
+        the event loop's thread when it can run at once (embedded store, no other write
+        running, live state held: ~0.3 ms), else queued for the group commit's writer thread
+        and awaited. A worker thread per write, waiting in the queue, cost more than such a
+        write itself: its hop and its contention for the GIL (docs/service.md#throughput)."""
         try:
             with self.service.at_once():
                 result = operation(*args, **kwargs)
         except WouldWait:
-            self.metrics.writes.labels("worker_thread").inc()
-            return await run_in_threadpool(operation, *args, **kwargs)
+            self.metrics.writes.labels("writer_thread").inc()
+            try:
+                with self.service.later():
+                    return operation(*args, **kwargs)  # only if it wrote nothing
+            except Later as queued:
+                answer: T = await asyncio.wrap_future(queued.future)
+                return answer
         self.metrics.writes.labels("event_loop").inc()
         return result
 

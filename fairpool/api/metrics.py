@@ -63,7 +63,7 @@ class Metrics:
         self.writes = Counter(
             "fairpool_request_writes",
             "Writes of the submit, release, cancel and heartbeat routes, by where they ran: "
-            "event_loop (at once) or worker_thread (they had to wait).",
+            "event_loop (at once) or writer_thread (queued for the group commit's thread).",
             ["runs_on"],
             registry=self.registry,
         )
