@@ -117,14 +117,15 @@ def stop_deferring(connection: Connection) -> None:
     connection.info.pop(_DEFERRED, None)
 
 
-def send_deferred(connection: Connection, commit: bool = False) -> bool:
+def send_deferred(connection: Connection, commit: bool = False) -> None:
     """Send the queued writes, if any, in one round trip, and with ``commit`` COMMIT with
-    them; whether it committed. ``DeferredWriteFailed`` if one fails (nothing committed),
-    except for ``OperationalError`` (the lock's timeout, a lost connection), raised as is:
-    it is the transaction's failure, which running it again would meet again."""
+    them (without writes queued, the caller commits). ``DeferredWriteFailed`` if one fails
+    (nothing committed), except for ``OperationalError`` (the lock's timeout, a lost
+    connection), raised as is: it is the transaction's failure, which running it again would
+    meet again."""
     queue: list[_Write] | None = connection.info.get(_DEFERRED)
     if not queue:
-        return False
+        return
     writes = list(queue) + ([_COMMIT] if commit else [])
     queue.clear()
     try:
@@ -133,7 +134,6 @@ def send_deferred(connection: Connection, commit: bool = False) -> bool:
         raise
     except Exception as error:
         raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
-    return commit
 
 
 def _send(connection: Connection, writes: Sequence[_Write], deferred: bool) -> Any:
