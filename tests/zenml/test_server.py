@@ -5,6 +5,7 @@ ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE pointing at fairpool."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,14 +76,19 @@ def test_cli_reflects_fairpools_state(server: ZenML) -> None:
     assert policy["reserved"] == {"gpu": 1} and policy["limit"] == {"gpu": 1}
 
     # Two pipelines (separate client processes) each hold the one GPU for a while: the first
-    # runs, the second queues on the server.
+    # runs, the second queues on the server. Each has a copy of the client's configuration,
+    # as a client on another machine would: ZenML rewrites its config file in place (no
+    # atomic rename), so a CLI call reading it while a pipeline's client writes it can find
+    # it empty and fall back to the local SQL store, for good ("Resource pool functionality
+    # is not enabled").
     procs = []
     for name, seconds in (("first", "30"), ("second", "1")):
         events = server.cwd / f"{name}.jsonl"
+        config = shutil.copytree(server.env["ZENML_CONFIG_PATH"], server.root / f"config-{name}")
         procs.append((events, subprocess.Popen(
             [sys.executable, "scenarios.py", "long", "--server"], cwd=server.cwd,
             env={**server.env, "SCENARIO_EVENTS": str(events),
-                 "SCENARIO_LONG_SECONDS": seconds},
+                 "SCENARIO_LONG_SECONDS": seconds, "ZENML_CONFIG_PATH": str(config)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )))
         if name == "first":
