@@ -123,7 +123,7 @@ def svc(database_url: str) -> Iterator[Service]:
     service.create_pool("gpus", {"gpu": 4})
     service.attach_policy("gpus", "team")
     yield service
-    db.close()
+    service.close()
 
 
 def _requests(svc: Service) -> int:

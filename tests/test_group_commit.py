@@ -191,7 +191,7 @@ def svc(database_url: str) -> Iterator[Service]:
     service.create_pool("gpus", {"gpu": 2})
     service.attach_policy("gpus", "team")
     yield service
-    db.close()
+    service.close()
 
 
 def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -> None:

@@ -76,7 +76,7 @@ def serve(
         _announce_auth(service, enabled)  # after Config: it sets uvicorn's logging up
         _Server(config, on_exit=api.begin_shutdown).run()
     finally:
-        service.db.close()
+        service.close()  # the group commit's writer thread, then the database
 
 
 def _announce_auth(service: Service, enabled: bool) -> None:
