@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import asyncio
 from typing import Any
 
 
@@ -56,6 +56,6 @@ class Later(Exception):
     """Not an error: raised by a write queued by ``Service.later``, before anything was
     written, with the future its answer (or error) will come in."""
 
-    def __init__(self, future: Future[Any]) -> None:
+    def __init__(self, future: asyncio.Future[Any]) -> None:
         super().__init__("the write was queued")
         self.future = future

@@ -8,14 +8,17 @@ runs its operation at once, as without batching.
 
 An event loop must not wait: it queues its operations with ``submit_later`` and gets a future.
 A batch that no caller is to lead is then led by a thread of the GroupCommit's own, started
-on first use, so that the loop's operations need no worker thread of their own each.
+on first use, so that the loop's operations need no worker thread of their own each; or,
+once ``drive_on`` names the loop, by a task on that loop (``run_batch_async``: PostgreSQL,
+whose round trip the loop then awaits instead of a thread waiting for it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from fairpool.errors import WouldWait
@@ -28,7 +31,7 @@ class Pending(Generic[T]):
 
     __slots__ = ("_done", "_wake", "ended", "error", "future", "result", "work")
 
-    def __init__(self, work: T, future: Future[Any] | None = None) -> None:
+    def __init__(self, work: T, future: asyncio.Future[Any] | None = None) -> None:
         self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
@@ -72,8 +75,17 @@ class GroupCommit(Generic[T]):
     against 4.5 now (1,600 against 2,500 create + release cycles per second).
     """
 
-    def __init__(self, run_batch: Callable[[list[Pending[T]]], None]) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[Pending[T]]], None],
+        run_batch_async: Callable[[list[Pending[T]]], Awaitable[None]] | None = None,
+    ) -> None:
         self._run_batch = run_batch
+        self._run_batch_async = run_batch_async
+        # The loop whose task leads the batches no caller leads (``drive_on``), if any, and
+        # its batch in flight.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_batch: asyncio.Task[None] | None = None
         self._queue: list[Pending[T]] = []
         self._lock = threading.Lock()  # guards the queue, ``_leading`` and the driver's state
         self._leading = False
@@ -97,9 +109,10 @@ class GroupCommit(Generic[T]):
             batch, self._queue = self._queue, []
         return self._lead(pending, batch)
 
-    def submit_later(self, work: T) -> Future[Any]:
-        """Queue ``work`` without waiting: its result, or its error, comes in the future."""
-        pending = Pending(work, Future())
+    def submit_later(self, work: T) -> asyncio.Future[Any]:
+        """On an event loop: queue ``work`` without waiting; its result, or its error, comes
+        in the future, an asyncio future of that loop."""
+        pending = Pending(work, asyncio.get_running_loop().create_future())
         with self._lock:
             if self._closed:
                 raise RuntimeError("group commit closed")
@@ -109,6 +122,21 @@ class GroupCommit(Generic[T]):
                 self._hand_to_driver()
         assert pending.future is not None
         return pending.future
+
+    def drive_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on, batches no caller leads are led by a task on ``loop``, which must be
+        running, with ``run_batch_async``; until ``stop_driving``."""
+        assert self._run_batch_async is not None, "no run_batch_async to drive with"
+        with self._lock:
+            self._loop = loop
+
+    async def stop_driving(self) -> None:
+        """On the loop: its batch in flight ends, and the thread leads from now on."""
+        with self._lock:
+            self._loop = None
+            task = self._loop_batch
+        if task is not None:
+            await asyncio.shield(task)
 
     def close(self) -> None:
         """Stop the driver thread once it is idle; ``submit_later`` refuses from now on."""
@@ -120,7 +148,11 @@ class GroupCommit(Generic[T]):
             driver.join()
 
     def _hand_to_driver(self) -> None:
-        """Under the lock: the driver thread is to lead the next batch."""
+        """Under the lock: the driver (the loop's task, else the thread) is to lead the next
+        batch."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._drive_on_loop)
+            return
         self._driving = True
         if self._driver is None:
             self._driver = threading.Thread(
@@ -146,6 +178,32 @@ class GroupCommit(Generic[T]):
                         pending.fail(error)
             finally:
                 self._end(batch)
+
+    def _drive_on_loop(self) -> None:
+        with self._lock:
+            if self._loop is None:  # driving stopped since: the thread leads it
+                self._hand_to_driver()
+                return
+            batch, self._queue = self._queue, []
+            # In a context of its own, not that of the callback's scheduler.
+            self._loop_batch = self._loop.create_task(
+                self._drive_async(batch), context=contextvars.Context()
+            )
+
+    async def _drive_async(self, batch: list[Pending[T]]) -> None:
+        assert self._run_batch_async is not None
+        try:
+            await self._run_batch_async(batch)
+        except BaseException as error:  # settle them: nobody else will
+            for pending in batch:
+                if not pending.done:
+                    pending.fail(error)
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            with self._lock:
+                self._loop_batch = None
+            self._end(batch)
 
     def run_now(self, work: T) -> Any:
         """Run ``work`` now, in a batch of its own (so that its failing to start fails no
@@ -178,9 +236,33 @@ class GroupCommit(Generic[T]):
         for ended in batch:
             if ended.future is None:
                 ended._wake.release()
-            elif ended.error is not None:
-                ended.future.set_exception(ended.error)
             else:
-                ended.future.set_result(ended.result)
+                _resolve(ended)
         if successor is not None:
             successor._wake.release()
+
+
+def _resolve(pending: Pending[Any]) -> None:
+    """Its answer into its future: at once on the future's loop (the awaiting coroutine runs
+    on the next turn), else handed to that loop."""
+    loop = pending.future.get_loop() if pending.future is not None else None
+    assert loop is not None
+    try:
+        here = asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs on this thread
+        here = False
+    if here:
+        _settle_future(pending)
+    elif not loop.is_closed():  # else nobody awaits it any more
+        loop.call_soon_threadsafe(_settle_future, pending)
+
+
+def _settle_future(pending: Pending[Any]) -> None:
+    future = pending.future
+    assert future is not None
+    if future.done():  # cancelled: its route's client went away
+        return
+    if pending.error is not None:
+        future.set_exception(pending.error)
+    else:
+        future.set_result(pending.result)

@@ -7,6 +7,7 @@ the engine decides; this module only loads, calls and writes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
@@ -19,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
 
 from fairpool.backoff import jittered
 from fairpool.engine.explain import QueueEntry, queue_entries
@@ -248,6 +250,20 @@ class _Operation:
     tracked: bool = False
 
 
+@dataclass(slots=True)
+class _Run:
+    """What a batch's transaction did, settled once it has committed (``Service._settle``)."""
+
+    outcomes: list[tuple[Pending[_Operation], Any, Exception | None]] = field(
+        default_factory=list
+    )
+    passed: _Passed | None = None
+    #: The operation whose change raised, if one did.
+    failed: Pending[_Operation] | None = None
+    generation: int = 0
+    kept: _State | None = None
+
+
 class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
@@ -255,7 +271,9 @@ class Service:
         #: Called with every committed pass's summary (the server's metrics and long-poll
         #: wake-ups), after the commit, on the thread that ran the batch.
         self.on_pass: Callable[[PassSummary], None] | None = None
-        self._writes: GroupCommit[_Operation] = GroupCommit(self._run_batch)
+        self._writes: GroupCommit[_Operation] = GroupCommit(
+            self._run_batch, self._run_batch_async
+        )
         #: The live state as the last batch committed it, with the store's generation then:
         #: the next batch starts from it instead of loading it when nobody wrote in between
         #: (another process, or a write that does not track the state). Only batches touch it.
@@ -264,6 +282,18 @@ class Service:
     def close(self) -> None:
         self._writes.close()
         self.db.close()
+
+    def drive_writes_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A server's running event loop leads the writes queued ``later`` from now on, on
+        PostgreSQL (``_run_batch_async``), until ``stop_driving``. SQLite's run at once."""
+        if not self.db.embedded:
+            self._writes.drive_on(loop)
+
+    async def stop_driving(self) -> None:
+        """On that loop, before it stops: its write in flight ends, and its connection
+        closes; a thread leads them from now on."""
+        await self._writes.stop_driving()
+        await self.db.close_async()
 
     @contextmanager
     def at_once(self) -> Iterator[None]:
@@ -749,67 +779,109 @@ class Service:
         sent. A change that fails on it sends them first, so that it fails only if the
         state was current. If a write sent fails (or the state was not current),
         ``DeferredWriteFailed`` is raised and no operation is settled."""
-        answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
-        outcomes: list[tuple[Pending[_Operation], Any, Exception | None]] = []
-        passed: _Passed | None = None
-        failed: Pending[_Operation] | None = None
+        run = _Run()
         at_once = _mode.get() == "at_once"
         committed, self._committed = self._committed, None  # the batch changes it in place
         try:
             last_seen = committed[0] if committed is not None and defer else None
             with self.db.write(wait=not at_once, defer=defer, last_seen=last_seen) as conn:
-                generation = db_generation(conn)
-                fresh = committed is not None and committed[0] == generation - 1
-                tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
-                if at_once and (tx.state is None or len(tx.state.queued) > AT_ONCE_QUEUE_LIMIT):
-                    self._committed = committed  # left as it was: the write is undone
-                    raise WouldWait("the live state is to be loaded, or the queue is long")
-                for pending in batch:
-                    try:
-                        answers.append((pending, pending.work.change(tx)))
-                    except DeferredWriteFailed:  # an earlier operation's write, perhaps
-                        raise
-                    except Exception:
-                        if last_seen is not None:
-                            send_deferred(conn)  # DeferredWriteFailed if the state was stale
-                        failed = pending
-                        raise
-                    if not pending.work.tracked:
-                        tx.forget()
-                if any(p.work.passes for p, _ in answers):
-                    passed = self._pass(tx)
-                else:
-                    passed = _Passed(PassSummary(), Plan())
-                for pending, answer in answers:
-                    try:
-                        outcomes.append((pending, answer(tx, passed), None))
-                    except DeferredWriteFailed:
-                        raise
-                    except Exception as error:  # reads only: the others still commit
-                        outcomes.append((pending, None, error))
-                repo.insert_events(conn, tx.events)
-                kept = tx.state
+                self._run_changes(run, conn, batch, committed, believed=last_seen is not None)
         except DeferredWriteFailed:
             raise
         except BaseException as error:
-            if failed is not None and isinstance(error, Exception):
-                failed.fail(error)
-                return failed
+            if at_once and isinstance(error, WouldWait):
+                self._committed = committed  # left as it was: the write is undone
+            if run.failed is not None and isinstance(error, Exception):
+                run.failed.fail(error)
+                return run.failed
             for pending in batch:
                 pending.fail(error)
             return None
-        for pending, result, refused in outcomes:
+        self._settle(run)
+        return None
+
+    async def _run_batch_async(self, batch: list[Pending[_Operation]]) -> None:
+        """PostgreSQL, led on a server's event loop: the batch runs on the loop, from the
+        state the last batch committed, and its one round trip is awaited
+        (``Database.write_async``), so no thread waits for it nor hands the answers back.
+        Anything else (no such state, a read inside the transaction, another writer of this
+        process, a change or a write that fails) runs it again on a thread, as
+        ``_run_batch`` does, where failures are told apart; nothing was committed. Only a
+        failure whose commit is in doubt (a lost connection) fails the batch here."""
+        run = _Run()
+        committed, self._committed = self._committed, None
+        try:
+            if committed is None or len(committed[1].queued) > AT_ONCE_QUEUE_LIMIT:
+                raise WouldWait("the live state is to be loaded, or the queue is long")
+            async with self.db.write_async(committed[0]) as conn:
+                self._run_changes(run, conn, batch, committed, believed=True)
+        except OperationalError as error:
+            for pending in batch:
+                pending.fail(error)
+            return
+        except Exception:
+            await asyncio.get_running_loop().run_in_executor(None, self._run_batch, batch)
+            return
+        self._settle(run)
+
+    def _run_changes(
+        self,
+        run: _Run,
+        conn: Connection,
+        batch: list[Pending[_Operation]],
+        committed: tuple[int, _State] | None,
+        believed: bool,
+    ) -> None:
+        """In the batch's transaction: the changes, the pass, the answers and the events,
+        recorded in ``run`` for ``_settle`` once committed. ``believed``: the state is only
+        believed current until the queued writes are sent (see ``_attempt``)."""
+        run.generation = generation = db_generation(conn)
+        fresh = committed is not None and committed[0] == generation - 1
+        tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
+        if _mode.get() == "at_once" and (
+            tx.state is None or len(tx.state.queued) > AT_ONCE_QUEUE_LIMIT
+        ):
+            raise WouldWait("the live state is to be loaded, or the queue is long")
+        answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
+        for pending in batch:
+            try:
+                answers.append((pending, pending.work.change(tx)))
+            except DeferredWriteFailed:  # an earlier operation's write, perhaps
+                raise
+            except Exception:
+                if believed:
+                    send_deferred(conn)  # DeferredWriteFailed if the state was stale
+                run.failed = pending
+                raise
+            if not pending.work.tracked:
+                tx.forget()
+        if any(p.work.passes for p, _ in answers):
+            run.passed = self._pass(tx)
+        else:
+            run.passed = _Passed(PassSummary(), Plan())
+        for pending, answer in answers:
+            try:
+                run.outcomes.append((pending, answer(tx, run.passed), None))
+            except DeferredWriteFailed:
+                raise
+            except Exception as error:  # reads only: the others still commit
+                run.outcomes.append((pending, None, error))
+        repo.insert_events(conn, tx.events)
+        run.kept = tx.state
+
+    def _settle(self, run: _Run) -> None:
+        """The batch has committed: its answers go out, its state is kept for the next."""
+        for pending, result, refused in run.outcomes:
             if refused is None:
                 pending.succeed(result)
             else:
                 pending.fail(refused)
-        if kept is not None:
-            self._committed = (generation, kept)
-        if passed is not None and self.on_pass is not None and any(
-            p.work.passes for p in batch
+        if run.kept is not None:
+            self._committed = (run.generation, run.kept)
+        if run.passed is not None and self.on_pass is not None and any(
+            p.work.passes for p, _, _ in run.outcomes
         ):
-            self.on_pass(passed.summary)
-        return None
+            self.on_pass(run.passed.summary)
 
     # -- the pass ----------------------------------------------------------------------
 

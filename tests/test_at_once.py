@@ -188,13 +188,13 @@ def test_a_route_that_must_wait_waits_on_a_thread_and_the_server_answers_meanwhi
             assert released.status_code == 200, released.text
         metrics = httpx.get(server.url + "/metrics", timeout=5.0).text
         # The first submit and the release ran at once; the submit that met the lock did not.
-        assert 'fairpool_request_writes_total{runs_on="event_loop"} 2.0' in metrics
-        assert 'fairpool_request_writes_total{runs_on="writer_thread"} 1.0' in metrics
+        assert 'fairpool_request_writes_total{path="at_once"} 2.0' in metrics
+        assert 'fairpool_request_writes_total{path="queued"} 1.0' in metrics
     finally:
         server.stop()
 
 
-def test_on_postgresql_the_routes_write_on_the_writer_thread(
+def test_on_postgresql_the_routes_queue_their_writes(
     new_database: Callable[..., str], tmp_path: Path
 ) -> None:
     server = ApiServer(
@@ -210,7 +210,7 @@ def test_on_postgresql_the_routes_write_on_the_writer_thread(
             assert made.json()["status"] == "allocated", made.text
             assert client.post(f"/requests/{made.json()['id']}/release").status_code == 200
         metrics = httpx.get(server.url + "/metrics", timeout=5.0).text
-        assert 'fairpool_request_writes_total{runs_on="writer_thread"} 2.0' in metrics
-        assert 'runs_on="event_loop"' not in metrics
+        assert 'fairpool_request_writes_total{path="queued"} 2.0' in metrics
+        assert 'path="at_once"' not in metrics
     finally:
         server.stop()

@@ -3,6 +3,7 @@ fails is undone alone (``fairpool/group_commit.py``, ``Service._write``)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -155,27 +156,94 @@ def test_operations_queued_without_waiting_are_led_by_the_writer_thread() -> Non
                 pending.succeed(pending.work.upper())
 
     group: GroupCommit[str] = GroupCommit(run_batch)
-    first = group.submit_later("a")
-    assert running.wait(10) and not first.done()  # led by another thread: this one is free
-    later = [group.submit_later(work) for work in ("b", "bad-c")]
-    with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:
-        waiting = pool.submit(group.submit, "d")
-        wait_for(lambda: len(group._queue) == 3)
-        gate.set()
-        assert first.result(10) == "A"
-        assert later[0].result(10) == "B"
-        with pytest.raises(ValueError, match="bad-c"):
-            later[1].result(10)
-        assert waiting.result(10) == "D"
-    assert [work for _, work in batches] == [["a"], ["b", "bad-c", "d"]]
-    assert {name for name, _ in batches} == {"fairpool-writer"}  # "b" was first in line
-    with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:  # a caller first: it leads
-        assert pool.submit(group.submit, "e").result(10) == "E"
-        assert group.submit_later("f").result(10) == "F"
-    assert batches[2][0].startswith("caller") and batches[3][0] == "fairpool-writer"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first = group.submit_later("a")
+        while not running.is_set():  # led by another thread: this one is free
+            await asyncio.sleep(0.001)
+        assert not first.done()
+        later = [group.submit_later(work) for work in ("b", "bad-c")]
+        with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:
+            waiting = loop.run_in_executor(pool, group.submit, "d")
+            while len(group._queue) < 3:
+                await asyncio.sleep(0.001)
+            gate.set()
+            assert await first == "A"
+            assert await later[0] == "B"
+            with pytest.raises(ValueError, match="bad-c"):
+                await later[1]
+            assert await waiting == "D"
+        assert [work for _, work in batches] == [["a"], ["b", "bad-c", "d"]]
+        assert {name for name, _ in batches} == {"fairpool-writer"}  # "b" was first in line
+        with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:  # a caller first
+            assert await loop.run_in_executor(pool, group.submit, "e") == "E"
+            assert await group.submit_later("f") == "F"
+        assert batches[2][0].startswith("caller") and batches[3][0] == "fairpool-writer"
+        group.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            group.submit_later("g")
+
+    asyncio.run(main())
+
+
+def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
+    """After ``drive_on(loop)``, a batch no caller leads runs as a task on that loop, with
+    ``run_batch_async``; a thread's caller first in line behind it leads the next batch, and
+    then the loop again; after ``stop_driving``, the thread leads."""
+    batches: list[tuple[str, list[str]]] = []
+    gate = asyncio.Event()
+
+    def settle(batch: list[Pending[str]]) -> None:
+        for pending in batch:
+            if pending.work.startswith("bad"):
+                pending.fail(ValueError(pending.work))
+            else:
+                pending.succeed(pending.work.upper())
+
+    def run_batch(batch: list[Pending[str]]) -> None:
+        batches.append((threading.current_thread().name, [p.work for p in batch]))
+        settle(batch)
+
+    async def run_batch_async(batch: list[Pending[str]]) -> None:
+        batches.append(("loop", [p.work for p in batch]))
+        if batch[0].work == "slow":
+            await gate.wait()  # the loop is free meanwhile: its round trip, in fairpool
+        settle(batch)
+
+    group: GroupCommit[str] = GroupCommit(run_batch, run_batch_async)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        group.drive_on(loop)
+        assert await group.submit_later("a") == "A"
+        slow = group.submit_later("slow")
+        while not batches or batches[-1][1] != ["slow"]:
+            await asyncio.sleep(0.001)
+        with ThreadPoolExecutor(1, thread_name_prefix="caller") as pool:
+            caller = loop.run_in_executor(pool, group.submit, "b")
+            while not group._queue:
+                await asyncio.sleep(0.001)
+            queued = [group.submit_later(work) for work in ("bad-c", "d")]
+            gate.set()
+            assert await slow == "SLOW"
+            assert await caller == "B"
+            with pytest.raises(ValueError, match="bad-c"):
+                await queued[0]
+            assert await queued[1] == "D"
+        assert await group.submit_later("e") == "E"
+        await group.stop_driving()
+        assert await group.submit_later("f") == "F"
+
+    asyncio.run(main())
     group.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        group.submit_later("g")
+    assert batches == [
+        ("loop", ["a"]),
+        ("loop", ["slow"]),
+        ("caller_0", ["b", "bad-c", "d"]),  # "b" was first in line: its caller leads
+        ("loop", ["e"]),
+        ("fairpool-writer", ["f"]),
+    ]
 
 
 def test_an_unsettled_operation_fails_instead_of_hanging() -> None:

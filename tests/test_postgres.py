@@ -6,11 +6,13 @@ Skipped when PostgreSQL is unreachable, failed instead under CI (see conftest.py
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -19,10 +21,12 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, func, make_url, select
 from sqlalchemy.exc import OperationalError
 
+from fairpool.errors import Conflict, Later
 from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
 from fairpool.store.db import WRITE_LOCK_KEY, Database, generation, migration_config
+from fairpool.views import RequestView
 from tests.conftest import POSTGRES_CONNINFO
 from tests.test_store import (
     NOW,
@@ -32,6 +36,8 @@ from tests.test_store import (
     _open_at_once,
     _run_processes,
 )
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -162,6 +168,105 @@ def test_a_write_of_the_service_is_one_round_trip(url: str, tmp_path: Path) -> N
     assert _round_trips(release) == 1
     assert _round_trips(after_other) > 3
     assert [view.status for view in views] == ["allocated", "queued"]  # the new capacity
+
+
+async def _queued(service: Service, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``operation`` as a server's route runs it when it cannot run at once: queued, and
+    its future awaited."""
+    try:
+        with service.later():
+            operation(*args, **kwargs)
+    except Later as queued:
+        answer: T = await queued.future
+        return answer
+    raise AssertionError("not queued")
+
+
+def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
+    url: str, tmp_path: Path
+) -> None:
+    """``drive_writes_on(loop)``: a write queued from the loop runs there and its round trip
+    is awaited on the loop's own connection, when the batch starts from the state the last
+    one committed. Otherwise, or when the batch fails, a thread runs it again, as without
+    the loop: after another writer's commit the state is read anew, and a refusal is
+    decided on the current state."""
+    ran_on: list[str] = []
+    with Database.open(url) as db, Database.open(url) as other:
+        service = Service(db)
+        service.create_pool("gpus", {"gpu": 2})
+        service.attach_policy("gpus", "team")
+        service.on_pass = lambda _: ran_on.append(threading.current_thread().name)
+
+        async def main() -> list[RequestView]:
+            service.drive_writes_on(asyncio.get_running_loop())
+            try:
+                first = await _queued(service, service.create_request, "team",
+                                      demand={"gpu": 1})
+                second = await _queued(service, service.create_request, "team",
+                                       demand={"gpu": 1})
+                async_writer: Any = db._async_writer
+                async_writer.pgconn.trace(trace.fileno())
+                async_writer.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                released = await _queued(service, service.release_request, first.id)
+                async_writer.pgconn.untrace()
+                Service(other).update_pool("gpus", capacity={"gpu": 3})
+                # Believed: 1 of 2 units free, one more request to allocate: allocated either
+                # way. The one after it would queue on the believed state: it must not.
+                third = await _queued(service, service.create_request, "team",
+                                      demand={"gpu": 1})
+                fourth = await _queued(service, service.create_request, "team",
+                                       demand={"gpu": 1})
+                with pytest.raises(Conflict, match="released, not allocated"):
+                    await _queued(service, service.release_request, first.id)
+                return [first, second, released, third, fourth]
+            finally:
+                await service.stop_driving()
+
+        with (tmp_path / "libpq.trace").open("w+") as trace:
+            views = asyncio.run(main())
+            trace.seek(0)
+            messages = [line.rstrip("\n").split("\t") for line in trace]
+        assert db._async_writer is None  # closed by stop_driving
+    assert [view.status for view in views] == [
+        "allocated", "allocated", "released", "allocated", "allocated"
+    ]
+    loop, thread = "MainThread", "asyncio_0"
+    # After the other writer's commit, the thread; the refused release ran no pass.
+    assert ran_on == [loop, loop, loop, thread, loop]
+    assert _round_trips(messages) == 1
+    # One message: a script of statements, one per line (the trace's lines), BEGIN to COMMIT.
+    sent = [fields for fields in messages if fields[0] == "F"]
+    assert [fields[2] for fields in sent] == ["Query"]
+    assert sent[0][3] == ' "BEGIN ISOLATION LEVEL READ COMMITTED;'
+    assert ['COMMIT"'] in messages
+
+
+def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """Whether a COMMIT sent on a lost connection took effect is unknown: the write fails
+    (as on the thread's connection) rather than run twice."""
+    with Database.open(url) as db:
+        service = Service(db)
+        service.create_pool("gpus", {"gpu": 2})
+        service.attach_policy("gpus", "team")
+
+        async def main() -> tuple[RequestView, RequestView]:
+            service.drive_writes_on(asyncio.get_running_loop())
+            try:
+                for _ in range(2):  # the second runs on the loop's connection
+                    held = await _queued(service, service.create_request, "team",
+                                         demand={"gpu": 1})
+                pid = db._async_writer.info.backend_pid
+                other.execute("SELECT pg_terminate_backend(%s)", [pid])
+                with pytest.raises(OperationalError):
+                    await _queued(service, service.release_request, held.id)
+                return held, await _queued(service, service.release_request, held.id)
+            finally:
+                await service.stop_driving()
+
+        held, released = asyncio.run(main())
+    assert held.status == "allocated" and released.status == "released"
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

@@ -7,7 +7,8 @@ type processing: on SQLite a datetime is text, a bool an integer, JSON a string)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DataError, IntegrityError
 
-from fairpool.errors import NotFound
+from fairpool.errors import NotFound, WouldWait
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, generation
 from fairpool.store.direct import DeferredWriteFailed, Direct
@@ -147,7 +148,8 @@ def test_a_statement_needing_parameters_it_is_not_given_is_refused(db: Database)
 # the database.
 
 ON_POSTGRESQL = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-SET_STATUS = Direct(update(schema.request).where(schema.request.c.id == bindparam("_id")))
+SET_STATUS_STATEMENT = update(schema.request).where(schema.request.c.id == bindparam("_id"))
+SET_STATUS = Direct(SET_STATUS_STATEMENT)
 
 
 def _count(connection: Connection) -> int:
@@ -210,3 +212,98 @@ def test_a_write_expecting_the_generation_commits_only_if_it_is_that(db: Databas
         assert [c.name for c in repo.list_components(connection)] == ["c"]
     with db.write() as connection:
         assert generation(connection) == seen + 2
+
+
+async def _collected(db: Database, last_seen: int, write: Callable[[Connection], None]) -> None:
+    """``write`` in ``db.write_async``, on a loop of its own."""
+    try:
+        async with db.write_async(last_seen) as connection:
+            write(connection)
+    finally:
+        await db.close_async()
+
+
+@ON_POSTGRESQL
+def test_a_script_the_loop_sends_writes_what_execute_writes(db: Database) -> None:
+    """Its values bound client-side (``Database.write_async``), as the server's loop sends
+    a batch: stored as ``connection.execute`` stores them."""
+    events = [
+        repo.event_row("allocated", "on pool ä; it's", NOW, data={"by": None, "n": [1, 2]}),
+        repo.event_row("released", "x\ny", NOW.astimezone(ELSEWHERE)),
+    ]
+    change = {"status": "released", "finished_at": NOW + timedelta(seconds=1.5),
+              "status_reason": "a 'quoted' reason", "preemptible": False}
+    with db.write() as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        for n, changes in enumerate(REQUEST_CASES):
+            connection.execute(insert(schema.request), _request(component.id, f"core{n}",
+                                                                **changes))
+            connection.execute(SET_STATUS_STATEMENT, {"_id": f"core{n}", **change})
+        connection.execute(insert(schema.event), events)
+        seen = generation(connection)
+
+    def write(connection: Connection) -> None:
+        for n, changes in enumerate(REQUEST_CASES):
+            changes = changes | ({"idempotency_key": "k-2"} if "idempotency_key" in changes
+                                 else {})
+            Direct(insert(schema.request)).execute(
+                connection, _request(component.id, f"script{n}", **changes)
+            )
+            SET_STATUS.execute(connection, {"_id": f"script{n}", **change},
+                               ("request", f"script{n}"))
+        Direct(insert(schema.event)).execute_many(connection, events)
+
+    asyncio.run(_collected(db, seen, write))
+    with db.read() as connection:
+        for n in range(len(REQUEST_CASES)):
+            script = _stored(connection, schema.request, "id", f"script{n}")
+            core = _stored(connection, schema.request, "id", f"core{n}")
+            script.pop("idempotency_key"), core.pop("idempotency_key")
+            assert script == core
+        rows = connection.exec_driver_sql(
+            "SELECT at, kind, request_id, pool_id, message, data FROM event ORDER BY id"
+        ).all()
+    assert len(rows) == 4
+    assert rows[:2] == rows[2:]
+
+
+@ON_POSTGRESQL
+@pytest.mark.parametrize("failing", ["no row changed", "duplicate key", "stale generation"])
+def test_a_script_the_loop_sends_fails_whole(db: Database, failing: str) -> None:
+    with db.write() as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        seen = generation(connection)
+
+    def write(connection: Connection) -> None:
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+        if failing == "no row changed":
+            SET_STATUS.execute(connection, {"_id": "x", "status": "queued"}, ("request", "x"))
+        elif failing == "duplicate key":
+            Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+
+    last_seen = seen - 1 if failing == "stale generation" else seen
+    with pytest.raises(DeferredWriteFailed) as failed:
+        asyncio.run(_collected(db, last_seen, write))
+    cause = failed.value.__cause__
+    assert isinstance(cause, IntegrityError if failing == "duplicate key" else DataError)
+    with db.read() as connection:
+        assert _count(connection) == 0
+
+
+@ON_POSTGRESQL
+def test_a_collected_write_that_needs_the_database_sends_nothing(db: Database) -> None:
+    """A read inside it would wait for the network: ``WouldWait``, before anything is sent,
+    and the writer's connection is as it was."""
+    with db.write() as connection:
+        component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
+        seen = generation(connection)
+
+    def write(connection: Connection) -> None:
+        Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
+        _count(connection)
+
+    with pytest.raises(WouldWait):
+        asyncio.run(_collected(db, seen, write))
+    with db.write() as connection:
+        assert _count(connection) == 0
+        assert generation(connection) == seen + 1

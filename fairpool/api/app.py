@@ -116,21 +116,23 @@ class Api:
     async def write(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A service write for an ``async`` route (one whose write is its last step): run on
         the event loop's thread when it can run at once (embedded store, no other write
-        running, live state held: ~0.3 ms), else queued for the group commit's writer thread
-        and awaited. A worker thread per write, waiting in the queue, cost more than such a
-        write itself: its hop and its contention for the GIL (docs/service.md#throughput)."""
+        running, live state held: ~0.3 ms), else queued for group commit and awaited: led by
+        its writer thread, or on PostgreSQL by a task on this loop that awaits the batch's
+        round trip (``Service.drive_writes_on``). A worker thread per write, waiting in the
+        queue, cost more than such a write itself: its hop and its contention for the GIL
+        (docs/service.md#throughput)."""
         try:
             with self.service.at_once():
                 result = operation(*args, **kwargs)
         except WouldWait:
-            self.metrics.writes.labels("writer_thread").inc()
+            self.metrics.writes.labels("queued").inc()
             try:
                 with self.service.later():
                     return operation(*args, **kwargs)  # only if it wrote nothing
             except Later as queued:
-                answer: T = await asyncio.wrap_future(queued.future)
+                answer: T = await queued.future
                 return answer
-        self.metrics.writes.labels("event_loop").inc()
+        self.metrics.writes.labels("at_once").inc()
         return result
 
     def reconcile_trees(self) -> int:
@@ -211,12 +213,14 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(api.notifier.start)
         api.reconciler.start()
+        service.drive_writes_on(asyncio.get_running_loop())
         try:
             yield
         finally:
             api.begin_shutdown()
             await run_in_threadpool(api.reconciler.stop)
             await run_in_threadpool(api.notifier.stop)
+            await service.stop_driving()
 
     app = FastAPI(
         title="fairpool",

@@ -62,9 +62,10 @@ class Metrics:
         )
         self.writes = Counter(
             "fairpool_request_writes",
-            "Writes of the submit, release, cancel and heartbeat routes, by where they ran: "
-            "event_loop (at once) or writer_thread (queued for the group commit's thread).",
-            ["runs_on"],
+            "Writes of the submit, release, cancel and heartbeat routes, by how they ran: "
+            "at_once (on the event loop, SQLite) or queued (for group commit, led by its "
+            "thread, or on PostgreSQL by the event loop awaiting the round trip).",
+            ["path"],
             registry=self.registry,
         )
         self.registry.register(PoolCollector(service))

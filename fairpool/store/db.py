@@ -25,8 +25,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -42,8 +42,10 @@ from fairpool.errors import WouldWait
 from fairpool.store.direct import (
     Direct,
     defer_writes,
+    send_async,
     send_deferred,
     stop_deferring,
+    take_deferred,
 )
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
@@ -169,6 +171,9 @@ class Database:
         # lock): checking one out of the pool and back cost ~30 µs per transaction. Dropped
         # when a transaction fails, in case the connection is what failed.
         self._writer: Connection | None = None
+        # PostgreSQL: the event loop's connection for ``write_async`` (a psycopg
+        # AsyncConnection, used under the write lock); dropped likewise.
+        self._async_writer: Any = None
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -207,7 +212,16 @@ class Database:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if self._async_writer is not None:  # its loop did not ``close_async``
+                self._async_writer.pgconn.finish()
+                self._async_writer = None
         self._engine.dispose()
+
+    async def close_async(self) -> None:
+        """On the loop that used ``write_async``: close its connection."""
+        connection, self._async_writer = self._async_writer, None
+        if connection is not None:
+            await connection.close()
 
     def __enter__(self) -> Self:
         return self
@@ -241,6 +255,51 @@ class Database:
         writes is one round trip."""
         with self._write(bump=True, wait=wait, defer=defer, last_seen=last_seen) as connection:
             yield connection
+
+    @asynccontextmanager
+    async def write_async(self, last_seen: int) -> AsyncIterator[Connection]:
+        """PostgreSQL, on an event loop: ``write(defer=True, last_seen=last_seen)`` whose one
+        round trip the loop awaits instead of blocking on it. The block's statements are
+        collected, not sent, so it must not need the database: a read or a scalar raises
+        ``WouldWait``, and nothing is sent. At its end, BEGIN, the lock, the generation's
+        check, the writes and COMMIT go in one pipeline on the loop's own connection, with
+        ``send_deferred``'s failures. ``WouldWait`` at once if another write of this
+        process is running, or no writer connection is open (opening one would block)."""
+        assert not self.embedded, "an embedded write has no round trip to await"
+        if not self._write_lock.acquire(blocking=False):
+            raise WouldWait("another write of this process is running")
+        try:
+            connection = self._writer
+            if connection is None:
+                raise WouldWait("the writer connection is to be opened")
+            defer_writes(connection, collect=True)
+            try:
+                _start(connection, True, last_seen)
+                yield connection
+                writes = take_deferred(connection)
+            finally:
+                stop_deferring(connection)
+                if connection.in_transaction():  # begun by a statement refused unsent
+                    connection.rollback()
+            await self._send_async(writes)
+        finally:
+            self._write_lock.release()
+
+    async def _send_async(self, writes: list[Any]) -> None:
+        connection = self._async_writer
+        self._async_writer = None
+        if connection is None:
+            import psycopg  # only here: SQLite never needs it
+
+            _, parameters = self._engine.dialect.create_connect_args(self._engine.url)
+            connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
+            await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        try:
+            await send_async(connection, writes, self._engine.dialect)
+        except BaseException:
+            await connection.close()  # its transaction is aborted, or its state unknown
+            raise
+        self._async_writer = connection
 
     @contextmanager
     def migrating(self) -> Iterator[Connection]:

@@ -18,6 +18,11 @@ queued UPDATE that must change a row checks so in the database (``_checked``), s
 failed check aborts the transaction before that COMMIT. Which operation a failed deferred
 write belongs to is not known when it fails, so it raises ``DeferredWriteFailed``, and the
 caller runs the transaction again without deferring to find out.
+
+A transaction may also only *collect* its writes (``defer_writes(collect=True)``), for an
+event loop to send them on a connection of its own (``send_async``) and await the round trip
+instead of blocking on it: then a statement that needs the database raises ``WouldWait``
+before anything is sent.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from sqlalchemy import Connection, Dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.expression import ClauseElement
 
-from fairpool.errors import NotFound
+from fairpool.errors import NotFound, WouldWait
 
 #: Where a connection keeps its queue of deferred writes while it defers them.
 _DEFERRED = "fairpool_deferred"
+#: Set while it only collects them (see ``defer_writes``).
+_COLLECT = "fairpool_collect"
 
 #: What an UPDATE must change, or it fails with NotFound: (what, id), e.g. ("pool", id).
 MustChange = tuple[str, str]
@@ -90,13 +97,24 @@ class _Write:
     checked_sql: str | None = None
 
     def run(self, cursor: Any, deferred: bool = False) -> None:
+        sql = self._deferred_sql() if deferred else self.sql
         if self.many:
-            cursor.executemany(self.sql, self.parameters)
-        elif deferred and self.must_change is not None:
-            assert self.checked_sql is not None, "only PostgreSQL UPDATEs are deferred"
-            cursor.execute(self.checked_sql, self.parameters)
+            cursor.executemany(sql, self.parameters)
         else:
-            cursor.execute(self.sql, self.parameters)
+            cursor.execute(sql, self.parameters)
+
+    def literal(self, quoting: Any) -> str:
+        """As deferred, with its values bound by ``quoting`` (a psycopg client cursor)."""
+        sql = self._deferred_sql()
+        if self.many:
+            return ";\n".join(quoting.mogrify(sql, row) for row in self.parameters)
+        return sql if self.parameters is None else str(quoting.mogrify(sql, self.parameters))
+
+    def _deferred_sql(self) -> str:
+        if self.must_change is None:
+            return self.sql
+        assert self.checked_sql is not None, "only PostgreSQL UPDATEs are deferred"
+        return self.checked_sql
 
     def check(self, cursor: Any) -> None:
         if self.must_change is not None:
@@ -106,15 +124,49 @@ class _Write:
 _COMMIT = _Write("COMMIT", None)
 
 
-def defer_writes(connection: Connection) -> None:
-    """Queue ``connection``'s writes until ``stop_deferring`` (PostgreSQL only)."""
+def defer_writes(connection: Connection, collect: bool = False) -> None:
+    """Queue ``connection``'s writes until ``stop_deferring`` (PostgreSQL only). With
+    ``collect``, nothing is sent on ``connection``: the caller takes the queue
+    (``take_deferred``), and a statement that needs the database raises ``WouldWait``."""
     assert connection.dialect.name == "postgresql", "deferring pays off only over a network"
     connection.info[_DEFERRED] = []
+    if collect:
+        connection.info[_COLLECT] = True
 
 
 def stop_deferring(connection: Connection) -> None:
     """Drop the queue (sent or not: after the commit, or with the rollback)."""
     connection.info.pop(_DEFERRED, None)
+    connection.info.pop(_COLLECT, None)
+
+
+def take_deferred(connection: Connection) -> list[_Write]:
+    """The writes ``connection`` collected, COMMIT last: one transaction for ``send_async``."""
+    queue: list[_Write] = connection.info[_DEFERRED]
+    writes = [*queue, _COMMIT]
+    queue.clear()
+    return writes
+
+
+async def send_async(connection: Any, writes: Sequence[_Write], dialect: Dialect) -> None:
+    """``writes`` (``take_deferred``) on ``connection``, a psycopg ``AsyncConnection`` in
+    autocommit mode, awaited: one script of statements with their values bound client-side
+    (psycopg quotes them), so one message and one round trip. Per statement, psycopg's
+    async pipeline would cost a turn of the event loop. Failures as ``send_deferred``'s."""
+    from psycopg import AsyncClientCursor
+
+    quoting = AsyncClientCursor(connection)
+    script = ";\n".join(write.literal(quoting) for write in writes)
+    try:
+        await connection.execute(script)
+    except Exception as error:
+        dbapi_error = dialect.loaded_dbapi.Error
+        if not isinstance(error, dbapi_error):
+            raise
+        wrapped = DBAPIError.instance(None, None, error, dbapi_error, dialect=dialect)
+        if isinstance(wrapped, OperationalError):
+            raise wrapped from error
+        raise DeferredWriteFailed(f"a deferred write failed: {wrapped}") from wrapped
 
 
 def send_deferred(connection: Connection, commit: bool = False) -> None:
@@ -123,6 +175,8 @@ def send_deferred(connection: Connection, commit: bool = False) -> None:
     (nothing committed), except for ``OperationalError`` (the lock's timeout, a lost
     connection), raised as is: it is the transaction's failure, which running it again would
     meet again."""
+    if connection.info.get(_COLLECT):
+        raise WouldWait("the transaction needs the database before its end")
     queue: list[_Write] | None = connection.info.get(_DEFERRED)
     if not queue:
         return
