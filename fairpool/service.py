@@ -202,6 +202,8 @@ class _Tx:
     finished: dict[str, tuple[Request, Allocation | None]] = field(default_factory=dict)
     #: Its events, in order, written together at its end: one statement for all of them.
     events: list[repo.EventRow] = field(default_factory=list)
+    #: The requests it created.
+    created: list[str] = field(default_factory=list)
 
     def event(
         self,
@@ -558,6 +560,7 @@ class Service:
                 "created", "request created", self.clock(), request_id=request.id
             )
             _put_in_order(state.queued, request.id, request, _queue_order)
+            tx.created.append(request.id)
             return lambda tx, done: self._request_view_after(tx, done, request.id)
 
         return self._write(change, tracked=True)
@@ -912,6 +915,7 @@ class Service:
             waiting,
             round(time.perf_counter() - started, 6),
             summary.waits,
+            list(tx.created),
         )
         return _Passed(result, plan)
 

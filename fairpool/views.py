@@ -180,6 +180,8 @@ class PassSummary:
     seconds: float = 0.0
     #: Per granted request, seconds from its creation to its allocation.
     waits: list[float] = field(default_factory=list)
+    #: Requests created in the pass's own transaction: nobody waited for them before it.
+    created: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fairpool import service as service_module
+from fairpool.api.metrics import dequeued_ids
 from fairpool.errors import Conflict, NotFound
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.service import Service
@@ -279,6 +280,22 @@ def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -
     assert [view.status for view in created] == ["allocated", "allocated"]
     assert len(passes) == 1 and sorted(passes[0].granted) == sorted(v.id for v in created)
     assert {r.id for r in svc.list_requests(status="allocated")} == {v.id for v in created}
+
+
+def test_long_polls_are_woken_only_for_requests_that_waited(svc: Service) -> None:
+    """A request allocated (or rejected) in the transaction that created it was never seen
+    queued by anyone: its creator has the answer, so nobody is woken, and on PostgreSQL no
+    NOTIFY is sent. One that waited is, when a later pass takes it out of the queue."""
+    passes: list[PassSummary] = []
+    svc.on_pass = passes.append
+    held = [svc.create_request("team", demand={"gpu": 1}) for _ in range(2)]
+    waiting = svc.create_request("team", demand={"gpu": 1})
+    refused = svc.create_request("team", demand={"gpu": 3})  # more than the pool has
+    svc.release_request(held[0].id)
+    assert [p.created for p in passes] == [[held[0].id], [held[1].id], [waiting.id],
+                                           [refused.id], []]
+    assert refused.status == "rejected"
+    assert [dequeued_ids(p) for p in passes] == [set(), set(), set(), set(), {waiting.id}]
 
 
 def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
