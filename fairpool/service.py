@@ -569,6 +569,15 @@ class Service:
         with self.db.read() as conn:
             return self._request_view(conn, repo.get_request(conn, ref).id)
 
+    def decided_request(self, ref: str) -> tuple[str, RequestView | None]:
+        """The id of request ``ref`` and, unless it still waits, its view: one small read,
+        without the engine run a waiting request's view costs. For long-polls."""
+        with self.db.read() as conn:
+            request = repo.get_request(conn, ref)
+            if request.status is RequestStatus.QUEUED:
+                return request.id, None
+            return request.id, self._decided_view(conn, request)
+
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
@@ -1156,12 +1165,16 @@ class Service:
     def _request_view(self, conn: Connection, request_id: str) -> RequestView:
         request = repo.get_request(conn, request_id)
         if request.status is not RequestStatus.QUEUED:
-            # Only a waiting request needs the whole state (its queue positions).
-            components = {c.id: c for c in repo.list_components(conn)}
-            return self._request_view_of(conn, components, request, ())
+            return self._decided_view(conn, request)
         state = _State.load(conn)
         found = queue_entries(reconcile(state.snapshot(self.clock()))).get(request.id, ())
         return self._request_view_of(conn, state.components, request, found)
+
+    def _decided_view(self, conn: Connection, request: Request) -> RequestView:
+        """The view of a request that no longer waits: only a waiting request needs the whole
+        state (its queue positions)."""
+        components = {c.id: c for c in repo.list_components(conn)}
+        return self._request_view_of(conn, components, request, ())
 
     def _request_view_after(self, tx: _Tx, done: _Passed, request_id: str) -> RequestView:
         """A request's view right after its operation and the pass, which already knows where

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, FastAPI, Path, Query
@@ -33,7 +33,7 @@ from fairpool.api.models import (
     RequestCreate,
     text,
 )
-from fairpool.api.notify import notifier_for
+from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
@@ -41,10 +41,9 @@ from fairpool.errors import Later, NotFound, WouldWait
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
-from fairpool.store import repo
 from fairpool.store import trees as tree_store
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary
+from fairpool.views import PassSummary, RequestView
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -173,12 +172,28 @@ class Api:
         self.stopping = True
         self.notifier.close()
 
-    def status_of(self, ref: str) -> tuple[str, str]:
-        """The id and status of request ``ref`` (id or unique id prefix): one small read, no
-        engine run."""
-        with self.service.db.read() as conn:
-            request = repo.get_request(conn, ref)
-            return request.id, request.status.value
+    async def decided(self, ref: str) -> tuple[str, RequestView | None]:
+        """The id of request ``ref`` (id or unique id prefix) and its view unless it still
+        waits: one small read, no engine run (``Service.decided_request``)."""
+        return await run_in_threadpool(self.service.decided_request, ref)
+
+    async def until_decided(
+        self, watch: Watch, request_id: str, deadline: float
+    ) -> RequestView | None:
+        """Wait while the request is queued, reading it when woken by a change and every
+        ``RECHECK_SECONDS`` (other processes' changes on SQLite): its view once it no longer
+        waits; None at ``deadline`` (loop time) or at shutdown."""
+        loop = asyncio.get_running_loop()
+        while not self.notifier.closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            await watch.wait(min(remaining, RECHECK_SECONDS))
+            watch.clear()
+            _, view = await self.decided(request_id)
+            if view is not None:
+                return view
+        return None
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:
@@ -292,21 +307,18 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         ends, with the request (its queue position and reason while it still waits)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout, MAX_WAIT_SECONDS)
-        # The whole view is read once, at the end: a waiting request's view costs an engine
-        # run over the whole state, its status one small read.
-        request_id, status = await run_in_threadpool(api.status_of, ref)
-        if status == "queued" and not api.notifier.closed:
-            with api.notifier.watch(request_id) as watch:
-                # Read again now that a change would wake us: none can slip in between.
-                _, status = await run_in_threadpool(api.status_of, request_id)
-                while status == "queued" and not api.notifier.closed:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    await watch.wait(min(remaining, RECHECK_SECONDS))
-                    watch.clear()
-                    _, status = await run_in_threadpool(api.status_of, request_id)
-        view = await run_in_threadpool(service.get_request, request_id)
+        # Watched from before the first read when ``ref`` is the id (clients pass the id
+        # they were given): a change committed after that read wakes us.
+        with ExitStack() as watching:
+            watch = watching.enter_context(api.notifier.watch(ref))
+            request_id, view = await api.decided(ref)
+            if view is None and request_id != ref:  # a prefix: watch the id, read again
+                watch = watching.enter_context(api.notifier.watch(request_id))
+                _, view = await api.decided(request_id)
+            if view is None:
+                view = await api.until_decided(watch, request_id, deadline)
+        if view is None:  # still queued: the whole view, with its queue positions
+            view = await run_in_threadpool(service.get_request, request_id)
         return _json(view.as_dict())
 
     @router.post("/requests/{ref}/heartbeat", tags=["requests"])
