@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from fairpool.errors import WouldWait
+from fairpool.loops import call_on
 
 T = TypeVar("T")
 
@@ -236,25 +237,10 @@ class GroupCommit(Generic[T]):
         for ended in batch:
             if ended.future is None:
                 ended._wake.release()
-            else:
-                _resolve(ended)
+            else:  # the awaiting coroutine resumes at the loop's next turn
+                call_on(ended.future.get_loop(), _settle_future, ended)
         if successor is not None:
             successor._wake.release()
-
-
-def _resolve(pending: Pending[Any]) -> None:
-    """Its answer into its future: at once on the future's loop (the awaiting coroutine runs
-    on the next turn), else handed to that loop."""
-    loop = pending.future.get_loop() if pending.future is not None else None
-    assert loop is not None
-    try:
-        here = asyncio.get_running_loop() is loop
-    except RuntimeError:  # no loop runs on this thread
-        here = False
-    if here:
-        _settle_future(pending)
-    elif not loop.is_closed():  # else nobody awaits it any more
-        loop.call_soon_threadsafe(_settle_future, pending)
 
 
 def _settle_future(pending: Pending[Any]) -> None:

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from fairpool.loops import call_on
+
 if TYPE_CHECKING:
     import psycopg
     from sqlalchemy import URL
@@ -64,10 +66,7 @@ class Watch:
         self._event = asyncio.Event()
 
     def set_threadsafe(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._event.set)
-        except RuntimeError:  # its loop is closed: nobody left to wake
-            pass
+        call_on(self._loop, self._event.set)
 
     def clear(self) -> None:
         self._event.clear()
