@@ -816,10 +816,12 @@ class Service:
         """PostgreSQL, led on a server's event loop: the batch runs on the loop, from the
         state the last batch committed, and its one round trip is awaited
         (``Database.write_async``), so no thread waits for it nor hands the answers back.
-        Anything else (no such state, a read inside the transaction, another writer of this
-        process, a change or a write that fails) runs it again on a thread, as
-        ``_run_batch`` does, where failures are told apart; nothing was committed. Only a
-        failure whose commit is in doubt (a lost connection) fails the batch here."""
+        Anything else (no such state, more than ``AT_ONCE_QUEUE_LIMIT`` queued, whose pass
+        would hold the loop, a read inside the transaction, another writer of this process,
+        a change or a write that fails) runs it again on a thread, as ``_run_batch`` does,
+        where failures are told apart; nothing was committed. An ``OperationalError`` (a
+        lost connection, whose COMMIT may have taken effect; the lock's timeout) fails the
+        batch here, as it would there."""
         run = _Run()
         committed, self._committed = self._committed, None
         try:

@@ -263,8 +263,9 @@ class Database:
         collected, not sent, so it must not need the database: a read or a scalar raises
         ``WouldWait``, and nothing is sent. At its end, BEGIN, the lock, the generation's
         check, the writes and COMMIT go as one script on the loop's own connection
-        (``send_async``), with ``send_deferred``'s failures. ``WouldWait`` at once if another write of this
-        process is running, or no writer connection is open (opening one would block)."""
+        (``send_async``), with ``send_deferred``'s failures. ``WouldWait`` at once if
+        another write of this process is running, or no writer connection is open (opening
+        one would block)."""
         assert not self.embedded, "an embedded write has no round trip to await"
         if not self._write_lock.acquire(blocking=False):
             raise WouldWait("another write of this process is running")
