@@ -185,7 +185,7 @@ def test_operations_queued_without_waiting_are_led_by_the_writer_thread() -> Non
         with pytest.raises(RuntimeError, match="closed"):
             group.submit_later("g")
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 30))  # a lost hand-off fails, not hangs
 
 
 def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
@@ -236,7 +236,7 @@ def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
         await group.stop_driving()
         assert await group.submit_later("f") == "F"
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 30))  # a lost hand-off fails, not hangs
     group.close()
     assert batches == [
         ("loop", ["a"]),

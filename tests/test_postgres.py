@@ -223,7 +223,7 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
                 await service.stop_driving()
 
         with (tmp_path / "libpq.trace").open("w+") as trace:
-            views = asyncio.run(main())
+            views = asyncio.run(asyncio.wait_for(main(), 30))
             trace.seek(0)
             messages = [line.rstrip("\n").split("\t") for line in trace]
         assert db._async_writer is None  # closed by stop_driving
@@ -265,7 +265,7 @@ def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
             finally:
                 await service.stop_driving()
 
-        held, released = asyncio.run(main())
+        held, released = asyncio.run(asyncio.wait_for(main(), 30))
     assert held.status == "allocated" and released.status == "released"
 
 
