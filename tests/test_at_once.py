@@ -22,7 +22,7 @@ from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.store.db import LOCK_TIMEOUT_MS, Database, generation
 from tests.servers import ApiServer
-from tests.test_service import Clock
+from tests.test_service import Clock, team_service
 
 
 def test_group_commit_runs_it_alone_or_refuses_while_a_batch_runs() -> None:
@@ -118,12 +118,8 @@ def test_sqlite_write_at_once_does_not_wait_for_another_process(tmp_path: Path) 
 
 @pytest.fixture
 def svc(database_url: str) -> Iterator[Service]:
-    db = Database.open(database_url)
-    service = Service(db, Clock())
-    service.create_pool("gpus", {"gpu": 4})
-    service.attach_policy("gpus", "team")
-    yield service
-    service.close()
+    with team_service(database_url, gpus=4) as service:
+        yield service
 
 
 def _requests(svc: Service) -> int:

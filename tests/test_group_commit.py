@@ -24,7 +24,7 @@ from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.store.db import Database
 from fairpool.views import PassSummary, RequestView
-from tests.test_service import Clock
+from tests.test_service import team_service
 
 
 def wait_for(check: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -255,12 +255,8 @@ def test_an_unsettled_operation_fails_instead_of_hanging() -> None:
 
 @pytest.fixture
 def svc(database_url: str) -> Iterator[Service]:
-    db = Database.open(database_url)
-    service = Service(db, Clock())
-    service.create_pool("gpus", {"gpu": 2})
-    service.attach_policy("gpus", "team")
-    yield service
-    service.close()
+    with team_service(database_url, gpus=2) as service:
+        yield service
 
 
 def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -> None:

@@ -4,6 +4,7 @@ refusals, events."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -35,6 +36,19 @@ class Clock:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@contextmanager
+def team_service(database_url: str, gpus: int) -> Iterator[Service]:
+    """A service on ``database_url`` with one pool of ``gpus`` GPUs, open to the component
+    "team"; closed after."""
+    service = Service(Database.open(database_url), Clock())
+    try:
+        service.create_pool("gpus", {"gpu": gpus})
+        service.attach_policy("gpus", "team")
+        yield service
+    finally:
+        service.close()
 
 
 @pytest.fixture
