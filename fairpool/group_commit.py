@@ -152,6 +152,7 @@ class GroupCommit(Generic[T]):
         """Under the lock: the driver (the loop's task, else the thread) is to lead the next
         batch."""
         if self._loop is not None and not self._loop.is_closed():
+            # Always at the loop's next turn (not ``call_on``): it takes the lock held here.
             self._loop.call_soon_threadsafe(self._drive_on_loop)
             return
         self._driving = True

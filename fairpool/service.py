@@ -58,9 +58,15 @@ _MAX_PASSES = 4
 
 PoolRequestView = Literal["queued", "active", "all"]
 
-#: A write run ``at_once`` goes ahead only on a live state it already holds, with at most this
-#: many queued requests (a pass over them takes well under a millisecond); else it would wait.
+#: A write run ``at_once``, or a batch on an event loop, goes ahead only on a live state it
+#: already holds, with at most this many queued requests (a pass over them takes well under a
+#: millisecond); else it would wait, or hold the loop.
 AT_ONCE_QUEUE_LIMIT = 200
+
+
+def _fits_the_loop(state: _State | None) -> bool:
+    """Whether a batch starting from ``state`` may run on an event loop's thread."""
+    return state is not None and len(state.queued) <= AT_ONCE_QUEUE_LIMIT
 
 # How the writes of a block go: waited for, "at_once" (``Service.at_once``) or "later"
 # (``Service.later``).
@@ -567,7 +573,7 @@ class Service:
 
     def get_request(self, ref: str) -> RequestView:
         with self.db.read() as conn:
-            return self._request_view(conn, repo.get_request(conn, ref).id)
+            return self._request_view(conn, ref)
 
     def decided_request(self, ref: str) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` and, unless it still waits, its view: one small read,
@@ -825,7 +831,7 @@ class Service:
         run = _Run()
         committed, self._committed = self._committed, None
         try:
-            if committed is None or len(committed[1].queued) > AT_ONCE_QUEUE_LIMIT:
+            if committed is None or not _fits_the_loop(committed[1]):
                 raise WouldWait("the live state is to be loaded, or the queue is long")
             async with self.db.write_async(committed[0]) as conn:
                 self._run_changes(run, conn, batch, committed, believed=True)
@@ -852,9 +858,7 @@ class Service:
         run.generation = generation = db_generation(conn)
         fresh = committed is not None and committed[0] == generation - 1
         tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
-        if _mode.get() == "at_once" and (
-            tx.state is None or len(tx.state.queued) > AT_ONCE_QUEUE_LIMIT
-        ):
+        if _mode.get() == "at_once" and not _fits_the_loop(tx.state):
             raise WouldWait("the live state is to be loaded, or the queue is long")
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         for pending in batch:
@@ -1164,8 +1168,9 @@ class Service:
             created=policy.created_at,
         )
 
-    def _request_view(self, conn: Connection, request_id: str) -> RequestView:
-        request = repo.get_request(conn, request_id)
+    def _request_view(self, conn: Connection, ref: str) -> RequestView:
+        """Request ``ref``'s view (an id, or a unique id prefix)."""
+        request = repo.get_request(conn, ref)
         if request.status is not RequestStatus.QUEUED:
             return self._decided_view(conn, request)
         state = _State.load(conn)
