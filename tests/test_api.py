@@ -327,47 +327,44 @@ def test_a_long_poll_reads_its_request_once_and_once_more_when_woken(
     import uvicorn
 
     from fairpool.api.app import create_app
-    from fairpool.service import Service
-    from fairpool.store.db import Database
+    from tests.test_service import team_service
 
-    service = Service(Database.open(f"sqlite:///{tmp_path / 'fairpool.db'}"))
-    service.create_pool("gpus", {"gpu": 1})
-    service.attach_policy("gpus", "team")
-    holder = service.create_request("team", demand={"gpu": 1})
-    waiting = [service.create_request("team", demand={"gpu": 1}) for _ in range(3)]
-    calls: list[str] = []
-    for name in ("decided_request", "get_request"):
-        method = getattr(service, name)
-        monkeypatch.setattr(service, name, lambda ref, name=name, method=method: (
-            calls.append(name), method(ref))[1])
-    server = uvicorn.Server(uvicorn.Config(create_app(service, tick=3600.0), host="127.0.0.1",
-                                           port=free_port(), log_level="warning"))
-    running = threading.Thread(target=server.run, daemon=True)
-    running.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        base = f"http://127.0.0.1:{server.config.port}/api/v1"
-        with httpx.Client(base_url=base, timeout=30.0) as client, ThreadPoolExecutor(1) as pool:
-            for ref, reads_before_the_release, release in (
-                (waiting[0].id, 1, holder.id),
-                (waiting[1].id[:8], 2, waiting[0].id),
-            ):
+    with team_service(f"sqlite:///{tmp_path / 'fairpool.db'}", gpus=1) as service:
+        holder = service.create_request("team", demand={"gpu": 1})
+        waiting = [service.create_request("team", demand={"gpu": 1}) for _ in range(3)]
+        calls: list[str] = []
+        for name in ("decided_request", "get_request"):
+            method = getattr(service, name)
+            monkeypatch.setattr(service, name, lambda ref, name=name, method=method: (
+                calls.append(name), method(ref))[1])
+        server = uvicorn.Server(uvicorn.Config(create_app(service, tick=3600.0),
+                                               host="127.0.0.1", port=free_port(),
+                                               log_level="warning"))
+        running = threading.Thread(target=server.run, daemon=True)
+        running.start()
+        try:
+            while not server.started:
+                time.sleep(0.01)
+            base = f"http://127.0.0.1:{server.config.port}/api/v1"
+            with httpx.Client(base_url=base, timeout=30.0) as client, ThreadPoolExecutor(1) as pool:
+                for ref, reads_before_the_release, release in (
+                    (waiting[0].id, 1, holder.id),
+                    (waiting[1].id[:8], 2, waiting[0].id),
+                ):
+                    calls.clear()
+                    polling = pool.submit(client.get, f"/requests/{ref}/wait", params={"timeout": 20})
+                    while len(calls) < reads_before_the_release:
+                        time.sleep(0.01)
+                    assert ok(client.post(f"/requests/{release}/release"))["status"] == "released"
+                    assert ok(polling.result(10))["status"] == "allocated"
+                    assert calls == ["decided_request"] * (reads_before_the_release + 1)
                 calls.clear()
-                polling = pool.submit(client.get, f"/requests/{ref}/wait", params={"timeout": 20})
-                while len(calls) < reads_before_the_release:
-                    time.sleep(0.01)
-                assert ok(client.post(f"/requests/{release}/release"))["status"] == "released"
-                assert ok(polling.result(10))["status"] == "allocated"
-                assert calls == ["decided_request"] * (reads_before_the_release + 1)
-            calls.clear()
-            timed_out = ok(client.get(f"/requests/{waiting[2].id}/wait", params={"timeout": 0.1}))
-            assert timed_out["status"] == "queued" and timed_out["queue"][0]["position"] == 1
-            assert calls == ["decided_request", "decided_request", "get_request"]
-    finally:
-        server.should_exit = True
-        running.join(10)
-        service.close()
+                timed_out = ok(client.get(f"/requests/{waiting[2].id}/wait", params={"timeout": 0.1}))
+                assert timed_out["status"] == "queued" and timed_out["queue"][0]["position"] == 1
+                assert calls == ["decided_request", "decided_request", "get_request"]
+        finally:
+            server.should_exit = True
+            running.join(10)
 
 
 def test_leases_expire_through_the_reconciler_tick(client: httpx.Client) -> None:

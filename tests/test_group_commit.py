@@ -138,6 +138,15 @@ def test_a_caller_returns_when_its_batch_ends_and_the_first_queued_leads_next() 
     assert leaders == [names["a"], names["b1"], names["c"]]
 
 
+def _answer_in_capitals(batch: list[Pending[str]]) -> None:
+    """Settle each operation: its work in capitals, or a ValueError for "bad..." work."""
+    for pending in batch:
+        if pending.work.startswith("bad"):
+            pending.fail(ValueError(pending.work))
+        else:
+            pending.succeed(pending.work.upper())
+
+
 def test_operations_queued_without_waiting_are_led_by_the_writer_thread() -> None:
     """``submit_later`` returns a future at once; a batch no caller is to lead (the queue was
     idle, or its first operation has no caller waiting) is led by the GroupCommit's thread,
@@ -150,11 +159,7 @@ def test_operations_queued_without_waiting_are_led_by_the_writer_thread() -> Non
         if len(batches) == 1:
             running.set()
             assert gate.wait(10)
-        for pending in batch:
-            if pending.work.startswith("bad"):
-                pending.fail(ValueError(pending.work))
-            else:
-                pending.succeed(pending.work.upper())
+        _answer_in_capitals(batch)
 
     group: GroupCommit[str] = GroupCommit(run_batch)
 
@@ -195,22 +200,15 @@ def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
     batches: list[tuple[str, list[str]]] = []
     gate = asyncio.Event()
 
-    def settle(batch: list[Pending[str]]) -> None:
-        for pending in batch:
-            if pending.work.startswith("bad"):
-                pending.fail(ValueError(pending.work))
-            else:
-                pending.succeed(pending.work.upper())
-
     def run_batch(batch: list[Pending[str]]) -> None:
         batches.append((threading.current_thread().name, [p.work for p in batch]))
-        settle(batch)
+        _answer_in_capitals(batch)
 
     async def run_batch_async(batch: list[Pending[str]]) -> None:
         batches.append(("loop", [p.work for p in batch]))
         if batch[0].work == "slow":
             await gate.wait()  # the loop is free meanwhile: its round trip, in fairpool
-        settle(batch)
+        _answer_in_capitals(batch)
 
     group: GroupCommit[str] = GroupCommit(run_batch, run_batch_async)
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,13 +21,15 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, func, make_url, select
 from sqlalchemy.exc import OperationalError
 
-from fairpool.errors import Conflict, Later
+from fairpool.api.app import Api
+from fairpool.errors import Conflict
 from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
 from fairpool.store.db import WRITE_LOCK_KEY, Database, generation, migration_config
 from fairpool.views import RequestView
 from tests.conftest import POSTGRES_CONNINFO
+from tests.test_service import team_service
 from tests.test_store import (
     NOW,
     PROCESSES,
@@ -36,8 +38,6 @@ from tests.test_store import (
     _open_at_once,
     _run_processes,
 )
-
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_a_write_of_the_service_is_one_round_trip(url: str, tmp_path: Path) -> N
             held = service.create_request("team", demand={"gpu": 1}, labels={"a": "b"})
         with _protocol(tmp_path) as release:
             service.release_request(held.id)
-        Service(other).update_pool("gpus", capacity={"gpu": 1})
+        Service(other, service.clock).update_pool("gpus", capacity={"gpu": 1})
         with _protocol(tmp_path) as after_other:
             views = [service.create_request("team", demand={"gpu": 1}) for _ in range(2)]
     assert held.status == "allocated"
@@ -170,18 +170,6 @@ def test_a_write_of_the_service_is_one_round_trip(url: str, tmp_path: Path) -> N
     assert [view.status for view in views] == ["allocated", "queued"]  # the new capacity
 
 
-async def _queued(service: Service, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``operation`` as a server's route runs it when it cannot run at once: queued, and
-    its future awaited."""
-    try:
-        with service.later():
-            operation(*args, **kwargs)
-    except Later as queued:
-        answer: T = await queued.future
-        return answer
-    raise AssertionError("not queued")
-
-
 def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
     url: str, tmp_path: Path
 ) -> None:
@@ -191,33 +179,31 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
     the loop: after another writer's commit the state is read anew, and a refusal is
     decided on the current state."""
     ran_on: list[str] = []
-    with Database.open(url) as db, Database.open(url) as other:
-        service = Service(db)
-        service.create_pool("gpus", {"gpu": 2})
-        service.attach_policy("gpus", "team")
+    with team_service(url, gpus=2) as service, Database.open(url) as other:
+        db, write = service.db, Api(service, tick=3600.0).write  # as the server's routes
         service.on_pass = lambda _: ran_on.append(threading.current_thread().name)
 
         async def main() -> list[RequestView]:
             service.drive_writes_on(asyncio.get_running_loop())
             try:
-                first = await _queued(service, service.create_request, "team",
+                first = await write(service.create_request, "team",
                                       demand={"gpu": 1})
-                second = await _queued(service, service.create_request, "team",
+                second = await write(service.create_request, "team",
                                        demand={"gpu": 1})
                 async_writer: Any = db._async_writer
                 async_writer.pgconn.trace(trace.fileno())
                 async_writer.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-                released = await _queued(service, service.release_request, first.id)
+                released = await write(service.release_request, first.id)
                 async_writer.pgconn.untrace()
-                Service(other).update_pool("gpus", capacity={"gpu": 3})
+                Service(other, service.clock).update_pool("gpus", capacity={"gpu": 3})
                 # Believed: 1 of 2 units free, one more request to allocate: allocated either
                 # way. The one after it would queue on the believed state: it must not.
-                third = await _queued(service, service.create_request, "team",
+                third = await write(service.create_request, "team",
                                       demand={"gpu": 1})
-                fourth = await _queued(service, service.create_request, "team",
+                fourth = await write(service.create_request, "team",
                                        demand={"gpu": 1})
                 with pytest.raises(Conflict, match="released, not allocated"):
-                    await _queued(service, service.release_request, first.id)
+                    await write(service.release_request, first.id)
                 return [first, second, released, third, fourth]
             finally:
                 await service.stop_driving()
@@ -246,22 +232,20 @@ def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
 ) -> None:
     """Whether a COMMIT sent on a lost connection took effect is unknown: the write fails
     (as on the thread's connection) rather than run twice."""
-    with Database.open(url) as db:
-        service = Service(db)
-        service.create_pool("gpus", {"gpu": 2})
-        service.attach_policy("gpus", "team")
+    with team_service(url, gpus=2) as service:
+        db, write = service.db, Api(service, tick=3600.0).write
 
         async def main() -> tuple[RequestView, RequestView]:
             service.drive_writes_on(asyncio.get_running_loop())
             try:
                 for _ in range(2):  # the second runs on the loop's connection
-                    held = await _queued(service, service.create_request, "team",
+                    held = await write(service.create_request, "team",
                                          demand={"gpu": 1})
                 pid = db._async_writer.info.backend_pid
                 other.execute("SELECT pg_terminate_backend(%s)", [pid])
                 with pytest.raises(OperationalError):
-                    await _queued(service, service.release_request, held.id)
-                return held, await _queued(service, service.release_request, held.id)
+                    await write(service.release_request, held.id)
+                return held, await write(service.release_request, held.id)
             finally:
                 await service.stop_driving()
 
