@@ -10,9 +10,7 @@ An event loop must not wait: it queues its operations with ``submit_later`` and 
 A batch that no caller is to lead is then led by a thread of the GroupCommit's own, started
 on first use, so that the loop's operations need no worker thread of their own each; or,
 once ``drive_on`` names the loop, by a task on that loop (``run_batch_async``: PostgreSQL,
-whose round trip the loop then awaits instead of a thread waiting for it). Such a task
-passes the lead on once its writes are sent (``sent``): the next batch runs during its round
-trip, up to ``IN_FLIGHT`` batches at once; the database orders their commits.
+whose round trip the loop then awaits instead of a thread waiting for it).
 """
 
 from __future__ import annotations
@@ -27,10 +25,6 @@ from fairpool.errors import WouldWait
 from fairpool.loops import call_on
 
 T = TypeVar("T")
-
-#: How many batches led on the loop may await their round trips at once: each has a
-#: connection of its own, and the first's round trip is what the next hides.
-IN_FLIGHT = 2
 
 
 class Pending(Generic[T]):
@@ -85,25 +79,16 @@ class GroupCommit(Generic[T]):
     def __init__(
         self,
         run_batch: Callable[[list[Pending[T]]], None],
-        run_batch_async: Callable[[list[Pending[T]], Callable[[], None]], Awaitable[None]]
-        | None = None,
+        run_batch_async: Callable[[list[Pending[T]]], Awaitable[None]] | None = None,
     ) -> None:
-        """``run_batch_async(batch, sent)`` calls ``sent()`` once the batch no longer needs
-        to be the only one running: its writes are on their way."""
         self._run_batch = run_batch
         self._run_batch_async = run_batch_async
-        # The loop whose tasks lead the batches no caller leads (``drive_on``), if any; its
-        # batches running, and how many of them have sent their writes.
+        # The loop whose task leads the batches no caller leads (``drive_on``), if any, and
+        # its batch in flight.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_batches: set[asyncio.Task[None]] = set()
-        self._in_flight = 0
-        # The loop's batch that has sent its writes but keeps the lead, as ``IN_FLIGHT``
-        # are; it passes it on when one of them ends.
-        self._parked: _LoopBatch | None = None
+        self._loop_batch: asyncio.Task[None] | None = None
         self._queue: list[Pending[T]] = []
         self._lock = threading.Lock()  # guards the queue, ``_leading`` and the driver's state
-        # A batch is being run (or its leader woken), which the next one must wait for: a
-        # thread's, until it ends; a loop task's, until its writes are sent.
         self._leading = False
         # The thread that leads batches no caller leads, and what it is told.
         self._driver: threading.Thread | None = None
@@ -147,12 +132,12 @@ class GroupCommit(Generic[T]):
             self._loop = loop
 
     async def stop_driving(self) -> None:
-        """On the loop: its batches running end, and the thread leads from now on."""
+        """On the loop: its batch in flight ends, and the thread leads from now on."""
         with self._lock:
             self._loop = None
-            tasks = list(self._loop_batches)
-        if tasks:
-            await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            task = self._loop_batch
+        if task is not None:
+            await asyncio.shield(task)
 
     def close(self) -> None:
         """Stop the driver thread once it is idle; ``submit_later`` refuses from now on."""
@@ -203,16 +188,14 @@ class GroupCommit(Generic[T]):
                 return
             batch, self._queue = self._queue, []
             # In a context of its own, not that of the callback's scheduler.
-            task = self._loop.create_task(
+            self._loop_batch = self._loop.create_task(
                 self._drive_async(batch), context=contextvars.Context()
             )
-            self._loop_batches.add(task)
 
     async def _drive_async(self, batch: list[Pending[T]]) -> None:
         assert self._run_batch_async is not None
-        led = _LoopBatch()
         try:
-            await self._run_batch_async(batch, lambda: self._sent(led))
+            await self._run_batch_async(batch)
         except BaseException as error:  # settle them: nobody else will
             for pending in batch:
                 if not pending.done:
@@ -221,22 +204,8 @@ class GroupCommit(Generic[T]):
                 raise
         finally:
             with self._lock:
-                self._loop_batches.discard(asyncio.current_task())
-            self._end(batch, led)
-
-    def _sent(self, led: _LoopBatch) -> None:
-        """A loop task's batch has sent its writes: the lead passes on, unless ``IN_FLIGHT``
-        batches are awaiting their round trips, then when one of them ends."""
-        with self._lock:
-            led.sent = True
-            self._in_flight += 1
-            if self._in_flight >= IN_FLIGHT:
-                self._parked = led
-                return
-            led.leads = False
-            successor = self._pass_on()
-        if successor is not None:
-            successor._wake.release()
+                self._loop_batch = None
+            self._end(batch)
 
     def run_now(self, work: T) -> Any:
         """Run ``work`` now, in a batch of its own (so that its failing to start fails no
@@ -255,24 +224,17 @@ class GroupCommit(Generic[T]):
             self._end(batch)
         return pending.outcome()
 
-    def _end(self, batch: list[Pending[T]], led: _LoopBatch | None = None) -> None:
-        """``batch`` has ended (``led``: a loop task led it). If it still leads, the lead
-        passes on; so does a parked one's, its turn come."""
+    def _end(self, batch: list[Pending[T]]) -> None:
         for unsettled in (p for p in batch if not p.done):
             unsettled.fail(RuntimeError("the batch ended without settling it"))
         with self._lock:
             for ended in batch:
                 ended.ended = True
-            if led is not None and led.sent:
-                self._in_flight -= 1
-            successor = None
-            if led is None or led.leads:
-                if self._parked is led:
-                    self._parked = None
-                successor = self._pass_on()
-            elif self._parked is not None and self._in_flight < IN_FLIGHT:
-                self._parked.leads, self._parked = False, None
-                successor = self._pass_on()
+            successor = self._queue[0] if self._queue else None
+            self._leading = successor is not None
+            if successor is not None and successor.future is not None:
+                self._hand_to_driver()  # nobody waits to lead it
+                successor = None
         for ended in batch:
             if ended.future is None:
                 ended._wake.release()
@@ -280,27 +242,6 @@ class GroupCommit(Generic[T]):
                 call_on(ended.future.get_loop(), _settle_future, ended)
         if successor is not None:
             successor._wake.release()
-
-    def _pass_on(self) -> Pending[T] | None:
-        """Under the lock, the lead given up: the first queued operation's caller is to lead
-        the next batch (returned, to be woken once the lock is released), or the driver is
-        if nobody waits to; or nobody leads."""
-        successor = self._queue[0] if self._queue else None
-        self._leading = successor is not None
-        if successor is not None and successor.future is not None:
-            self._hand_to_driver()  # nobody waits to lead it
-            return None
-        return successor
-
-
-class _LoopBatch:
-    """A batch a loop task leads: whether its writes are sent, and whether it still leads."""
-
-    __slots__ = ("leads", "sent")
-
-    def __init__(self) -> None:
-        self.sent = False
-        self.leads = True
 
 
 def _settle_future(pending: Pending[Any]) -> None:

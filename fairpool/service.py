@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,7 +32,7 @@ from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait
 from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
-from fairpool.store.db import Database, Generation, default_url, fairpool_home
+from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
 from fairpool.store.direct import DeferredWriteFailed, send_deferred
 from fairpool.store.records import (
@@ -269,19 +268,8 @@ class _Run:
     passed: _Passed | None = None
     #: The operation whose change raised, if one did.
     failed: Pending[_Operation] | None = None
-    generation: Generation | None = None
+    generation: int = 0
     kept: _State | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Head:
-    """The live state as a batch's transaction leaves it, with the store's generation then.
-    ``confirmed``: that transaction has committed; else its writes are on their way, and
-    only a transaction whose generation's check goes with its writes may start from it."""
-
-    generation: Generation
-    state: _State
-    confirmed: bool
 
 
 class Service:
@@ -294,12 +282,10 @@ class Service:
         self._writes: GroupCommit[_Operation] = GroupCommit(
             self._run_batch, self._run_batch_async
         )
-        #: The live state as the last batch left it: the next batch starts from it instead
-        #: of loading it when nobody wrote in between (another process, or a write that does
-        #: not track the state). A batch takes it, since it changes it in place, and puts
-        #: back its own: up to ``IN_FLIGHT`` batches run at once on PostgreSQL.
-        self._head: _Head | None = None
-        self._head_lock = threading.Lock()
+        #: The live state as the last batch committed it, with the store's generation then:
+        #: the next batch starts from it instead of loading it when nobody wrote in between
+        #: (another process, or a write that does not track the state). Only batches touch it.
+        self._committed: tuple[int, _State] | None = None
 
     def close(self) -> None:
         self._writes.close()
@@ -806,109 +792,72 @@ class Service:
         """Run ``batch``; the operation whose change raised (rolled back, failed), if any.
 
         ``defer``: PostgreSQL sends the writes together (``Database.write``), and when the
-        batch starts from the state the last one left, BEGIN, the lock and the
+        batch starts from the state the last one committed, BEGIN, the lock and the
         generation go with them: the state is then only believed current until they are
         sent. A change that fails on it sends them first, so that it fails only if the
         state was current. If a write sent fails (or the state was not current),
         ``DeferredWriteFailed`` is raised and no operation is settled."""
         run = _Run()
         at_once = _mode.get() == "at_once"
-        head = self._take_head(checked=defer)
+        committed, self._committed = self._committed, None  # the batch changes it in place
         try:
-            last_seen = head.generation if head is not None and defer else None
+            last_seen = committed[0] if committed is not None and defer else None
             with self.db.write(wait=not at_once, defer=defer, last_seen=last_seen) as conn:
-                self._run_changes(run, conn, batch, head, believed=last_seen is not None)
+                self._run_changes(run, conn, batch, committed, believed=last_seen is not None)
         except DeferredWriteFailed:
             raise
         except BaseException as error:
-            if at_once and isinstance(error, WouldWait) and head is not None:
-                self._put_head(head, unless_taken=True)  # as it was: the write is undone
+            if at_once and isinstance(error, WouldWait):
+                self._committed = committed  # left as it was: the write is undone
             if run.failed is not None and isinstance(error, Exception):
                 run.failed.fail(error)
                 return run.failed
             for pending in batch:
                 pending.fail(error)
             return None
-        if run.generation is not None and run.kept is not None:
-            self._put_head(_Head(run.generation, run.kept, confirmed=True))
         self._settle(run)
         return None
 
-    async def _run_batch_async(
-        self, batch: list[Pending[_Operation]], sent: Callable[[], None]
-    ) -> None:
+    async def _run_batch_async(self, batch: list[Pending[_Operation]]) -> None:
         """PostgreSQL, led on a server's event loop: the batch runs on the loop, from the
-        state the last batch left, and its one round trip is awaited
-        (``Database.send_write``), so no thread waits for it nor hands the answers back.
-        Once its writes are collected, its state is the next batch's to start from, and
-        ``sent()`` lets that one run during the round trip: its generation's check commits
-        it only after exactly this one committed. Anything else (no such state, more than
-        ``AT_ONCE_QUEUE_LIMIT`` queued, whose pass would hold the loop, a read inside the
-        transaction, another writer of this process, a change or a write that fails) runs
-        it again on a thread, as ``_run_batch`` does, where failures are told apart;
-        nothing was committed. An ``OperationalError`` (a lost connection, whose COMMIT may
-        have taken effect; the lock's timeout) fails the batch here, as it would there."""
+        state the last batch committed, and its one round trip is awaited
+        (``Database.write_async``), so no thread waits for it nor hands the answers back.
+        Anything else (no such state, more than ``AT_ONCE_QUEUE_LIMIT`` queued, whose pass
+        would hold the loop, a read inside the transaction, another writer of this process,
+        a change or a write that fails) runs it again on a thread, as ``_run_batch`` does,
+        where failures are told apart; nothing was committed. An ``OperationalError`` (a
+        lost connection, whose COMMIT may have taken effect; the lock's timeout) fails the
+        batch here, as it would there."""
         run = _Run()
-        head = self._take_head(checked=True)
-        mine: _Head | None = None
+        committed, self._committed = self._committed, None
         try:
-            if head is None or not _fits_the_loop(head.state):
+            if committed is None or not _fits_the_loop(committed[1]):
                 raise WouldWait("the live state is to be loaded, or the queue is long")
-            with self.db.collect_write(head.generation) as collected:
-                self._run_changes(run, collected.connection, batch, head, believed=True)
-            assert run.generation is not None and run.kept is not None
-            mine = _Head(run.generation, run.kept, confirmed=False)
-            self._put_head(mine)
-            sent()
-            await self.db.send_write(collected)
+            async with self.db.write_async(committed[0]) as conn:
+                self._run_changes(run, conn, batch, committed, believed=True)
         except OperationalError as error:
-            self._end_head(mine, committed=False)
             for pending in batch:
                 pending.fail(error)
             return
         except Exception:
-            self._end_head(mine, committed=False)
             await asyncio.get_running_loop().run_in_executor(None, self._run_batch, batch)
             return
-        self._end_head(mine, committed=True)
         self._settle(run)
-
-    def _take_head(self, checked: bool) -> _Head | None:
-        """The live state the last batch left, for a batch to start from (and change in
-        place). ``checked``: the batch's generation's check goes with its writes, so it may
-        start from a state whose transaction is still on its way."""
-        with self._head_lock:
-            head, self._head = self._head, None
-        return head if head is not None and (checked or head.confirmed) else None
-
-    def _put_head(self, head: _Head, unless_taken: bool = False) -> None:
-        """``head`` is the state the next batch starts from (``unless_taken``: unless
-        another batch has put its own since this one was taken)."""
-        with self._head_lock:
-            if not unless_taken or self._head is None:
-                self._head = head
-
-    def _end_head(self, head: _Head | None, committed: bool) -> None:
-        """``head``'s transaction has ended: if no batch has taken it since, it is now
-        confirmed, or dropped if the transaction did not commit."""
-        with self._head_lock:
-            if head is not None and self._head is head:
-                self._head = replace(head, confirmed=True) if committed else None
 
     def _run_changes(
         self,
         run: _Run,
         conn: Connection,
         batch: list[Pending[_Operation]],
-        head: _Head | None,
+        committed: tuple[int, _State] | None,
         believed: bool,
     ) -> None:
         """In the batch's transaction: the changes, the pass, the answers and the events,
         recorded in ``run`` for ``_settle`` once committed. ``believed``: the state is only
         believed current until the queued writes are sent (see ``_attempt``)."""
         run.generation = generation = db_generation(conn)
-        fresh = head is not None and head.generation.value == generation.value - 1
-        tx = _Tx(conn, head.state if fresh and head is not None else None)
+        fresh = committed is not None and committed[0] == generation - 1
+        tx = _Tx(conn, committed[1] if fresh and committed is not None else None)
         if _mode.get() == "at_once" and not _fits_the_loop(tx.state):
             raise WouldWait("the live state is to be loaded, or the queue is long")
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
@@ -939,12 +888,14 @@ class Service:
         run.kept = tx.state
 
     def _settle(self, run: _Run) -> None:
-        """The batch has committed: its answers go out."""
+        """The batch has committed: its answers go out, its state is kept for the next."""
         for pending, result, refused in run.outcomes:
             if refused is None:
                 pending.succeed(result)
             else:
                 pending.fail(refused)
+        if run.kept is not None:
+            self._committed = (run.generation, run.kept)
         if run.passed is not None and self.on_pass is not None and any(
             p.work.passes for p, _, _ in run.outcomes
         ):

@@ -19,7 +19,7 @@ import pytest
 from fairpool import service as service_module
 from fairpool.api.metrics import dequeued_ids
 from fairpool.errors import Conflict, NotFound
-from fairpool.group_commit import IN_FLIGHT, GroupCommit, Pending
+from fairpool.group_commit import GroupCommit, Pending
 from fairpool.service import Service
 from fairpool.store import repo
 from fairpool.store.db import Database
@@ -204,7 +204,7 @@ def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
         batches.append((threading.current_thread().name, [p.work for p in batch]))
         _answer_in_capitals(batch)
 
-    async def run_batch_async(batch: list[Pending[str]], sent: Callable[[], None]) -> None:
+    async def run_batch_async(batch: list[Pending[str]]) -> None:
         batches.append(("loop", [p.work for p in batch]))
         if batch[0].work == "slow":
             await gate.wait()  # the loop is free meanwhile: its round trip, in fairpool
@@ -243,47 +243,6 @@ def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
         ("loop", ["e"]),
         ("fairpool-writer", ["f"]),
     ]
-
-
-def test_a_loop_batch_passes_the_lead_on_once_its_writes_are_sent() -> None:
-    """The next batch runs during its round trip, up to ``IN_FLIGHT`` batches awaiting
-    theirs; the one after waits until one of them ends."""
-    assert IN_FLIGHT == 2
-    events: list[str] = []
-
-    async def main() -> None:
-        gates = {work: asyncio.Event() for work in ("a", "b")}
-
-        async def run_batch_async(batch: list[Pending[str]], sent: Callable[[], None]) -> None:
-            work = ",".join(p.work for p in batch)
-            events.append(f"start {work}")
-            sent()
-            if work in gates:
-                await gates[work].wait()
-            _answer_in_capitals(batch)
-            events.append(f"end {work}")
-
-        group: GroupCommit[str] = GroupCommit(_answer_in_capitals, run_batch_async)
-        group.drive_on(asyncio.get_running_loop())
-
-        async def started(work: str) -> asyncio.Future[str]:
-            future = group.submit_later(work)
-            for _ in range(3):  # its task starts at the loop's next turn: give it a few
-                await asyncio.sleep(0)
-            return future
-
-        a, b, c = await started("a"), await started("b"), await started("c")
-        assert events == ["start a", "start b"]  # "c" waits: two batches are in flight
-        gates["a"].set()
-        assert await a == "A" and await c == "C"
-        assert not b.done()
-        gates["b"].set()
-        assert await b == "B"
-        await group.stop_driving()
-        group.close()
-
-    asyncio.run(asyncio.wait_for(main(), 30))
-    assert events == ["start a", "start b", "end a", "start c", "end c", "end b"]
 
 
 def test_an_unsettled_operation_fails_instead_of_hanging() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -19,7 +18,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 
 from fairpool.errors import NotFound, WouldWait
 from fairpool.store import repo, schema
-from fairpool.store.db import Database, Generation, generation
+from fairpool.store.db import Database, generation
 from fairpool.store.direct import DeferredWriteFailed, Direct
 from fairpool.store.records import ComponentType
 
@@ -198,54 +197,35 @@ def test_a_failed_deferred_write_fails_the_transaction_when_sent(
 
 @ON_POSTGRESQL
 def test_a_write_expecting_the_generation_commits_only_if_it_is_that(db: Database) -> None:
-    """Its value and its stamp: the same value with another stamp is another transaction's
-    commit (one that took the place of a transaction that failed)."""
     with db.write() as connection:
         seen = generation(connection)
-    others = [replace(seen, value=seen.value - 1), replace(seen, value=seen.value + 1),
-              replace(seen, stamp=seen.stamp + 1)]
-    for n, last_seen in enumerate(others):
+    for last_seen in (seen - 1, seen + 1):
         with pytest.raises(DeferredWriteFailed), db.write(
             defer=True, last_seen=last_seen
         ) as connection:
-            assert generation(connection).value == last_seen.value + 1
-            repo.insert_component(connection, f"c{n}", ComponentType.ORCHESTRATOR, NOW)
+            assert generation(connection) == last_seen + 1
+            repo.insert_component(connection, f"c{last_seen}", ComponentType.ORCHESTRATOR, NOW)
     with db.write(defer=True, last_seen=seen) as connection:
-        mine = generation(connection)
-        assert mine.value == seen.value + 1 and mine.stamp != seen.stamp
+        assert generation(connection) == seen + 1
         repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
     with db.read() as connection:
         assert [c.name for c in repo.list_components(connection)] == ["c"]
     with db.write() as connection:
-        assert generation(connection).value == seen.value + 2
+        assert generation(connection) == seen + 2
 
 
-def test_every_write_stamps_the_generation_anew(db: Database) -> None:
-    with db.write() as connection:
-        first = generation(connection)
-    with db.write() as connection:
-        second = generation(connection)
-    assert second.value == first.value + 1 and second.stamp != first.stamp
-    with db.read() as connection:
-        stored = connection.execute(select(schema.store_generation)).one()
-    assert (stored.value, stored.stamp) == (second.value, second.stamp)
-
-
-async def _collected(
-    db: Database, last_seen: Generation, write: Callable[[Connection], None]
-) -> None:
-    """``write`` in ``db.collect_write``, sent by ``db.send_write`` on a loop of its own."""
+async def _collected(db: Database, last_seen: int, write: Callable[[Connection], None]) -> None:
+    """``write`` in ``db.write_async``, on a loop of its own."""
     try:
-        with db.collect_write(last_seen) as collected:
-            write(collected.connection)
-        await db.send_write(collected)
+        async with db.write_async(last_seen) as connection:
+            write(connection)
     finally:
         await db.close_async()
 
 
 @ON_POSTGRESQL
 def test_a_script_the_loop_sends_writes_what_execute_writes(db: Database) -> None:
-    """Its values bound client-side (``Database.send_write``), as the server's loop sends
+    """Its values bound client-side (``Database.write_async``), as the server's loop sends
     a batch: stored as ``connection.execute`` stores them."""
     events = [
         repo.event_row("allocated", "on pool ä; it's", NOW, data={"by": None, "n": [1, 2]}),
@@ -301,7 +281,7 @@ def test_a_script_the_loop_sends_fails_whole(db: Database, failing: str) -> None
         elif failing == "duplicate key":
             Direct(insert(schema.request)).execute(connection, _request(component.id, "a"))
 
-    last_seen = replace(seen, stamp=seen.stamp + 1) if failing == "stale generation" else seen
+    last_seen = seen - 1 if failing == "stale generation" else seen
     with pytest.raises(DeferredWriteFailed) as failed:
         asyncio.run(_collected(db, last_seen, write))
     cause = failed.value.__cause__
@@ -326,4 +306,4 @@ def test_a_collected_write_that_needs_the_database_sends_nothing(db: Database) -
         asyncio.run(_collected(db, seen, write))
     with db.write() as connection:
         assert _count(connection) == 0
-        assert generation(connection).value == seen.value + 1
+        assert generation(connection) == seen + 1

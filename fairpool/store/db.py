@@ -22,13 +22,11 @@ processes may open a brand-new database at once.
 from __future__ import annotations
 
 import os
-import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -67,13 +65,9 @@ _MODE = "fairpool_mode"
 _QUERY_ONLY = "fairpool_query_only"
 # Where a write transaction's connection keeps the generation it incremented to.
 _GENERATION = "fairpool_generation"
-_BUMP = Direct(
-    text("UPDATE store_generation SET value = value + 1, stamp = :stamp WHERE id = 1 "
-         "RETURNING value")
-)
+_BUMP = Direct(text("UPDATE store_generation SET value = value + 1 WHERE id = 1 RETURNING value"))
 _BUMP_FROM = Direct(
-    text("UPDATE store_generation SET value = value + 1, stamp = :stamp "
-         "WHERE id = 1 AND value = :seen AND stamp = :seen_stamp")
+    text("UPDATE store_generation SET value = value + 1 WHERE id = 1 AND value = :seen")
 )
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
@@ -110,7 +104,7 @@ def default_url(home: Path) -> str:
 #: The newest migration. Opening compares the database with it in plain SQL, so the common
 #: case (schema up to date) never imports Alembic, which costs every CLI call ~0.2 s.
 #: tests/test_store_schema.py checks it is the migrations' head.
-SCHEMA_HEAD = "0011"
+SCHEMA_HEAD = "0010"
 
 
 def migration_config(connection: Connection) -> Config:
@@ -140,52 +134,28 @@ def _opening(connection: Connection) -> tuple[Direct, ...]:
     return ()
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """The store's generation as a write transaction leaves it: ``value``, one more than the
-    transaction committed before it left; ``stamp``, drawn at random by this transaction.
-    Had it failed, another could commit the same value in its place, never the same stamp
-    (migration 0011)."""
-
-    value: int
-    stamp: int
-
-
-@dataclass(slots=True)
-class CollectedWrite:
-    """A write transaction ``Database.collect_write`` collects: its connection, then, once
-    the block has ended, what to send (``Database.send_write``)."""
-
-    connection: Connection
-    writes: list[Any] = field(default_factory=list)
-
-
-def _start(connection: Connection, bump: bool, last_seen: Generation | None) -> None:
+def _start(connection: Connection, bump: bool, last_seen: int | None) -> None:
     """Open a write transaction: BEGIN where needed, the lock, and with ``bump`` the
     generation incremented. ``last_seen``: it is expected to be that (see
     ``Database.write``); else it is read, and all this is one round trip on PostgreSQL."""
     opening = _opening(connection)
-    stamp = secrets.randbits(63)
     if bump and last_seen is None:
-        value = _BUMP.scalar(connection, {"stamp": stamp}, preceded_by=opening)
-        connection.info[_GENERATION] = Generation(value, stamp)
+        connection.info[_GENERATION] = _BUMP.scalar(connection, preceded_by=opening)
         return
     for statement in opening:
         statement.execute(connection)
     if bump:
         assert last_seen is not None
         _BUMP_FROM.execute(
-            connection,
-            {"stamp": stamp, "seen": last_seen.value, "seen_stamp": last_seen.stamp},
-            must_change=("store generation", str(last_seen.value)),
+            connection, {"seen": last_seen}, must_change=("store generation", str(last_seen))
         )
-        connection.info[_GENERATION] = Generation(last_seen.value + 1, stamp)
+        connection.info[_GENERATION] = last_seen + 1
 
 
-def generation(connection: Connection) -> Generation:
-    """The store's generation after this write transaction (``Database.write``) began: its
-    value one more than at the end of the transaction committed before it."""
-    value: Generation = connection.info[_GENERATION]
+def generation(connection: Connection) -> int:
+    """The store's generation after this write transaction (``Database.write``) began: one
+    more than at the end of the transaction committed before it."""
+    value: int = connection.info[_GENERATION]
     return value
 
 
@@ -201,9 +171,9 @@ class Database:
         # lock): checking one out of the pool and back cost ~30 µs per transaction. Dropped
         # when a transaction fails, in case the connection is what failed.
         self._writer: Connection | None = None
-        # PostgreSQL: the event loop's idle connections for ``send_write`` (psycopg
-        # AsyncConnections, used on that loop only); one that fails is dropped.
-        self._async_writers: list[Any] = []
+        # PostgreSQL: the event loop's connection for ``write_async`` (a psycopg
+        # AsyncConnection, used under the write lock); dropped likewise.
+        self._async_writer: Any = None
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -242,16 +212,15 @@ class Database:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-            for connection in self._async_writers:  # its loop did not ``close_async``
-                connection.pgconn.finish()
-            self._async_writers = []
+            if self._async_writer is not None:  # its loop did not ``close_async``
+                self._async_writer.pgconn.finish()
+                self._async_writer = None
         self._engine.dispose()
 
     async def close_async(self) -> None:
-        """On the loop that used ``send_write``, once nothing is in flight: close its
-        connections."""
-        connections, self._async_writers = self._async_writers, []
-        for connection in connections:
+        """On the loop that used ``write_async``: close its connection."""
+        connection, self._async_writer = self._async_writer, None
+        if connection is not None:
             await connection.close()
 
     def __enter__(self) -> Self:
@@ -268,7 +237,7 @@ class Database:
 
     @contextmanager
     def write(
-        self, wait: bool = True, defer: bool = False, last_seen: Generation | None = None
+        self, wait: bool = True, defer: bool = False, last_seen: int | None = None
     ) -> Iterator[Connection]:
         """One write transaction: committed when the block ends, rolled back if it raises.
         It increments the store's generation first (``generation`` tells the new value).
@@ -287,17 +256,16 @@ class Database:
         with self._write(bump=True, wait=wait, defer=defer, last_seen=last_seen) as connection:
             yield connection
 
-    @contextmanager
-    def collect_write(self, last_seen: Generation) -> Iterator[CollectedWrite]:
-        """PostgreSQL, for an event loop: ``write(defer=True, last_seen=last_seen)`` whose
-        statements are collected, not sent, so the block must not need the database: a read
-        or a scalar raises ``WouldWait``, and nothing is sent. Once the block has ended,
-        ``writes`` holds the whole transaction for ``send_write``: BEGIN, the lock, the
-        generation's check, the writes and COMMIT. The write lock is held only while
-        collecting: the next transaction may be collected while this one is on its way,
-        and its generation's check lets it commit only after exactly this one did.
-        ``WouldWait`` at once if another write of this process is running, or no writer
-        connection is open (opening one would block)."""
+    @asynccontextmanager
+    async def write_async(self, last_seen: int) -> AsyncIterator[Connection]:
+        """PostgreSQL, on an event loop: ``write(defer=True, last_seen=last_seen)`` whose one
+        round trip the loop awaits instead of blocking on it. The block's statements are
+        collected, not sent, so it must not need the database: a read or a scalar raises
+        ``WouldWait``, and nothing is sent. At its end, BEGIN, the lock, the generation's
+        check, the writes and COMMIT go as one script on the loop's own connection
+        (``send_async``), with ``send_deferred``'s failures. ``WouldWait`` at once if
+        another write of this process is running, or no writer connection is open (opening
+        one would block)."""
         assert not self.embedded, "an embedded write has no round trip to await"
         if not self._write_lock.acquire(blocking=False):
             raise WouldWait("another write of this process is running")
@@ -305,25 +273,22 @@ class Database:
             connection = self._writer
             if connection is None:
                 raise WouldWait("the writer connection is to be opened")
-            collected = CollectedWrite(connection)
             defer_writes(connection, collect=True)
             try:
                 _start(connection, True, last_seen)
-                yield collected
-                collected.writes = take_deferred(connection)
+                yield connection
+                writes = take_deferred(connection)
             finally:
                 stop_deferring(connection)
                 if connection.in_transaction():  # begun by a statement refused unsent
                     connection.rollback()
+            await self._send_async(writes)
         finally:
             self._write_lock.release()
 
-    async def send_write(self, collected: CollectedWrite) -> None:
-        """On an event loop: send the transaction ``collect_write`` collected, as one script
-        on a connection of the loop's own (``send_async``), and await its round trip, with
-        ``send_deferred``'s failures. Each transaction in flight has a connection of its
-        own; they are kept for the next ones, and closed by ``close_async``."""
-        connection = self._async_writers.pop() if self._async_writers else None
+    async def _send_async(self, writes: list[Any]) -> None:
+        connection = self._async_writer
+        self._async_writer = None
         if connection is None:
             import psycopg  # only here: SQLite never needs it
 
@@ -331,11 +296,11 @@ class Database:
             connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
             await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         try:
-            await send_async(connection, collected.writes, self._engine.dialect)
+            await send_async(connection, writes, self._engine.dialect)
         except BaseException:
             await connection.close()  # its transaction is aborted, or its state unknown
             raise
-        self._async_writers.append(connection)
+        self._async_writer = connection
 
     @contextmanager
     def migrating(self) -> Iterator[Connection]:
@@ -346,11 +311,7 @@ class Database:
 
     @contextmanager
     def _write(
-        self,
-        bump: bool,
-        wait: bool = True,
-        defer: bool = False,
-        last_seen: Generation | None = None,
+        self, bump: bool, wait: bool = True, defer: bool = False, last_seen: int | None = None
     ) -> Iterator[Connection]:
         if not wait and not self.embedded:
             raise WouldWait("a PostgreSQL write waits for the network")

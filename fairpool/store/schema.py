@@ -354,14 +354,12 @@ cluster_node = Table(
 )
 
 # One row: incremented by every write transaction (``Database.write``), so a process can
-# tell whether anyone wrote since its own last commit; ``stamp``, random, tells which
-# transaction that was (``db.Generation``).
+# tell whether anyone wrote since its own last commit.
 store_generation = Table(
     "store_generation",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("value", BigInteger, nullable=False),
-    Column("stamp", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("id = 1", name="single_row"),
 )
 
