@@ -21,9 +21,8 @@ ratio then measured the client, not the server. The clients' CPU time is printed
   "queued", the client long-polls ``/requests/{id}/wait`` until allocated, then releases.
 
 Prints per case the admissions per second, the server process's CPU time per admission
-(Linux: /proc; with the bare endpoint's per request beside it: on a 2-core machine the
-clients' own CPU bounds the bare endpoint, not the server) and, for the contended case,
-p50/p99 of the time
+(Linux: /proc; the bare endpoint's per request beside it) and the clients', and, for the
+contended case, p50/p99 of the time
 from a client sending a release to the next waiter's long-poll answering "allocated" (the
 waiter is the one the server allocated in that release's transaction: writes are serialized,
 so it is the release with the latest ``released_at`` at or before the waiter's
