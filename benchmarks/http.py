@@ -271,11 +271,28 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Load:
+    """What ``run_clients`` measured: the clients' merged tally, the measured seconds, and
+    the CPU seconds used in that window by the server (None without /proc) and by the
+    clients (this process)."""
+
+    tally: Tally
+    seconds: float
+    server_cpu: float | None
+    client_cpu: float
+
+    def server_ms(self, count: int) -> float | None:
+        """The server's CPU milliseconds per one of ``count`` (requests, admissions)."""
+        return None if self.server_cpu is None else self.server_cpu * 1e3 / max(1, count)
+
+    def client_ms(self, count: int) -> float:
+        return self.client_cpu * 1e3 / max(1, count)
+
+
 def run_clients(clients: int, duration: float, work: Callable[[Client, Window, Tally], None],
-                server: Process) -> tuple[Tally, float, float | None, float]:
-    """``clients`` threads each run ``work`` until the window is over; their merged tally,
-    the measured seconds, the server's CPU seconds in the window (None if unknown) and the
-    clients' (this process's)."""
+                server: Process) -> Load:
+    """``clients`` threads each run ``work`` until the window is over."""
     window = Window(duration)
     tallies = [Tally() for _ in range(clients)]
     assert server.process is not None
@@ -322,13 +339,13 @@ def run_clients(clients: int, duration: float, work: Callable[[Client, Window, T
         merged.woken += tally.woken
         merged.errors += tally.errors
     used = after - before if before is not None and after is not None else None
-    return merged, duration, used, own[1] - own[0]
+    return Load(merged, duration, used, own[1] - own[0])
 
 
-def bare_requests(http: Client, window: Window, tally: Tally) -> None:
+def bare_requests(client: Client, window: Window, tally: Tally) -> None:
     body = {"component": "bench", "resources": {"gpu": 1}}
     while not window.over():
-        http.call("POST", "/noop", 200, body)
+        client.call("POST", "/noop", 200, body)
         if window.counts(time.monotonic()):
             tally.requests += 1
 
@@ -337,16 +354,16 @@ def cycles(pool: str, component: str) -> Callable[[Client, Window, Tally], None]
     """Submit, wait (long-poll) while queued, release; again until the window is over."""
     body = {"component": component, "resources": {"gpu": 1}}
 
-    def work(http: Client, window: Window, tally: Tally) -> None:
+    def work(client: Client, window: Window, tally: Tally) -> None:
         while not window.over():
-            request = http.call("POST", f"{API}/requests", 201, body)
+            request = client.call("POST", f"{API}/requests", 201, body)
             waited = False
             while request["status"] == "queued":
                 if window.stopped.is_set():  # another client failed: give up the place
-                    http.call("POST", f"{API}/requests/{request['id']}/cancel", 200)
+                    client.call("POST", f"{API}/requests/{request['id']}/cancel", 200)
                     return
                 waited = True
-                request = http.call(
+                request = client.call(
                     "GET", f"{API}/requests/{request['id']}/wait?timeout={WAIT_SECONDS}", 200
                 )
             if request["status"] != "allocated":
@@ -361,7 +378,7 @@ def cycles(pool: str, component: str) -> Callable[[Client, Window, Tally], None]
                                         observed))
             # Every release, measured or not, so that each woken waiter finds its own.
             sent = time.monotonic()
-            released = http.call("POST", f"{API}/requests/{request['id']}/release", 200)
+            released = client.call("POST", f"{API}/requests/{request['id']}/release", 200)
             tally.releases.append((datetime.fromisoformat(released["released_at"]), sent))
 
     return work
@@ -409,17 +426,17 @@ class Bare:
 
 def measure_bare(baseline: Process, args: argparse.Namespace, when: str) -> Bare:
     baseline.start()
-    tally, seconds, cpu, own = run_clients(args.clients, args.duration, bare_requests,
-                                           baseline)
+    load = run_clients(args.clients, args.duration, bare_requests, baseline)
     baseline.stop()
-    if tally.errors:
-        raise RuntimeError(f"bare endpoint: {tally.errors[0]}")
-    cpu_ms = cpu * 1e3 / tally.requests if cpu is not None and tally.requests else None
-    bare = Bare(tally.requests / seconds, cpu_ms)
+    requests = load.tally.requests
+    if load.tally.errors:
+        raise RuntimeError(f"bare endpoint: {load.tally.errors[0]}")
+    cpu_ms = load.server_ms(requests)
+    bare = Bare(requests / load.seconds, cpu_ms)
     server = "" if cpu_ms is None else f"server CPU {cpu_ms:.2f} ms, "
     print(f"bare FastAPI POST endpoint ({when}), {args.clients} clients: {bare.rate:,.0f} "
-          f"requests/s; per request {server}clients' CPU "
-          f"{own * 1e3 / max(1, tally.requests):.2f} ms", flush=True)
+          f"requests/s; per request {server}clients' CPU {load.client_ms(requests):.2f} ms",
+          flush=True)
     return bare
 
 
@@ -434,16 +451,13 @@ def measure_backend(backend: str, server: Process, args: argparse.Namespace) -> 
             admin.call("POST", f"{API}/pools/{pool}/policies", 201, {"component": component})
         finally:
             admin.close()
-        tally, seconds, cpu, own = run_clients(
-            args.clients, args.duration, cycles(pool, component), server
-        )
+        load = run_clients(args.clients, args.duration, cycles(pool, component), server)
+        tally = load.tally
         if tally.errors:
             raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
-        admissions = max(1, tally.admissions)
-        cpu_ms = cpu * 1e3 / admissions if cpu is not None else None
-        results.append(Case(backend, name, capacity, tally.admissions / seconds, cpu_ms,
-                            own * 1e3 / admissions, tally.waited / admissions,
-                            wake_latencies(tally)))
+        results.append(Case(backend, name, capacity, tally.admissions / load.seconds,
+                            load.server_ms(tally.admissions), load.client_ms(tally.admissions),
+                            tally.waited / max(1, tally.admissions), wake_latencies(tally)))
     return results
 
 
