@@ -186,10 +186,8 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
         async def main() -> list[RequestView]:
             service.drive_writes_on(asyncio.get_running_loop())
             try:
-                first = await write(service.create_request, "team",
-                                      demand={"gpu": 1})
-                second = await write(service.create_request, "team",
-                                       demand={"gpu": 1})
+                first = await write(service.create_request, "team", demand={"gpu": 1})
+                second = await write(service.create_request, "team", demand={"gpu": 1})
                 async_writer: Any = db._async_writer
                 async_writer.pgconn.trace(trace.fileno())
                 async_writer.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
@@ -198,10 +196,8 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
                 Service(other, service.clock).update_pool("gpus", capacity={"gpu": 3})
                 # Believed: 1 of 2 units free, one more request to allocate: allocated either
                 # way. The one after it would queue on the believed state: it must not.
-                third = await write(service.create_request, "team",
-                                      demand={"gpu": 1})
-                fourth = await write(service.create_request, "team",
-                                       demand={"gpu": 1})
+                third = await write(service.create_request, "team", demand={"gpu": 1})
+                fourth = await write(service.create_request, "team", demand={"gpu": 1})
                 with pytest.raises(Conflict, match="released, not allocated"):
                     await write(service.release_request, first.id)
                 return [first, second, released, third, fourth]
@@ -239,8 +235,7 @@ def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
             service.drive_writes_on(asyncio.get_running_loop())
             try:
                 for _ in range(2):  # the second runs on the loop's connection
-                    held = await write(service.create_request, "team",
-                                         demand={"gpu": 1})
+                    held = await write(service.create_request, "team", demand={"gpu": 1})
                 pid = db._async_writer.info.backend_pid
                 other.execute("SELECT pg_terminate_backend(%s)", [pid])
                 with pytest.raises(OperationalError):
