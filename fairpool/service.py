@@ -1179,9 +1179,9 @@ class Service:
 
     def _decided_view(self, conn: Connection, request: Request) -> RequestView:
         """The view of a request that no longer waits: only a waiting request needs the whole
-        state (its queue positions)."""
-        components = {c.id: c for c in repo.list_components(conn)}
-        return self._request_view_of(conn, components, request, ())
+        state (its queue positions), and of the components only its own."""
+        owner = repo.get_component(conn, request.component_id)
+        return self._request_view_of(conn, {owner.id: owner}, request, ())
 
     def _request_view_after(self, tx: _Tx, done: _Passed, request_id: str) -> RequestView:
         """A request's view right after its operation and the pass, which already knows where

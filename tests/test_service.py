@@ -265,6 +265,22 @@ def test_release_and_cancel_guard_their_states(svc: Service) -> None:
         svc.cancel_request(queued.id)
 
 
+def test_a_decided_request_reads_as_a_long_poll_sees_it(svc: Service) -> None:
+    """``decided_request``: the id, and no view while the request waits; once it no longer
+    waits, the view ``get_request`` gives, its own component's among several."""
+    svc.create_pool("p", {"gpu": 1})
+    for component in ("a", "orch", "z"):
+        svc.attach_policy("p", component)
+    held = svc.create_request("orch", demand=demand(gpu_count=1))
+    waiting = svc.create_request("z", demand=demand(gpu_count=1))
+    assert svc.decided_request(waiting.id[:8]) == (waiting.id, None)
+    svc.release_request(held.id)
+    for request in (held, waiting):
+        request_id, view = svc.decided_request(request.id)
+        assert request_id == request.id and view == svc.get_request(request.id)
+    assert view is not None and (view.component, view.status) == ("z", "allocated")
+
+
 def test_deleting_an_allocated_request_returns_its_units(svc: Service) -> None:
     svc.create_pool("p", {"gpu": 1})
     svc.attach_policy("p", "orch")

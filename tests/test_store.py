@@ -138,8 +138,11 @@ def test_components(db: Database) -> None:
         assert repo.list_components(connection) == [orchestrator, operator]
         with pytest.raises(NotFound, match="no step_operator component 'sagemaker'"):
             repo.get_component_by_name(connection, "sagemaker", ComponentType.STEP_OPERATOR)
+        assert repo.get_component(connection, operator.id) == operator
     with db.write() as connection:
         repo.delete_component(connection, operator.id)
+        with pytest.raises(NotFound, match=f"no component '{operator.id}'"):
+            repo.get_component(connection, operator.id)
         assert repo.list_components(connection) == [orchestrator]
         with pytest.raises(NotFound):
             repo.delete_component(connection, operator.id)

@@ -127,16 +127,25 @@ def insert_component(
 _COMPONENT_BY_NAME = select(schema.component).where(
     schema.component.c.name == bindparam("name"), schema.component.c.type == bindparam("type")
 )
+_COMPONENT_BY_ID = select(schema.component).where(schema.component.c.id == bindparam("id"))
 
 
 def get_component_by_name(connection: Connection, name: str, type_: ComponentType) -> Component:
-    row = (
-        connection.execute(_COMPONENT_BY_NAME, {"name": name, "type": type_.value})
-        .mappings()
-        .first()
-    )
+    found = {"name": name, "type": type_.value}
+    return _component(connection, _COMPONENT_BY_NAME, found, f"{type_.value} component {name!r}")
+
+
+def get_component(connection: Connection, component_id: str) -> Component:
+    return _component(connection, _COMPONENT_BY_ID, {"id": component_id},
+                      f"component {component_id!r}")
+
+
+def _component(
+    connection: Connection, statement: Any, parameters: dict[str, str], what: str
+) -> Component:
+    row = connection.execute(statement, parameters).mappings().first()
     if row is None:
-        raise NotFound(f"no {type_.value} component {name!r}")
+        raise NotFound(f"no {what}")
     return Component.from_row(row)
 
 
