@@ -48,8 +48,8 @@ class Conflict(FairpoolError):
 
 class WouldWait(Exception):
     """Not a user error: raised, before anything was written, by a write told not to wait
-    (``Service.at_once``) that would have had to wait for a lock or do long work; the caller
-    runs it again where waiting is fine."""
+    (a batch on an event loop's thread) that would have had to wait for a lock or do long
+    work; the caller runs it again where waiting is fine."""
 
 
 class Later(Exception):

@@ -9,8 +9,8 @@ runs its operation at once, as without batching.
 An event loop must not wait: it queues its operations with ``submit_later`` and gets a future.
 A batch that no caller is to lead is then led by a thread of the GroupCommit's own, started
 on first use, so that the loop's operations need no worker thread of their own each; or,
-once ``drive_on`` names the loop, by a task on that loop (``run_batch_async``: PostgreSQL,
-whose round trip the loop then awaits instead of a thread waiting for it).
+once ``drive_on`` names the loop, by a task on that loop (``run_batch_async``), which takes
+every operation queued by then: those the loop's routes queued in one turn share a batch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from fairpool.errors import WouldWait
 from fairpool.loops import call_on
 
 T = TypeVar("T")
@@ -206,16 +205,6 @@ class GroupCommit(Generic[T]):
             with self._lock:
                 self._loop_batch = None
             self._end(batch)
-
-    def run_now(self, work: T) -> Any:
-        """Run ``work`` now, in a batch of its own (so that its failing to start fails no
-        other), or raise ``WouldWait`` at once if a batch is running."""
-        pending = Pending(work)
-        with self._lock:
-            if self._leading:
-                raise WouldWait("a write batch is running")
-            self._leading = True
-        return self._lead(pending, [pending])
 
     def _lead(self, pending: Pending[T], batch: list[Pending[T]]) -> Any:
         try:

@@ -58,9 +58,9 @@ _MAX_PASSES = 4
 
 PoolRequestView = Literal["queued", "active", "all"]
 
-#: A write run ``at_once``, or a batch on an event loop, goes ahead only on a live state it
-#: already holds, with at most this many queued requests (a pass over them takes well under a
-#: millisecond); else it would wait, or hold the loop.
+#: A batch on an event loop goes ahead only on a live state it already holds, with at most
+#: this many queued requests (a pass over them takes well under a millisecond); else it would
+#: wait, or hold the loop.
 AT_ONCE_QUEUE_LIMIT = 200
 
 
@@ -68,8 +68,8 @@ def _fits_the_loop(state: _State | None) -> bool:
     """Whether a batch starting from ``state`` may run on an event loop's thread."""
     return state is not None and len(state.queued) <= AT_ONCE_QUEUE_LIMIT
 
-# How the writes of a block go: waited for, "at_once" (``Service.at_once``) or "later"
-# (``Service.later``).
+# How the writes of a block go: waited for, queued ("later", ``Service.later``), or, for a
+# batch on an event loop's thread, "at_once": now, or ``WouldWait`` before anything is written.
 _Mode = Literal["wait", "at_once", "later"]
 _mode: ContextVar[_Mode] = ContextVar("fairpool_writes", default="wait")
 
@@ -279,8 +279,11 @@ class Service:
         #: Called with every committed pass's summary (the server's metrics and long-poll
         #: wake-ups), after the commit, on the thread that ran the batch.
         self.on_pass: Callable[[PassSummary], None] | None = None
+        #: Called after every write batch with where it ran ("loop": on a server's event
+        #: loop, ``drive_writes_on``; "thread") and how many operations it held (metrics).
+        self.on_batch: Callable[[str, int], None] | None = None
         self._writes: GroupCommit[_Operation] = GroupCommit(
-            self._run_batch, self._run_batch_async
+            self._batch_on_thread, self._batch_on_loop
         )
         #: The live state as the last batch committed it, with the store's generation then:
         #: the next batch starts from it instead of loading it when nobody wrote in between
@@ -292,25 +295,15 @@ class Service:
         self.db.close()
 
     def drive_writes_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A server's running event loop leads the writes queued ``later`` from now on, on
-        PostgreSQL (``_run_batch_async``), until ``stop_driving``. SQLite's run at once."""
-        if not self.db.embedded:
-            self._writes.drive_on(loop)
+        """A server's running event loop leads the writes queued ``later`` from now on
+        (``_batch_on_loop``), until ``stop_driving``."""
+        self._writes.drive_on(loop)
 
     async def stop_driving(self) -> None:
         """On that loop, before it stops: its write in flight ends, and its connection
         closes; a thread leads them from now on."""
         await self._writes.stop_driving()
         await self.db.close_async()
-
-    @contextmanager
-    def at_once(self) -> Iterator[None]:
-        """Writes in the block run now or not at all: one that would wait (another write of
-        this process or of another running, PostgreSQL's round trips, the live state to
-        load, a long queue to pass over) raises ``WouldWait`` before writing anything. For a
-        server's event loop, which must not block: it queues the write instead (``later``)."""
-        with _writing("at_once"):
-            yield
 
     @contextmanager
     def later(self) -> Iterator[None]:
@@ -761,13 +754,8 @@ class Service:
         from other threads waiting at the same time share the transaction and the pass.
         ``tracked``: ``change`` keeps the transaction's live state current (see ``_Tx``)."""
         operation = _Operation(change, passes, tracked)
-        mode = _mode.get()
-        if mode == "later":
+        if _mode.get() == "later":
             raise Later(self._writes.submit_later(operation))
-        if mode == "at_once":
-            if not self.db.embedded:
-                raise WouldWait("a PostgreSQL write waits for the network")
-            return cast(T, self._writes.run_now(operation))
         return cast(T, self._writes.submit(operation))
 
     def _run_batch(self, batch: list[Pending[_Operation]]) -> None:
@@ -808,7 +796,8 @@ class Service:
             raise
         except BaseException as error:
             if at_once and isinstance(error, WouldWait):
-                self._committed = committed  # left as it was: the write is undone
+                self._committed = committed  # left as it was: nothing was written
+                raise
             if run.failed is not None and isinstance(error, Exception):
                 run.failed.fail(error)
                 return run.failed
@@ -818,7 +807,39 @@ class Service:
         self._settle(run)
         return None
 
-    async def _run_batch_async(self, batch: list[Pending[_Operation]]) -> None:
+    def _batch_on_thread(self, batch: list[Pending[_Operation]]) -> None:
+        self._run_batch(batch)
+        self._ran("thread", batch)
+
+    def _ran(self, where: str, batch: list[Pending[_Operation]]) -> None:
+        if self.on_batch is not None:
+            self.on_batch(where, len(batch))
+
+    async def _batch_on_loop(self, batch: list[Pending[_Operation]]) -> None:
+        """A batch led on a server's event loop (``drive_writes_on``): the operations its
+        routes queued while the loop was busy (the last batch included) share one
+        transaction, run on the loop when it need not wait, else on a thread.
+
+        SQLite: the batch runs at once on the loop's thread, told not to wait: with no other
+        write of this process running, the SQLite lock free (BEGIN IMMEDIATE, no busy
+        timeout), the live state held and at most ``AT_ONCE_QUEUE_LIMIT`` queued. Otherwise
+        ``WouldWait`` is raised before anything is written, and it runs on a thread that
+        may wait (the operations a failed attempt already settled stay settled)."""
+        if not self.db.embedded:
+            await self._postgresql_batch_on_loop(batch)
+            return
+        try:
+            with _writing("at_once"):
+                self._run_batch(batch)
+        except WouldWait:
+            unsettled = [pending for pending in batch if not pending.done]
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._batch_on_thread, unsettled
+            )
+            return
+        self._ran("loop", batch)
+
+    async def _postgresql_batch_on_loop(self, batch: list[Pending[_Operation]]) -> None:
         """PostgreSQL, led on a server's event loop: the batch runs on the loop, from the
         state the last batch committed, and its one round trip is awaited
         (``Database.write_async``), so no thread waits for it nor hands the answers back.
@@ -838,11 +859,13 @@ class Service:
         except OperationalError as error:
             for pending in batch:
                 pending.fail(error)
+            self._ran("loop", batch)
             return
         except Exception:
-            await asyncio.get_running_loop().run_in_executor(None, self._run_batch, batch)
+            await asyncio.get_running_loop().run_in_executor(None, self._batch_on_thread, batch)
             return
         self._settle(run)
+        self._ran("loop", batch)
 
     def _run_changes(
         self,

@@ -37,7 +37,7 @@ from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
-from fairpool.errors import Later, NotFound, WouldWait
+from fairpool.errors import Later, NotFound
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
@@ -96,6 +96,7 @@ class Api:
         self.notifier = notifier_for(service.db)
         self.metrics = Metrics(service)
         service.on_pass = self._committed
+        service.on_batch = self.metrics.batch
         self.trees = TreesService(service.db)
         self.scheduling = SchedulingService(service.db)
         self.reconciler = Reconciler(self.tick, tick)
@@ -113,26 +114,19 @@ class Api:
         return self.service.reconcile()
 
     async def write(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """A service write for an ``async`` route (one whose write is its last step): run on
-        the event loop's thread when it can run at once (embedded store, no other write
-        running, live state held: ~0.3 ms), else queued for group commit and awaited: led by
-        its writer thread, or on PostgreSQL by a task on this loop that awaits the batch's
-        round trip (``Service.drive_writes_on``). A worker thread per write, waiting in the
-        queue, cost more than such a write itself: its hop and its contention for the GIL
+        """A service write for an ``async`` route (one whose write is its last step): queued
+        for group commit and awaited. The writes the routes queue while the loop is busy
+        form one batch, led by a task on this loop (``Service.drive_writes_on``): on SQLite
+        it runs on the loop when it need not wait, on PostgreSQL the loop awaits its round
+        trip; else on a thread. A worker thread per write, waiting in the queue, cost more
+        than such a write itself: its hop and its contention for the GIL
         (docs/service.md#throughput)."""
         try:
-            with self.service.at_once():
-                result = operation(*args, **kwargs)
-        except WouldWait:
-            self.metrics.writes.labels("queued").inc()
-            try:
-                with self.service.later():
-                    return operation(*args, **kwargs)  # only if it wrote nothing
-            except Later as queued:
-                answer: T = await queued.future
-                return answer
-        self.metrics.writes.labels("at_once").inc()
-        return result
+            with self.service.later():
+                return operation(*args, **kwargs)  # only if it wrote nothing
+        except Later as queued:
+            answer: T = await queued.future
+            return answer
 
     def reconcile_trees(self) -> int:
         """One pass over every pool tree (promotions, grants, starvation preemption as of

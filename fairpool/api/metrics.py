@@ -60,12 +60,18 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.writes = Counter(
-            "fairpool_request_writes",
-            "Writes of the submit, release, cancel and heartbeat routes, by how they ran: "
-            "at_once (on the event loop, SQLite) or queued (for group commit, led by its "
-            "thread, or on PostgreSQL by the event loop awaiting the round trip).",
-            ["path"],
+        self.batches = Counter(
+            "fairpool_write_batches",
+            "Write transactions of group commit, by where they ran: loop (on the event loop: "
+            "SQLite when it need not wait, PostgreSQL awaiting the round trip) or thread.",
+            ["on"],
+            registry=self.registry,
+        )
+        self.batched = Counter(
+            "fairpool_write_batch_operations",
+            "Write operations those transactions held; over fairpool_write_batches_total, "
+            "the mean batch size.",
+            ["on"],
             registry=self.registry,
         )
         self.registry.register(PoolCollector(service))
@@ -80,6 +86,11 @@ class Metrics:
             self.pass_seconds.observe(summary.seconds)
             for wait in summary.waits:
                 self.wait_seconds.observe(wait)
+
+    def batch(self, where: str, operations: int) -> None:
+        """A write batch ran (``Service.on_batch``)."""
+        self.batches.labels(where).inc()
+        self.batched.labels(where).inc(operations)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
