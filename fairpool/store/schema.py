@@ -274,8 +274,7 @@ event = Table(
     Column("pool_id", String(36), nullable=True),
     Column("message", Text, nullable=False),
     Column("data", JSON, nullable=False, server_default=text("'{}'")),
-    Index(None, "request_id"),
-    Index(None, "at"),
+    Index(None, "request_id"),  # not "at": the log is read by id (migration 0011)
 )
 
 # -- the scheduler config (seed 004) ---------------------------------------------------------
