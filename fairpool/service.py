@@ -568,10 +568,11 @@ class Service:
         with self.db.read() as conn:
             return self._request_view(conn, ref)
 
-    def decided_request(self, ref: str) -> tuple[str, RequestView | None]:
+    def decided_request(self, ref: str, wait: bool = True) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` and, unless it still waits, its view: one small read,
-        without the engine run a waiting request's view costs. For long-polls."""
-        with self.db.read() as conn:
+        without the engine run a waiting request's view costs. For long-polls. Without
+        ``wait``: ``WouldWait`` where the read would wait (``Database.read``)."""
+        with self.db.read(wait=wait) as conn:
             request = repo.get_request(conn, ref)
             if request.status is RequestStatus.QUEUED:
                 return request.id, None

@@ -335,8 +335,8 @@ def test_a_long_poll_reads_its_request_once_and_once_more_when_woken(
         calls: list[str] = []
         for name in ("decided_request", "get_request"):
             method = getattr(service, name)
-            monkeypatch.setattr(service, name, lambda ref, name=name, method=method: (
-                calls.append(name), method(ref))[1])
+            monkeypatch.setattr(service, name, lambda ref, name=name, method=method, **how: (
+                calls.append(name), method(ref, **how))[1])
         server = uvicorn.Server(uvicorn.Config(create_app(service, tick=3600.0),
                                                host="127.0.0.1", port=free_port(),
                                                log_level="warning"))

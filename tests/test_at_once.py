@@ -92,6 +92,43 @@ def test_sqlite_write_at_once_does_not_wait_for_another_process(tmp_path: Path) 
             assert timeout == LOCK_TIMEOUT_MS
 
 
+def test_a_read_that_must_not_wait_refuses_rather_than_wait(db: Database) -> None:
+    if not db.embedded:  # PostgreSQL: every statement waits for the network
+        with pytest.raises(WouldWait), db.read(wait=False):
+            pass
+        return
+    _generation(db)
+    with db.read() as connection:
+        expected = connection.exec_driver_sql("SELECT value FROM store_generation").scalar()
+    with db.read(wait=False) as connection:
+        assert connection.exec_driver_sql("SELECT value FROM store_generation").scalar() == expected
+        # SQLite's busy handler would sleep: "database is locked" at once instead.
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 0
+    # Kept out of the pool between such reads, also through the block's own error.
+    checked_out = db._engine.pool.checkedout()  # type: ignore[attr-defined]
+    with pytest.raises(KeyError), db.read(wait=False):
+        raise KeyError("the block's own error: an unknown id, say")
+    assert db._engine.pool.checkedout() == checked_out  # type: ignore[attr-defined]
+    with db.read() as connection:  # other reads wait, as before
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == LOCK_TIMEOUT_MS
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.read(wait=False):
+            entered.set()
+            assert leave.wait(10)
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(hold)
+        assert entered.wait(10)
+        with pytest.raises(WouldWait, match="in use"), db.read(wait=False):
+            pass
+        with db.read():  # a read that may wait takes another connection
+            pass
+        leave.set()
+        held.result(10)
+
+
 @pytest.fixture
 def svc(database_url: str) -> Iterator[Service]:
     with team_service(database_url, gpus=4) as service:

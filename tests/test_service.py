@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
@@ -274,10 +274,17 @@ def test_a_decided_request_reads_as_a_long_poll_sees_it(svc: Service) -> None:
     held = svc.create_request("orch", demand=demand(gpu_count=1))
     waiting = svc.create_request("z", demand=demand(gpu_count=1))
     assert svc.decided_request(waiting.id[:8]) == (waiting.id, None)
+    if svc.db.embedded:  # as a server's event loop reads it, without waiting
+        assert svc.decided_request(waiting.id[:8], wait=False) == (waiting.id, None)
     svc.release_request(held.id)
     for request in (held, waiting):
         request_id, view = svc.decided_request(request.id)
         assert request_id == request.id and view == svc.get_request(request.id)
+        if svc.db.embedded:
+            assert svc.decided_request(request.id, wait=False) == (request_id, view)
+        else:  # every PostgreSQL read waits for the network
+            with pytest.raises(WouldWait):
+                svc.decided_request(request.id, wait=False)
     assert view is not None and (view.component, view.status) == ("z", "allocated")
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import platformdirs
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -59,7 +59,7 @@ LOCK_TIMEOUT_MS = 30_000
 WRITE_LOCK_KEY = int.from_bytes(b"fairpool", "big")
 
 # Execution option telling the SQLite "begin" hook which kind of transaction to open: "read",
-# "write", or "write_now" (a write that fails at once rather than wait for the lock).
+# "write", or "write_now" and "read_now" (which fail at once rather than wait for a lock).
 _MODE = "fairpool_mode"
 # Where a pooled SQLite connection remembers whether it is set query_only.
 _QUERY_ONLY = "fairpool_query_only"
@@ -174,6 +174,10 @@ class Database:
         # PostgreSQL: the event loop's connection for ``write_async`` (a psycopg
         # AsyncConnection, used under the write lock); dropped likewise.
         self._async_writer: Any = None
+        # SQLite: the connection of the reads that must not wait (``read(wait=False)``, an
+        # event loop's), kept likewise under a lock of its own that they never wait for.
+        self._reader_now: Connection | None = None
+        self._reader_now_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -215,6 +219,10 @@ class Database:
             if self._async_writer is not None:  # its loop did not ``close_async``
                 self._async_writer.pgconn.finish()
                 self._async_writer = None
+        with self._reader_now_lock:
+            if self._reader_now is not None:
+                self._reader_now.close()
+                self._reader_now = None
         self._engine.dispose()
 
     async def close_async(self) -> None:
@@ -352,16 +360,46 @@ class Database:
         try:
             return connection.begin()
         except OperationalError as error:
-            busy = getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
-            if busy and not wait:
+            if _busy(error) and not wait:
                 raise WouldWait("another process is writing") from error
             raise
 
     @contextmanager
-    def read(self) -> Iterator[Connection]:
-        """One read-only transaction on a consistent snapshot."""
-        with self._connect_reader() as connection, connection.begin():
-            yield connection
+    def read(self, wait: bool = True) -> Iterator[Connection]:
+        """One read-only transaction on a consistent snapshot.
+
+        Without ``wait`` (embedded databases only; for an event loop), ``WouldWait`` is
+        raised instead of waiting: for its connection, in use by another such read, or for
+        the database (SQLite busy, which a WAL reader rarely is: a WAL being recovered,
+        another process in exclusive locking mode). The block may then have run in part:
+        it must only read."""
+        if wait:
+            with self._connect_reader() as connection, connection.begin():
+                yield connection
+            return
+        if not self.embedded:
+            raise WouldWait("a PostgreSQL read waits for the network")
+        if not self._reader_now_lock.acquire(blocking=False):
+            raise WouldWait("the connection of reads that must not wait is in use")
+        try:
+            connection = self._reader_now or self._engine.connect()
+            self._reader_now = None
+            try:
+                if connection.get_execution_options().get(_MODE) != "read_now":
+                    connection.execution_options(**{_MODE: "read_now"})
+                with connection.begin():
+                    yield connection
+            except DBAPIError as error:  # the connection's: drop it, in case it is broken
+                connection.close()
+                if isinstance(error, OperationalError) and _busy(error):
+                    raise WouldWait("another process holds the database") from error
+                raise
+            except BaseException:  # the block's (an unknown id): rolled back, kept
+                self._reader_now = connection
+                raise
+            self._reader_now = connection
+        finally:
+            self._reader_now_lock.release()
 
     @contextmanager
     def _connect_reader(self) -> Iterator[Connection]:
@@ -384,6 +422,11 @@ class Database:
         # others then find it at head. No writer runs against a half-migrated schema.
         with self.migrating() as connection:
             command.upgrade(migration_config(connection), "head")
+
+
+def _busy(error: OperationalError) -> bool:
+    """SQLite answered "database is locked" at once (no busy timeout)."""
+    return getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
 
 
 def _current_revision(connection: Connection) -> str | None:
@@ -424,8 +467,9 @@ def _control_sqlite_transactions(engine: Engine) -> None:
             connection.exec_driver_sql(f"PRAGMA query_only = {'OFF' if write else 'ON'}")
             info[_QUERY_ONLY] = not write
         # SQLite has no "try to lock": a write that must not wait begins with no busy
-        # timeout, and BEGIN IMMEDIATE fails at once if another connection writes.
-        busy = 0 if mode == "write_now" else LOCK_TIMEOUT_MS
+        # timeout, and BEGIN IMMEDIATE fails at once if another connection writes; a read,
+        # its first statement if another process holds the database.
+        busy = 0 if mode in ("write_now", "read_now") else LOCK_TIMEOUT_MS
         if info.get(_BUSY, LOCK_TIMEOUT_MS) != busy:
             _BUSY_TIMEOUTS[busy].execute(connection)
             info[_BUSY] = busy
