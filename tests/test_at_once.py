@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,26 @@ def _generation(db: Database) -> int:
         return generation(connection) - 1  # before this very write
 
 
+@contextmanager
+def _held_elsewhere(transaction: Callable[[], AbstractContextManager[object]]) -> Iterator[None]:
+    """While the block runs, ``transaction()`` is open on another thread."""
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction():
+            entered.set()
+            assert leave.wait(10)
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(hold)
+        assert entered.wait(10)
+        try:
+            yield
+        finally:
+            leave.set()
+        held.result(10)
+
+
 def test_database_write_at_once(db: Database) -> None:
     if not db.embedded:  # PostgreSQL: every statement waits for the network
         with pytest.raises(WouldWait), db.write(wait=False):
@@ -45,20 +66,9 @@ def test_database_write_at_once(db: Database) -> None:
     before = _generation(db)
     with db.write(wait=False) as connection:
         assert generation(connection) == before + 2
-    entered, leave = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with db.write():
-            entered.set()
-            assert leave.wait(10)
-
-    with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(hold)
-        assert entered.wait(10)
+    with _held_elsewhere(db.write):
         with pytest.raises(WouldWait, match="this process"), db.write(wait=False):
             pass
-        leave.set()
-        held.result(10)
 
 
 def test_sqlite_write_at_once_does_not_wait_for_another_process(tmp_path: Path) -> None:
@@ -111,22 +121,11 @@ def test_a_read_that_must_not_wait_refuses_rather_than_wait(db: Database) -> Non
     assert db._engine.pool.checkedout() == checked_out  # type: ignore[attr-defined]
     with db.read() as connection:  # other reads wait, as before
         assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == LOCK_TIMEOUT_MS
-    entered, leave = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with db.read(wait=False):
-            entered.set()
-            assert leave.wait(10)
-
-    with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(hold)
-        assert entered.wait(10)
+    with _held_elsewhere(lambda: db.read(wait=False)):
         with pytest.raises(WouldWait, match="in use"), db.read(wait=False):
             pass
         with db.read():  # a read that may wait takes another connection
             pass
-        leave.set()
-        held.result(10)
 
 
 @pytest.fixture
