@@ -270,15 +270,19 @@ class _Run:
     failed: Pending[_Operation] | None = None
     generation: int = 0
     kept: _State | None = None
+    #: The views of the requests the pass took out of the queue, for ``on_pass``.
+    dequeued: dict[str, RequestView] = field(default_factory=dict)
 
 
 class Service:
     def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
         self.db = db
         self.clock = clock
-        #: Called with every committed pass's summary (the server's metrics and long-poll
-        #: wake-ups), after the commit, on the thread that ran the batch.
-        self.on_pass: Callable[[PassSummary], None] | None = None
+        #: Called with every committed pass's summary and the views of the requests it took
+        #: out of the queue (``PassSummary.dequeued``) as committed: the server's metrics and
+        #: long-poll wake-ups, which answer with those views instead of reading them. After
+        #: the commit, on the thread that ran the batch.
+        self.on_pass: Callable[[PassSummary, Mapping[str, RequestView]], None] | None = None
         #: Called after every write batch with where it ran ("loop": on a server's event
         #: loop, ``drive_writes_on``; "thread") and how many operations it held (metrics).
         self.on_batch: Callable[[str, int], None] | None = None
@@ -908,6 +912,9 @@ class Service:
                 raise
             except Exception as error:  # reads only: the others still commit
                 run.outcomes.append((pending, None, error))
+        if self.on_pass is not None:  # someone may be waiting for them: no read then
+            for request_id in run.passed.summary.dequeued():
+                run.dequeued[request_id] = self._request_view_after(tx, run.passed, request_id)
         repo.insert_events(conn, tx.events)
         run.kept = tx.state
 
@@ -923,7 +930,7 @@ class Service:
         if run.passed is not None and self.on_pass is not None and any(
             p.work.passes for p, _, _ in run.outcomes
         ):
-            self.on_pass(run.passed.summary)
+            self.on_pass(run.passed.summary, run.dequeued)
 
     # -- the pass ----------------------------------------------------------------------
 

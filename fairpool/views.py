@@ -183,6 +183,14 @@ class PassSummary:
     #: Requests created in the pass's own transaction: nobody waited for them before it.
     created: list[str] = field(default_factory=list)
 
+    def dequeued(self) -> set[str]:
+        """The requests the pass took out of the queue (granted or rejected): what long-polls
+        wait for. The others it changed were not queued (preempted, expired) or are new
+        (retries), so nobody waits for them to leave the queue yet; nor for those created in
+        its own transaction (most submits are allocated at once): their creator has the
+        answer, and nobody else knew them (on PostgreSQL, no NOTIFY for them)."""
+        return {*self.granted, *self.rejected} - set(self.created)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -7,7 +7,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from fairpool import service as service_module
-from fairpool.api.metrics import dequeued_ids
 from fairpool.errors import Conflict, NotFound
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.service import Service
@@ -259,7 +258,7 @@ def svc(database_url: str) -> Iterator[Service]:
 
 def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -> None:
     passes: list[PassSummary] = []
-    svc.on_pass = passes.append
+    svc.on_pass = lambda summary, _: passes.append(summary)
     with ThreadPoolExecutor(3) as pool:
         with batch_running(svc):  # the writes below queue up behind it
             futures: list[Future[Any]] = [
@@ -281,7 +280,8 @@ def test_long_polls_are_woken_only_for_requests_that_waited(svc: Service) -> Non
     queued by anyone: its creator has the answer, so nobody is woken, and on PostgreSQL no
     NOTIFY is sent. One that waited is, when a later pass takes it out of the queue."""
     passes: list[PassSummary] = []
-    svc.on_pass = passes.append
+    handed: list[Mapping[str, RequestView]] = []
+    svc.on_pass = lambda summary, views: (passes.append(summary), handed.append(views))[0]
     held = [svc.create_request("team", demand={"gpu": 1}) for _ in range(2)]
     waiting = svc.create_request("team", demand={"gpu": 1})
     refused = svc.create_request("team", demand={"gpu": 3})  # more than the pool has
@@ -289,7 +289,11 @@ def test_long_polls_are_woken_only_for_requests_that_waited(svc: Service) -> Non
     assert [p.created for p in passes] == [[held[0].id], [held[1].id], [waiting.id],
                                            [refused.id], []]
     assert refused.status == "rejected"
-    assert [dequeued_ids(p) for p in passes] == [set(), set(), set(), set(), {waiting.id}]
+    assert [p.dequeued() for p in passes] == [set(), set(), set(), set(), {waiting.id}]
+    # Each comes with its view as committed, which a long-poll answers with unread.
+    assert handed[:4] == [{}] * 4
+    assert handed[4] == {waiting.id: svc.get_request(waiting.id)}
+    assert handed[4][waiting.id].status == "allocated"
 
 
 def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(

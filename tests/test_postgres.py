@@ -181,7 +181,7 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
     ran_on: list[str] = []
     with team_service(url, gpus=2) as service, Database.open(url) as other:
         db, write = service.db, Api(service, tick=3600.0).write  # as the server's routes
-        service.on_pass = lambda _: ran_on.append(threading.current_thread().name)
+        service.on_pass = lambda *_: ran_on.append(threading.current_thread().name)
 
         async def main() -> list[RequestView]:
             service.drive_writes_on(asyncio.get_running_loop())

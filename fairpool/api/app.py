@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import ExitStack, asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
-from fairpool.api.metrics import Metrics, dequeued_ids
+from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
     MAX_BODY_BYTES,
     TEXT_PATTERN,
@@ -102,13 +102,12 @@ class Api:
         self.reconciler = Reconciler(self.tick, tick)
         self.stopping = False
 
-    def _committed(self, summary: PassSummary) -> None:
+    def _committed(self, summary: PassSummary, dequeued: Mapping[str, RequestView]) -> None:
         """A pass has committed: count it, and wake the long-polls of the requests it took
-        out of the queue."""
+        out of the queue, handing them those requests' views."""
         self.metrics.record([summary])
-        dequeued = dequeued_ids(summary)
         if dequeued:
-            self.notifier.notify(dequeued)
+            self.notifier.notify(dequeued, dequeued)
 
     def reconcile(self) -> PassSummary:
         return self.service.reconcile()
@@ -181,9 +180,10 @@ class Api:
     async def until_decided(
         self, watch: Watch, request_id: str, deadline: float
     ) -> RequestView | None:
-        """Wait while the request is queued, reading it when woken by a change and every
-        ``RECHECK_SECONDS`` (other processes' changes on SQLite): its view once it no longer
-        waits; None at ``deadline`` (loop time) or at shutdown."""
+        """Wait while the request is queued: its view once it no longer waits, as the pass of
+        this process that took it out of the queue hands it, else read when woken by a
+        change (another replica's) and every ``RECHECK_SECONDS`` (other processes' changes on
+        SQLite); None at ``deadline`` (loop time) or at shutdown."""
         loop = asyncio.get_running_loop()
         while not self.notifier.closed:
             remaining = deadline - loop.time()
@@ -191,7 +191,9 @@ class Api:
                 return None
             await watch.wait(min(remaining, RECHECK_SECONDS))
             watch.clear()
-            _, view = await self.decided(request_id)
+            view = watch.take_view()  # woken by this process's pass: no read
+            if view is None:
+                _, view = await self.decided(request_id)
             if view is not None:
                 return view
         return None

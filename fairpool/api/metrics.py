@@ -145,12 +145,3 @@ class PoolCollector(Collector):
                 labels=labels,
             ),
         )
-
-
-def dequeued_ids(summary: PassSummary) -> set[str]:
-    """The requests the pass took out of the queue (granted or rejected): what long-polls
-    wait for. The others it changed were not queued (preempted, expired) or are new
-    (retries), so nobody waits for them to leave the queue yet; nor for those created in
-    its own transaction (most submits are allocated at once): their creator has the answer,
-    and nobody else knew them (on PostgreSQL, no NOTIFY for them)."""
-    return {*summary.granted, *summary.rejected} - set(summary.created)

@@ -6,7 +6,9 @@ that transaction took out of the queue (granted or rejected by the pass, or canc
 long-poll waits for nothing else. A long-poll on request X registers a ``watch(X)`` *before* it
 re-reads X's status, then sleeps on the watch's event: a change committed between the read and
 the sleep has already set the event, so no wake-up is lost, and a write wakes only the
-waiters it concerns instead of every waiter re-reading the database.
+waiters it concerns instead of every waiter re-reading the database. This process's own
+passes also hand each waiter the view of its request as they committed it, so a waiter they
+wake answers without reading at all (``Watch.take_view``).
 
 On SQLite the server is the only process writing through the API, and that is all.
 
@@ -31,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from fairpool.loops import call_on
@@ -42,9 +45,11 @@ if TYPE_CHECKING:
     from sqlalchemy import URL
 
     from fairpool.store.db import Database
+    from fairpool.views import RequestView
 
 log = logging.getLogger("fairpool.api")
 
+_NONE: Mapping[str, RequestView] = MappingProxyType({})
 #: The channel every fairpool server on a PostgreSQL database publishes and listens on.
 CHANNEL = "fairpool_changes"
 #: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; ids are sent in chunks below.
@@ -58,15 +63,25 @@ MAX_BACKOFF_SECONDS = 5.0
 
 
 class Watch:
-    """One waiter's event, set from any thread by ``ChangeNotifier.notify``."""
+    """One waiter's event, set from any thread by ``ChangeNotifier.notify``, and the view of
+    its request that the notifying pass handed it, if any."""
 
     def __init__(self, notifier: ChangeNotifier) -> None:
         self._notifier = notifier
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
+        self._view: RequestView | None = None
 
-    def set_threadsafe(self) -> None:
+    def set_threadsafe(self, view: RequestView | None = None) -> None:
+        if view is not None:
+            self._view = view  # before the event: whoever it wakes finds it
         call_on(self._loop, self._event.set)
+
+    def take_view(self) -> RequestView | None:
+        """The view handed by the last wake-up that had one (then forgotten): the request
+        as the pass that took it out of the queue committed it."""
+        view, self._view = self._view, None
+        return view
 
     def clear(self) -> None:
         self._event.clear()
@@ -116,9 +131,10 @@ class ChangeNotifier:
                     if not watchers:
                         del self._watches[key]
 
-    def notify(self, keys: Iterable[str]) -> None:
-        """These requests changed (committed): wake whoever waits on them."""
-        self._wake(keys)
+    def notify(self, keys: Iterable[str], views: Mapping[str, RequestView] = _NONE) -> None:
+        """These requests changed (committed): wake whoever waits on them, handing them the
+        ``views`` given of their requests."""
+        self._wake(keys, views)
 
     def close(self) -> None:
         """Shutting down: wake every waiter now; later waits return at once."""
@@ -130,11 +146,11 @@ class ChangeNotifier:
         with self._lock:
             return sum(len(w) for w in self._watches.values())
 
-    def _wake(self, keys: Iterable[str]) -> None:
+    def _wake(self, keys: Iterable[str], views: Mapping[str, RequestView] = _NONE) -> None:
         with self._lock:
-            woken = [w for key in keys for w in self._watches.get(key, ())]
-        for watch in woken:
-            watch.set_threadsafe()
+            woken = [(w, views.get(key)) for key in keys for w in self._watches.get(key, ())]
+        for watch, view in woken:
+            watch.set_threadsafe(view)
 
     def _wake_all(self) -> None:
         with self._lock:
@@ -187,9 +203,9 @@ class PostgresChangeNotifier(ChangeNotifier):
         for thread in threads:
             thread.join(timeout=LISTEN_POLL_SECONDS + 5.0)
 
-    def notify(self, keys: Iterable[str]) -> None:
+    def notify(self, keys: Iterable[str], views: Mapping[str, RequestView] = _NONE) -> None:
         ids = set(keys)
-        self._wake(ids)
+        self._wake(ids, views)  # the other replicas get the ids only, and read
         if not ids or not self._threads or self._stopping.is_set():
             return
         with self._cond:
