@@ -107,7 +107,7 @@ class Api:
         out of the queue, handing them those requests' views."""
         self.metrics.record([summary])
         if dequeued:
-            self.notifier.notify(dequeued, dequeued)
+            self.notifier.notify(dequeued.keys(), dequeued)
 
     def reconcile(self) -> PassSummary:
         return self.service.reconcile()
