@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fairpool import service as service_module
 from fairpool.errors import Later, NotFound, WouldWait
@@ -238,12 +239,11 @@ def test_a_route_that_must_wait_waits_on_a_thread_and_the_server_answers_meanwhi
 def _write_batches(server: ApiServer) -> dict[str, float]:
     """``fairpool_write_batches_total`` by where they ran, from the server's metrics."""
     text = httpx.get(server.url + "/metrics", timeout=5.0).text
-    prefix = 'fairpool_write_batches_total{on="'
     counts = {"loop": 0.0, "thread": 0.0}
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            where, _, value = line[len(prefix) :].partition('"} ')
-            counts[where] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "fairpool_write_batches_total":
+                counts[sample.labels["on"]] = sample.value
     return counts
 
 
