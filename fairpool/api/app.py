@@ -167,15 +167,13 @@ class Api:
 
     async def decided(self, ref: str) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` (id or unique id prefix) and its view unless it still
-        waits: one small read, no engine run (``Service.decided_request``). On SQLite it
-        runs on the loop's thread when it need not wait (~0.1 ms), else on a worker thread,
-        whose hop cost the contended load a third of its rate (docs/service.md#throughput)."""
-        if self.service.db.embedded:
-            try:
-                return self.service.decided_request(ref, wait=False)
-            except WouldWait:
-                pass
-        return await run_in_threadpool(self.service.decided_request, ref)
+        waits: one small read, no engine run (``Service.decided_request``). It runs on the
+        loop's thread when it need not wait (SQLite, ~0.1 ms), else on a worker thread, whose
+        hop cost the contended load a third of its rate (docs/service.md#throughput)."""
+        try:
+            return self.service.decided_request(ref, wait=False)
+        except WouldWait:  # PostgreSQL's reads wait for the network
+            return await run_in_threadpool(self.service.decided_request, ref)
 
     async def until_decided(
         self, watch: Watch, request_id: str, deadline: float
