@@ -329,7 +329,7 @@ class Database:
             connection = self._writer or self._connect_writer()
             self._writer = None
             try:
-                with self._begin(connection, wait):
+                with self._begin(connection, "write" if wait else "write_now"):
                     deferring = defer and not self.embedded
                     if deferring:
                         defer_writes(connection)
@@ -353,14 +353,15 @@ class Database:
         return connection
 
     @staticmethod
-    def _begin(connection: Connection, wait: bool) -> RootTransaction:
-        mode = "write" if wait else "write_now"
+    def _begin(connection: Connection, mode: str) -> RootTransaction:
+        """BEGIN a transaction of ``mode`` (``_MODE``), told to the connection only when it
+        changes. A write that must not wait raises ``WouldWait`` if another process writes."""
         if connection.get_execution_options().get(_MODE) != mode:
             connection.execution_options(**{_MODE: mode})
         try:
             return connection.begin()
         except OperationalError as error:
-            if _busy(error) and not wait:
+            if _busy(error) and mode == "write_now":
                 raise WouldWait("another process is writing") from error
             raise
 
@@ -385,9 +386,7 @@ class Database:
             connection = self._reader_now or self._engine.connect()
             self._reader_now = None
             try:
-                if connection.get_execution_options().get(_MODE) != "read_now":
-                    connection.execution_options(**{_MODE: "read_now"})
-                with connection.begin():
+                with self._begin(connection, "read_now"):
                     yield connection
             except DBAPIError as error:  # the connection's: drop it, in case it is broken
                 connection.close()
