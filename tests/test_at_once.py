@@ -232,17 +232,21 @@ def test_a_route_that_must_wait_waits_on_a_thread_and_the_server_answers_meanwhi
         # The submit that met the lock ran on a thread, and the release (its state held) on
         # the loop. (The sync routes' writes and the reconciler's ticks run on threads.)
         assert metrics["thread"] >= 1 and metrics["loop"] >= 1, metrics
+        # Each batch held one operation at least (a reconciler tick may join a route's).
+        operations = _write_batches(server, "batch_operations")
+        assert all(operations[on] >= metrics[on] for on in metrics), (operations, metrics)
     finally:
         server.stop()
 
 
-def _write_batches(server: ApiServer) -> dict[str, float]:
-    """``fairpool_write_batches_total`` by where they ran, from the server's metrics."""
+def _write_batches(server: ApiServer, counter: str = "batches") -> dict[str, float]:
+    """``fairpool_write_<counter>_total`` (batches, batch_operations) by where they ran,
+    from the server's metrics."""
     text = httpx.get(server.url + "/metrics", timeout=5.0).text
     counts = {"loop": 0.0, "thread": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "fairpool_write_batches_total":
+            if sample.name == f"fairpool_write_{counter}_total":
                 counts[sample.labels["on"]] = sample.value
     return counts
 
