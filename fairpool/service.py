@@ -574,9 +574,12 @@ class Service:
 
     def decided_request(self, ref: str, wait: bool = True) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` and, unless it still waits, its view: one small read,
-        without the engine run a waiting request's view costs. For long-polls. Without
-        ``wait``: ``WouldWait`` where the read would wait (``Database.read``)."""
+        without the engine run a waiting request's view costs, and only its status when
+        ``ref`` is the whole id of a request that still waits (what most long-polls ask).
+        Without ``wait``: ``WouldWait`` where the read would wait (``Database.read``)."""
         with self.db.read(wait=wait) as conn:
+            if repo.request_status(conn, ref) is RequestStatus.QUEUED:
+                return ref, None
             request = repo.get_request(conn, ref)
             if request.status is RequestStatus.QUEUED:
                 return request.id, None

@@ -3,6 +3,7 @@ refusals, events."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -273,9 +274,12 @@ def test_a_decided_request_reads_as_a_long_poll_sees_it(svc: Service) -> None:
         svc.attach_policy("p", component)
     held = svc.create_request("orch", demand=demand(gpu_count=1))
     waiting = svc.create_request("z", demand=demand(gpu_count=1))
-    assert svc.decided_request(waiting.id[:8]) == (waiting.id, None)
-    if svc.db.embedded:  # as a server's event loop reads it, without waiting
-        assert svc.decided_request(waiting.id[:8], wait=False) == (waiting.id, None)
+    for ref in (waiting.id[:8], waiting.id):
+        assert svc.decided_request(ref) == (waiting.id, None)
+        if svc.db.embedded:  # as a server's event loop reads it, without waiting
+            assert svc.decided_request(ref, wait=False) == (waiting.id, None)
+    with pytest.raises(NotFound):
+        svc.decided_request(str(uuid.uuid4()))
     svc.release_request(held.id)
     for request in (held, waiting):
         request_id, view = svc.decided_request(request.id)

@@ -547,6 +547,19 @@ def get_request(connection: Connection, ref: str) -> Request:
     return _requests(connection, select(table).where(table.c.id == request_id))[0]
 
 
+_REQUEST_STATUS = Direct(
+    select(schema.request.c.status).where(schema.request.c.id == bindparam("id"))
+)
+
+
+def request_status(connection: Connection, request_id: str) -> RequestStatus | None:
+    """The status of the request whose id is ``request_id`` (a whole id, not a prefix); None
+    if there is none. One statement, without the request's demand: a long-poll asks it
+    first, and most requests it asks of still wait."""
+    status = _REQUEST_STATUS.scalar(connection, {"id": request_id})
+    return None if status is None else RequestStatus(status)
+
+
 def resolve_own_request(connection: Connection, ref: str, token_id: str) -> str:
     """The id of the request created with token ``token_id`` whose id is, or else alone
     starts with, ``ref``; other requests are not found, nor counted as ambiguous."""
