@@ -300,14 +300,18 @@ class Service:
 
     def drive_writes_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """A server's running event loop leads the writes queued ``later`` from now on
-        (``_batch_on_loop``), until ``stop_driving``."""
+        (``_batch_on_loop``), until ``stop_driving``. On SQLite a thread checkpoints the
+        WAL meanwhile, not the writes, which would stall the loop
+        (``Database.checkpoint_apart``)."""
         self._writes.drive_on(loop)
+        self.db.checkpoint_apart()
 
     async def stop_driving(self) -> None:
         """On that loop, before it stops: its write in flight ends, and its connection
-        closes; a thread leads them from now on."""
+        closes; a thread leads them from now on, and the writes checkpoint again."""
         await self._writes.stop_driving()
         await self.db.close_async()
+        await asyncio.get_running_loop().run_in_executor(None, self.db.checkpoint_with_writes)
 
     @contextmanager
     def later(self) -> Iterator[None]:

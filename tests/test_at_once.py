@@ -26,6 +26,7 @@ from fairpool.store.db import LOCK_TIMEOUT_MS, Database, generation
 from fairpool.views import RequestView
 from tests.servers import ApiServer
 from tests.test_service import Clock, team_service
+from tests.test_store import rows_in_the_file_alone
 
 
 @pytest.fixture
@@ -235,6 +236,28 @@ def test_a_route_that_must_wait_waits_on_a_thread_and_the_server_answers_meanwhi
         # Each batch held one operation at least (a reconciler tick may join a route's).
         operations = _write_batches(server, "batch_operations")
         assert all(operations[on] >= metrics[on] for on in metrics), (operations, metrics)
+    finally:
+        server.stop()
+
+
+def test_a_server_checkpoints_the_wal_on_a_thread_not_in_its_writes(tmp_path: Path) -> None:
+    """The server's writes run on its event loop, which a checkpoint would stall: a thread
+    copies the WAL into the database file instead (``Database.checkpoint_apart``)."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "home")
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url + "/api/v1", timeout=30.0) as client:
+            for path, body in (("/pools", {"name": "gpus", "capacity": {"gpu": 2}}),
+                               ("/pools/gpus/policies", {"component": "team"}),
+                               ("/requests", {"component": "team", "resources": {"gpu": 1}})):
+                assert client.post(path, json=body).status_code == 201
+        # Three writes leave the WAL far below the 1,000 pages at which a write would
+        # checkpoint it: only the thread copies them into the file.
+        database = tmp_path / "home" / "fairpool.db"
+        deadline = time.monotonic() + 10
+        while rows_in_the_file_alone(database, "request", tmp_path / "copy.db") != 1:
+            assert time.monotonic() < deadline, "nothing checkpointed the server's writes"
+            time.sleep(0.1)
     finally:
         server.stop()
 

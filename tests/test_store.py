@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -113,6 +114,48 @@ def test_write_takes_the_lock_before_its_first_statement(
         other.execute("ROLLBACK")
     finally:
         other.close()
+
+
+def rows_in_the_file_alone(path: Path, table: str, copy: Path) -> int | None:
+    """How many rows ``table`` has in the database file at ``path`` without its WAL, i.e.
+    as far as checkpoints copied the WAL into it; None if the copy caught one midway."""
+    copy.write_bytes(path.read_bytes())
+    try:
+        with sqlite3.connect(copy) as connection:
+            count: int = connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            return count
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        copy.unlink()
+
+
+def test_a_thread_checkpoints_the_wal_apart_from_the_writes(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    """``checkpoint_apart``: the writes no longer checkpoint the WAL (SQLite would at 1,000
+    pages), a thread does, every ``every`` seconds; ``checkpoint_with_writes`` undoes it."""
+
+    def autocheckpoint() -> int:
+        with sqlite_db.write() as connection:
+            pages: int = connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one()
+            return pages
+
+    assert autocheckpoint() == 1000
+    sqlite_db.checkpoint_apart(every=0.05)
+    try:
+        assert autocheckpoint() == 0
+        for minute in range(3):
+            with sqlite_db.write() as connection:
+                repo.insert_pool(connection, f"p{minute}", None, {"gpu": 1}, at(minute))
+        # A few writes stay in the WAL unless something checkpoints: the thread does.
+        deadline = time.monotonic() + 10
+        while rows_in_the_file_alone(tmp_path / "fairpool.db", "pool", tmp_path / "copy.db") != 3:
+            assert time.monotonic() < deadline, "the thread did not checkpoint the writes"
+            time.sleep(0.05)
+    finally:
+        sqlite_db.checkpoint_with_writes()
+    assert autocheckpoint() == 1000
 
 
 def test_home_and_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

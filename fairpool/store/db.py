@@ -21,6 +21,7 @@ processes may open a brand-new database at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -50,8 +51,12 @@ from fairpool.store.direct import (
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
+log = logging.getLogger("fairpool.store")
+
 #: How long a writer waits for the write lock before it fails, on both backends.
 LOCK_TIMEOUT_MS = 30_000
+#: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL.
+CHECKPOINT_SECONDS = 1.0
 
 #: The PostgreSQL advisory lock every write transaction takes first: "fairpool" in ASCII, a
 #: positive signed 64-bit integer. Advisory locks are per database, so several fairpool
@@ -73,6 +78,7 @@ _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
 _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"))
 # The SQLite busy timeouts a transaction begins with: waiting for the lock, or failing at once.
+_NO_AUTOCHECKPOINT = Direct(text("PRAGMA wal_autocheckpoint = 0"))
 _BUSY_TIMEOUTS = {ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (LOCK_TIMEOUT_MS, 0)}
 # Where a pooled SQLite connection remembers its busy timeout.
 _BUSY = "fairpool_busy_timeout"
@@ -178,6 +184,10 @@ class Database:
         # event loop's), kept likewise under a lock of its own that they never wait for.
         self._reader_now: Connection | None = None
         self._reader_now_lock = threading.Lock()
+        # SQLite: the thread that checkpoints the WAL instead of the writes
+        # (``checkpoint_apart``), and what stops it.
+        self._checkpointer: threading.Thread | None = None
+        self._stop_checkpoints = threading.Event()
 
     @classmethod
     def open(cls, url: str) -> Database:
@@ -212,10 +222,9 @@ class Database:
         return db
 
     def close(self) -> None:
+        self.checkpoint_with_writes()
         with self._write_lock:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            self._drop_writer()
             if self._async_writer is not None:  # its loop did not ``close_async``
                 self._async_writer.pgconn.finish()
                 self._async_writer = None
@@ -350,7 +359,64 @@ class Database:
         connection = self._engine.connect()
         if not self.embedded:  # see _opening
             connection.execution_options(isolation_level="AUTOCOMMIT")
+        elif self._checkpointer is not None:
+            _NO_AUTOCHECKPOINT.execute(connection)
         return connection
+
+    def checkpoint_apart(self, every: float = CHECKPOINT_SECONDS) -> None:
+        """SQLite: from now on the writes leave the WAL alone, and a thread of this
+        database copies it into the file (``checkpoint``) every ``every`` seconds, until
+        ``checkpoint_with_writes`` or ``close``. For a server, whose writes run on its event
+        loop: by default the commit that takes the WAL over 1,000 pages checkpoints it, and
+        stalls the loop for milliseconds (about one commit in 60 under load); the checkpoint
+        of a thread holds the GIL only to start, so the loop goes on meanwhile. Nothing on
+        PostgreSQL."""
+        if not self.embedded or self._checkpointer is not None:
+            return
+        self._stop_checkpoints.clear()
+        thread = threading.Thread(
+            target=self._checkpoint_every, args=(every,), name="fairpool-checkpoint", daemon=True
+        )
+        with self._write_lock:  # the writer connection opened from now on does not
+            self._checkpointer = thread
+            self._drop_writer()
+        thread.start()
+
+    def checkpoint_with_writes(self) -> None:
+        """Stop ``checkpoint_apart``'s thread, after one last checkpoint; the writes
+        checkpoint again (SQLite's default)."""
+        thread = self._checkpointer
+        if thread is None:
+            return
+        self._stop_checkpoints.set()
+        thread.join()
+        with self._write_lock:
+            self._checkpointer = None
+            self._drop_writer()
+
+    def _drop_writer(self) -> None:
+        """Close the writer connection kept between writes (under the write lock)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def checkpoint(self) -> None:
+        """SQLite: copy what the WAL holds into the database file, as far as no reader still
+        needs it, without waiting for anyone (PASSIVE)."""
+        with self._engine.connect() as connection:
+            dbapi_connection: Any = connection.connection.driver_connection
+            dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+
+    def _checkpoint_every(self, every: float) -> None:
+        while not self._stop_checkpoints.wait(every):
+            self._checkpoint_logged()
+        self._checkpoint_logged()
+
+    def _checkpoint_logged(self) -> None:
+        try:
+            self.checkpoint()
+        except Exception:  # tried again at the next one; the WAL only grows meanwhile
+            log.exception("WAL checkpoint failed")
 
     @staticmethod
     def _begin(connection: Connection, mode: str) -> RootTransaction:
