@@ -91,7 +91,9 @@ def test_connections_are_configured(sqlite_db: Database) -> None:
     with sqlite_db.write() as connection:
         pragmas = {
             name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()
-            for name in ("journal_mode", "foreign_keys", "synchronous", "busy_timeout")
+            for name in (
+                "journal_mode", "foreign_keys", "synchronous", "busy_timeout", "journal_size_limit"
+            )
         }
     # synchronous: 1 is NORMAL.
     assert pragmas == {
@@ -99,6 +101,7 @@ def test_connections_are_configured(sqlite_db: Database) -> None:
         "foreign_keys": 1,
         "synchronous": 1,
         "busy_timeout": 30000,
+        "journal_size_limit": 64 * 1024 * 1024,
     }
 
 

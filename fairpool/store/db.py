@@ -57,6 +57,8 @@ log = logging.getLogger("fairpool.store")
 LOCK_TIMEOUT_MS = 30_000
 #: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL.
 CHECKPOINT_SECONDS = 1.0
+#: Bytes of WAL file kept once checkpointed (SQLite keeps all of it by default).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 #: The PostgreSQL advisory lock every write transaction takes first: "fairpool" in ASCII, a
 #: positive signed 64-bit integer. Advisory locks are per database, so several fairpool
@@ -90,6 +92,9 @@ _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode = WAL",
     # Safe with WAL: a power cut may lose the last commits but never corrupts the file.
     "PRAGMA synchronous = NORMAL",
+    # A WAL that a burst of writes grew (a server checkpoints it once a second:
+    # ``Database.checkpoint_apart``) is cut back to this once checkpointed, not kept.
+    f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}",
 )
 
 
