@@ -371,6 +371,27 @@ def test_a_long_poll_reads_its_request_once_and_not_when_its_pass_wakes_it(
             running.join(10)
 
 
+def test_the_server_keeps_what_lives_from_its_start_out_of_full_collections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` freezes what is alive once it is set up (``gc.freeze``), just before it runs
+    uvicorn's server: the collector's full passes then skip those objects."""
+    import gc
+
+    from fairpool.api import server as server_module
+
+    frozen: list[int] = []
+    monkeypatch.setattr(
+        server_module._Server, "run", lambda self: frozen.append(gc.get_freeze_count())
+    )
+    try:
+        server_module.serve(port=free_port(), home=str(tmp_path / "home"), log_level="warning")
+    finally:
+        gc.unfreeze()
+    # The modules and the app alone are tens of thousands of objects.
+    assert frozen and frozen[0] > 50_000, frozen
+
+
 def test_leases_expire_through_the_reconciler_tick(client: httpx.Client) -> None:
     setup_pool(client, "lease-gpus", "lease-orch", {"gpu": 1})
     body = {"component": "lease-orch", "resources": {"gpu": 1}, "lease_ttl": 1}
