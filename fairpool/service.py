@@ -577,13 +577,16 @@ class Service:
             return self._request_view(conn, ref)
 
     def decided_request(self, ref: str, wait: bool = True) -> tuple[str, RequestView | None]:
-        """The id of request ``ref`` and, unless it still waits, its view: one small read,
-        without the engine run a waiting request's view costs, and only its status when
-        ``ref`` is the whole id of a request that still waits (what most long-polls ask).
-        Without ``wait``: ``WouldWait`` where the read would wait (``Database.read``)."""
+        """The id of request ``ref`` and, unless it still waits, its view, without the
+        engine run a waiting request's view costs. First its status alone, one statement
+        (``Database.read(statement=True)``): when ``ref`` is the whole id of a request that
+        still waits, what most long-polls ask, that is all. Else one small read. Without
+        ``wait``: ``WouldWait`` where a read would wait (``Database.read``)."""
+        with self.db.read(wait=wait, statement=True) as conn:
+            status = repo.request_status(conn, ref)
+        if status is RequestStatus.QUEUED:
+            return ref, None
         with self.db.read(wait=wait) as conn:
-            if repo.request_status(conn, ref) is RequestStatus.QUEUED:
-                return ref, None
             request = repo.get_request(conn, ref)
             if request.status is RequestStatus.QUEUED:
                 return request.id, None

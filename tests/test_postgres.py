@@ -69,10 +69,11 @@ def _lock_is_free(other: psycopg.Connection[Any]) -> bool:
 
 
 @contextmanager
-def _protocol(tmp_path: Path) -> Iterator[list[list[str]]]:
-    """The protocol messages of the transactions any engine begins meanwhile, in order, as
-    libpq traces them: [direction ("F" from us, "B" from the server), length, type,
-    fields...]. Statements fairpool runs on the DBAPI cursor included."""
+def _protocol(tmp_path: Path, on: str = "begin") -> Iterator[list[list[str]]]:
+    """The protocol messages of the transactions any engine begins meanwhile (``on`` a
+    connection's "engine_connect": of the connections checked out), in order, as libpq
+    traces them: [direction ("F" from us, "B" from the server), length, type, fields...].
+    Statements fairpool runs on the DBAPI cursor included."""
     trace = (tmp_path / "libpq.trace").open("w+")
     traced: list[Any] = []
 
@@ -84,11 +85,11 @@ def _protocol(tmp_path: Path) -> Iterator[list[list[str]]]:
             traced.append(dbapi_connection)
 
     messages: list[list[str]] = []
-    event.listen(Engine, "begin", begin)
+    event.listen(Engine, on, begin)
     try:
         yield messages
     finally:
-        event.remove(Engine, "begin", begin)
+        event.remove(Engine, on, begin)
         for dbapi_connection in traced:
             if not dbapi_connection.closed:
                 dbapi_connection.pgconn.untrace()
@@ -142,6 +143,21 @@ def test_the_lock_is_the_first_statement_of_a_write_and_reads_take_none(
         repo.list_pools(connection)
     statements = _sql(messages)
     assert statements and not any("pg_advisory" in statement for statement in statements)
+
+
+def test_a_read_of_one_statement_is_that_statement_alone(db: Database, tmp_path: Path) -> None:
+    """``read(statement=True)``: no BEGIN nor COMMIT around the statement, one round trip
+    (a transaction's read is three)."""
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for statement, control, round_trips in ((True, [], 1), (False, ["BEGIN", "COMMIT"], 3)):
+        with _protocol(tmp_path, on="engine_connect") as messages:
+            with db.read(statement=statement) as connection:
+                assert repo.request_status(connection, unknown) is None
+        # Transaction control goes as simple queries; the statement as Parse, Bind, Execute.
+        queries = [fields[3].split()[0].strip('"') for fields in messages
+                   if fields[0] == "F" and fields[2] == "Query"]
+        assert queries == control
+        assert _round_trips(messages) == round_trips
 
 
 def test_a_write_of_the_service_is_one_round_trip(url: str, tmp_path: Path) -> None:
