@@ -79,8 +79,9 @@ _BUMP_FROM = Direct(
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
 _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"))
-# The SQLite busy timeouts a transaction begins with: waiting for the lock, or failing at once.
+# The writer connection's, while a thread checkpoints instead (``checkpoint_apart``).
 _NO_AUTOCHECKPOINT = Direct(text("PRAGMA wal_autocheckpoint = 0"))
+# The SQLite busy timeouts a transaction begins with: waiting for the lock, or failing at once.
 _BUSY_TIMEOUTS = {ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (LOCK_TIMEOUT_MS, 0)}
 # Where a pooled SQLite connection remembers its busy timeout.
 _BUSY = "fairpool_busy_timeout"

@@ -3,8 +3,9 @@
 Functions never open or commit transactions; the caller's ``Database.read()`` or
 ``Database.write()`` block decides what is atomic. Lists load their resource maps with one
 extra query for the whole list, never one per record. Lookups raise ``NotFound`` (except
-``allocation_and_retry``: most requests have no allocation), and so do updates and deletes of
-a missing row.
+``allocation_and_retry``: most requests have no allocation; and ``request_status``, whose
+caller then looks the reference up as a prefix), and so do updates and deletes of a missing
+row.
 """
 
 from __future__ import annotations
