@@ -161,6 +161,33 @@ def test_a_thread_checkpoints_the_wal_apart_from_the_writes(
     assert autocheckpoint() == 1000
 
 
+def test_a_failed_checkpoint_is_logged_and_tried_again(
+    sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    checkpoint = sqlite_db.checkpoint
+    failures = [sqlite3.OperationalError("disk I/O error")]
+
+    def failing_once() -> None:
+        if failures:
+            raise failures.pop()
+        checkpoint()
+
+    monkeypatch.setattr(sqlite_db, "checkpoint", failing_once)
+    sqlite_db.checkpoint_apart(every=0.05)
+    try:
+        with sqlite_db.write() as connection:
+            repo.insert_pool(connection, "gpus", None, {"gpu": 1}, NOW)
+        deadline = time.monotonic() + 10
+        while rows_in_the_file_alone(tmp_path / "fairpool.db", "pool", tmp_path / "copy.db") != 1:
+            assert time.monotonic() < deadline, "no checkpoint after the failed one"
+            time.sleep(0.05)
+    finally:
+        sqlite_db.checkpoint_with_writes()
+    assert not failures
+    assert "WAL checkpoint failed" in caplog.text
+
+
 def test_home_and_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAIRPOOL_HOME", str(tmp_path / "env"))
     assert fairpool_home(str(tmp_path / "explicit")) == tmp_path / "explicit"
