@@ -26,7 +26,7 @@ from fairpool.store.db import LOCK_TIMEOUT_MS, Database, generation
 from fairpool.views import RequestView
 from tests.servers import ApiServer
 from tests.test_service import Clock, team_service
-from tests.test_store import rows_in_the_file_alone
+from tests.test_store import checkpointed
 
 
 @pytest.fixture
@@ -253,11 +253,7 @@ def test_a_server_checkpoints_the_wal_on_a_thread_not_in_its_writes(tmp_path: Pa
                 assert client.post(path, json=body).status_code == 201
         # Three writes leave the WAL far below the 1,000 pages at which a write would
         # checkpoint it: only the thread copies them into the file.
-        database = tmp_path / "home" / "fairpool.db"
-        deadline = time.monotonic() + 10
-        while rows_in_the_file_alone(database, "request", tmp_path / "copy.db") != 1:
-            assert time.monotonic() < deadline, "nothing checkpointed the server's writes"
-            time.sleep(0.1)
+        checkpointed(tmp_path / "home" / "fairpool.db", "request", 1)
     finally:
         server.stop()
 

@@ -133,6 +133,15 @@ def rows_in_the_file_alone(path: Path, table: str, copy: Path) -> int | None:
         copy.unlink()
 
 
+def checkpointed(database: Path, table: str, rows: int) -> None:
+    """Wait (at most 10 s) until the database file alone, its WAL left aside, holds ``rows``
+    rows of ``table``: until a checkpoint has copied them there."""
+    deadline = time.monotonic() + 10
+    while rows_in_the_file_alone(database, table, database.with_name("copy.db")) != rows:
+        assert time.monotonic() < deadline, f"no checkpoint copied {rows} rows of {table}"
+        time.sleep(0.05)
+
+
 def test_a_thread_checkpoints_the_wal_apart_from_the_writes(
     sqlite_db: Database, tmp_path: Path
 ) -> None:
@@ -152,10 +161,7 @@ def test_a_thread_checkpoints_the_wal_apart_from_the_writes(
             with sqlite_db.write() as connection:
                 repo.insert_pool(connection, f"p{minute}", None, {"gpu": 1}, at(minute))
         # A few writes stay in the WAL unless something checkpoints: the thread does.
-        deadline = time.monotonic() + 10
-        while rows_in_the_file_alone(tmp_path / "fairpool.db", "pool", tmp_path / "copy.db") != 3:
-            assert time.monotonic() < deadline, "the thread did not checkpoint the writes"
-            time.sleep(0.05)
+        checkpointed(tmp_path / "fairpool.db", "pool", 3)
     finally:
         sqlite_db.checkpoint_with_writes()
     assert autocheckpoint() == 1000
@@ -178,10 +184,7 @@ def test_a_failed_checkpoint_is_logged_and_tried_again(
     try:
         with sqlite_db.write() as connection:
             repo.insert_pool(connection, "gpus", None, {"gpu": 1}, NOW)
-        deadline = time.monotonic() + 10
-        while rows_in_the_file_alone(tmp_path / "fairpool.db", "pool", tmp_path / "copy.db") != 1:
-            assert time.monotonic() < deadline, "no checkpoint after the failed one"
-            time.sleep(0.05)
+        checkpointed(tmp_path / "fairpool.db", "pool", 1)
     finally:
         sqlite_db.checkpoint_with_writes()
     assert not failures
