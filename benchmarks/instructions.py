@@ -39,7 +39,10 @@ import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable, Coroutine  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from fairpool.service import Service
 
 WARMUP_CYCLES = 50
 CASES = ("app", "shaped", "bare", "service")
@@ -87,14 +90,21 @@ async def admissions(app: Any, cycles: int) -> None:
             raise RuntimeError(f"release: {status} {answer[:200]!r}")
 
 
-async def fairpool_app(cycles: int, shaped: bool) -> None:
-    from fairpool.api.app import create_app
+def bench_service() -> Service:
+    """A service on a new SQLite store with the pool and policy the cycles use."""
     from fairpool.service import open_service
 
     service = open_service(tempfile.mkdtemp(prefix="fairpool-bench-instructions-"))
+    service.create_pool("bench", {"gpu": 64})
+    service.attach_policy("bench", "bench")
+    return service
+
+
+async def fairpool_app(cycles: int, shaped: bool) -> None:
+    from fairpool.api.app import create_app
+
+    service = bench_service()
     try:
-        service.create_pool("bench", {"gpu": 64})
-        service.attach_policy("bench", "bench")
         if shaped:
             held = service.create_request("bench", demand={"gpu": 1})
             released = service.release_request(held.id)
@@ -126,12 +136,8 @@ async def bare_app(cycles: int) -> None:
 
 
 def service_only(cycles: int) -> None:
-    from fairpool.service import open_service
-
-    service = open_service(tempfile.mkdtemp(prefix="fairpool-bench-instructions-"))
+    service = bench_service()
     try:
-        service.create_pool("bench", {"gpu": 64})
-        service.attach_policy("bench", "bench")
         for _ in range(WARMUP_CYCLES + cycles):
             service.release_request(service.create_request("bench", demand={"gpu": 1}).id)
     finally:
