@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -165,6 +166,24 @@ def test_a_thread_checkpoints_the_wal_apart_from_the_writes(
     finally:
         sqlite_db.checkpoint_with_writes()
     assert autocheckpoint() == 1000
+
+
+def test_closing_the_database_stops_its_checkpoint_thread(tmp_path: Path) -> None:
+    """``close`` ends ``checkpoint_apart``'s thread (after its last checkpoint): a process
+    that closes its database keeps no thread of it."""
+
+    def checkpointers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "fairpool-checkpoint"]
+
+    db = Database.open(f"sqlite:///{tmp_path / 'fairpool.db'}")
+    db.checkpoint_apart(every=0.05)
+    assert len(checkpointers()) == 1
+    with db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {"gpu": 1}, NOW)
+    db.close()
+    assert checkpointers() == []
+    # Nothing is left behind in the WAL alone: the write is in the database file.
+    assert rows_in_the_file_alone(tmp_path / "fairpool.db", "pool", tmp_path / "copy.db") == 1
 
 
 def test_a_failed_checkpoint_is_logged_and_tried_again(
