@@ -21,6 +21,7 @@ from pydantic import AfterValidator, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
+from fairpool.api.busy_routes import BusyRoute, BusyRoutes
 from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
@@ -248,7 +249,6 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     )
     app.state.api = api
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
     app.state.auth = tokens = Auth(service, auth)
     dependencies = tokens.dependencies()
 
@@ -471,4 +471,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         # The same under the API prefix, for clients that only know the base URL.
         app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
 
+    if not tokens.enabled:  # inside the body's limit: the last added runs first
+        busy = [
+            BusyRoute("POST", PREFIX + "/requests", create_request),
+            BusyRoute("GET", PREFIX + "/requests/{ref}/wait", wait_request),
+            *(BusyRoute("POST", PREFIX + f"/requests/{{ref}}/{action.__name__}", action)
+              for action in (release, heartbeat, cancel)),
+        ]
+        app.add_middleware(BusyRoutes, routes=busy, handlers=app.exception_handlers)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
     return app

@@ -1,0 +1,187 @@
+"""The busy request routes (submit, long-poll, heartbeat, release, cancel), served without
+FastAPI's per-request machinery.
+
+They are most of a server's requests. Through FastAPI each one passes four more middleware
+layers, the route table, the request wrapper and the dependency solver before its endpoint
+runs: in process, as much CPU again as a bare endpoint's whole request
+(docs/service.md#throughput). ``BusyRoutes`` matches the method and path itself, validates the
+inputs with the endpoint's own annotations (path and query parameters, the JSON body's model)
+as FastAPI would, calls the endpoint function and sends its response.
+
+Whatever it does not take exactly so, it hands to FastAPI untouched: invalid input, a content
+type other than ``application/json``, a query parameter the endpoint does not declare (or one
+given twice), a body in several parts. So every error is FastAPI's own answer, and the
+endpoints stay FastAPI routes (one implementation, the same OpenAPI schema). Errors the
+endpoint raises go to the app's exception handlers, as FastAPI would send them. Only without
+auth: with tokens, each route first reads its token in a worker thread, beside which FastAPI's
+share is small.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import params
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, HTTPExceptionHandler, Message, Receive, Scope, Send
+
+from fairpool.api.auth import authorize
+
+Endpoint = Callable[..., Awaitable[Response]]
+
+
+class _Declined(Exception):
+    """The request is not one this module takes: FastAPI serves it."""
+
+
+@dataclass(frozen=True)
+class BusyRoute:
+    """One route: ``method`` and ``path`` (a template, as FastAPI's) and its endpoint. How each
+    of the endpoint's parameters is filled comes from its signature: a parameter named in the
+    path is a path parameter, one annotated with a pydantic model is the JSON body, the
+    caller's token (``Caller``) is None, any other is a query parameter; each is validated by
+    its annotation."""
+
+    method: str
+    path: str
+    endpoint: Endpoint
+
+
+class _Compiled:
+    def __init__(self, route: BusyRoute) -> None:
+        self.method = route.method
+        self.endpoint = route.endpoint
+        self.regex, _, _ = compile_path(route.path)
+        self.path: dict[str, TypeAdapter[Any]] = {}
+        self.query: dict[str, TypeAdapter[Any]] = {}
+        self.fixed: dict[str, Any] = {}
+        self.body: tuple[str, type[BaseModel]] | None = None
+        hints = typing.get_type_hints(route.endpoint, include_extras=True)
+        for name in inspect.signature(route.endpoint).parameters:
+            hint = hints[name]
+            if f"{{{name}}}" in route.path:
+                self.path[name] = TypeAdapter(hint)
+            elif inspect.isclass(hint) and issubclass(hint, BaseModel):
+                self.body = (name, hint)
+            elif any(isinstance(m, params.Depends) and m.dependency is authorize
+                     for m in getattr(hint, "__metadata__", ())):
+                self.fixed[name] = None  # the caller's token: none without auth
+            elif any(isinstance(m, params.Depends) for m in getattr(hint, "__metadata__", ())):
+                raise TypeError(f"{route.path}: parameter {name} is a dependency")
+            else:
+                self.query[name] = TypeAdapter(hint)
+
+    def arguments(self, match: re.Match[str], scope: Scope, body: bytes | None) -> dict[str, Any]:
+        """The endpoint's arguments from the request (its path ``match``ed), as FastAPI
+        would validate them; ``_Declined`` for anything else."""
+        try:
+            arguments = {
+                name: adapter.validate_python(match.group(name))
+                for name, adapter in self.path.items()
+            }
+            given = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+            if len({name for name, _ in given}) != len(given):
+                raise _Declined  # FastAPI's rule for a repeated parameter is its own
+            for name, value in given:
+                if name not in self.query:
+                    raise _Declined
+                arguments[name] = self.query[name].validate_python(value)
+            if self.body is not None:
+                name, model = self.body
+                if body is None or _content_type(scope) != "application/json":
+                    raise _Declined
+                arguments[name] = model.model_validate(json.loads(body))
+        except (ValidationError, ValueError):  # JSONDecodeError is a ValueError
+            raise _Declined from None
+        return arguments | self.fixed
+
+
+def _content_type(scope: Scope) -> str | None:
+    """The media type, without its parameters (a charset: JSON's is found from its bytes)."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media_type: str = value.decode("latin-1")
+            return media_type.partition(";")[0].strip().lower()
+    return None
+
+
+class BusyRoutes:
+    """ASGI middleware: serves ``routes`` when it can take the request (see the module's
+    docstring), else hands it to ``app``. ``handlers`` are the app's exception handlers
+    (``FastAPI.exception_handlers``)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Sequence[BusyRoute],
+        handlers: Mapping[Any, HTTPExceptionHandler],
+    ) -> None:
+        self.app = app
+        self.routes = [_Compiled(route) for route in routes]
+        # A handler of Exception itself answers bugs in ServerErrorMiddleware, outside.
+        self.handlers = {kind: h for kind, h in handlers.items() if kind is not Exception}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        for route in self.routes:
+            if route.method == scope["method"]:
+                match = route.regex.match(scope["path"])
+                if match is not None:
+                    await self._serve(route, match, scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _serve(
+        self, route: _Compiled, match: re.Match[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        message: Message | None = None
+        body = None
+        if route.body is not None:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body = message.get("body", b"")
+        try:
+            arguments = route.arguments(match, scope, body)
+        except _Declined:
+            await self.app(scope, _replaying(message, receive), send)
+            return
+        try:
+            response = await route.endpoint(**arguments)
+        except Exception as error:
+            handler = self._handler(error)
+            if handler is None:
+                raise
+            answer = handler(Request(scope, receive), error)
+            response = await answer if inspect.isawaitable(answer) else answer
+        await response(scope, receive, send)
+
+    def _handler(self, error: Exception) -> HTTPExceptionHandler | None:
+        """The app's handler of ``error``, found as Starlette finds it (by the class's MRO)."""
+        for kind in type(error).__mro__:
+            if kind in self.handlers:
+                return self.handlers[kind]
+        return None
+
+
+def _replaying(message: Message | None, receive: Receive) -> Receive:
+    """``receive``, giving ``message`` (already received) first."""
+    if message is None:
+        return receive
+    pending = [message]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay

@@ -1,0 +1,313 @@
+"""The busy request routes answer exactly as FastAPI answers them.
+
+Two apps over two stores set up alike: one as ``create_app`` builds it (``BusyRoutes`` serves
+submit, long-poll, heartbeat, release and cancel), one with that middleware taken out (FastAPI
+serves everything). Each request goes to both, in process, by ASGI calls. Their answers must
+be the same (status, headers, body, ids and times aside), and a recorder tells which of the two
+served the request in the first app: FastAPI's router leaves its route in the scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairpool.api.app import PREFIX, create_app
+from fairpool.api.busy_routes import BusyRoutes
+from fairpool.service import Service, open_service
+
+T = TypeVar("T")
+POOL, COMPONENT = "gpus", "team-a"
+#: Fields that differ between two stores by nature.
+VOLATILE = {"id", "created", "updated", "allocated_at", "released_at", "lease_expires_at",
+            "previous_attempt_id", "retried_as_id", "preempted_by_id"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+    #: Whether FastAPI's router served it (else ``BusyRoutes`` did).
+    routed: bool
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def call(app: FastAPI, method: str, path: str, body: bytes | None = None,
+               content_type: bytes | None = b"application/json") -> Answer:
+    path, _, query = path.partition("?")
+    headers = [(b"host", b"test")]
+    if content_type is not None:
+        headers.append((b"content-type", content_type))
+    if body is not None:
+        headers.append((b"content-length", str(len(body)).encode()))
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": query.encode(), "headers": headers, "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80), "state": {},
+    }
+    sent: list[dict[str, Any]] = []
+    received = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if received:
+            await asyncio.Event().wait()
+        received = True
+        return {"type": "http.request", "body": body or b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = sent[0]
+    return Answer(start["status"], tuple(start["headers"]),
+                  b"".join(m.get("body", b"") for m in sent[1:]), "route" in scope)
+
+
+class Apps:
+    """The two apps, their lifespans running on an event loop of their own (a thread)."""
+
+    def __init__(self, root: Path) -> None:
+        self.services: list[Service] = []
+        self.apps: list[FastAPI] = []
+        for name in ("busy", "fastapi"):
+            service = open_service(str(root / name))
+            service.create_pool(POOL, {"gpu": 4})
+            service.attach_policy(POOL, COMPONENT)
+            app = create_app(service, tick=3600.0)
+            if name == "fastapi":
+                app.user_middleware = [m for m in app.user_middleware if m.cls is not BusyRoutes]
+            self.services.append(service)
+            self.apps.append(app)
+        assert any(m.cls is BusyRoutes for m in self.apps[0].user_middleware)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.stack = AsyncExitStack()
+        for app in self.apps:
+            self.run(self.stack.enter_async_context(app.router.lifespan_context(app)))
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    def both(self, method: str, path: str, body: bytes | None = None,
+             content_type: bytes | None = b"application/json") -> tuple[Answer, Answer]:
+        """The same request to each app."""
+        busy, fastapi = (
+            self.run(call(app, method, path, body, content_type)) for app in self.apps
+        )
+        return busy, fastapi
+
+    def close(self) -> None:
+        self.run(self.stack.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+        for service in self.services:
+            service.close()
+
+
+def normalized(answer: Answer, ids: tuple[str, ...] = ()) -> tuple[int, dict[bytes, bytes], Any]:
+    """What must be equal: the status, the headers, and the body without what differs
+    between two stores (its ids and times; ``ids`` named in messages)."""
+    headers = dict(answer.headers)
+    headers.pop(b"content-length", None)  # ids and times may differ in length
+    text = answer.body.decode()
+    for one in ids:
+        text = text.replace(one, "<id>")
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in VOLATILE}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return answer.status, headers, strip(json.loads(text)) if text else None
+
+
+@pytest.fixture(scope="module")
+def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
+    running = Apps(tmp_path_factory.mktemp("busy"))
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def submitted(apps: Apps, body: dict[str, Any]) -> tuple[str, str]:
+    """A request submitted to each app: their ids."""
+    busy, fastapi = apps.both("POST", PREFIX + "/requests", json.dumps(body).encode())
+    assert busy.status == fastapi.status == 201, (busy, fastapi)
+    return busy.json()["id"], fastapi.json()["id"]
+
+
+def same(busy: Answer, fastapi: Answer, ids: tuple[str, ...] = ()) -> None:
+    assert normalized(busy, ids) == normalized(fastapi, ids)
+    assert fastapi.routed
+
+
+GOOD = json.dumps({"component": COMPONENT, "resources": {"gpu": 1}}).encode()
+
+# (body, content type, served by BusyRoutes, expected status)
+SUBMITS = [
+    (GOOD, b"application/json", True, 201),
+    (GOOD, b"Application/JSON; charset=utf-8", True, 201),
+    (GOOD, None, False, 415),
+    (GOOD, b"text/plain", False, 415),
+    (GOOD, b"application/vnd.fairpool+json", False, 201),
+    (b"", b"application/json", False, 422),
+    (b"{", b"application/json", False, 400),
+    (b"null", b"application/json", False, 422),
+    (b"[]", b"application/json", False, 422),
+    (json.dumps({"component": COMPONENT, "resources": {"gpu": "1"}}).encode(),
+     b"application/json", False, 422),
+    (json.dumps({"component": COMPONENT, "resources": {"gpu": 1}, "x": 1}).encode(),
+     b"application/json", False, 422),
+    (json.dumps({"component": COMPONENT, "resources": {"gpu": 10**30}}).encode(),
+     b"application/json", False, 422),
+    (json.dumps({"component": COMPONENT, "resources": {"gpu": -1}}).encode(),
+     b"application/json", False, 422),
+    (json.dumps({"component": "nobody", "resources": {"gpu": 1}}).encode(),
+     b"application/json", True, None),
+    (json.dumps({"component": COMPONENT, "resources": {"cpu": 1}}).encode(),
+     b"application/json", True, None),
+    (json.dumps({"component": COMPONENT, "resources": {"gpu": 99}}).encode(),
+     b"application/json", True, None),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "busy_serves", "status"), SUBMITS)
+def test_a_submit_is_answered_as_fastapi_answers_it(
+    apps: Apps, body: bytes, content_type: bytes | None, busy_serves: bool, status: int | None
+) -> None:
+    busy, fastapi = apps.both("POST", PREFIX + "/requests", body, content_type)
+    same(busy, fastapi)
+    assert busy.routed is not busy_serves
+    if status is not None:
+        assert busy.status == status, busy.body
+    if busy.status == 201:  # give the units back
+        for app, answer in zip(apps.apps, (busy, fastapi), strict=True):
+            apps.run(call(app, "POST", f"{PREFIX}/requests/{answer.json()['id']}/release"))
+
+
+# (method, path after the request's id, served by BusyRoutes, expected status)
+ACTIONS = [
+    ("POST", "/heartbeat", True, 200),
+    ("GET", "/wait?timeout=0", True, 200),
+    ("GET", "/wait", True, 200),
+    ("GET", "/wait?timeout=0.5&timeout=0", False, 200),
+    ("GET", "/wait?timeout=0&verbose=1", False, 200),
+    ("GET", "/wait?timeout=-1", False, 422),
+    ("GET", "/wait?timeout=nan", False, 422),
+    ("GET", "/wait?timeout=", False, 422),
+    ("POST", "/release", True, 200),
+    ("POST", "/release", True, 409),  # released already
+    ("POST", "/heartbeat", True, 200),  # answers in any status
+    ("POST", "/cancel", True, 409),
+    ("GET", "", False, 200),  # not a busy route
+]
+
+
+def test_the_request_routes_answer_as_fastapi_answers_them(apps: Apps) -> None:
+    ids = submitted(apps, {"component": COMPONENT, "resources": {"gpu": 1}})
+    for method, tail, busy_serves, status in ACTIONS:
+        busy, fastapi = (
+            apps.run(call(app, method, f"{PREFIX}/requests/{one}{tail}", content_type=None))
+            for app, one in zip(apps.apps, ids, strict=True)
+        )
+        same(busy, fastapi, ids)
+        assert (busy.routed is not busy_serves, busy.status) == (True, status), (method, tail)
+
+
+@pytest.mark.parametrize(("ref", "status"), [
+    ("nope", 404),
+    ("%00", 422),
+    ("x" * 300, 422),
+    ("%F0%9F%98%80", 404),
+])
+def test_a_bad_or_unknown_id_is_answered_as_fastapi_answers_it(
+    apps: Apps, ref: str, status: int
+) -> None:
+    from urllib.parse import unquote
+
+    path = unquote(ref)
+    for method, tail in (("POST", "/release"), ("POST", "/heartbeat"), ("POST", "/cancel"),
+                         ("GET", "/wait?timeout=0")):
+        busy, fastapi = apps.both(method, f"{PREFIX}/requests/{path}{tail}", content_type=None)
+        same(busy, fastapi)
+        assert busy.status == status, (tail, busy.body)
+
+
+def test_a_long_poll_through_the_busy_route_is_woken_by_a_release(apps: Apps) -> None:
+    """The long-poll served by ``BusyRoutes`` waits and wakes as FastAPI's: a request queued
+    behind a full pool is answered "allocated" once the holder releases."""
+    app = apps.apps[0]
+    holders = [apps.run(call(app, "POST", PREFIX + "/requests", json.dumps(
+        {"component": COMPONENT, "resources": {"gpu": 4}}).encode()))]
+    waiting = apps.run(call(app, "POST", PREFIX + "/requests", GOOD)).json()
+    assert waiting["status"] == "queued"
+
+    async def wait_then_release() -> Answer:
+        poll = asyncio.ensure_future(
+            call(app, "GET", f"{PREFIX}/requests/{waiting['id']}/wait?timeout=20",
+                 content_type=None))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        holder = holders[0].json()["id"]
+        await call(app, "POST", f"{PREFIX}/requests/{holder}/release")
+        return await poll
+
+    woken = apps.run(wait_then_release())
+    assert not woken.routed and woken.json()["status"] == "allocated"
+    apps.run(call(app, "POST", f"{PREFIX}/requests/{waiting['id']}/release"))
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=8,
+)
+FIELDS = {
+    "component": st.sampled_from([COMPONENT, "nobody", "", " ", "a\x00b"]) | JSON,
+    "component_type": st.sampled_from(["orchestrator", "step", "other"]) | JSON,
+    "resources": st.dictionaries(st.sampled_from(["gpu", "cpu", ""]),
+                                 st.integers(-2, 6) | JSON, max_size=2) | JSON,
+    "preemptible": st.booleans() | JSON,
+    "max_retries": st.integers(-1, 12) | JSON,
+    "labels": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2) | JSON,
+    "lease_ttl": st.none() | st.integers(-1, 10**6) | JSON,
+    "idempotency_key": st.none() | st.text(max_size=70),
+    "unknown": JSON,
+}
+BODIES = st.fixed_dictionaries(
+    {"component": FIELDS["component"], "resources": FIELDS["resources"]},
+    optional={k: v for k, v in FIELDS.items() if k not in ("component", "resources")},
+) | JSON
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(body=BODIES)
+def test_any_submit_body_is_answered_as_fastapi_answers_it(apps: Apps, body: Any) -> None:
+    busy, fastapi = apps.both("POST", PREFIX + "/requests", json.dumps(body).encode())
+    same(busy, fastapi)
+    if busy.status == 201:
+        for app, answer in zip(apps.apps, (busy, fastapi), strict=True):
+            apps.run(call(app, "POST", f"{PREFIX}/requests/{answer.json()['id']}/cancel"))
