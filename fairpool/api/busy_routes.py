@@ -1,9 +1,9 @@
 """The busy request routes (submit, long-poll, heartbeat, release, cancel), served without
 FastAPI's per-request machinery.
 
-They are most of a server's requests. Through FastAPI each one passes four more middleware
-layers, the route table, the request wrapper and the dependency solver before its endpoint
-runs: in process, as much CPU again as a bare endpoint's whole request
+They are most of a server's requests. Through FastAPI each one passes its exception and
+exit-stack middleware, the route table, the request wrapper and the dependency solver before
+its endpoint runs: in process, as much CPU again as a bare endpoint's whole request
 (docs/service.md#throughput). ``BusyRoutes`` matches the method and path itself, validates the
 inputs with the endpoint's own annotations (path and query parameters, the JSON body's model)
 as FastAPI would, calls the endpoint function and sends its response.
@@ -57,7 +57,7 @@ class BusyRoute:
     endpoint: Endpoint
 
 
-class _Compiled:
+class _Route:
     def __init__(self, route: BusyRoute) -> None:
         self.method = route.method
         self.endpoint = route.endpoint
@@ -127,7 +127,7 @@ class BusyRoutes:
         handlers: Mapping[Any, HTTPExceptionHandler],
     ) -> None:
         self.app = app
-        self.routes = [_Compiled(route) for route in routes]
+        self.routes = [_Route(route) for route in routes]
         # A handler of Exception itself answers bugs in ServerErrorMiddleware, outside.
         self.handlers = {kind: h for kind, h in handlers.items() if kind is not Exception}
 
@@ -144,7 +144,7 @@ class BusyRoutes:
         await self.app(scope, receive, send)
 
     async def _serve(
-        self, route: _Compiled, match: re.Match[str], scope: Scope, receive: Receive, send: Send
+        self, route: _Route, match: re.Match[str], scope: Scope, receive: Receive, send: Send
     ) -> None:
         message: Message | None = None
         body = None

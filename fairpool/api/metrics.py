@@ -75,22 +75,35 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(PoolCollector(service))
+        #: The batch counters' series by where batches ran: prometheus_client finds a
+        #: labelled series under a lock, once per batch otherwise.
+        self._batch_series: dict[str, tuple[Counter, Counter]] = {}
 
     def record(self, summaries: Iterable[PassSummary]) -> None:
         for summary in summaries:
-            self.admissions.inc(len(summary.granted))
-            self.rejections.inc(len(summary.rejected))
-            self.preemptions.inc(len(summary.preempted))
-            self.retries.inc(len(summary.retried))
-            self.lease_expiries.inc(len(summary.expired))
+            # Every pass records one; adding 0 would take a lock for nothing.
+            for counter, ids in (
+                (self.admissions, summary.granted),
+                (self.rejections, summary.rejected),
+                (self.preemptions, summary.preempted),
+                (self.retries, summary.retried),
+                (self.lease_expiries, summary.expired),
+            ):
+                if ids:
+                    counter.inc(len(ids))
             self.pass_seconds.observe(summary.seconds)
             for wait in summary.waits:
                 self.wait_seconds.observe(wait)
 
     def batch(self, where: str, operations: int) -> None:
         """A write batch ran (``Service.on_batch``)."""
-        self.batches.labels(where).inc()
-        self.batched.labels(where).inc(operations)
+        series = self._batch_series.get(where)
+        if series is None:
+            series = self._batch_series[where] = (
+                self.batches.labels(where), self.batched.labels(where)
+            )
+        series[0].inc()
+        series[1].inc(operations)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
