@@ -16,17 +16,11 @@ demo: $(BIN)/fairpool
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/tour.sh
 
 # pytest on two workers (pytest-xdist): 4.4 -> 2.9 min on a 2-core machine, 2026-11-24.
-# The ZenML suite (a venv of its own, a ZenML server, pipelines that mostly wait) runs beside
-# it, its output shown once both have ended: CI took 14.6 min one after the other on a slow
-# night of this machine, near its 15.
 test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks examples
 	$(BIN)/mypy
-	@log=$$(mktemp); bash tests/zenml/run.sh >"$$log" 2>&1 & zenml=$$!; \
-	$(BIN)/python -m pytest -q -n 2; main=$$?; \
-	wait $$zenml; zenml=$$?; \
-	echo "--- the ZenML suite (tests/zenml/run.sh), exit $$zenml:"; cat "$$log"; rm -f "$$log"; \
-	test $$main -eq 0 -a $$zenml -eq 0
+	$(BIN)/python -m pytest -q -n 2
+	bash tests/zenml/run.sh
 
 # A real ZenML dynamic pipeline queued and granted by fairpool, behind a local ZenML server
 # (127.0.0.1, throw-away config); the ZenML venv (.zenml-venv, or ZENML_VENV) is made on first use.
