@@ -1,8 +1,10 @@
 """The HTTP API: thin over ``Service`` (validate, call, map errors), under ``/api/v1``.
 
-Every endpoint but the long-poll is a plain ``def``: FastAPI runs it in its thread pool and
-the service makes each call one database transaction. The long-poll is a coroutine that holds
-neither a thread nor a transaction while it waits (see ``ChangeNotifier``).
+The busy request routes (submit, long-poll, heartbeat, release, cancel) are coroutines: their
+writes are queued for group commit (``Api.write``), the long-poll holds neither a thread nor a
+transaction while it waits (see ``ChangeNotifier``), and without auth ``BusyRoutes`` serves
+them without FastAPI's per-request machinery. Every other endpoint is a plain ``def``: FastAPI
+runs it in its thread pool and the service makes each call one database transaction.
 """
 
 from __future__ import annotations
