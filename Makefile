@@ -15,15 +15,15 @@ $(BIN)/fairpool: pyproject.toml
 demo: $(BIN)/fairpool
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/tour.sh
 
-# pytest on workers (pytest-xdist): 4.4 -> 2.9 min on a 2-core machine with two, 2026-11-24;
-# three, since many tests wait on servers and CLI subprocesses: 8.3 -> 7.1 min on a slow night
-# (2026-11-25), with the package compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's
-# machine), every subprocess would compile fairpool's modules again.
+# pytest on two workers (pytest-xdist): 4.4 -> 2.9 min on a 2-core machine, 2026-11-24. Three
+# were faster (8.3 -> 7.1 min on a slow night) but starved the tests that time heartbeats.
+# The package is compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's machine), every
+# CLI and server subprocess would compile fairpool's modules again.
 test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m compileall -q fairpool tests
-	$(BIN)/python -m pytest -q -n 3
+	$(BIN)/python -m pytest -q -n 2
 	bash tests/zenml/run.sh
 
 # A real ZenML dynamic pipeline queued and granted by fairpool, behind a local ZenML server
