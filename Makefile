@@ -16,7 +16,7 @@ demo: $(BIN)/fairpool
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/tour.sh
 
 # pytest on two workers (pytest-xdist): 4.4 -> 2.9 min on a 2-core machine, 2026-11-24. Three
-# were faster (8.3 -> 7.1 min on a slow night) but starved the tests that time heartbeats.
+# were faster on a slow night (8.3 -> 7.1 min) and passed CI once; two have passed it longest.
 # The package is compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's machine), every
 # CLI and server subprocess would compile fairpool's modules again.
 test: $(BIN)/fairpool
