@@ -69,14 +69,15 @@ class _Route:
         hints = typing.get_type_hints(route.endpoint, include_extras=True)
         for name in inspect.signature(route.endpoint).parameters:
             hint = hints[name]
+            depends = [m.dependency for m in getattr(hint, "__metadata__", ())
+                       if isinstance(m, params.Depends)]
             if f"{{{name}}}" in route.path:
                 self.path[name] = TypeAdapter(hint)
             elif inspect.isclass(hint) and issubclass(hint, BaseModel):
                 self.body = (name, hint)
-            elif any(isinstance(m, params.Depends) and m.dependency is authorize
-                     for m in getattr(hint, "__metadata__", ())):
+            elif depends == [authorize]:
                 self.fixed[name] = None  # the caller's token: none without auth
-            elif any(isinstance(m, params.Depends) for m in getattr(hint, "__metadata__", ())):
+            elif depends:
                 raise TypeError(f"{route.path}: parameter {name} is a dependency")
             else:
                 self.query[name] = TypeAdapter(hint)
