@@ -81,14 +81,18 @@ def test_cli_reflects_fairpools_state(server: ZenML) -> None:
     # atomic rename), so a CLI call reading it while a pipeline's client writes it can find
     # it empty and fall back to the local SQL store, for good ("Resource pool functionality
     # is not enabled").
+    # The first holds until the test has looked (or 300 s); the second holds 1 s.
+    release_first = server.cwd / "release-first"
     procs = []
-    for name, seconds in (("first", "30"), ("second", "1")):
+    for name, hold in (("first", {"SCENARIO_LONG_SECONDS": "300",
+                                  "SCENARIO_HOLD_UNTIL": str(release_first)}),
+                       ("second", {"SCENARIO_LONG_SECONDS": "1"})):
         events = server.cwd / f"{name}.jsonl"
         config = shutil.copytree(server.env["ZENML_CONFIG_PATH"], server.root / f"config-{name}")
         procs.append((events, subprocess.Popen(
             [sys.executable, "scenarios.py", "long", "--server"], cwd=server.cwd,
-            env={**server.env, "SCENARIO_EVENTS": str(events),
-                 "SCENARIO_LONG_SECONDS": seconds, "ZENML_CONFIG_PATH": str(config)},
+            env={**server.env, "SCENARIO_EVENTS": str(events), **hold,
+                 "ZENML_CONFIG_PATH": str(config)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )))
         if name == "first":
@@ -118,6 +122,7 @@ def test_cli_reflects_fairpools_state(server: ZenML) -> None:
         assert "OCCUPIED_RESOURCES {'gpu': 1}" in described
         request = server.say("resource-request", "describe", queued["id"])
         assert "pending" in request and "in use 1 of limit 1" in request
+        release_first.touch()
         for _, proc in procs:
             out, _ = proc.communicate(timeout=180)
             assert proc.returncode == 0, out[-3000:]

@@ -3,12 +3,13 @@
 # and sets VENV to it.   ZENML_VENV=path (default .zenml-venv) to use another one.
 PYTHON=${PYTHON:-python3}
 VENV=${ZENML_VENV:-.zenml-venv}
-# pytest-timeout too: pyproject's pytest settings name its option (an unknown one is an error).
-if [ ! -x "$VENV/bin/zenml" ] || ! "$VENV/bin/python" -c "import pytest_timeout" 2>/dev/null; then
+# pytest-timeout too: pyproject's pytest settings name its option (an unknown one is an error);
+# pytest-xdist for tests/zenml/run.sh's two workers.
+if [ ! -x "$VENV/bin/zenml" ] || ! "$VENV/bin/python" -c "import pytest_timeout, xdist" 2>/dev/null; then
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --upgrade pip
     # One resolver run for both: installed one after the other, fairpool's fastapi pulls an
     # opentelemetry-api that ZenML's opentelemetry-sdk pin refuses.
     "$VENV/bin/pip" install --quiet -e . 'zenml[local,server]>=0.95,<0.97' 'pytest>=8,<10' \
-        'pytest-timeout>=2.3,<3' 'mypy>=1.10' types-PyYAML
+        'pytest-timeout>=2.3,<3' 'pytest-xdist>=3.5,<4' 'mypy>=1.10' types-PyYAML
 fi
