@@ -11,6 +11,8 @@ A batch that no caller is to lead is then led by a thread of the GroupCommit's o
 on first use, so that the loop's operations need no worker thread of their own each; or,
 once ``drive_on`` names the loop, by a task on that loop (``run_batch_async``), which takes
 every operation queued by then: those the loop's routes queued in one turn share a batch.
+With ``gather_turns``, the loop turns that many times before the batch is taken, so that the
+requests it has already read queue their operations in the same batch.
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ class GroupCommit(Generic[T]):
     ) -> None:
         self._run_batch = run_batch
         self._run_batch_async = run_batch_async
-        # The loop whose task leads the batches no caller leads (``drive_on``), if any, and
-        # its batch in flight.
+        # The loop whose task leads the batches no caller leads (``drive_on``), if any, the
+        # turns it takes before a batch, and its batch in flight.
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._gather_turns = 0
         self._loop_batch: asyncio.Task[None] | None = None
         self._queue: list[Pending[T]] = []
         self._lock = threading.Lock()  # guards the queue, ``_leading`` and the driver's state
@@ -123,12 +126,14 @@ class GroupCommit(Generic[T]):
         assert pending.future is not None
         return pending.future
 
-    def drive_on(self, loop: asyncio.AbstractEventLoop) -> None:
+    def drive_on(self, loop: asyncio.AbstractEventLoop, gather_turns: int = 0) -> None:
         """From now on, batches no caller leads are led by a task on ``loop``, which must be
-        running, with ``run_batch_async``; until ``stop_driving``."""
+        running, with ``run_batch_async``; until ``stop_driving``. The batch is taken
+        ``gather_turns`` turns of the loop after the first operation that waits for it."""
         assert self._run_batch_async is not None, "no run_batch_async to drive with"
         with self._lock:
             self._loop = loop
+            self._gather_turns = gather_turns
 
     async def stop_driving(self) -> None:
         """On the loop: its batch in flight ends, and the thread leads from now on."""
@@ -152,7 +157,7 @@ class GroupCommit(Generic[T]):
         batch."""
         if self._loop is not None and not self._loop.is_closed():
             # Always at the loop's next turn (not ``call_on``): it takes the lock held here.
-            self._loop.call_soon_threadsafe(self._drive_on_loop)
+            self._loop.call_soon_threadsafe(self._drive_on_loop, self._gather_turns)
             return
         self._driving = True
         if self._driver is None:
@@ -180,7 +185,10 @@ class GroupCommit(Generic[T]):
             finally:
                 self._end(batch)
 
-    def _drive_on_loop(self) -> None:
+    def _drive_on_loop(self, turns: int) -> None:
+        if turns:
+            asyncio.get_running_loop().call_soon(self._drive_on_loop, turns - 1)
+            return
         with self._lock:
             if self._loop is None:  # driving stopped since: the thread leads it
                 self._hand_to_driver()

@@ -244,6 +244,34 @@ def test_queued_operations_are_led_on_the_loop_drive_on_names() -> None:
     ]
 
 
+@pytest.mark.parametrize("turns", [0, 1, 3])
+def test_the_loop_turns_gather_turns_times_before_its_batch_is_taken(turns: int) -> None:
+    """``drive_on(loop, gather_turns=k)``: operations queued up to k turns of the loop after
+    the first share its batch; later ones form the next."""
+    batches: list[list[str]] = []
+
+    async def run_batch_async(batch: list[Pending[str]]) -> None:
+        batches.append([p.work for p in batch])
+        _answer_in_capitals(batch)
+
+    group: GroupCommit[str] = GroupCommit(_answer_in_capitals, run_batch_async)
+
+    async def queue_after(turns: int, work: str) -> str:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        answer: str = await group.submit_later(work)
+        return answer
+
+    async def main() -> list[str]:
+        group.drive_on(asyncio.get_running_loop(), gather_turns=turns)
+        return await asyncio.gather(*(queue_after(i, f"w{i}") for i in range(6)))
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [f"W{i}" for i in range(6)]
+    group.close()
+    assert batches[0] == [f"w{i}" for i in range(turns + 1)]
+    assert sorted(w for batch in batches for w in batch) == [f"w{i}" for i in range(6)]
+
+
 def test_an_unsettled_operation_fails_instead_of_hanging() -> None:
     group: GroupCommit[str] = GroupCommit(lambda batch: None)
     with pytest.raises(RuntimeError, match="without settling"):
