@@ -104,6 +104,13 @@ class Grant:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.current_thread() is threading.main_thread()
+        # A process that ignores SIGINT (a job a shell started in the background) could not be
+        # interrupted in a blocking call: while held, SIGINT gets a handler that raises only
+        # for the heartbeat's interrupt and still ignores anyone else's.
+        self._handles_sigint = self._main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        if self._handles_sigint:
+            _interrupting.clear()
+            signal.signal(signal.SIGINT, _interrupt_if_ours)
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
@@ -127,9 +134,13 @@ class Grant:
 
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so."""
-        with self._lock:
-            self._stop.set()
-        self._thread.join(timeout=10)
+        try:
+            with self._lock:
+                self._stop.set()
+            self._thread.join(timeout=10)
+        finally:
+            if self._handles_sigint:  # ignored again, as before the grant
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.lost is None:
             try:
                 self._client.release(self.request.id)
@@ -312,16 +323,30 @@ def _local(home: str | None) -> Backend:
     return open_service(home)
 
 
+#: Set just before a grant's heartbeat sends SIGINT to the main thread.
+_interrupting = threading.Event()
+
+
+def _interrupt_if_ours(signum: int, frame: object) -> None:
+    """SIGINT's handler while a grant is held where SIGINT was ignored."""
+    if _interrupting.is_set():
+        _interrupting.clear()
+        raise KeyboardInterrupt
+
+
 def _interrupt_main() -> None:
     """KeyboardInterrupt in the main thread now, even when it is blocked in a call such as
     ``time.sleep`` or a socket read: a real SIGINT sent to that thread interrupts the call,
     where ``_thread.interrupt_main`` only raises once the call has returned by itself."""
     main = threading.main_thread().ident
-    if main is not None and hasattr(signal, "pthread_kill") and callable(
-        signal.getsignal(signal.SIGINT)
-    ):
+    handler = signal.getsignal(signal.SIGINT)
+    if main is not None and hasattr(signal, "pthread_kill") and callable(handler):
+        if handler is _interrupt_if_ours:
+            _interrupting.set()
         signal.pthread_kill(main, signal.SIGINT)
-    else:  # no Python handler for SIGINT (a real one could kill the process): simulate it
+    else:  # no pthread_kill (Windows), or SIGINT left to the OS (a real one would kill the
+        # process): simulated, raised at the next bytecode; with SIG_DFL not at all, and the
+        # loss is raised when the block is left
         _thread.interrupt_main()
 
 

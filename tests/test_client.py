@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -86,6 +88,46 @@ def test_preemption_reaches_the_holder_within_a_heartbeat(home: str) -> None:
     # Heartbeats run every lease_ttl / 3 seconds: the holder hears within about one interval.
     assert time.monotonic() - took[0] < 2.0
     assert client.get(grant.id).status == "preempted"
+
+
+HOLDER_IGNORING_SIGINT = """
+import os, signal, sys, time
+from fairpool import Client
+from fairpool.client import Preempted
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the shell did not ignore SIGINT"
+try:
+    with Client(home=sys.argv[1]).acquire({"gpu": 2}, component="low", lease_ttl=1):
+        os.kill(os.getpid(), signal.SIGINT)  # anyone else's SIGINT: still ignored
+        time.sleep(0.3)
+        print("holding", flush=True)
+        time.sleep(30)  # interrupted by the preemption
+    print("never preempted")
+except Preempted:
+    print("preempted")
+print("ignored again" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "not restored")
+"""
+
+
+def test_preemption_interrupts_a_holder_started_in_the_background(home: str) -> None:
+    """A job a shell starts in the background ignores SIGINT, which the heartbeat uses to
+    interrupt the holder: the grant handles it while held, for its own interrupt only."""
+    client = Client(home=home)
+    with subprocess.Popen(
+        ["sh", "-c", 'exec "$0" -c "$1" "$2" & wait', sys.executable, HOLDER_IGNORING_SIGINT,
+         home],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as holder:
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline() == "holding\n"
+            preempted_at = time.monotonic()
+            client.submit({"gpu": 2}, component="high")
+            out = holder.stdout.read()
+            assert holder.wait(20) == 0, out
+        finally:
+            holder.kill()
+    assert out.split() == ["preempted", "ignored", "again"], out
+    assert time.monotonic() - preempted_at < 5  # well within the holder's 30 s sleep
 
 
 def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
