@@ -344,9 +344,9 @@ def _interrupt_main() -> None:
         if handler is _interrupt_if_ours:
             _interrupting.set()
         signal.pthread_kill(main, signal.SIGINT)
-    else:  # no pthread_kill (Windows), or SIGINT left to the OS (a real one would kill the
-        # process): simulated, raised at the next bytecode; with SIG_DFL not at all, and the
-        # loss is raised when the block is left
+    else:  # no pthread_kill (Windows): raised at the next bytecode. With SIGINT left to the
+        # OS (SIG_DFL), where a real one would kill the process, this does nothing: the loss
+        # is raised when the block is left.
         _thread.interrupt_main()
 
 

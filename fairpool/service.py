@@ -66,7 +66,7 @@ AT_ONCE_QUEUE_LIMIT = 200
 #: SQLite: the turns the event loop takes between a route queueing a write and its batch
 #: being taken. A batch holds the loop while it runs, so the requests the loop has read but
 #: not yet routed would otherwise wait for the next batch: 3 turns took batches from 2.7 to
-#: ~7 operations and 17-39 % more admissions/s (benchmarks/http.py, 2026-11-25). Not on
+#: ~7 operations, and 26-42 % more admissions/s (benchmarks/http.py, 2026-11-25). Not on
 #: PostgreSQL, whose batch frees the loop during its round trip (there it only delayed it).
 GATHER_TURNS = 3
 
