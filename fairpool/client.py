@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import ParamSpec, Protocol, Self, TypeVar
+from typing import Any, ParamSpec, Protocol, Self, TypeVar
 
 from fairpool.errors import Conflict, FairpoolError
 from fairpool.settings import ResourceSettings
@@ -104,13 +104,17 @@ class Grant:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.current_thread() is threading.main_thread()
-        # A process that ignores SIGINT (a job a shell started in the background) could not be
-        # interrupted in a blocking call: while held, SIGINT gets a handler that raises only
-        # for the heartbeat's interrupt and still ignores anyone else's.
-        self._handles_sigint = self._main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        # A process that ignores SIGINT (a job a shell started in the background) or leaves it
+        # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
+        # handler that raises for the heartbeat's interrupt and does as before for anyone
+        # else's.
+        self._sigint_before = signal.getsignal(signal.SIGINT)
+        self._handles_sigint = self._main and self._sigint_before in (
+            signal.SIG_IGN, signal.SIG_DFL
+        )
         if self._handles_sigint:
             _interrupting.clear()
-            signal.signal(signal.SIGINT, _interrupt_if_ours)
+            signal.signal(signal.SIGINT, _HeldSigint(self._sigint_before))
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
@@ -139,8 +143,8 @@ class Grant:
                 self._stop.set()
             self._thread.join(timeout=10)
         finally:
-            if self._handles_sigint:  # ignored again, as before the grant
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if self._handles_sigint:  # as before the grant
+                signal.signal(signal.SIGINT, self._sigint_before)
         if self.lost is None:
             try:
                 self._client.release(self.request.id)
@@ -327,11 +331,20 @@ def _local(home: str | None) -> Backend:
 _interrupting = threading.Event()
 
 
-def _interrupt_if_ours(signum: int, frame: object) -> None:
-    """SIGINT's handler while a grant is held where SIGINT was ignored."""
-    if _interrupting.is_set():
-        _interrupting.clear()
-        raise KeyboardInterrupt
+class _HeldSigint:
+    """SIGINT's handler while a grant is held where SIGINT was ignored or left to the OS:
+    the heartbeat's interrupt raises, anyone else's SIGINT does what it did before."""
+
+    def __init__(self, before: Any) -> None:
+        self.before = before
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if _interrupting.is_set():
+            _interrupting.clear()
+            raise KeyboardInterrupt
+        if self.before is signal.SIG_DFL:  # what the OS would have done: end the process
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGINT)
 
 
 def _interrupt_main() -> None:
@@ -341,12 +354,10 @@ def _interrupt_main() -> None:
     main = threading.main_thread().ident
     handler = signal.getsignal(signal.SIGINT)
     if main is not None and hasattr(signal, "pthread_kill") and callable(handler):
-        if handler is _interrupt_if_ours:
+        if isinstance(handler, _HeldSigint):
             _interrupting.set()
         signal.pthread_kill(main, signal.SIGINT)
-    else:  # no pthread_kill (Windows): raised at the next bytecode. With SIGINT left to the
-        # OS (SIG_DFL), where a real one would kill the process, this does nothing: the loss
-        # is raised when the block is left.
+    else:  # no pthread_kill (Windows): raised at the next bytecode
         _thread.interrupt_main()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -90,35 +91,52 @@ def test_preemption_reaches_the_holder_within_a_heartbeat(home: str) -> None:
     assert client.get(grant.id).status == "preempted"
 
 
-HOLDER_IGNORING_SIGINT = """
+HOLDER = """
 import os, signal, sys, time
 from fairpool import Client
 from fairpool.client import Preempted
-assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the shell did not ignore SIGINT"
+home, sigint, outsider = sys.argv[1:]
+if sigint == "default":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+else:
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the shell did not ignore SIGINT"
+before = signal.getsignal(signal.SIGINT)
 try:
-    with Client(home=sys.argv[1]).acquire({"gpu": 2}, component="low", lease_ttl=1):
-        os.kill(os.getpid(), signal.SIGINT)  # anyone else's SIGINT: still ignored
-        time.sleep(0.3)
+    with Client(home=home).acquire({"gpu": 2}, component="low", lease_ttl=1):
+        if outsider == "yes":  # anyone else's SIGINT: ignored, or the end, as before
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
         print("holding", flush=True)
         time.sleep(30)  # interrupted by the preemption
     print("never preempted")
 except Preempted:
     print("preempted")
-print("ignored again" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "not restored")
+print("restored" if signal.getsignal(signal.SIGINT) is before else "not restored")
 """
 
 
-def test_preemption_interrupts_a_holder_started_in_the_background(home: str) -> None:
-    """A job a shell starts in the background ignores SIGINT, which the heartbeat uses to
-    interrupt the holder: the grant handles it while held, for its own interrupt only."""
+@pytest.mark.parametrize(
+    ("sigint", "outsider"), [("ignored", "yes"), ("default", "no"), ("default", "yes")]
+)
+def test_preemption_interrupts_a_holder_whose_sigint_python_does_not_handle(
+    home: str, sigint: str, outsider: str
+) -> None:
+    """The heartbeat interrupts the holder with a SIGINT. A job a shell starts in the
+    background ignores SIGINT; a program may leave it to the OS (SIG_DFL). While held, the
+    grant handles SIGINT: its own interrupt raises, anyone else's does what it did before
+    (nothing, or the end of the process)."""
     client = Client(home=home)
+    # `sh -c 'cmd & wait'`: a non-interactive shell starts a background job ignoring SIGINT.
     with subprocess.Popen(
-        ["sh", "-c", 'exec "$0" -c "$1" "$2" & wait', sys.executable, HOLDER_IGNORING_SIGINT,
-         home],
+        ["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4" & wait $!', sys.executable, HOLDER,
+         home, sigint, outsider],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     ) as holder:
         assert holder.stdout is not None
         try:
+            if (sigint, outsider) == ("default", "yes"):  # it ended, as it would have
+                assert holder.wait(20) == 128 + signal.SIGINT  # sh's status for the job
+                return
             assert holder.stdout.readline() == "holding\n"
             preempted_at = time.monotonic()
             client.submit({"gpu": 2}, component="high")
@@ -126,7 +144,7 @@ def test_preemption_interrupts_a_holder_started_in_the_background(home: str) -> 
             assert holder.wait(20) == 0, out
         finally:
             holder.kill()
-    assert out.split() == ["preempted", "ignored", "again"], out
+    assert out.split() == ["preempted", "restored"], out
     assert time.monotonic() - preempted_at < 5  # well within the holder's 30 s sleep
 
 
