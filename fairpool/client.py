@@ -108,13 +108,12 @@ class Grant:
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
         # else's.
-        self._sigint_before = signal.getsignal(signal.SIGINT)
-        self._handles_sigint = self._main and self._sigint_before in (
-            signal.SIG_IGN, signal.SIG_DFL
-        )
-        if self._handles_sigint:
+        self._held_sigint: _HeldSigint | None = None
+        before = signal.getsignal(signal.SIGINT)
+        if self._main and before in (signal.SIG_IGN, signal.SIG_DFL):
+            self._held_sigint = _HeldSigint(before)
             _interrupting.clear()
-            signal.signal(signal.SIGINT, _HeldSigint(self._sigint_before))
+            signal.signal(signal.SIGINT, self._held_sigint)
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
@@ -143,8 +142,8 @@ class Grant:
                 self._stop.set()
             self._thread.join(timeout=10)
         finally:
-            if self._handles_sigint:  # as before the grant
-                signal.signal(signal.SIGINT, self._sigint_before)
+            if self._held_sigint is not None:  # as before the grant
+                signal.signal(signal.SIGINT, self._held_sigint.before)
         if self.lost is None:
             try:
                 self._client.release(self.request.id)

@@ -115,28 +115,27 @@ print("restored" if signal.getsignal(signal.SIGINT) is before else "not restored
 """
 
 
-@pytest.mark.parametrize(
-    ("sigint", "outsider"), [("ignored", "yes"), ("default", "no"), ("default", "yes")]
-)
+def start_holder(home: str, sigint: str, outsider: str) -> subprocess.Popen[str]:
+    """``HOLDER`` as a job a shell starts in the background (`sh -c 'cmd & wait $!'`: a
+    non-interactive shell starts it ignoring SIGINT); the shell's status is the job's."""
+    return subprocess.Popen(
+        ["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4" & wait $!', sys.executable, HOLDER,
+         home, sigint, outsider],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.mark.parametrize(("sigint", "outsider"), [("ignored", "yes"), ("default", "no")])
 def test_preemption_interrupts_a_holder_whose_sigint_python_does_not_handle(
     home: str, sigint: str, outsider: str
 ) -> None:
     """The heartbeat interrupts the holder with a SIGINT. A job a shell starts in the
     background ignores SIGINT; a program may leave it to the OS (SIG_DFL). While held, the
-    grant handles SIGINT: its own interrupt raises, anyone else's does what it did before
-    (nothing, or the end of the process)."""
+    grant handles SIGINT: its own interrupt raises, anyone else's is still ignored."""
     client = Client(home=home)
-    # `sh -c 'cmd & wait'`: a non-interactive shell starts a background job ignoring SIGINT.
-    with subprocess.Popen(
-        ["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4" & wait $!', sys.executable, HOLDER,
-         home, sigint, outsider],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    ) as holder:
+    with start_holder(home, sigint, outsider) as holder:
         assert holder.stdout is not None
         try:
-            if (sigint, outsider) == ("default", "yes"):  # it ended, as it would have
-                assert holder.wait(20) == 128 + signal.SIGINT  # sh's status for the job
-                return
             assert holder.stdout.readline() == "holding\n"
             preempted_at = time.monotonic()
             client.submit({"gpu": 2}, component="high")
@@ -146,6 +145,14 @@ def test_preemption_interrupts_a_holder_whose_sigint_python_does_not_handle(
             holder.kill()
     assert out.split() == ["preempted", "restored"], out
     assert time.monotonic() - preempted_at < 5  # well within the holder's 30 s sleep
+
+
+def test_another_sigint_still_ends_a_holder_that_left_sigint_to_the_os(home: str) -> None:
+    with start_holder(home, "default", "yes") as holder:
+        try:
+            assert holder.wait(20) == 128 + signal.SIGINT  # ended by it, as it would have been
+        finally:
+            holder.kill()
 
 
 def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
