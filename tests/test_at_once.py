@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairpool import service as service_module
 from fairpool.errors import Later, NotFound, WouldWait
-from fairpool.service import Service
+from fairpool.service import GATHER_TURNS, Service
 from fairpool.store.db import LOCK_TIMEOUT_MS, Database, generation
 from fairpool.views import RequestView
 from tests.servers import ApiServer
@@ -193,6 +193,31 @@ def test_writes_queued_in_one_turn_share_a_batch_on_the_loop_when_it_need_not_wa
             await svc.stop_driving()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_on_sqlite_the_loop_turns_gather_turns_times_before_taking_a_batch(svc: Service) -> None:
+    """A batch on the loop holds it on SQLite, so the loop first turns ``GATHER_TURNS``
+    times: writes the routes queue meanwhile join it. On PostgreSQL, whose batch frees the
+    loop for its round trip, it is taken at once."""
+    sizes: list[int] = []
+
+    async def main() -> None:
+        async def create_after(turns: int) -> list[object]:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await _queued(svc, lambda: svc.create_request("team", demand={"gpu": 1}))
+
+        svc.drive_writes_on(asyncio.get_running_loop())
+        try:
+            await create_after(0)  # the first batch loads the live state
+            svc.on_batch = lambda where, size: sizes.append(size)
+            await asyncio.gather(*(create_after(i) for i in range(GATHER_TURNS + 1)))
+        finally:
+            await svc.stop_driving()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert sizes[0] == (GATHER_TURNS + 1 if svc.db.embedded else 1)
+    assert sum(sizes) == GATHER_TURNS + 1
 
 
 def _statuses(answers: list[object]) -> list[str]:
