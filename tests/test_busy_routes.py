@@ -1,7 +1,7 @@
 """The busy request routes answer exactly as FastAPI answers them.
 
 Two apps over two stores set up alike: one as ``create_app`` builds it (``BusyRoutes`` serves
-submit, long-poll, heartbeat, release and cancel), one with that middleware taken out (FastAPI
+submit, long-poll, heartbeat, release and cancel), one with ``BusyRoutes`` taken out (FastAPI
 serves everything). Each request goes to both, in process, by ASGI calls. Their answers must
 be the same (status, headers, body, ids and times aside), and a recorder tells which of the two
 served the request in the first app: FastAPI's router leaves its route in the scope.
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from fairpool.api.app import PREFIX, create_app
 from fairpool.api.busy_routes import BusyRoutes
+from fairpool.api.errors import BodySizeLimit
 from fairpool.service import Service, open_service
 
 T = TypeVar("T")
@@ -47,7 +48,9 @@ class Answer:
 
 
 async def call(app: FastAPI, method: str, path: str, body: bytes | None = None,
-               content_type: bytes | None = b"application/json") -> Answer:
+               content_type: bytes | None = b"application/json",
+               raised: list[Exception] | None = None) -> Answer:
+    """``raised``: where an error the app raises after answering goes (else it is raised)."""
     path, _, query = path.partition("?")
     headers = [(b"host", b"test")]
     if content_type is not None:
@@ -73,7 +76,12 @@ async def call(app: FastAPI, method: str, path: str, body: bytes | None = None,
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await app(scope, receive, send)
+    try:
+        await app(scope, receive, send)
+    except Exception as error:
+        if raised is None:
+            raise
+        raised.append(error)
     start = sent[0]
     return Answer(start["status"], tuple(start["headers"]),
                   b"".join(m.get("body", b"") for m in sent[1:]), "route" in scope)
@@ -90,11 +98,12 @@ class Apps:
             service.create_pool(POOL, {"gpu": 4})
             service.attach_policy(POOL, COMPONENT)
             app = create_app(service, tick=3600.0)
-            if name == "fastapi":
-                app.user_middleware = [m for m in app.user_middleware if m.cls is not BusyRoutes]
+            limit = app.front
+            assert isinstance(limit, BodySizeLimit) and isinstance(limit.app, BusyRoutes)
+            if name == "fastapi":  # the body's limit hands every request to FastAPI
+                limit.app = app.fastapi
             self.services.append(service)
             self.apps.append(app)
-        assert any(m.cls is BusyRoutes for m in self.apps[0].user_middleware)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -276,6 +285,65 @@ def test_a_long_poll_through_the_busy_route_is_woken_by_a_release(apps: Apps) ->
     woken = apps.run(wait_then_release())
     assert not woken.routed and woken.json()["status"] == "allocated"
     apps.run(call(app, "POST", f"{PREFIX}/requests/{waiting['id']}/release"))
+
+
+def test_a_bug_in_a_busy_route_is_answered_as_fastapi_answers_it(
+    apps: Apps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Served ahead of FastAPI's error middleware, a busy route's bug still gets the app's
+    answer to a bug: a 500 naming the error's type."""
+    ids = submitted(apps, {"component": COMPONENT, "resources": {"gpu": 1}})
+
+    def planted(*_: Any, **__: Any) -> None:
+        raise RuntimeError("planted")
+
+    for service in apps.services:
+        monkeypatch.setattr(service, "heartbeat", planted)
+    raised: list[Exception] = []
+    busy, fastapi = (
+        apps.run(call(app, "POST", f"{PREFIX}/requests/{one}/heartbeat", content_type=None,
+                      raised=raised))
+        for app, one in zip(apps.apps, ids, strict=True)
+    )
+    same(busy, fastapi, ids)
+    assert not busy.routed and busy.status == 500
+    assert busy.json() == {"detail": "internal error (RuntimeError)", "field": None}
+    # FastAPI's error middleware raises it again for the server to log; the app's handler
+    # has logged it already, so the busy route does not.
+    assert [str(error) for error in raised] == ["planted"]
+    monkeypatch.undo()
+    for app, one in zip(apps.apps, ids, strict=True):
+        apps.run(call(app, "POST", f"{PREFIX}/requests/{one}/release"))
+
+
+def test_with_fastapis_telemetry_on_fastapi_serves_the_busy_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an OpenTelemetry provider configured, FastAPI traces every request it serves:
+    the busy routes are then left to it, so that they are traced like the rest."""
+    from opentelemetry import trace
+
+    class Configured(trace.TracerProvider):  # not one of the API's placeholders
+        def get_tracer(self, *_: Any, **__: Any) -> trace.Tracer:
+            return trace.NoOpTracer()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", Configured)
+    service = open_service(str(tmp_path))
+    service.create_pool(POOL, {"gpu": 4})
+    service.attach_policy(POOL, COMPONENT)
+    try:
+        app = create_app(service, tick=3600.0)
+        limit = app.front
+        assert isinstance(limit, BodySizeLimit) and limit.app == app.fastapi
+
+        async def submit() -> Answer:
+            async with app.router.lifespan_context(app):
+                return await call(app, "POST", PREFIX + "/requests", GOOD)
+
+        answer = asyncio.run(submit())
+        assert answer.routed and answer.status == 201, answer.body
+    finally:
+        service.close()
 
 
 JSON = st.recursive(

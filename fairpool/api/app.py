@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.types import DecoratedCallable
 from pydantic import AfterValidator, StringConstraints
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
@@ -223,7 +224,39 @@ def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return _page(items, len(items), max(1, len(items)), 0)
 
 
-def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> FastAPI:
+class FairpoolApp(FastAPI):
+    """FastAPI, whose HTTP requests pass ``front`` first (``create_app`` sets it): the body's
+    size limit, then the busy routes, ahead of FastAPI's own layers. What the front does not
+    answer it hands to ``fastapi``: FastAPI itself, as if the front were not there.
+
+    FastAPI (0.165) runs three layers around every request before the app's middleware: its
+    telemetry check (which reads the environment each time), its error middleware, which
+    wraps ``send``, and its body limit. The busy routes answer without them: their errors
+    go to the app's exception handlers as that error middleware would send them
+    (``BusyRoutes``), and their bodies are limited by ours."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # as Starlette sets it: exception handlers may read it
+        await self.front(scope, receive, send)
+
+    async def fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
+def _traced(app: FastAPI) -> bool:
+    """Whether FastAPI's own OpenTelemetry instrumentation is on (a provider configured):
+    then the busy routes are FastAPI's too, so that their requests are traced like the rest.
+    FastAPI before 0.165 has none."""
+    telemetry = getattr(app, "_native_telemetry", None)
+    return telemetry is not None and bool(telemetry.enabled())
+
+
+def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> FairpoolApp:
     """The API over ``service``. Its lifespan runs the reconciler thread (one pass every
     ``tick`` seconds). The caller owns the service and closes its database. With ``auth``,
     ``/api/v1`` needs API tokens (see ``fairpool.api.auth``)."""
@@ -242,7 +275,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
             await run_in_threadpool(api.notifier.stop)
             await service.stop_driving()
 
-    app = FastAPI(
+    app = FairpoolApp(
         title="fairpool",
         summary="Shares scarce compute (GPUs first) between teams and pipelines.",
         version="1",
@@ -473,13 +506,14 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         # The same under the API prefix, for clients that only know the base URL.
         app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
 
-    if not tokens.enabled:  # inside the body's limit: the last added runs first
+    front: ASGIApp = app.fastapi
+    if not tokens.enabled and not _traced(app):
         busy = [
             BusyRoute("POST", PREFIX + "/requests", create_request),
             BusyRoute("GET", PREFIX + "/requests/{ref}/wait", wait_request),
             *(BusyRoute("POST", PREFIX + f"/requests/{{ref}}/{action.__name__}", action)
               for action in (release, heartbeat, cancel)),
         ]
-        app.add_middleware(BusyRoutes, routes=busy, handlers=app.exception_handlers)
-    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
+        front = BusyRoutes(front, busy, app.exception_handlers)
+    app.front = BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
     return app

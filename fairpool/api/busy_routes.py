@@ -14,7 +14,8 @@ given twice), a body in several parts. So every error is FastAPI's own answer, a
 endpoints stay FastAPI routes (one implementation, the same OpenAPI schema). Errors the
 endpoint raises go to the app's exception handlers, as FastAPI would send them. Only without
 auth: with tokens, each route first reads its token in a worker thread, beside which FastAPI's
-share is small.
+share is small. It runs ahead of FastAPI's own layers (``FairpoolApp``), behind the body's
+size limit.
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ class BusyRoutes:
     ) -> None:
         self.app = app
         self.routes = [_Route(route) for route in routes]
-        # A handler of Exception itself answers bugs in ServerErrorMiddleware, outside.
-        self.handlers = {kind: h for kind, h in handlers.items() if kind is not Exception}
+        # Exception's own handler included: these routes are served outside FastAPI's error
+        # middleware, which would send its answer to a bug (and raise it again for the
+        # server to log: the app's handler logs it).
+        self.handlers: dict[Any, HTTPExceptionHandler] = dict(handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("root_path"):
