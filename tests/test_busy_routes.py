@@ -198,6 +198,15 @@ SUBMITS = [
      b"application/json", True, None),
     (json.dumps({"component": COMPONENT, "resources": {"gpu": 99}}).encode(),
      b"application/json", True, None),
+    # JSON that pydantic's parser refuses and json.loads takes: FastAPI answers it.
+    (b"\xef\xbb\xbf" + GOOD, b"application/json", False, 201),
+    (GOOD.decode().encode("utf-16"), b"application/json", False, 201),
+    # A key given twice: the last one counts, on either path.
+    (b'{"component": "nobody", "component": "%s", "resources": {"gpu": 1}}' % COMPONENT.encode(),
+     b"application/json", True, 201),
+    (b'{"component": "%s", "resources": {"gpu": 1}}  ' % COMPONENT.encode(),
+     b"application/json", True, 201),
+    (GOOD + b" x", b"application/json", False, 400),
 ]
 
 
@@ -379,3 +388,19 @@ def test_any_submit_body_is_answered_as_fastapi_answers_it(apps: Apps, body: Any
     if busy.status == 201:
         for app, answer in zip(apps.apps, (busy, fastapi), strict=True):
             apps.run(call(app, "POST", f"{PREFIX}/requests/{answer.json()['id']}/cancel"))
+
+
+@pytest.mark.parametrize("content", [
+    {"id": "3f2a", "status": "allocated", "resources": {"gpu": 2}, "labels": {},
+     "preemptible": True, "lease_ttl": None, "queue": [{"pool": "p", "position": 1}]},
+    {"detail": "é, ü, 😀, \u2028 and \"quotes\" \\ \n", "field": "labels.k"},
+    {"items": [], "pagination": {"index": 1, "total": 0}, "big": 2**63 - 1, "small": -2**63},
+    {"waits": [0.0, 0.25, 1.5, 123.456789], "none": None, "false": False},
+    [],
+])
+def test_the_apps_json_answers_are_the_bytes_starlette_would_send(content: Any) -> None:
+    from starlette.responses import JSONResponse
+
+    from fairpool.api.app import _json
+
+    assert _json(content).body == JSONResponse(content).body

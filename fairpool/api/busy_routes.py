@@ -21,7 +21,6 @@ size limit.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -102,8 +101,10 @@ class _Route:
                 name, model = self.body
                 if body is None or _content_type(scope) != "application/json":
                     raise _Declined
-                arguments[name] = model.model_validate(json.loads(body))
-        except (ValidationError, ValueError):  # JSONDecodeError is a ValueError
+                # Parsed by pydantic itself, in one pass: what it takes, json.loads and the
+                # model take alike; what it refuses (a BOM, UTF-16) is left to FastAPI.
+                arguments[name] = model.model_validate_json(body)
+        except (ValidationError, ValueError):
             raise _Declined from None
         return arguments | self.fixed
 
