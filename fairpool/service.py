@@ -218,6 +218,11 @@ class _Tx:
     events: list[repo.EventRow] = field(default_factory=list)
     #: The requests it created.
     created: list[str] = field(default_factory=list)
+    #: Those of them whose rows are not written yet (still queued, in ``state``), with their
+    #: idempotency keys. Each row is written once, with the status the pass decided
+    #: (``Service._decide``), or as it stands before anything reads the database
+    #: (``Service._write_new``): not inserted queued and then updated.
+    unwritten: dict[str, str | None] = field(default_factory=dict)
 
     def event(
         self,
@@ -549,6 +554,7 @@ class Service:
         def change(tx: _Tx) -> Answer[RequestView]:
             conn = tx.conn
             if idempotency_key is not None:
+                self._write_new(tx)  # an earlier create in this batch may have used the key
                 made = repo.find_request_by_key(conn, idempotency_key)
                 if made is not None:
                     return lambda tx, _: self._request_view(tx.conn, made)
@@ -559,8 +565,7 @@ class Service:
                     f"no {kind} named `{component}`: attach a policy first "
                     f"(fairpool resource-pool attach-policy POOL {component})"
                 )
-            request = repo.insert_request(
-                conn,
+            request = repo.new_request(
                 found.id,
                 amounts,
                 self.clock(),
@@ -569,13 +574,13 @@ class Service:
                 labels=dict(labels or {}),
                 lease_ttl=lease_ttl,
                 created_by_token_id=created_by,
-                idempotency_key=idempotency_key,
             )
             tx.event(
                 "created", "request created", self.clock(), request_id=request.id
             )
             _put_in_order(state.queued, request.id, request, _queue_order)
             tx.created.append(request.id)
+            tx.unwritten[request.id] = idempotency_key
             return lambda tx, done: self._request_view_after(tx, done, request.id)
 
         return self._write(change, tracked=True)
@@ -909,6 +914,8 @@ class Service:
         answers: list[tuple[Pending[_Operation], Answer[Any]]] = []
         for pending in batch:
             try:
+                if not pending.work.tracked:  # it may read or change any row
+                    self._write_new(tx)
                 answers.append((pending, pending.work.change(tx)))
             except DeferredWriteFailed:  # an earlier operation's write, perhaps
                 raise
@@ -953,7 +960,9 @@ class Service:
     # -- the pass ----------------------------------------------------------------------
 
     def _pass(self, tx: _Tx) -> _Passed:
-        """Run the engine and apply its plan, again while preemptions create retries."""
+        """Run the engine and apply its plan, again while preemptions create retries; then
+        write the rows of the new requests left queued (only creates leave any, and they
+        pass)."""
         started = time.perf_counter()
         summary = PassSummary()
         waiting = 0
@@ -970,6 +979,7 @@ class Service:
             waiting = len(snapshot.queue) - len(plan.grants) - len(plan.rejections)
             if not retried:
                 break
+        self._write_new(tx)
         result = PassSummary(
             summary.granted,
             summary.preempted,
@@ -996,13 +1006,10 @@ class Service:
             del state.allocations[request.id]
             why = f"lease expired: no heartbeat for {request.lease_ttl} s; units returned"
             repo.release_allocation(conn, request.id, now)
-            repo.set_request_status(conn, request.id, RequestStatus.RELEASED, why, now)
+            released = self._decide(tx, request, RequestStatus.RELEASED, why, now)
             tx.event("lease_expired", why, now, request_id=request.id,
                               pool_id=allocation.pool_id)
-            tx.finished[request.id] = (
-                repo.with_status(request, RequestStatus.RELEASED, why, now),
-                replace(allocation, released_at=as_utc(now)),
-            )
+            tx.finished[request.id] = (released, replace(allocation, released_at=as_utc(now)))
             summary.expired.append(request.id)
         return bool(expired)
 
@@ -1019,16 +1026,14 @@ class Service:
         queued."""
         conn = tx.conn
         retried = 0
+        if plan.preemptions:  # a victim's row names its preemptor, which may be unwritten
+            self._write_new(tx)
         for preemption in plan.preemptions:
             victim = state.holders.pop(preemption.victim_id)
             pool_id = state.allocations.pop(victim.id).pool_id
             repo.release_allocation(conn, victim.id, now)
-            repo.set_request_status(
-                conn,
-                victim.id,
-                RequestStatus.PREEMPTED,
-                preemption.message,
-                now,
+            self._decide(
+                tx, victim, RequestStatus.PREEMPTED, preemption.message, now,
                 preempted_by_id=preemption.preemptor_id,
             )
             tx.event(
@@ -1071,17 +1076,17 @@ class Service:
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
             lease = request.lease_ttl
+            message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
+            # The request's row first: a new one is written only now.
+            state.holders[request.id] = self._decide(
+                tx, request, RequestStatus.ALLOCATED, message, now
+            )
             allocation = repo.insert_allocation(
                 conn, request.id, pool.id, policy.id, pool.name, policy.priority, now,
                 lease_expires_at=now + timedelta(seconds=lease) if lease else None,
             )
-            message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
-            repo.set_request_status(conn, request.id, RequestStatus.ALLOCATED, message, now)
             tx.event(
                 "allocated", message, now, request_id=request.id, pool_id=pool.id
-            )
-            state.holders[request.id] = repo.with_status(
-                request, RequestStatus.ALLOCATED, message, now
             )
             _put_in_order(state.allocations, request.id, allocation, _allocation_order)
             summary.granted.append(request.id)
@@ -1092,11 +1097,9 @@ class Service:
                 f"{state.components[request.component_id].type.value} "
                 f"`{state.components[request.component_id].name}` has no policy on any pool"
             )
-            repo.set_request_status(conn, request.id, RequestStatus.REJECTED, message, now)
+            rejected = self._decide(tx, request, RequestStatus.REJECTED, message, now)
             tx.event("rejected", message, now, request_id=request.id)
-            tx.finished[request.id] = (
-                repo.with_status(request, RequestStatus.REJECTED, message, now), None
-            )
+            tx.finished[request.id] = (rejected, None)
             summary.rejected.append(request.id)
         # Only a changed reason is written, so a long idle queue costs no writes.
         granted = {g.request_id for g in plan.grants}
@@ -1110,7 +1113,8 @@ class Service:
             message = "waiting: " + "; ".join(messages)
             request = state.queued[request_id]
             if request.status_reason != message:
-                repo.set_request_reason(conn, request_id, message, now)
+                if request_id not in tx.unwritten:  # else its row is written with it
+                    repo.set_request_reason(conn, request_id, message, now)
                 state.queued[request_id] = repo.with_reason(request, message, now)
         return retried
 
@@ -1125,14 +1129,46 @@ class Service:
             allocation = replace(state.allocations.pop(request.id), released_at=as_utc(now))
         else:
             del state.queued[request.id]
-        repo.set_request_status(conn, request.id, status, why, now)
+        finished = self._decide(tx, request, status, why, now)
         tx.event(status.value, why, now, request_id=request.id)
-        tx.finished[request.id] = (repo.with_status(request, status, why, now), allocation)
+        tx.finished[request.id] = (finished, allocation)
 
     def _request(self, tx: _Tx, ref: str) -> Request:
         """The request ``ref`` names (id or unique id prefix), as it now is."""
         known = tx.known(ref)
-        return known[0] if known is not None else repo.get_request(tx.conn, ref)
+        if known is not None:
+            return known[0]
+        self._write_new(tx)  # a prefix may name one of them
+        return repo.get_request(tx.conn, ref)
+
+    @staticmethod
+    def _decide(
+        tx: _Tx,
+        request: Request,
+        status: RequestStatus,
+        why: str,
+        now: datetime,
+        preempted_by_id: str | None = None,
+    ) -> Request:
+        """Move ``request`` to ``status`` in the database: its whole row, when the transaction
+        created it and has not written it yet; the request as it now is."""
+        decided = repo.with_status(request, status, why, now, preempted_by_id)
+        if request.id in tx.unwritten:
+            repo.write_request(tx.conn, decided, tx.unwritten.pop(request.id))
+        else:
+            repo.set_request_status(tx.conn, request.id, status, why, now, preempted_by_id)
+        return decided
+
+    @staticmethod
+    def _write_new(tx: _Tx) -> None:
+        """Write the rows of the requests the transaction created and has not written (all
+        still queued): before anything that may read them, and at the end of its pass."""
+        if not tx.unwritten:
+            return
+        queued = tx.live().queued
+        for request_id, idempotency_key in tx.unwritten.items():
+            repo.write_request(tx.conn, queued[request_id], idempotency_key)
+        tx.unwritten.clear()
 
     # -- views -------------------------------------------------------------------------
 

@@ -410,6 +410,77 @@ def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
     )
 
 
+def _request_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """Every write of a request's row from now on: (how, its id, its status)."""
+    writes: list[tuple[str, str, str]] = []
+    insert, update = repo.write_request, repo.set_request_status
+
+    def inserted(conn: Any, request: Any, key: str | None = None) -> None:
+        writes.append(("insert", request.id, request.status.value))
+        insert(conn, request, key)
+
+    def updated(conn: Any, request_id: str, status: Any, *args: Any, **kwargs: Any) -> None:
+        writes.append(("update", request_id, status.value))
+        update(conn, request_id, status, *args, **kwargs)
+
+    monkeypatch.setattr(repo, "write_request", inserted)
+    monkeypatch.setattr(repo, "set_request_status", updated)
+    return writes
+
+
+# (gpu asked for, with how many of the pool's 2 held: status at once, waiting reason)
+NEW_REQUESTS = [
+    (1, 0, "allocated", None),
+    (3, 0, "rejected", None),  # more than the pool has
+    (1, 2, "queued", "waiting: "),
+]
+
+
+@pytest.mark.parametrize(("gpus", "held", "status", "reason"), NEW_REQUESTS)
+def test_a_new_request_is_written_once_with_what_its_pass_decided(
+    svc: Service, monkeypatch: pytest.MonkeyPatch, gpus: int, held: int, status: str,
+    reason: str | None,
+) -> None:
+    """Not inserted queued, then updated: its row is written once the pass of the transaction
+    that created it has decided, and reads back as answered."""
+    holders = [svc.create_request("team", demand={"gpu": 1}) for _ in range(held)]
+    writes = _request_writes(monkeypatch)
+    view = svc.create_request("team", demand={"gpu": gpus})
+    assert (view.status, writes) == (status, [("insert", view.id, status)])
+    assert replace(svc.get_request(view.id), queue=()) == replace(view, queue=())
+    assert view.status_reason is None or reason is None or view.status_reason.startswith(reason)
+    if holders:  # one that waited is updated when a later pass grants it
+        svc.release_request(holders[0].id)
+        assert svc.get_request(view.id).status == "allocated"
+        assert writes[1:] == [("update", holders[0].id, "released"),
+                              ("update", view.id, "allocated")]
+
+
+def test_two_creates_with_one_key_in_one_batch_make_one_request(svc: Service) -> None:
+    """The first's row is not written when the second looks its key up: it is then."""
+    with ThreadPoolExecutor(2) as pool:
+        with batch_running(svc):
+            futures = [pool.submit(svc.create_request, "team", demand={"gpu": 1},
+                                   idempotency_key="once") for _ in range(2)]
+            wait_for(lambda: len(svc._writes._queue) == 2)
+        first, second = (future.result() for future in futures)
+    assert first.id == second.id and first.status == "allocated"
+    assert [r.id for r in svc.list_requests()] == [first.id]
+
+
+def test_a_new_request_preempting_in_its_own_transaction_is_named_by_its_victim(
+    svc: Service,
+) -> None:
+    """The victim's row names its preemptor, so the new request's row is written first."""
+    svc.attach_policy("gpus", "vip", priority=5)
+    victims = [svc.create_request("team", demand={"gpu": 1}) for _ in range(2)]
+    winner = svc.create_request("vip", demand={"gpu": 2})
+    assert winner.status == "allocated"
+    for victim in victims:
+        read = svc.get_request(victim.id)
+        assert (read.status, read.preempted_by_id) == ("preempted", winner.id)
+
+
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     loads = [0]
     load = service_module._State.load

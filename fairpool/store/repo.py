@@ -465,8 +465,7 @@ _INSERT_REQUEST = Direct(insert(schema.request))
 _INSERT_REQUEST_RESOURCE = Direct(insert(schema.request_resource))
 
 
-def insert_request(
-    connection: Connection,
+def new_request(
     component_id: str,
     demand: Amounts,
     now: datetime,
@@ -478,11 +477,10 @@ def insert_request(
     previous_attempt_id: str | None = None,
     lease_ttl: int | None = None,
     created_by_token_id: str | None = None,
-    idempotency_key: str | None = None,
 ) -> Request:
-    """A new queued request."""
+    """A new queued request, not written yet (``write_request``)."""
     now = as_utc(now)
-    request = Request(
+    return Request(
         id=new_id(),
         component_id=component_id,
         status=RequestStatus.QUEUED,
@@ -500,32 +498,73 @@ def insert_request(
         lease_ttl=lease_ttl,
         created_by_token_id=created_by_token_id,
     )
+
+
+def write_request(
+    connection: Connection, request: Request, idempotency_key: str | None = None
+) -> None:
+    """Insert a new request's row, as it stands (its status may already be decided), and its
+    demand's."""
     _INSERT_REQUEST.execute(
         connection,
         {
             "id": request.id,
-            "component_id": component_id,
+            "component_id": request.component_id,
             "status": request.status.value,
-            "preemptible": preemptible,
-            "max_retries": max_retries,
-            "attempt": attempt,
-            "previous_attempt_id": previous_attempt_id,
+            "status_reason": request.status_reason,
+            "preemptible": request.preemptible,
+            "max_retries": request.max_retries,
+            "attempt": request.attempt,
+            "previous_attempt_id": request.previous_attempt_id,
+            "preempted_by_id": request.preempted_by_id,
             "labels": request.labels,
-            "created_at": now,
-            "updated_at": now,
-            "lease_ttl": lease_ttl,
-            "created_by_token_id": created_by_token_id,
+            "created_at": request.created_at,
+            "updated_at": request.updated_at,
+            "finished_at": request.finished_at,
+            "lease_ttl": request.lease_ttl,
+            "created_by_token_id": request.created_by_token_id,
             "idempotency_key": idempotency_key,
         },
     )
-    if demand:
+    if request.demand:
         _INSERT_REQUEST_RESOURCE.execute_many(
             connection,
             [
                 {"request_id": request.id, "key": key, "amount": amount}
-                for key, amount in demand.items()
+                for key, amount in request.demand.items()
             ],
         )
+
+
+def insert_request(
+    connection: Connection,
+    component_id: str,
+    demand: Amounts,
+    now: datetime,
+    *,
+    preemptible: bool,
+    max_retries: int = 0,
+    labels: Mapping[str, str] | None = None,
+    attempt: int = 1,
+    previous_attempt_id: str | None = None,
+    lease_ttl: int | None = None,
+    created_by_token_id: str | None = None,
+    idempotency_key: str | None = None,
+) -> Request:
+    """A new queued request, written."""
+    request = new_request(
+        component_id,
+        demand,
+        now,
+        preemptible=preemptible,
+        max_retries=max_retries,
+        labels=labels,
+        attempt=attempt,
+        previous_attempt_id=previous_attempt_id,
+        lease_ttl=lease_ttl,
+        created_by_token_id=created_by_token_id,
+    )
+    write_request(connection, request, idempotency_key)
     return request
 
 
