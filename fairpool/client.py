@@ -108,12 +108,7 @@ class Grant:
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
         # else's.
-        self._held_sigint: _HeldSigint | None = None
-        before = signal.getsignal(signal.SIGINT)
-        if self._main and before in (signal.SIG_IGN, signal.SIG_DFL):
-            self._held_sigint = _HeldSigint(before)
-            _interrupting.clear()
-            signal.signal(signal.SIGINT, self._held_sigint)
+        self._held_sigint = _HeldSigint.hold() if self._main else None
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
@@ -142,8 +137,8 @@ class Grant:
                 self._stop.set()
             self._thread.join(timeout=10)
         finally:
-            if self._held_sigint is not None:  # as before the grant
-                signal.signal(signal.SIGINT, self._held_sigint.before)
+            if self._held_sigint is not None:
+                self._held_sigint.let_go()
         if self.lost is None:
             try:
                 self._client.release(self.request.id)
@@ -331,11 +326,38 @@ _interrupting = threading.Event()
 
 
 class _HeldSigint:
-    """SIGINT's handler while a grant is held where SIGINT was ignored or left to the OS:
-    the heartbeat's interrupt raises, anyone else's SIGINT does what it did before."""
+    """SIGINT's handler while grants are held where SIGINT was ignored or left to the OS:
+    the heartbeat's interrupt raises, anyone else's SIGINT does what it did before. Shared
+    by the grants held at once (the main thread's), in whatever order they end: the last
+    to end puts the old disposition back, unless SIGINT has been given another handler
+    since."""
 
     def __init__(self, before: Any) -> None:
         self.before = before
+        self.holders = 0
+
+    @classmethod
+    def hold(cls) -> _HeldSigint | None:
+        """In the main thread, as a grant starts: the handler it shares, installed if need
+        be; None where Python handles SIGINT already."""
+        current = signal.getsignal(signal.SIGINT)
+        if isinstance(current, cls):
+            held = current
+        elif current in (signal.SIG_IGN, signal.SIG_DFL):
+            held = cls(current)
+            _interrupting.clear()
+            signal.signal(signal.SIGINT, held)
+        else:
+            return None
+        held.holders += 1
+        return held
+
+    def let_go(self) -> None:
+        """As a grant ends."""
+        self.holders -= 1
+        still_ours = signal.getsignal(signal.SIGINT) is self
+        if self.holders == 0 and still_ours:
+            signal.signal(signal.SIGINT, self.before)
 
     def __call__(self, signum: int, frame: object) -> None:
         if _interrupting.is_set():

@@ -95,14 +95,21 @@ HOLDER = """
 import os, signal, sys, time
 from fairpool import Client
 from fairpool.client import Preempted
-home, sigint, outsider = sys.argv[1:]
+home, sigint, outsider, other = sys.argv[1:]
 if sigint == "default":
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 else:
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "the shell did not ignore SIGINT"
 before = signal.getsignal(signal.SIGINT)
+client = Client(home=home)
 try:
-    with Client(home=home).acquire({"gpu": 2}, component="low", lease_ttl=1):
+    # "ended first": another grant, held before this one and ended while this one is held
+    first = client.acquire({"gpu": 1}, component="low", lease_ttl=1) if other else None
+    if first is not None:
+        first.__enter__()
+    with client.acquire({"gpu": 1 if first else 2}, component="low", lease_ttl=1):
+        if first is not None:
+            first.__exit__(None, None, None)
         if outsider == "yes":  # anyone else's SIGINT: ignored, or the end, as before
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.3)
@@ -115,25 +122,31 @@ print("restored" if signal.getsignal(signal.SIGINT) is before else "not restored
 """
 
 
-def start_holder(home: str, sigint: str, outsider: str) -> subprocess.Popen[str]:
+def start_holder(
+    home: str, sigint: str, outsider: str, other: str = ""
+) -> subprocess.Popen[str]:
     """``HOLDER`` as a job a shell starts in the background (`sh -c 'cmd & wait $!'`: a
     non-interactive shell starts it ignoring SIGINT); the shell's status is the job's."""
     return subprocess.Popen(
-        ["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4" & wait $!', sys.executable, HOLDER,
-         home, sigint, outsider],
+        ["sh", "-c", 'exec "$0" -c "$1" "$2" "$3" "$4" "$5" & wait $!', sys.executable, HOLDER,
+         home, sigint, outsider, other],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
 
-@pytest.mark.parametrize(("sigint", "outsider"), [("ignored", "yes"), ("default", "no")])
+@pytest.mark.parametrize(("sigint", "outsider", "other"), [
+    ("ignored", "yes", ""),
+    ("default", "no", ""),
+    ("ignored", "no", "ended first"),  # the grant held before it ended while it was held
+])
 def test_preemption_interrupts_a_holder_whose_sigint_python_does_not_handle(
-    home: str, sigint: str, outsider: str
+    home: str, sigint: str, outsider: str, other: str
 ) -> None:
     """The heartbeat interrupts the holder with a SIGINT. A job a shell starts in the
     background ignores SIGINT; a program may leave it to the OS (SIG_DFL). While held, the
     grant handles SIGINT: its own interrupt raises, anyone else's is still ignored."""
     client = Client(home=home)
-    with start_holder(home, sigint, outsider) as holder:
+    with start_holder(home, sigint, outsider, other) as holder:
         assert holder.stdout is not None
         try:
             assert holder.stdout.readline() == "holding\n"
@@ -153,6 +166,25 @@ def test_another_sigint_still_ends_a_holder_that_left_sigint_to_the_os(home: str
             assert holder.wait(20) == 128 + signal.SIGINT  # ended by it, as it would have been
         finally:
             holder.kill()
+
+
+def test_a_sigint_handler_installed_while_held_is_left_in_place(home: str) -> None:
+    """The grant puts SIGINT's old disposition back only if its own handler is still there:
+    one the program installed meanwhile stays."""
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with Client(home=home).acquire({"gpu": 1}, component="low"):
+            assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, mine)
+            signal.signal(signal.SIGINT, mine)
+        assert signal.getsignal(signal.SIGINT) is mine
+        with Client(home=home).acquire({"gpu": 1}, component="low"):
+            pass  # Python handles SIGINT now: the grant leaves it alone
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
