@@ -11,13 +11,17 @@ difference of the cycles is the count per cycle, imports and start-up cancelling
 
 * app: fairpool's API driven by ASGI calls, no sockets and no uvicorn: a submit, allocated
   at once, then its release;
+* batched: the same, by ``CLIENTS`` clients at once sharing the cycles, as the HTTP
+  benchmark's clients are: their writes share transactions (batches of ``CLIENTS``
+  operations), as in a loaded server;
 * shaped: the same two requests, the service answering them with prepared views (no write);
 * bare: two requests to a bare FastAPI POST endpoint, as ``benchmarks/http.py``'s;
 * service: the service's create and release called directly, without HTTP.
 
 It prints them, the in-process analogue of ``http.py``'s ratio (a bare request over an
-admission), and the ratio a service that cost nothing would reach (a bare request over a
-shaped cycle). uvicorn and h11, which add the same cost to every request, are in neither.
+admission, one at a time and batched), and the ratio a service that cost nothing would
+reach (a bare request over a shaped cycle). uvicorn and h11, which add the same cost to
+every request, are in neither.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ if TYPE_CHECKING:
     from fairpool.service import Service
 
 WARMUP_CYCLES = 50
-CASES = ("app", "shaped", "bare", "service")
+CASES = ("app", "batched", "shaped", "bare", "service")
+#: The batched case's clients, as many as ``benchmarks/http.py``'s by default.
+CLIENTS = 8
 BODY = json.dumps({"component": "bench", "resources": {"gpu": 1}}).encode()
 
 
@@ -100,7 +106,13 @@ def bench_service() -> Service:
     return service
 
 
-async def fairpool_app(cycles: int, shaped: bool) -> None:
+async def at_once(app: Any, cycles: int) -> None:
+    """``cycles`` admissions by ``CLIENTS`` clients at once."""
+    await asyncio.gather(*(admissions(app, cycles // CLIENTS + (i < cycles % CLIENTS))
+                           for i in range(CLIENTS)))
+
+
+async def fairpool_app(cycles: int, shaped: bool, batched: bool = False) -> None:
     from fairpool.api.app import create_app
 
     service = bench_service()
@@ -111,9 +123,10 @@ async def fairpool_app(cycles: int, shaped: bool) -> None:
             service.create_request = lambda *_, **__: held  # type: ignore[method-assign]
             service.release_request = lambda *_, **__: released  # type: ignore[method-assign]
         app = create_app(service, tick=3600.0)
+        run = at_once if batched else admissions
         async with app.router.lifespan_context(app):
-            await admissions(app, WARMUP_CYCLES)
-            await admissions(app, cycles)
+            await run(app, WARMUP_CYCLES)
+            await run(app, cycles)
     finally:
         service.close()
 
@@ -147,6 +160,7 @@ def service_only(cycles: int) -> None:
 def run_case(case: str, cycles: int) -> None:
     runs: dict[str, Callable[[int], Coroutine[Any, Any, None]]] = {
         "app": lambda n: fairpool_app(n, shaped=False),
+        "batched": lambda n: fairpool_app(n, shaped=False, batched=True),
         "shaped": lambda n: fairpool_app(n, shaped=True),
         "bare": bare_app,
     }
@@ -198,7 +212,8 @@ def main() -> None:
             print(f"{case:8} {per_cycle[case] / 1e6:6.2f} million instructions per cycle",
                   flush=True)
     bare_request = per_cycle["bare"] / 2
-    print(f"ratio, bare request / admission, in process: {bare_request / per_cycle['app']:.2f}")
+    print(f"ratio, bare request / admission, in process: {bare_request / per_cycle['app']:.2f}"
+          f" (batched: {bare_request / per_cycle['batched']:.2f})")
     print(f"ratio a service that cost nothing would reach, in process: "
           f"{bare_request / per_cycle['shaped']:.2f}")
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "benchmarks" / "instructions.py")
 
 
-@pytest.mark.parametrize("case", ["app", "shaped", "bare", "service"])
+@pytest.mark.parametrize("case", ["app", "batched", "shaped", "bare", "service"])
 def test_each_case_runs_its_cycles(case: str) -> None:
     run = subprocess.run([sys.executable, SCRIPT, "--case", case, "--cycles", "3"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
