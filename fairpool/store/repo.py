@@ -542,28 +542,11 @@ def insert_request(
     demand: Amounts,
     now: datetime,
     *,
-    preemptible: bool,
-    max_retries: int = 0,
-    labels: Mapping[str, str] | None = None,
-    attempt: int = 1,
-    previous_attempt_id: str | None = None,
-    lease_ttl: int | None = None,
-    created_by_token_id: str | None = None,
     idempotency_key: str | None = None,
+    **fields: Any,
 ) -> Request:
-    """A new queued request, written."""
-    request = new_request(
-        component_id,
-        demand,
-        now,
-        preemptible=preemptible,
-        max_retries=max_retries,
-        labels=labels,
-        attempt=attempt,
-        previous_attempt_id=previous_attempt_id,
-        lease_ttl=lease_ttl,
-        created_by_token_id=created_by_token_id,
-    )
+    """A new queued request, written; ``fields`` as ``new_request`` takes them."""
+    request = new_request(component_id, demand, now, **fields)
     write_request(connection, request, idempotency_key)
     return request
 
