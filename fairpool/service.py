@@ -242,6 +242,8 @@ class _Tx:
         return self.state
 
     def forget(self) -> None:
+        # New requests are only in the state until written: before an untracked operation.
+        assert not self.unwritten, "new requests would be lost with the state"
         self.state = None
         self.finished.clear()
 
