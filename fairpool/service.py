@@ -1028,8 +1028,6 @@ class Service:
         queued."""
         conn = tx.conn
         retried = 0
-        if plan.preemptions:  # a victim's row names its preemptor, which may be unwritten
-            self._write_new(tx)
         for preemption in plan.preemptions:
             victim = state.holders.pop(preemption.victim_id)
             pool_id = state.allocations.pop(victim.id).pool_id
@@ -1143,8 +1141,9 @@ class Service:
         self._write_new(tx)  # a prefix may name one of them
         return repo.get_request(tx.conn, ref)
 
-    @staticmethod
+    @classmethod
     def _decide(
+        cls,
         tx: _Tx,
         request: Request,
         status: RequestStatus,
@@ -1154,6 +1153,8 @@ class Service:
     ) -> Request:
         """Move ``request`` to ``status`` in the database: its whole row, when the transaction
         created it and has not written it yet; the request as it now is."""
+        if preempted_by_id in tx.unwritten:  # a row naming it (a foreign key) comes after it
+            cls._write_new(tx)
         decided = repo.with_status(request, status, why, now, preempted_by_id)
         if request.id in tx.unwritten:
             repo.write_request(tx.conn, decided, tx.unwritten.pop(request.id))
