@@ -428,18 +428,18 @@ def _request_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str
     return writes
 
 
-# (gpu asked for, with how many of the pool's 2 held: status at once, waiting reason)
+# (gpu asked for, with how many of the pool's 2 held: status at once, its reason's start)
 NEW_REQUESTS = [
-    (1, 0, "allocated", None),
-    (3, 0, "rejected", None),  # more than the pool has
-    (1, 2, "queued", "waiting: "),
+    (1, 0, "allocated", "allocated on pool gpus"),
+    (3, 0, "rejected", "pool gpus: gpu requested 3 > capacity 2"),
+    (1, 2, "queued", "waiting: pool gpus: gpu requested 1, free 0 of 2"),
 ]
 
 
 @pytest.mark.parametrize(("gpus", "held", "status", "reason"), NEW_REQUESTS)
 def test_a_new_request_is_written_once_with_what_its_pass_decided(
     svc: Service, monkeypatch: pytest.MonkeyPatch, gpus: int, held: int, status: str,
-    reason: str | None,
+    reason: str,
 ) -> None:
     """Not inserted queued, then updated: its row is written once the pass of the transaction
     that created it has decided, and reads back as answered."""
@@ -448,7 +448,7 @@ def test_a_new_request_is_written_once_with_what_its_pass_decided(
     view = svc.create_request("team", demand={"gpu": gpus})
     assert (view.status, writes) == (status, [("insert", view.id, status)])
     assert replace(svc.get_request(view.id), queue=()) == replace(view, queue=())
-    assert view.status_reason is None or reason is None or view.status_reason.startswith(reason)
+    assert view.status_reason is not None and view.status_reason.startswith(reason)
     if holders:  # one that waited is updated when a later pass grants it
         svc.release_request(holders[0].id)
         assert svc.get_request(view.id).status == "allocated"
