@@ -106,7 +106,7 @@ def bench_service() -> Service:
     return service
 
 
-async def at_once(app: Any, cycles: int) -> None:
+async def by_clients(app: Any, cycles: int) -> None:
     """``cycles`` admissions by ``CLIENTS`` clients at once."""
     await asyncio.gather(*(admissions(app, cycles // CLIENTS + (i < cycles % CLIENTS))
                            for i in range(CLIENTS)))
@@ -123,7 +123,7 @@ async def fairpool_app(cycles: int, shaped: bool, batched: bool = False) -> None
             service.create_request = lambda *_, **__: held  # type: ignore[method-assign]
             service.release_request = lambda *_, **__: released  # type: ignore[method-assign]
         app = create_app(service, tick=3600.0)
-        run = at_once if batched else admissions
+        run = by_clients if batched else admissions
         async with app.router.lifespan_context(app):
             await run(app, WARMUP_CYCLES)
             await run(app, cycles)
