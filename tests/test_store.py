@@ -210,6 +210,41 @@ def test_a_failed_checkpoint_is_logged_and_tried_again(
     assert "WAL checkpoint failed" in caplog.text
 
 
+def wal_restarts(database: Path) -> int:
+    """The checkpoint sequence number in the WAL's header: SQLite adds one each time a write
+    starts the WAL over from its first frame."""
+    header = database.with_name(database.name + "-wal").read_bytes()[:16]
+    return int.from_bytes(header[12:16], "big")
+
+
+def test_the_write_after_a_checkpoint_starts_the_wal_over_though_writes_came_during_it(
+    sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under steady writes every copy of the WAL ends with more written behind it, and
+    SQLite starts the WAL over only when all of it was copied: it grew without end. A write
+    that comes during the copy is taken by a second one, made with the writes held back."""
+    database = tmp_path / "fairpool.db"
+    copy = sqlite_db._copy_wal
+
+    def copy_during_a_write() -> None:
+        if sqlite_db._write_lock.locked():  # the writes are held back
+            copy()
+            return
+        with sqlite_db.write() as connection:  # began before the copy, commits after it
+            repo.insert_pool(connection, "during", None, {"gpu": 1}, NOW)
+            copy()
+
+    with sqlite_db.write() as connection:
+        repo.insert_pool(connection, "before", None, {"gpu": 1}, NOW)
+    monkeypatch.setattr(sqlite_db, "_copy_wal", copy_during_a_write)
+    restarts = wal_restarts(database)
+    sqlite_db.checkpoint()
+    with sqlite_db.write() as connection:
+        repo.insert_pool(connection, "after", None, {"gpu": 1}, NOW)
+    assert wal_restarts(database) == restarts + 1
+    assert rows_in_the_file_alone(database, "pool", tmp_path / "copy.db") == 2
+
+
 def test_home_and_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAIRPOOL_HOME", str(tmp_path / "env"))
     assert fairpool_home(str(tmp_path / "explicit")) == tmp_path / "explicit"
