@@ -6,8 +6,9 @@ Starts ``python -m fairpool.api`` on a free loopback port, once per backend (SQL
 temporary home; PostgreSQL in a throwaway database created here and dropped after), and a
 bare FastAPI app (one POST route that does nothing) on the same stack: uvicorn, one process,
 the same uvicorn settings as ``fairpool server``, an ``async`` route as fairpool's busy routes
-are (``Api.write``). The bare endpoint is measured first and again last; the ratio uses the
-mean of the two, and both are printed, since they drift on a shared machine.
+are (``Api.write``). The bare endpoint is measured first and again after each case; a case's
+ratio uses the mean of the two measurements just before and after it, since the machine's
+speed drifts (by a fifth within a minute, some days, on a shared machine). All are printed.
 
 N client threads (one keep-alive connection each) then loop for ``--duration`` seconds after
 a short warm-up, on a pool of their own per case. They use the standard library's
@@ -27,7 +28,9 @@ from a client sending a release to the next waiter's long-poll answering "alloca
 waiter is the one the server allocated in that release's transaction: writes are serialized,
 so it is the release with the latest ``released_at`` at or before the waiter's
 ``allocated_at``). Then the ratio of admissions/s to the bare endpoint's requests/s, measured
-by the same clients in the same run (target >= 0.3). All numbers come from this one run.
+by the same clients in the same run (target >= 0.3), and beside it the ratio of the server CPU
+per bare request to the server CPU per admission, which drifts less. All numbers come from
+this one run.
 """
 
 from __future__ import annotations
@@ -406,6 +409,12 @@ def percentile(values: list[float], p: float) -> float:
 
 
 @dataclass
+class Bare:
+    rate: float
+    cpu_ms: float | None
+
+
+@dataclass
 class Case:
     backend: str
     name: str
@@ -416,12 +425,20 @@ class Case:
     client_cpu_ms: float
     waited: float
     latencies: list[float]
+    #: The bare endpoint measured just before and just after this case.
+    bares: tuple[Bare, Bare]
 
+    @property
+    def bare_rate(self) -> float:
+        return statistics.mean(bare.rate for bare in self.bares)
 
-@dataclass
-class Bare:
-    rate: float
-    cpu_ms: float | None
+    @property
+    def cpu_ratio(self) -> float | None:
+        """The bare endpoint's server CPU per request over this case's per admission."""
+        before, after = (bare.cpu_ms for bare in self.bares)
+        if self.cpu_ms is None or before is None or after is None:
+            return None
+        return (before + after) / 2 / self.cpu_ms
 
 
 def measure_bare(baseline: Process, args: argparse.Namespace, when: str) -> Bare:
@@ -440,7 +457,10 @@ def measure_bare(baseline: Process, args: argparse.Namespace, when: str) -> Bare
     return bare
 
 
-def measure_backend(backend: str, server: Process, args: argparse.Namespace) -> list[Case]:
+def measure_backend(backend: str, server: Process, args: argparse.Namespace,
+                    measured: Bare, baseline: Process) -> tuple[list[Case], Bare]:
+    """Both cases on ``server``, the bare endpoint measured after each; ``measured``: its
+    last measurement before them. Returns the cases and the bare endpoint's last."""
     results = []
     for name, capacity in (("uncontended", args.clients),
                            ("contended", args.contended_capacity)):
@@ -455,10 +475,13 @@ def measure_backend(backend: str, server: Process, args: argparse.Namespace) -> 
         tally = load.tally
         if tally.errors:
             raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
+        after = measure_bare(baseline, args, f"after {backend} {name}")
         results.append(Case(backend, name, capacity, tally.admissions / load.seconds,
                             load.server_ms(tally.admissions), load.client_ms(tally.admissions),
-                            tally.waited / max(1, tally.admissions), wake_latencies(tally)))
-    return results
+                            tally.waited / max(1, tally.admissions), wake_latencies(tally),
+                            (measured, after)))
+        measured = after
+    return results, measured
 
 
 def main() -> None:
@@ -490,12 +513,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)
     workdir = Path(tempfile.mkdtemp(prefix="fairpool-bench-http-"))
     cases: list[Case] = []
-    bares: list[Bare] = []
     try:
         with ExitStack() as stack:
             baseline = baseline_server(workdir)
             stack.callback(baseline.stop)
-            bares.append(measure_bare(baseline, args, "first"))
+            bare = measure_bare(baseline, args, "first")
             for backend in backends:
                 database_url = None
                 if backend == "postgresql":
@@ -509,9 +531,9 @@ def main() -> None:
                 server = fairpool_server(workdir / backend, database_url)
                 stack.callback(server.stop)
                 server.start()
-                cases += measure_backend(backend, server, args)
+                measured, bare = measure_backend(backend, server, args, bare, baseline)
+                cases += measured
                 server.stop()
-            bares.append(measure_bare(baseline, args, "last"))
     except KeyboardInterrupt:
         print("interrupted; servers stopped, databases dropped", file=sys.stderr)
         sys.exit(130)
@@ -521,27 +543,28 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{args.clients} clients, {args.duration:g} s per case after {WARMUP_SECONDS:g} s "
           f"warm-up, a pool of its own per case; {os.cpu_count()} CPUs, load average {load}\n")
-    bare = statistics.mean(b.rate for b in bares)
     header = ("backend", "case", "capacity", "admissions/s", "CPU ms", "client", "waited",
-              "wake p50 ms", "wake p99 ms", "wakes", "ratio")
-    print("{:<11} {:<12} {:>8} {:>12} {:>6} {:>6} {:>7} {:>11} {:>11} {:>6} {:>6}".format(
-        *header))
+              "wake p50 ms", "wake p99 ms", "wakes", "bare/s", "ratio", "CPU ratio")
+    print("{:<11} {:<12} {:>8} {:>12} {:>6} {:>6} {:>7} {:>11} {:>11} {:>6} {:>7} {:>6} {:>9}"
+          .format(*header))
     for case in cases:
         p50 = p99 = "-"
         if case.latencies:
             p50 = f"{statistics.median(case.latencies) * 1e3:.1f}"
             p99 = f"{percentile(case.latencies, 99) * 1e3:.1f}"
         cpu = "-" if case.cpu_ms is None else f"{case.cpu_ms:.2f}"
+        cpu_ratio = "-" if case.cpu_ratio is None else f"{case.cpu_ratio:.2f}"
         print(f"{case.backend:<11} {case.name:<12} {case.capacity:>8} {case.rate:>12,.0f} "
               f"{cpu:>6} {case.client_cpu_ms:>6.2f} {case.waited:>7.0%} {p50:>11} {p99:>11} "
-              f"{len(case.latencies):>6} {case.rate / bare:>6.2f}")
-    print(f"\nCPU ms: the server's CPU time per admission; client: the clients'. Bare endpoint: "
-          f"{' and '.join(f'{b.rate:,.0f}' for b in bares)} requests/s (first and last), "
-          f"mean {bare:,.0f}; the ratios use the mean.")
+              f"{len(case.latencies):>6} {case.bare_rate:>7,.0f} "
+              f"{case.rate / case.bare_rate:>6.2f} {cpu_ratio:>9}")
+    print("\nCPU ms: the server's CPU time per admission; client: the clients'. bare/s: the "
+          "bare endpoint's requests/s, the mean of its measurements just before and after the "
+          "case, which the ratio uses. CPU ratio: the bare endpoint's server CPU per request "
+          "over the case's per admission.")
     for case in cases:
         print(f"ratio admissions/s / bare requests/s ({case.backend}, {case.name}): "
-              f"{case.rate / bare:.2f}  (target >= 0.3)")
-
+              f"{case.rate / case.bare_rate:.2f}  (target >= 0.3)")
 
 if __name__ == "__main__":
     main()

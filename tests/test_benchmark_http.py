@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 from tests.conftest import PostgresServer
@@ -24,16 +25,25 @@ def test_the_http_benchmark_measures_both_backends_and_the_bare_endpoint(
     )
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    bare = re.findall(r"bare FastAPI POST endpoint \((first|last)\), 2 clients: ([\d,]+) "
+    bare = re.findall(r"bare FastAPI POST endpoint \(([\w ]+)\), 2 clients: ([\d,]+) "
                       r"requests/s; per request server CPU [\d.]+ ms, clients' CPU [\d.]+ ms", out)
-    assert [when for when, _ in bare] == ["first", "last"], out
-    assert all(int(rate.replace(",", "")) > 0 for _, rate in bare), out
-    rows = re.findall(r"^(sqlite|postgresql) +(uncontended|contended) +(\d+) +([\d,]+) ", out,
-                      re.MULTILINE)
-    assert [(backend, case) for backend, case, _, _ in rows] == [
-        ("sqlite", "uncontended"), ("sqlite", "contended"),
-        ("postgresql", "uncontended"), ("postgresql", "contended"),
-    ], out
-    assert all(int(admissions.replace(",", "")) > 0 for *_, admissions in rows), out
+    cases = [("sqlite", "uncontended"), ("sqlite", "contended"),
+             ("postgresql", "uncontended"), ("postgresql", "contended")]
+    # Measured before the first case and after each, for the ratio of the case between.
+    assert [when for when, _ in bare] == ["first"] + [f"after {b} {c}" for b, c in cases], out
+    rates = [int(rate.replace(",", "")) for _, rate in bare]
+    assert all(rates), out
+    rows = re.findall(r"^(sqlite|postgresql) +(uncontended|contended) +(\d+) +([\d,]+) "
+                      r".* ([\d,]+) +([\d.]+) +([\d.]+)$", out, re.MULTILINE)
+    assert [(backend, case) for backend, case, *_ in rows] == cases, out
+    for (_, _, _, admissions, bare_rate, ratio, cpu_ratio), around in zip(
+        rows, pairwise(rates), strict=True
+    ):
+        # As printed, each rounded: within a unit, or a hundredth.
+        mean = sum(around) / 2
+        assert int(admissions.replace(",", "")) > 0, out
+        assert abs(int(bare_rate.replace(",", "")) - mean) <= 1, out
+        assert abs(float(ratio) - int(admissions.replace(",", "")) / mean) <= 0.011, out
+        assert float(cpu_ratio) > 0, out
     assert len(re.findall(r"^ratio admissions/s / bare requests/s \(\w+, \w+\): [\d.]+ ",
                           out, re.MULTILINE)) == 4, out
