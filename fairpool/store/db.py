@@ -56,8 +56,8 @@ log = logging.getLogger("fairpool.store")
 #: How long a writer waits for the write lock before it fails, on both backends.
 LOCK_TIMEOUT_MS = 30_000
 #: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL: under the heaviest
-#: load measured (~60 MB of WAL a second) it stays well under ``WAL_SIZE_LIMIT``.
-CHECKPOINT_SECONDS = 0.25
+#: load measured (~60 MB of WAL a second) it stays under ``WAL_SIZE_LIMIT``.
+CHECKPOINT_SECONDS = 1.0
 #: Bytes of WAL file kept once checkpointed (SQLite keeps all of it by default).
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -94,7 +94,7 @@ _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode = WAL",
     # Safe with WAL: a power cut may lose the last commits but never corrupts the file.
     "PRAGMA synchronous = NORMAL",
-    # A WAL that a burst of writes grew (a server checkpoints it four times a second:
+    # A WAL that a burst of writes grew (a server checkpoints it once a second:
     # ``Database.checkpoint_apart``) is cut back to this once checkpointed, not kept.
     f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}",
 )
