@@ -190,12 +190,20 @@ class _State:
         return Snapshot(now.timestamp(), nodes, tuple(allocations), tuple(queue))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Passed:
     """A pass's summary, with the plan of its last run (where waiting requests stand)."""
 
     summary: PassSummary
     plan: Plan
+    _entries: dict[str, tuple[QueueEntry, ...]] | None = None
+
+    def entries(self, request_id: str) -> tuple[QueueEntry, ...]:
+        """Where ``request_id`` waits after the pass (nothing if it does not). Worked out
+        once for all the answers of its batch: it sorts the whole queue."""
+        if self._entries is None:
+            self._entries = queue_entries(self.plan)
+        return self._entries.get(request_id, ())
 
 
 @dataclass(slots=True)
@@ -1282,8 +1290,9 @@ class Service:
         else:
             # Only a preempted request has a retry, and the transaction does not know those.
             (request, allocation), retried_as_id = known, None
-        entries = queue_entries(done.plan).get(request_id, ())
-        return _view(tx.live().components, request, allocation, retried_as_id, entries)
+        return _view(
+            tx.live().components, request, allocation, retried_as_id, done.entries(request_id)
+        )
 
     def _request_view_of(
         self,

@@ -303,6 +303,32 @@ def test_a_failing_write_in_a_shared_transaction_is_undone_alone(svc: Service) -
     assert {r.id for r in svc.list_requests(status="allocated")} == {v.id for v in created}
 
 
+def test_the_answers_of_a_batch_look_at_the_queue_once(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a request waits takes a sort of the whole queue (``queue_entries``): it is
+    worked out once per pass for all the answers of its batch, not once per answer (with
+    4,000 requests queued, 8 clients' queued submits took ~21 ms each instead of ~5.5)."""
+    for _ in range(2):  # the pool's two units
+        svc.create_request("team", demand={"gpu": 1})
+    looks = [0]
+    entries = service_module.queue_entries
+
+    def counted(plan: Any) -> Any:
+        looks[0] += 1
+        return entries(plan)
+
+    monkeypatch.setattr(service_module, "queue_entries", counted)
+    with ThreadPoolExecutor(3) as pool:
+        with batch_running(svc):
+            futures = [pool.submit(svc.create_request, "team", demand={"gpu": 1})
+                       for _ in range(3)]
+            wait_for(lambda: len(svc._writes._queue) == 3)
+        views = [future.result() for future in futures]
+    assert looks[0] == 1
+    assert sorted(view.queue[0].position for view in views) == [1, 2, 3]
+
+
 def test_long_polls_are_woken_only_for_requests_that_waited(svc: Service) -> None:
     """A request allocated (or rejected) in the transaction that created it was never seen
     queued by anyone: its creator has the answer, so nobody is woken, and on PostgreSQL no
