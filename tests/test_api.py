@@ -242,10 +242,18 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("GET", "/requests", {"params": {"status": "bogus"}}, 422, "status"),
         ("GET", "/requests", {"params": {"limit": 0}}, 422, "limit"),
         ("GET", "/requests", {"params": {"limit": "ten"}}, 422, "limit"),
+        # An integer in a URL is its decimal digits, nothing else pydantic would take.
+        *(("GET", "/requests", {"params": {"limit": bad}}, 422, "limit")
+          for bad in ("+4", " 4", "04", "4_0", "4.0", "")),
+        ("GET", "/requests", {"params": {"offset": "+1"}}, 422, "offset"),
+        ("GET", "/config", {"params": {"version": "+1"}}, 422, "version"),
+        ("GET", "/config/versions/+1/diff", {}, 422, "version"),
         ("GET", "/requests", {"params": {"pool": "nope"}}, 404, None),
         ("GET", "/pools/err-gpus/requests", {"params": {"view": "some"}}, 422, "view"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": -1}}, 422, "timeout"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": "nan"}}, 422, "timeout"),
+        *(("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": bad}}, 422, "timeout")
+          for bad in ("+0.1", " 0.1", "1_0", ".5", "inf")),
         ("POST", f"/requests/{rejected}/release", {}, 409, None),
         ("POST", f"/requests/{rejected}/cancel", {}, 409, None),
         ("PUT", "/pools/err-gpus", {"json": {}}, 405, None),

@@ -37,6 +37,8 @@ from fairpool.api.models import (
     PoolCreate,
     PoolUpdate,
     RequestCreate,
+    UrlInt,
+    UrlNumber,
     text,
 )
 from fairpool.api.notify import Watch, notifier_for
@@ -332,8 +334,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         status: Status | None = None,
         component: QueryText | None = None,
         pool: QueryText | None = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+        offset: Annotated[UrlInt, Query(ge=0, le=2**62)] = 0,
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
         views = service.list_requests(status, component, pool or None)
@@ -350,7 +352,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     async def wait_request(
         ref: Ref,
         timeout: Annotated[
-            float,
+            UrlNumber,
             Query(
                 ge=0,
                 allow_inf_nan=False,

@@ -9,9 +9,17 @@ error just as these models do.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_NAME, MAX_PRIORITY
 from fairpool.service import MAX_LEASE_TTL, MAX_RETRIES
@@ -34,6 +42,28 @@ def text(value: str) -> str:
         raise ValueError("must be valid Unicode text") from None
     return value
 
+
+#: What JSON writes for an integer, and for a number.
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def _written(pattern: re.Pattern[str], what: str) -> BeforeValidator:
+    """A number in a URL is written as JSON writes it: pydantic alone would also take "+4",
+    " 4", "04", "4_000", "4.0" for an integer, "inf" and "1_0" for a number, which the
+    schema does not allow."""
+
+    def check(value: object) -> object:
+        if isinstance(value, str) and not pattern.fullmatch(value):
+            raise ValueError(f"must be {what}")
+        return value
+
+    return BeforeValidator(check)
+
+
+#: An integer, and a number, in a query or a path (its ``Query`` or ``Path`` bounds it).
+UrlInt = Annotated[int, _written(_INTEGER, "an integer in decimal digits")]
+UrlNumber = Annotated[float, _written(_NUMBER, "a number in decimal digits")]
 
 #: Patterns in the schema, so that clients and fuzzers know: no NUL characters anywhere,
 #: and names hold at least one non-space character.

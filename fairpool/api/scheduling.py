@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name
+from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name, UrlInt
 from fairpool.frontends.config import MAX_PRIORITY, ConfigError, load_config, warnings
 from fairpool.scheduling import SchedulingService
 
@@ -87,7 +87,7 @@ def scheduling_router(
 
     @router.get("/config", tags=["scheduler config"])
     def get_config(
-        version: Annotated[int, Query(ge=1, le=2**31 - 1)] | None = None,
+        version: Annotated[UrlInt, Query(ge=1, le=2**31 - 1)] | None = None,
     ) -> JSONResponse:
         """A version (default: the active one); 404 before the first apply."""
         found = scheduling.get_config(version)
@@ -104,14 +104,14 @@ def scheduling_router(
         return JSONResponse({"items": [v.as_dict() for v in scheduling.list_configs()]})
 
     @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
-    def diff_config(version: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+    def diff_config(version: Annotated[UrlInt, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
         """What applying ``version`` again would change, queue by queue."""
         return JSONResponse({"version": version,
                              "changes": list(scheduling.diff_config(version))})
 
     @router.post("/config/versions/{version}/rollback", status_code=201,
                  tags=["scheduler config"])
-    def rollback_config(version: Annotated[int, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+    def rollback_config(version: Annotated[UrlInt, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
         """Apply ``version`` again, as a new version."""
         return JSONResponse(scheduling.rollback_config(version).as_dict(), status_code=201)
 
