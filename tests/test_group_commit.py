@@ -4,6 +4,7 @@ fails is undone alone (``fairpool/group_commit.py``, ``Service._write``)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from fairpool import service as service_module
-from fairpool.errors import Conflict, NotFound
+from fairpool.errors import AmbiguousReference, Conflict, NotFound
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.service import Service
 from fairpool.store import repo
@@ -492,6 +493,44 @@ def test_two_creates_with_one_key_in_one_batch_make_one_request(svc: Service) ->
         first, second = (future.result() for future in futures)
     assert first.id == second.id and first.status == "allocated"
     assert [r.id for r in svc.list_requests()] == [first.id]
+
+
+def test_an_operation_that_does_not_keep_the_state_finds_a_new_request_of_its_batch(
+    svc: Service,
+) -> None:
+    """It may read any row, and makes the transaction forget the live state: a request
+    created before it in the batch, not yet in the database, is written first."""
+    with ThreadPoolExecutor(2) as pool:
+        with batch_running(svc):
+            made = pool.submit(svc.create_request, "team", demand={"gpu": 1})
+            pooled = pool.submit(svc.create_pool, "more", {"gpu": 1})  # not tracked
+            wait_for(lambda: len(svc._writes._queue) == 2)
+        view = made.result()
+        pooled.result()
+    assert view.status == "allocated"
+    assert [(r.id, r.status) for r in svc.list_requests()] == [(view.id, "allocated")]
+
+
+def test_a_prefix_naming_a_new_request_of_its_batch_is_ambiguous_as_in_the_database(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix is looked up in the database: a request created earlier in the batch is
+    written first, so that the prefix names both, not only the older one."""
+    ids = (f"abcd0000-0000-4000-8000-{n:012}" for n in itertools.count())
+    monkeypatch.setattr(repo, "new_id", lambda: next(ids))
+    older = svc.create_request("team", demand={"gpu": 1})
+    with ThreadPoolExecutor(2) as pool:
+        with batch_running(svc):
+            made = pool.submit(svc.create_request, "team", demand={"gpu": 1})
+            released = pool.submit(svc.release_request, "abcd")
+            wait_for(lambda: len(svc._writes._queue) == 2)
+        newer = made.result()
+        with pytest.raises(AmbiguousReference):
+            released.result()
+    assert newer.id != older.id
+    assert {r.id: r.status for r in svc.list_requests()} == {
+        older.id: "allocated", newer.id: "allocated"
+    }
 
 
 def test_a_new_request_preempting_in_its_own_transaction_is_named_by_its_victim(
