@@ -226,13 +226,13 @@ def test_the_write_after_a_checkpoint_starts_the_wal_over_though_writes_came_dur
     database = tmp_path / "fairpool.db"
     copy = sqlite_db._copy_wal
 
-    def copy_during_a_write() -> None:
+    def copy_during_a_write(dbapi_connection: Any) -> None:
         if sqlite_db._write_lock.locked():  # the writes are held back
-            copy()
+            copy(dbapi_connection)
             return
         with sqlite_db.write() as connection:  # began before the copy, commits after it
             repo.insert_pool(connection, "during", None, {"gpu": 1}, NOW)
-            copy()
+            copy(dbapi_connection)
 
     with sqlite_db.write() as connection:
         repo.insert_pool(connection, "before", None, {"gpu": 1}, NOW)

@@ -418,14 +418,15 @@ class Database:
         copy runs with this process's writes held back (they wait, or run on a thread): it
         takes only what they added during the first, in milliseconds. Neither waits for
         another process or a reader (PASSIVE)."""
-        self._copy_wal()
-        with self._write_lock:
-            self._copy_wal()
-
-    def _copy_wal(self) -> None:
         with self._engine.connect() as connection:
             dbapi_connection: Any = connection.connection.driver_connection
-            dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+            self._copy_wal(dbapi_connection)
+            with self._write_lock:
+                self._copy_wal(dbapi_connection)
+
+    @staticmethod
+    def _copy_wal(dbapi_connection: Any) -> None:
+        dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
 
     def _checkpoint_every(self, every: float) -> None:
         while not self._stop_checkpoints.wait(every):
