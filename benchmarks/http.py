@@ -458,9 +458,9 @@ def measure_bare(baseline: Process, args: argparse.Namespace, when: str) -> Bare
 
 
 def measure_backend(backend: str, server: Process, args: argparse.Namespace,
-                    measured: Bare, baseline: Process) -> tuple[list[Case], Bare]:
-    """Both cases on ``server``, the bare endpoint measured after each; ``measured``: its
-    last measurement before them. Returns the cases and the bare endpoint's last."""
+                    baseline: Process, bares: list[Bare]) -> list[Case]:
+    """Both cases on ``server``, the bare endpoint measured again after each (appended to
+    ``bares``): a case's ratio uses the measurements just before and after it."""
     results = []
     for name, capacity in (("uncontended", args.clients),
                            ("contended", args.contended_capacity)):
@@ -475,13 +475,12 @@ def measure_backend(backend: str, server: Process, args: argparse.Namespace,
         tally = load.tally
         if tally.errors:
             raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
-        after = measure_bare(baseline, args, f"after {backend} {name}")
+        bares.append(measure_bare(baseline, args, f"after {backend} {name}"))
         results.append(Case(backend, name, capacity, tally.admissions / load.seconds,
                             load.server_ms(tally.admissions), load.client_ms(tally.admissions),
                             tally.waited / max(1, tally.admissions), wake_latencies(tally),
-                            (measured, after)))
-        measured = after
-    return results, measured
+                            (bares[-2], bares[-1])))
+    return results
 
 
 def main() -> None:
@@ -517,7 +516,7 @@ def main() -> None:
         with ExitStack() as stack:
             baseline = baseline_server(workdir)
             stack.callback(baseline.stop)
-            bare = measure_bare(baseline, args, "first")
+            bares = [measure_bare(baseline, args, "first")]
             for backend in backends:
                 database_url = None
                 if backend == "postgresql":
@@ -531,8 +530,7 @@ def main() -> None:
                 server = fairpool_server(workdir / backend, database_url)
                 stack.callback(server.stop)
                 server.start()
-                measured, bare = measure_backend(backend, server, args, bare, baseline)
-                cases += measured
+                cases += measure_backend(backend, server, args, baseline, bares)
                 server.stop()
     except KeyboardInterrupt:
         print("interrupted; servers stopped, databases dropped", file=sys.stderr)

@@ -196,7 +196,7 @@ class _Passed:
 
     summary: PassSummary
     plan: Plan
-    _entries: dict[str, tuple[QueueEntry, ...]] | None = None
+    _entries: dict[str, tuple[QueueEntry, ...]] | None = field(default=None, init=False)
 
     def entries(self, request_id: str) -> tuple[QueueEntry, ...]:
         """Where ``request_id`` waits after the pass (nothing if it does not). Worked out
