@@ -8,7 +8,6 @@ the SDK work identically embedded or remote. Errors come back as the same except
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +16,7 @@ import httpx
 
 from fairpool.backoff import jittered
 from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.ids import new_id
 from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
 
 #: Transport failures (server restarting) are retried this many times, backing off.
@@ -119,7 +119,7 @@ class RemoteService:
         body = {"component": component, "component_type": component_type,
                 "resources": dict(demand or {}), "preemptible": preemptible,
                 "max_retries": max_retries, "labels": dict(labels or {}),
-                "lease_ttl": lease_ttl, "idempotency_key": uuid.uuid4().hex}
+                "lease_ttl": lease_ttl, "idempotency_key": new_id()}
         return RequestView.from_dict(self._call("POST", "/requests", json=body))
 
     def get_request(self, ref: str) -> RequestView:

@@ -10,7 +10,6 @@ flavors, compilation to the engine).
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.frontends.config_diff import diff_configs
+from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
@@ -506,7 +506,7 @@ def _validate(
     given_demand: dict[object, object] = {}
     given_demand.update(demand or {})
     return wl.validate_workload(
-        str(uuid.uuid4()),
+        new_id(),
         labels=given_labels,
         priority=priority,
         demand=given_demand,

@@ -281,8 +281,10 @@ def test_interruptible_victims_keep_their_units_until_allocation_preemption_time
     assert seen.as_dict()["interrupting"][0]["deadline"] == deadline.isoformat()
     assert "allocation_preemption_timeout 5000 ms" in (seen.interrupting[0].reason or "")
     waiting = seed.describe_operation(adhoc.id)
+    # The newest jobs go first: all started at once, so the last made (ids sort by time),
+    # which were placed last, on gpu-02.
     assert (waiting.running_jobs, waiting.reason) == (0, (
-        "10 jobs pending: 10 wait for interrupted jobs to leave gpu-01, gpu-02 "
+        "10 jobs pending: 10 wait for interrupted jobs to leave gpu-02 "
         "(allocation_preemption_timeout)"
     ))
     with seed.db.read() as conn:

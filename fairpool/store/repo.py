@@ -10,7 +10,6 @@ row.
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -31,6 +30,7 @@ from sqlalchemy import (
 )
 
 from fairpool.errors import AmbiguousReference, NotFound
+from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import Direct, check_found
 from fairpool.store.records import (
@@ -53,10 +53,6 @@ Amounts = Mapping[str, int]
 _BATCH = 10_000
 
 
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
 def resolve_id(
     connection: Connection,
     table: Table,
@@ -70,7 +66,7 @@ def resolve_id(
     if connection.execute(select(table.c.id).where(table.c.id == ref, scope)).first() is not None:
         return ref
     if ref:
-        # uuid4 strings are lower case; LIKE would be case-sensitive on PostgreSQL.
+        # Ids are lower case; LIKE would be case-sensitive on PostgreSQL.
         prefix = table.c.id.startswith(ref.lower(), autoescape=True)
         matches: Sequence[str] = connection.scalars(
             select(table.c.id).where(prefix, scope).limit(2)

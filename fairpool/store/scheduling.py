@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select, update
 
 from fairpool.errors import NotFound
+from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.records import (
     WORKLOAD_RESOURCES,
@@ -19,7 +20,7 @@ from fairpool.store.records import (
     Workload,
     WorkloadStatus,
 )
-from fairpool.store.repo import new_id, resolve_id
+from fairpool.store.repo import resolve_id
 from fairpool.store.schema import as_utc
 
 # -- config versions -------------------------------------------------------------------------

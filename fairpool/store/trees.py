@@ -13,9 +13,10 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, delete, func, insert, select, update
 
 from fairpool.errors import NotFound
+from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
-from fairpool.store.repo import new_id, resolve_id
+from fairpool.store.repo import resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     IntegralRecord,
