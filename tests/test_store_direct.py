@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 
 from fairpool.errors import NotFound, WouldWait
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, generation
-from fairpool.store.direct import DeferredWriteFailed, Direct
+from fairpool.store.direct import DeferredWriteFailed, Direct, _compile
 from fairpool.store.records import ComponentType
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -307,3 +308,12 @@ def test_a_collected_write_that_needs_the_database_sends_nothing(db: Database) -
     with db.write() as connection:
         assert _count(connection) == 0
         assert generation(connection) == seen + 1
+
+
+def test_the_event_log_insert_asks_for_nothing_back() -> None:
+    """PostgreSQL would send back each event's new id (implicit RETURNING), which nobody
+    reads."""
+    keys = tuple(repo.event_row("allocated", "m", NOW))
+    for dialect in (postgresql.psycopg.dialect(), sqlite.pysqlite.dialect()):
+        sql = _compile(repo._INSERT_EVENT._statement, dialect, keys).sql
+        assert sql.startswith("INSERT INTO event") and "RETURNING" not in sql

@@ -822,7 +822,8 @@ def live_allocations(connection: Connection, pool_id: str | None = None) -> list
 # Events
 
 
-_INSERT_EVENT = Direct(insert(schema.event))
+# inline(): PostgreSQL would send back each new id, which nobody reads.
+_INSERT_EVENT = Direct(insert(schema.event).inline())
 
 
 #: An event to insert (``event_row``); the database numbers it.
