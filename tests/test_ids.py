@@ -51,3 +51,13 @@ def test_new_ids_differ() -> None:
     made = [new_id() for _ in range(10_000)]
     assert len(set(made)) == len(made)
     assert all(uuid.UUID(i).version == 8 for i in made)
+
+
+@pytest.mark.parametrize(("characters", "apart"), [(4, 65_536), (6, 256), (8, 1)])
+def test_ids_made_far_enough_apart_differ_in_their_first_characters(
+    characters: int, apart: int
+) -> None:
+    start = 1_700_000_000_123_456
+    for offset in range(0, 10 * apart, max(1, apart // 7)):  # wherever in its window
+        first, later = id_at(start + offset, RANDOM), id_at(start + offset + apart, RANDOM)
+        assert first[:characters] != later[:characters]
