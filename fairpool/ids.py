@@ -1,7 +1,7 @@
 """The ids fairpool makes for its rows (and the SDK for its idempotency keys).
 
-An id is a UUID string of version 8 (RFC 9562's layout of one's own): 32 bits of the time in
-microseconds, wrapping every 71.6 minutes, then 90 random bits.
+An id is a UUID string of version 8, RFC 9562's version for a layout of one's own: 32 bits
+of the time in microseconds, wrapping every 71.6 minutes, then 90 random bits.
 
 Time first, so that the ids made in one moment sort together: every index keyed by an id (a
 request's primary key, its resources', its allocation's, the event log's ``request_id``)
