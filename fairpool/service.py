@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import Connection
@@ -190,20 +191,21 @@ class _State:
         return Snapshot(now.timestamp(), nodes, tuple(allocations), tuple(queue))
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class _Passed:
     """A pass's summary, with the plan of its last run (where waiting requests stand)."""
 
     summary: PassSummary
     plan: Plan
-    _entries: dict[str, tuple[QueueEntry, ...]] | None = field(default=None, init=False)
 
     def entries(self, request_id: str) -> tuple[QueueEntry, ...]:
-        """Where ``request_id`` waits after the pass (nothing if it does not). Worked out
-        once for all the answers of its batch: it sorts the whole queue."""
-        if self._entries is None:
-            self._entries = queue_entries(self.plan)
+        """Where ``request_id`` waits after the pass (nothing if it does not)."""
         return self._entries.get(request_id, ())
+
+    @cached_property
+    def _entries(self) -> dict[str, tuple[QueueEntry, ...]]:
+        """Worked out once for all the answers of its batch: it sorts the whole queue."""
+        return queue_entries(self.plan)
 
 
 @dataclass(slots=True)
