@@ -433,6 +433,11 @@ class Case:
         return statistics.mean(bare.rate for bare in self.bares)
 
     @property
+    def ratio(self) -> float:
+        """Admissions/s over the bare endpoint's requests/s around the case."""
+        return self.rate / self.bare_rate
+
+    @property
     def cpu_ratio(self) -> float | None:
         """The bare endpoint's server CPU per request over this case's per admission."""
         before, after = (bare.cpu_ms for bare in self.bares)
@@ -555,14 +560,15 @@ def main() -> None:
         print(f"{case.backend:<11} {case.name:<12} {case.capacity:>8} {case.rate:>12,.0f} "
               f"{cpu:>6} {case.client_cpu_ms:>6.2f} {case.waited:>7.0%} {p50:>11} {p99:>11} "
               f"{len(case.latencies):>6} {case.bare_rate:>7,.0f} "
-              f"{case.rate / case.bare_rate:>6.2f} {cpu_ratio:>9}")
+              f"{case.ratio:>6.2f} {cpu_ratio:>9}")
     print("\nCPU ms: the server's CPU time per admission; client: the clients'. bare/s: the "
           "bare endpoint's requests/s, the mean of its measurements just before and after the "
           "case, which the ratio uses. CPU ratio: the bare endpoint's server CPU per request "
           "over the case's per admission.")
     for case in cases:
         print(f"ratio admissions/s / bare requests/s ({case.backend}, {case.name}): "
-              f"{case.rate / case.bare_rate:.2f}  (target >= 0.3)")
+              f"{case.ratio:.2f}  (target >= 0.3)")
+
 
 if __name__ == "__main__":
     main()
