@@ -272,6 +272,35 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
     assert "Traceback" not in server.log_path.read_text()
 
 
+def test_every_number_in_a_url_is_written_as_json_writes_it(
+    client: httpx.Client, server: Server
+) -> None:
+    """Each query or path parameter the schema calls an integer or a number refuses "+1",
+    which pydantic alone would take, naming itself (``UrlInt``, ``UrlNumber``): the table is
+    the OpenAPI document, so a parameter added without them fails here."""
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    checked = []
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            parameters = operation.get("parameters", [])
+            for parameter in parameters:
+                types = {s.get("type") for s in [parameter["schema"],
+                                                  *parameter["schema"].get("anyOf", [])]}
+                if not types & {"integer", "number"}:
+                    continue
+                url = path.removeprefix(API)
+                for other in parameters:  # the other path parameters: any value
+                    if other["in"] == "path":
+                        value = "+1" if other is parameter else "1"
+                        url = url.replace("{" + other["name"] + "}", value)
+                query = {parameter["name"]: "+1"} if parameter["in"] == "query" else {}
+                response = client.request(method.upper(), url, params=query)
+                assert response.status_code == 422, (method, url, query, response.text)
+                assert response.json()["field"] == parameter["name"], (method, url, query)
+                checked.append((method, path, parameter["name"]))
+    assert len(checked) >= 6, checked  # limit, offset, timeout and three versions today
+
+
 # -- operations --------------------------------------------------------------------------
 
 
