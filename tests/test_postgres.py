@@ -204,11 +204,12 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
             try:
                 first = await write(service.create_request, "team", demand={"gpu": 1})
                 second = await write(service.create_request, "team", demand={"gpu": 1})
-                async_writer: Any = db._async_writer
-                async_writer.pgconn.trace(trace.fileno())
-                async_writer.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                assert db._async_writer is not None
+                pgconn = db._async_writer.connection.pgconn
+                pgconn.trace(trace.fileno())
+                pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
                 released = await write(service.release_request, first.id)
-                async_writer.pgconn.untrace()
+                pgconn.untrace()
                 Service(other, service.clock).update_pool("gpus", capacity={"gpu": 3})
                 # Believed: 1 of 2 units free, one more request to allocate: allocated either
                 # way. The one after it would queue on the believed state: it must not.
@@ -232,11 +233,16 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
     # After the other writer's commit, the thread; the refused release ran no pass.
     assert ran_on == [loop, loop, loop, thread, loop]
     assert _round_trips(messages) == 1
-    # One message: a script of statements, one per line (the trace's lines), BEGIN to COMMIT.
-    sent = [fields for fields in messages if fields[0] == "F"]
-    assert [fields[2] for fields in sent] == ["Query"]
-    assert sent[0][3] == ' "BEGIN ISOLATION LEVEL READ COMMITTED;'
-    assert ['COMMIT"'] in messages
+    # One pipeline: the statements prepared once per connection (here parsed are the two
+    # UPDATEs that a release is the first write to run), each one's values bound apart from
+    # it, then one Sync.
+    sent = [fields[2:] for fields in messages if fields[0] == "F"]
+    assert [fields[0] for fields in sent].count("Execute") == 7  # BEGIN ... COMMIT
+    assert [fields[0] for fields in sent if fields[0] == "Sync"] == ["Sync"] == sent[-1]
+    parsed = [fields[1] for fields in sent if fields[0] == "Parse"]
+    assert len(parsed) == 2
+    assert "UPDATE allocation" in parsed[0] and "UPDATE request" in parsed[1]
+    assert "$1" in parsed[0] and "2026" not in parsed[0]  # the values go apart
 
 
 def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
@@ -252,7 +258,8 @@ def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
             try:
                 for _ in range(2):  # the second runs on the loop's connection
                     held = await write(service.create_request, "team", demand={"gpu": 1})
-                pid = db._async_writer.info.backend_pid
+                assert db._async_writer is not None
+                pid = db._async_writer.connection.info.backend_pid
                 other.execute("SELECT pg_terminate_backend(%s)", [pid])
                 with pytest.raises(OperationalError):
                     await write(service.release_request, held.id)

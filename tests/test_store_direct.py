@@ -20,7 +20,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from fairpool.errors import NotFound, WouldWait
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, generation
-from fairpool.store.direct import DeferredWriteFailed, Direct, _compile
+from fairpool.store.direct import DeferredWriteFailed, Direct, _compile, _numbered, _text
 from fairpool.store.records import ComponentType
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -225,9 +225,10 @@ async def _collected(db: Database, last_seen: int, write: Callable[[Connection],
 
 
 @ON_POSTGRESQL
-def test_a_script_the_loop_sends_writes_what_execute_writes(db: Database) -> None:
-    """Its values bound client-side (``Database.write_async``), as the server's loop sends
-    a batch: stored as ``connection.execute`` stores them."""
+def test_what_the_loop_sends_writes_what_execute_writes(db: Database) -> None:
+    """Its values sent apart from its prepared statements, in PostgreSQL's text format
+    (``AsyncWriter``), as the server's loop sends a batch: stored as ``connection.execute``
+    stores them."""
     events = [
         repo.event_row("allocated", "on pool ä; it's", NOW, data={"by": None, "n": [1, 2]}),
         repo.event_row("released", "x\ny", NOW.astimezone(ELSEWHERE)),
@@ -270,7 +271,7 @@ def test_a_script_the_loop_sends_writes_what_execute_writes(db: Database) -> Non
 
 @ON_POSTGRESQL
 @pytest.mark.parametrize("failing", ["no row changed", "duplicate key", "stale generation"])
-def test_a_script_the_loop_sends_fails_whole(db: Database, failing: str) -> None:
+def test_what_the_loop_sends_fails_whole(db: Database, failing: str) -> None:
     with db.write() as connection:
         component = repo.insert_component(connection, "c", ComponentType.ORCHESTRATOR, NOW)
         seen = generation(connection)
@@ -317,3 +318,20 @@ def test_the_event_log_insert_asks_for_nothing_back() -> None:
     for dialect in (postgresql.psycopg.dialect(), sqlite.pysqlite.dialect()):
         sql = _compile(repo._INSERT_EVENT._statement, dialect, keys).sql
         assert sql.startswith("INSERT INTO event") and "RETURNING" not in sql
+
+
+def test_named_parameters_are_numbered_in_order_of_first_use() -> None:
+    """The loop's pipeline (``AsyncWriter``) prepares psycopg's SQL in libpq's style."""
+    sql = "UPDATE t SET a = %(x)s, b = %(y)s WHERE c = %(x)s AND d LIKE 'q%%'"
+    assert _numbered(sql) == (
+        b"UPDATE t SET a = $1, b = $2 WHERE c = $1 AND d LIKE 'q%'", ("x", "y")
+    )
+
+
+def test_a_value_of_a_type_no_column_has_is_refused_not_guessed() -> None:
+    assert _text(ComponentType.ORCHESTRATOR, ()) == b"orchestrator"
+    assert [_text(v, ()) for v in (None, True, False, -(2**63))] == [
+        None, b"t", b"f", b"-9223372036854775808"
+    ]
+    with pytest.raises(TypeError, match="no text format for a float value"):
+        _text(0.5, ())

@@ -41,9 +41,9 @@ from sqlalchemy.engine import make_url
 
 from fairpool.errors import WouldWait
 from fairpool.store.direct import (
+    AsyncWriter,
     Direct,
     defer_writes,
-    send_async,
     send_deferred,
     stop_deferring,
     take_deferred,
@@ -184,9 +184,9 @@ class Database:
         # lock): checking one out of the pool and back cost ~30 µs per transaction. Dropped
         # when a transaction fails, in case the connection is what failed.
         self._writer: Connection | None = None
-        # PostgreSQL: the event loop's connection for ``write_async`` (a psycopg
-        # AsyncConnection, used under the write lock); dropped likewise.
-        self._async_writer: Any = None
+        # PostgreSQL: the event loop's connection for ``write_async``, used under the write
+        # lock; dropped likewise.
+        self._async_writer: AsyncWriter | None = None
         # SQLite: the connection of the reads that must not wait (``read(wait=False)``, an
         # event loop's), kept likewise under a lock of its own that they never wait for.
         self._reader_now: Connection | None = None
@@ -233,7 +233,7 @@ class Database:
         with self._write_lock:
             self._drop_writer()
             if self._async_writer is not None:  # its loop did not ``close_async``
-                self._async_writer.pgconn.finish()
+                self._async_writer.connection.pgconn.finish()
                 self._async_writer = None
         with self._reader_now_lock:
             if self._reader_now is not None:
@@ -243,9 +243,9 @@ class Database:
 
     async def close_async(self) -> None:
         """On the loop that used ``write_async``: close its connection."""
-        connection, self._async_writer = self._async_writer, None
-        if connection is not None:
-            await connection.close()
+        writer, self._async_writer = self._async_writer, None
+        if writer is not None:
+            await writer.connection.close()
 
     def __enter__(self) -> Self:
         return self
@@ -287,7 +287,7 @@ class Database:
         collected, not sent, so it must not need the database: a read or a scalar raises
         ``WouldWait``, and nothing is sent. At its end, BEGIN, the lock, the generation's
         check, the writes and COMMIT go as one script on the loop's own connection
-        (``send_async``), with ``send_deferred``'s failures. ``WouldWait`` at once if
+        (``AsyncWriter``), with ``send_deferred``'s failures. ``WouldWait`` at once if
         another write of this process is running, or no writer connection is open (opening
         one would block)."""
         assert not self.embedded, "an embedded write has no round trip to await"
@@ -311,20 +311,21 @@ class Database:
             self._write_lock.release()
 
     async def _send_async(self, writes: list[Any]) -> None:
-        connection = self._async_writer
+        writer = self._async_writer
         self._async_writer = None
-        if connection is None:
+        if writer is None:
             import psycopg  # only here: SQLite never needs it
 
             _, parameters = self._engine.dialect.create_connect_args(self._engine.url)
             connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
             await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+            writer = AsyncWriter(connection)
         try:
-            await send_async(connection, writes, self._engine.dialect)
+            await writer.send(writes, self._engine.dialect)
         except BaseException:
-            await connection.close()  # its transaction is aborted, or its state unknown
+            await writer.connection.close()  # its transaction is aborted, or its state unknown
             raise
-        self._async_writer = connection
+        self._async_writer = writer
 
     @contextmanager
     def migrating(self) -> Iterator[Connection]:
