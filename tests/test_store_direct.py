@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 
 from fairpool.errors import NotFound, WouldWait
-from fairpool.store import repo, schema
+from fairpool.store import direct, repo, schema
 from fairpool.store.db import Database, generation
 from fairpool.store.direct import DeferredWriteFailed, Direct, _compile, _numbered, _text
 from fairpool.store.records import ComponentType
@@ -216,9 +216,9 @@ def test_a_write_expecting_the_generation_commits_only_if_it_is_that(db: Databas
 
 
 async def _collected(db: Database, last_seen: int, write: Callable[[Connection], None]) -> None:
-    """``write`` in ``db.write_async``, on a loop of its own."""
+    """``write`` in ``db.write_async``, on a loop of its own (within 30 s: fails, not hangs)."""
     try:
-        async with db.write_async(last_seen) as connection:
+        async with asyncio.timeout(30), db.write_async(last_seen) as connection:
             write(connection)
     finally:
         await db.close_async()
@@ -335,3 +335,34 @@ def test_a_value_of_a_type_no_column_has_is_refused_not_guessed() -> None:
     ]
     with pytest.raises(TypeError, match="no text format for a float value"):
         _text(0.5, ())
+
+
+@ON_POSTGRESQL
+def test_what_the_loop_sends_may_be_more_than_the_socket_takes_at_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline is flushed in parts, the server's answers read meanwhile: 8 MiB of
+    events, more than a loopback socket's buffers hold."""
+    waits: list[bool] = []
+    ready = direct._ready
+
+    async def counted(loop: Any, fileno: int, write: bool) -> bool:
+        waits.append(write)
+        return await ready(loop, fileno, write)
+
+    monkeypatch.setattr(direct, "_ready", counted)
+    with db.write() as connection:
+        seen = generation(connection)
+    events = [repo.event_row("allocated", f"m{n}", NOW, data={"pad": "x" * 32_768})
+              for n in range(256)]
+
+    def write(connection: Connection) -> None:
+        Direct(insert(schema.event)).execute_many(connection, events)
+
+    asyncio.run(_collected(db, seen, write))
+    with db.read() as connection:
+        stored = connection.exec_driver_sql(
+            "SELECT count(*), sum(length(data::text)) FROM event"
+        ).one()
+    assert stored == (256, 256 * len('{"pad": ""}') + 256 * 32_768)
+    assert True in waits  # it waited to send more
