@@ -5,6 +5,7 @@ Every test here runs on SQLite and on PostgreSQL (see ``database_url`` in confte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from fractions import Fraction as F
@@ -15,6 +16,8 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import (
     JSON,
     BindParameter,
@@ -27,10 +30,11 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from fairpool.store import repo, schema
-from fairpool.store.db import Database, migration_config
+from fairpool.store.db import Database, _json_text, migration_config
 from fairpool.store.records import ComponentType, RequestStatus
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -170,6 +174,33 @@ def test_naive_times_are_refused(db: Database) -> None:
         pool_id = repo.insert_pool(connection, "gpus", None, {}, NOW).id
     with pytest.raises(StatementError, match="naive"), db.write() as connection:
         repo.update_pool_description(connection, pool_id, "x", naive)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    moment=st.datetimes(min_value=datetime(2, 1, 1), max_value=datetime(9998, 12, 31),
+                        timezones=st.timezones()),
+)
+def test_sqlite_stores_a_time_as_sqlalchemy_would(moment: datetime) -> None:
+    """``UTCDateTime`` writes SQLite's text itself (faster): exactly SQLAlchemy's, in UTC."""
+    dialect = sqlite.pysqlite.dialect()
+    ours = schema.UTCDateTime().bind_processor(dialect)
+    theirs = sqlite.DATETIME().bind_processor(dialect)
+    assert ours is not None and theirs is not None
+    assert ours(moment) == theirs(schema.as_utc(moment))
+    assert ours(None) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+))
+def test_sqlite_stores_json_as_json_dumps_writes_it(value: Any) -> None:
+    """The empty object is written without ``json.dumps`` (faster), as the same text."""
+    assert _json_text(value) == json.dumps(value)
+    assert _json_text({}) == "{}"
 
 
 def _component(connection: Connection) -> str:

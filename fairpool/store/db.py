@@ -21,6 +21,7 @@ processes may open a brand-new database at once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -131,6 +132,12 @@ def migration_config(connection: Connection) -> Config:
     return config
 
 
+def _json_text(value: Any) -> str:
+    """A JSON column's text on SQLite: ``json.dumps``, but the empty object that most rows
+    hold (requests' labels, events' data) without it, ~1.5 µs a call."""
+    return "{}" if value == {} else json.dumps(value)
+
+
 def _opening(connection: Connection) -> tuple[Direct, ...]:
     """What a write transaction starts with, to make writers mutually exclusive across
     processes.
@@ -207,7 +214,7 @@ class Database:
         if backend == "sqlite":
             if parsed.database not in (None, "", ":memory:"):
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(parsed)
+            engine = create_engine(parsed, json_serializer=_json_text)
             _control_sqlite_transactions(engine)
         elif backend == "postgresql":
             if parsed.drivername == "postgresql":

@@ -6,9 +6,10 @@ The SQL stays portable between SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -72,6 +73,24 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return None if value is None else as_utc(value)
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[datetime | None], Any] | None:
+        """On SQLite, the text SQLAlchemy's ``DATETIME`` writes ("2025-01-02 03:04:05.000006"),
+        formatted from a tuple rather than from a dict of the fields: 0.88 µs against 1.56 a
+        time with the conversion to UTC (an f-string: 1.60), and a create + release binds a
+        dozen."""
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+
+        def process(value: datetime | None) -> str | None:
+            if value is None:
+                return None
+            t = as_utc(value)
+            return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 (the fastest)
+                t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond
+            )
+
+        return process
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
