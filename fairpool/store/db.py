@@ -293,7 +293,7 @@ class Database:
         round trip the loop awaits instead of blocking on it. The block's statements are
         collected, not sent, so it must not need the database: a read or a scalar raises
         ``WouldWait``, and nothing is sent. At its end, BEGIN, the lock, the generation's
-        check, the writes and COMMIT go as one script on the loop's own connection
+        check, the writes and COMMIT go in one round trip on the loop's own connection
         (``AsyncWriter``), with ``send_deferred``'s failures. ``WouldWait`` at once if
         another write of this process is running, or no writer connection is open (opening
         one would block)."""
