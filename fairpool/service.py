@@ -617,6 +617,12 @@ class Service:
                 return request.id, None
             return request.id, self._decided_view(conn, request)
 
+    async def still_queued(self, request_id: str) -> bool:
+        """PostgreSQL, on an event loop: whether the request whose whole id is
+        ``request_id`` still waits, by ``decided_request``'s first statement, its round trip
+        awaited on the loop (``Database.scalar_async``) rather than on a worker thread."""
+        return await repo.request_status_async(self.db, request_id) is RequestStatus.QUEUED
+
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:

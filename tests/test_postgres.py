@@ -245,6 +245,51 @@ def test_a_queued_write_runs_on_the_loop_awaiting_its_one_round_trip(
     assert "$1" in parsed[0] and "2026" not in parsed[0]  # the values go apart
 
 
+def test_a_long_poll_finds_a_request_still_queued_on_the_loop(
+    url: str, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Api.decided``: that a request still waits is read on the loop's own connection, its
+    round trip awaited (``Database.scalar_async``); a decided request, a prefix, or a failed
+    connection, on a worker thread, as before. One connection serves the loop's reads, opened
+    once however many ask at once, and reopened after it is lost."""
+    threaded: list[str] = []
+    with team_service(url, gpus=1) as service:
+        api, decided_request = Api(service, tick=3600.0), service.decided_request
+
+        def on_a_thread(ref: str, wait: bool = True) -> Any:
+            if wait:
+                threaded.append(ref)
+            return decided_request(ref, wait)
+
+        monkeypatch.setattr(service, "decided_request", on_a_thread)
+        held = service.create_request("team", demand={"gpu": 1})
+        queued = service.create_request("team", demand={"gpu": 1})
+
+        async def main() -> list[tuple[str, RequestView | None]]:
+            try:
+                found = list(await asyncio.gather(*(api.decided(queued.id) for _ in range(4))))
+                opened = [pid for pid, in other.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE 'SELECT request.status%'"
+                )]
+                assert len(opened) == 1
+                found.append(await api.decided(held.id))
+                found.append(await api.decided(queued.id[:8]))
+                other.execute("SELECT pg_terminate_backend(%s)", opened)
+                found.append(await api.decided(queued.id))  # the thread, then reopened
+                found.append(await api.decided(queued.id))
+                return found
+            finally:
+                await service.db.close_async()
+
+        found = asyncio.run(asyncio.wait_for(main(), 30))
+    assert found[:4] == [(queued.id, None)] * 4
+    assert found[4][0] == held.id and found[4][1] is not None
+    assert found[4][1].status == "allocated"
+    assert found[5:] == [(queued.id, None)] * 3
+    assert threaded == [held.id, queued.id[:8], queued.id]
+
+
 def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
     url: str, other: psycopg.Connection[Any]
 ) -> None:

@@ -8,6 +8,7 @@ type processing: on SQLite a datetime is text, a bool an integer, JSON a string)
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -342,15 +343,22 @@ def test_what_the_loop_sends_may_be_more_than_the_socket_takes_at_once(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline is flushed in parts, the server's answers read meanwhile: 8 MiB of
-    events, more than a loopback socket's buffers hold."""
+    events through a socket whose send buffer takes 64 KiB."""
     waits: list[bool] = []
-    ready = direct._ready
+    ready, connect = direct._ready, db._connect_async
 
     async def counted(loop: Any, fileno: int, write: bool) -> bool:
         waits.append(write)
         return await ready(loop, fileno, write)
 
+    async def small_buffer() -> Any:
+        connection = await connect()
+        with socket.fromfd(connection.pgconn.socket, socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # the same socket
+        return connection
+
     monkeypatch.setattr(direct, "_ready", counted)
+    monkeypatch.setattr(db, "_connect_async", small_buffer)
     with db.write() as connection:
         seen = generation(connection)
     events = [repo.event_row("allocated", f"m{n}", NOW, data={"pad": "x" * 32_768})

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager, suppress
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -21,6 +21,7 @@ from fastapi import FastAPI, Path, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.types import DecoratedCallable
 from pydantic import AfterValidator, StringConstraints
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -176,12 +177,18 @@ class Api:
     async def decided(self, ref: str) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` (id or unique id prefix) and its view unless it still
         waits: one small read, no engine run (``Service.decided_request``). It runs on the
-        loop's thread when it need not wait (SQLite, ~0.1 ms), else on a worker thread, whose
-        hop cost the contended load a third of its rate (docs/service.md#throughput)."""
+        loop's thread when it need not wait (SQLite, ~0.1 ms). On PostgreSQL the loop awaits
+        its first statement, which tells that a request still waits (what most long-polls
+        find), and a worker thread reads the rest: a hop to a thread per long-poll cost the
+        contended load a third of its rate (docs/service.md#throughput)."""
         try:
             return self.service.decided_request(ref, wait=False)
         except WouldWait:  # PostgreSQL's reads wait for the network
-            return await run_in_threadpool(self.service.decided_request, ref)
+            pass
+        with suppress(DBAPIError):  # the loop's connection failed: the thread reads
+            if await self.service.still_queued(ref):
+                return ref, None
+        return await run_in_threadpool(self.service.decided_request, ref)
 
     async def until_decided(
         self, watch: Watch, request_id: str, deadline: float

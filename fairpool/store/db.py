@@ -21,13 +21,15 @@ processes may open a brand-new database at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -194,6 +196,9 @@ class Database:
         # PostgreSQL: the event loop's connection for ``write_async``, used under the write
         # lock; dropped likewise.
         self._async_writer: AsyncWriter | None = None
+        # PostgreSQL: the event loop's connection for ``scalar_async`` (a psycopg
+        # AsyncConnection), opening or open; dropped when a read on it fails.
+        self._async_reader: asyncio.Future[Any] | None = None
         # SQLite: the connection of the reads that must not wait (``read(wait=False)``, an
         # event loop's), kept likewise under a lock of its own that they never wait for.
         self._reader_now: Connection | None = None
@@ -242,6 +247,9 @@ class Database:
             if self._async_writer is not None:  # its loop did not ``close_async``
                 self._async_writer.connection.pgconn.finish()
                 self._async_writer = None
+        reader, self._async_reader = self._async_reader, None
+        if reader is not None and reader.done() and reader.exception() is None:
+            reader.result().pgconn.finish()
         with self._reader_now_lock:
             if self._reader_now is not None:
                 self._reader_now.close()
@@ -249,10 +257,15 @@ class Database:
         self._engine.dispose()
 
     async def close_async(self) -> None:
-        """On the loop that used ``write_async``: close its connection."""
+        """On the loop that used ``write_async`` and ``scalar_async``: close their
+        connections."""
         writer, self._async_writer = self._async_writer, None
         if writer is not None:
             await writer.connection.close()
+        reader, self._async_reader = self._async_reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):  # it failed to open: nothing to close
+                await (await reader).close()
 
     def __enter__(self) -> Self:
         return self
@@ -317,16 +330,46 @@ class Database:
         finally:
             self._write_lock.release()
 
+    async def scalar_async(self, statement: Direct, parameters: Mapping[str, Any]) -> Any:
+        """PostgreSQL, on an event loop: ``statement``, a read of one value, which is a
+        consistent snapshot by itself (as ``read(statement=True)``), on the loop's own
+        connection; its one round trip the loop awaits instead of a worker thread blocking on
+        it. For a long-poll's first read: with it on a worker thread (a hop there and back,
+        and a thread contending with the loop for the GIL) the contended load cost 2.19 ms
+        of server CPU per admission, with it here 1.99. Errors as ``Direct.scalar``'s; the
+        connection is then dropped."""
+        assert not self.embedded, "an embedded read has no round trip to await"
+        if self._async_reader is None:
+            self._async_reader = asyncio.ensure_future(self._connect_async())
+        opening = self._async_reader
+        try:
+            connection = await asyncio.shield(opening)  # cancelled: it opens for the next
+        except Exception:
+            if self._async_reader is opening:
+                self._async_reader = None
+            raise
+        try:
+            return await statement.scalar_async(connection, self._engine.dialect, parameters)
+        except BaseException:  # failed, or cancelled in its round trip: its state is unknown
+            if self._async_reader is opening:
+                self._async_reader = None
+            connection.pgconn.finish()
+            raise
+
+    async def _connect_async(self) -> Any:
+        """A psycopg ``AsyncConnection`` in autocommit mode, for the loop."""
+        import psycopg  # only here: SQLite never needs it
+
+        _, parameters = self._engine.dialect.create_connect_args(self._engine.url)
+        connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
+        await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        return connection
+
     async def _send_async(self, writes: list[Any]) -> None:
         writer = self._async_writer
         self._async_writer = None
         if writer is None:
-            import psycopg  # only here: SQLite never needs it
-
-            _, parameters = self._engine.dialect.create_connect_args(self._engine.url)
-            connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
-            await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-            writer = AsyncWriter(connection)
+            writer = AsyncWriter(await self._connect_async())
         try:
             await writer.send(writes, self._engine.dialect)
         except BaseException:

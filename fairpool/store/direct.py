@@ -382,7 +382,7 @@ class Direct:
 
     def execute_many(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run it once per row (or queue that); every row names the same parameters."""
-        compiled = self._compiled_for(connection, tuple(rows[0]))
+        compiled = self._compiled_for(connection.dialect, tuple(rows[0]))
         bound = [_bind(connection, compiled, row) for row in rows]
         self._run(connection, _Write(compiled.sql, bound, many=True))
 
@@ -409,6 +409,25 @@ class Direct:
             row = cursor.fetchone()
         finally:
             cursor.close()
+        return None if row is None else row[0]
+
+    async def scalar_async(
+        self, connection: Any, dialect: Dialect, parameters: Mapping[str, Any]
+    ) -> Any:
+        """Run it once on ``connection``, a psycopg ``AsyncConnection`` of ``dialect`` in
+        autocommit mode, its round trip awaited; the first column of its first row (None
+        without rows). It is prepared on the connection; errors are raised as SQLAlchemy
+        raises them."""
+        compiled = self._compiled_for(dialect, tuple(parameters))
+        try:
+            cursor = await connection.execute(
+                compiled.sql, compiled.bind(parameters), prepare=True
+            )
+            row = await cursor.fetchone()
+        except dialect.loaded_dbapi.Error as error:
+            raise DBAPIError.instance(
+                compiled.sql, None, error, dialect.loaded_dbapi.Error, dialect=dialect
+            ) from error
         return None if row is None else row[0]
 
     def _run(self, connection: Connection, write: _Write) -> None:
@@ -439,13 +458,12 @@ class Direct:
         parameters: Mapping[str, Any],
         must_change: MustChange | None = None,
     ) -> _Write:
-        compiled = self._compiled_for(connection, tuple(parameters))
+        compiled = self._compiled_for(connection.dialect, tuple(parameters))
         bound = _bind(connection, compiled, parameters)
         return _Write(compiled.sql, bound, must_change=must_change,
                       checked_sql=compiled.checked_sql)
 
-    def _compiled_for(self, connection: Connection, keys: tuple[str, ...]) -> _Compiled:
-        dialect = connection.dialect
+    def _compiled_for(self, dialect: Dialect, keys: tuple[str, ...]) -> _Compiled:
         compiled = self._compiled.get((dialect.name, keys))
         if compiled is None:
             compiled = self._compiled[dialect.name, keys] = _compile(

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -46,6 +46,9 @@ from fairpool.store.records import (
     TokenRole,
 )
 from fairpool.store.schema import as_utc
+
+if TYPE_CHECKING:
+    from fairpool.store.db import Database
 
 Amounts = Mapping[str, int]
 
@@ -576,6 +579,12 @@ def request_status(connection: Connection, request_id: str) -> RequestStatus | N
     if there is none. One statement, without the request's demand: a long-poll asks it
     first, and most requests it asks of still wait."""
     status = _REQUEST_STATUS.scalar(connection, {"id": request_id})
+    return None if status is None else RequestStatus(status)
+
+
+async def request_status_async(db: Database, request_id: str) -> RequestStatus | None:
+    """``request_status`` on an event loop, on PostgreSQL (``Database.scalar_async``)."""
+    status = await db.scalar_async(_REQUEST_STATUS, {"id": request_id})
     return None if status is None else RequestStatus(status)
 
 
