@@ -248,8 +248,9 @@ class Database:
                 self._async_writer.connection.pgconn.finish()
                 self._async_writer = None
         reader, self._async_reader = self._async_reader, None
-        if reader is not None and reader.done() and reader.exception() is None:
-            reader.result().pgconn.finish()
+        if reader is not None and reader.done() and not reader.cancelled():
+            if reader.exception() is None:  # opened: its loop did not ``close_async``
+                reader.result().pgconn.finish()
         with self._reader_now_lock:
             if self._reader_now is not None:
                 self._reader_now.close()

@@ -108,13 +108,6 @@ class _Write:
         else:
             cursor.execute(sql, self.parameters)
 
-    def literal(self, quoting: Any) -> str:
-        """As deferred, with its values bound by ``quoting`` (a psycopg client cursor)."""
-        sql = self.deferred_sql()
-        if self.many:
-            return ";\n".join(quoting.mogrify(sql, row) for row in self.parameters)
-        return sql if self.parameters is None else str(quoting.mogrify(sql, self.parameters))
-
     def deferred_sql(self) -> str:
         if self.must_change is None:
             return self.sql
