@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairpool import service as service_module
+from fairpool.api.app import Api
 from fairpool.errors import Later, NotFound, WouldWait
 from fairpool.service import GATHER_TURNS, Service
 from fairpool.store.db import LOCK_TIMEOUT_MS, Database, generation
@@ -128,6 +129,20 @@ def test_a_read_that_must_not_wait_refuses_rather_than_wait(db: Database) -> Non
             pass
         with db.read():  # a read that may wait takes another connection
             pass
+
+
+def test_a_long_poll_whose_read_would_wait_reads_on_a_thread(tmp_path: Path) -> None:
+    """SQLite: ``Api.decided`` reads on the loop's thread; when that read would wait (its
+    connection in use), a worker thread reads instead, and the long-poll still answers."""
+    with team_service(f"sqlite:///{tmp_path / 'fairpool.db'}", gpus=1) as service:
+        api = Api(service, tick=3600.0)
+        held = service.create_request("team", demand={"gpu": 1})
+        queued = service.create_request("team", demand={"gpu": 1})
+        with _held_elsewhere(lambda: service.db.read(wait=False)):
+            found = [asyncio.run(api.decided(ref)) for ref in (queued.id, held.id)]
+    assert found[0] == (queued.id, None)
+    assert found[1][0] == held.id and found[1][1] is not None
+    assert found[1][1].status == "allocated"
 
 
 @pytest.fixture

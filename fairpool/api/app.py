@@ -176,18 +176,20 @@ class Api:
 
     async def decided(self, ref: str) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` (id or unique id prefix) and its view unless it still
-        waits: one small read, no engine run (``Service.decided_request``). It runs on the
-        loop's thread when it need not wait (SQLite, ~0.1 ms). On PostgreSQL the loop awaits
+        waits: one small read, no engine run (``Service.decided_request``). On SQLite it runs
+        on the loop's thread unless it would wait (~0.1 ms). On PostgreSQL the loop awaits
         its first statement, which tells that a request still waits (what most long-polls
         find), and a worker thread reads the rest: a hop to a thread per long-poll cost the
         contended load a third of its rate (docs/service.md#throughput)."""
-        try:
-            return self.service.decided_request(ref, wait=False)
-        except WouldWait:  # PostgreSQL's reads wait for the network
-            pass
-        with suppress(DBAPIError):  # the loop's connection failed: the thread reads
-            if await self.service.still_queued(ref):
-                return ref, None
+        if self.service.db.embedded:
+            try:
+                return self.service.decided_request(ref, wait=False)
+            except WouldWait:  # its connection in use, or SQLite busy: the thread reads
+                pass
+        else:
+            with suppress(DBAPIError):  # the loop's connection failed: the thread reads
+                if await self.service.still_queued(ref):
+                    return ref, None
         return await run_in_threadpool(self.service.decided_request, ref)
 
     async def until_decided(
