@@ -187,9 +187,9 @@ class AsyncWriter:
         try:
             failure = await _results(pgconn, errors, pq)
         except Exception as error:  # the connection failed
-            _raise_failure(error, dialect)
+            failure = error
         if failure is not None:
-            _raise_failure(failure, dialect)
+            _deferred_failure(_as_sqlalchemy(failure, dialect))
 
 
 async def _results(pgconn: Any, errors: Any, pq: Any) -> Exception | None:
@@ -241,15 +241,14 @@ async def _ready(loop: asyncio.AbstractEventLoop, fileno: int, write: bool) -> b
             loop.remove_writer(fileno)
 
 
-def _raise_failure(error: Exception, dialect: Dialect) -> NoReturn:
-    """``error`` raised as ``send_deferred`` raises it."""
-    dbapi_error = dialect.loaded_dbapi.Error
-    if not isinstance(error, dbapi_error):
+def _deferred_failure(error: Exception) -> NoReturn:
+    """Deferred writes failed with ``error`` (as SQLAlchemy raises it): nothing committed.
+    An ``OperationalError`` (the lock's timeout, a lost connection) is raised as is: it is
+    the transaction's failure, which running it again would meet again. Anything else is
+    some operation's, unknown which: ``DeferredWriteFailed``."""
+    if isinstance(error, OperationalError):
         raise error
-    wrapped = DBAPIError.instance(None, None, error, dbapi_error, dialect=dialect)
-    if isinstance(wrapped, OperationalError):
-        raise wrapped from error
-    raise DeferredWriteFailed(f"a deferred write failed: {wrapped}") from wrapped
+    raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
 
 
 @functools.cache
@@ -303,10 +302,8 @@ def send_deferred(connection: Connection, commit: bool = False) -> None:
     queue.clear()
     try:
         _send(connection, writes, deferred=True).close()
-    except OperationalError:  # a lock timeout, a lost connection: no operation's doing
-        raise
     except Exception as error:
-        raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
+        _deferred_failure(error)
 
 
 def _send(connection: Connection, writes: Sequence[_Write], deferred: bool) -> Any:
@@ -340,14 +337,23 @@ def _wrapped(connection: Connection, sql: str | None, error: Exception) -> Excep
     OperationalError, StatementError around a bind processor's error...); a lost connection
     is invalidated. So callers handle one kind of error."""
     dialect = connection.dialect
-    base = dialect.loaded_dbapi.Error
-    invalidated = isinstance(error, base) and dialect.is_disconnect(
+    invalidated = isinstance(error, dialect.loaded_dbapi.Error) and dialect.is_disconnect(
         error, connection.connection.driver_connection, None
     )
     if invalidated:
         connection.invalidate(error)
+    return _as_sqlalchemy(error, dialect, sql, invalidated)
+
+
+def _as_sqlalchemy(
+    error: Exception, dialect: Dialect, sql: str | None = None, invalidated: bool = False
+) -> Exception:
+    """``error`` as SQLAlchemy raises it from ``connection.execute``: the driver's as
+    ``IntegrityError``, ``OperationalError``...; another, with ``sql``, as a
+    ``StatementError``."""
     wrapped: Exception = DBAPIError.instance(
-        sql, None, error, base, connection_invalidated=invalidated, dialect=dialect
+        sql, None, error, dialect.loaded_dbapi.Error, connection_invalidated=invalidated,
+        dialect=dialect,
     )
     return wrapped
 
@@ -418,9 +424,7 @@ class Direct:
             )
             row = await cursor.fetchone()
         except dialect.loaded_dbapi.Error as error:
-            raise DBAPIError.instance(
-                compiled.sql, None, error, dialect.loaded_dbapi.Error, dialect=dialect
-            ) from error
+            raise _as_sqlalchemy(error, dialect, compiled.sql) from error
         return None if row is None else row[0]
 
     def _run(self, connection: Connection, write: _Write) -> None:
