@@ -22,7 +22,6 @@ processes may open a brand-new database at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -265,7 +264,7 @@ class Database:
             await writer.connection.close()
         reader, self._async_reader = self._async_reader, None
         if reader is not None:
-            with contextlib.suppress(Exception):  # it failed to open: nothing to close
+            with suppress(Exception):  # it failed to open: nothing to close
                 await (await reader).close()
 
     def __enter__(self) -> Self:

@@ -28,7 +28,6 @@ before anything is sent.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -159,33 +158,37 @@ class AsyncWriter:
     (``connection.pgconn``, psycopg's documented low-level interface)."""
 
     def __init__(self, connection: Any) -> None:
+        from psycopg import errors, pq  # only here: SQLite never needs them
+        from psycopg.types.json import Json, Jsonb
+
         self.connection = connection
         connection.pgconn.enter_pipeline_mode()
-        # The statements prepared on it: their SQL (as deferred) to their name.
-        self._prepared: dict[str, bytes] = {}
+        self._errors, self._pq, self._json_types = errors, pq, (Json, Jsonb)
+        # The statements prepared on it: their SQL (as deferred) to their name and their
+        # parameters' names in their numbers' order.
+        self._prepared: dict[str, tuple[bytes, tuple[str, ...]]] = {}
 
     async def send(self, writes: Sequence[_Write], dialect: Dialect) -> None:
         """``writes`` sent and their results awaited; failures as ``send_deferred``'s. After
         one, the connection is to be closed: its transaction is aborted, or its state
         unknown."""
-        from psycopg import errors, pq
-        from psycopg.types.json import Json, Jsonb
-
-        json_types = (Json, Jsonb)
         pgconn = self.connection.pgconn
         for write in writes:
             sql = write.deferred_sql()
-            name = self._prepared.get(sql)
-            numbered, order = _numbered(sql)
-            if name is None:
-                name = self._prepared[sql] = b"fairpool_%d" % len(self._prepared)
-                pgconn.send_prepare(name, numbered)
+            prepared = self._prepared.get(sql)
+            if prepared is None:
+                numbered, order = _numbered(sql)
+                prepared = self._prepared[sql] = (b"fairpool_%d" % len(self._prepared), order)
+                pgconn.send_prepare(prepared[0], numbered)
+            name, order = prepared
             rows = write.parameters if write.many else [write.parameters or {}]
             for row in rows:
-                pgconn.send_query_prepared(name, [_text(row[key], json_types) for key in order])
+                pgconn.send_query_prepared(
+                    name, [_text(row[key], self._json_types) for key in order]
+                )
         pgconn.pipeline_sync()
         try:
-            failure = await _results(pgconn, errors, pq)
+            failure = await _results(pgconn, self._errors, self._pq)
         except Exception as error:  # the connection failed
             failure = error
         if failure is not None:
@@ -251,7 +254,6 @@ def _deferred_failure(error: Exception) -> NoReturn:
     raise DeferredWriteFailed(f"a deferred write failed: {error}") from error
 
 
-@functools.cache
 def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
     """``sql`` with psycopg's named parameters (``%(name)s``) numbered as libpq's (``$1``),
     and the names in their numbers' order."""
