@@ -611,6 +611,11 @@ class Service:
             status = repo.request_status(conn, ref)
         if status is RequestStatus.QUEUED:
             return ref, None
+        return self.read_decided(ref, wait)
+
+    def read_decided(self, ref: str, wait: bool = True) -> tuple[str, RequestView | None]:
+        """``decided_request`` after its first statement, for a request not known to wait
+        (its status told otherwise, or ``ref`` is a prefix): one small read."""
         with self.db.read(wait=wait) as conn:
             request = repo.get_request(conn, ref)
             if request.status is RequestStatus.QUEUED:

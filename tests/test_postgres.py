@@ -250,18 +250,24 @@ def test_a_long_poll_finds_a_request_still_queued_on_the_loop(
 ) -> None:
     """``Api.decided``: that a request still waits is read on the loop's own connection, its
     round trip awaited (``Database.scalar_async``); a decided request, a prefix, or a failed
-    connection, on a worker thread, as before. One connection serves the loop's reads, opened
+    connection, on a worker thread, which reads the request without its status first. One connection serves the loop's reads, opened
     once however many ask at once, and reopened after it is lost."""
     threaded: list[str] = []
+    status_read_by_a_thread: list[str] = []
     with team_service(url, gpus=1) as service:
-        api, decided_request = Api(service, tick=3600.0), service.decided_request
+        api, read_decided = Api(service, tick=3600.0), service.read_decided
+        request_status = repo.request_status
 
         def on_a_thread(ref: str, wait: bool = True) -> Any:
-            if wait:
-                threaded.append(ref)
-            return decided_request(ref, wait)
+            threaded.append(ref)
+            return read_decided(ref, wait)
 
-        monkeypatch.setattr(service, "decided_request", on_a_thread)
+        def status_on_a_thread(connection: Connection, ref: str) -> Any:
+            status_read_by_a_thread.append(ref)
+            return request_status(connection, ref)
+
+        monkeypatch.setattr(service, "read_decided", on_a_thread)
+        monkeypatch.setattr(repo, "request_status", status_on_a_thread)
         held = service.create_request("team", demand={"gpu": 1})
         queued = service.create_request("team", demand={"gpu": 1})
 
@@ -288,6 +294,7 @@ def test_a_long_poll_finds_a_request_still_queued_on_the_loop(
     assert found[4][1].status == "allocated"
     assert found[5:] == [(queued.id, None)] * 3
     assert threaded == [held.id, queued.id[:8], queued.id]
+    assert status_read_by_a_thread == []  # the thread does not ask the status again
 
 
 def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(

@@ -179,18 +179,18 @@ class Api:
         waits: one small read, no engine run (``Service.decided_request``). On SQLite it runs
         on the loop's thread unless it would wait (~0.1 ms). On PostgreSQL the loop awaits
         its first statement, which tells that a request still waits (what most long-polls
-        find), and a worker thread reads the rest: a hop to a thread per long-poll cost the
-        contended load a third of its rate (docs/service.md#throughput)."""
+        find), and a worker thread reads the rest (``Service.read_decided``, without that
+        statement again): a hop to a thread per long-poll cost the contended load a third of
+        its rate (docs/service.md#throughput)."""
         if self.service.db.embedded:
             try:
                 return self.service.decided_request(ref, wait=False)
             except WouldWait:  # its connection in use, or SQLite busy: the thread reads
-                pass
-        else:
-            with suppress(DBAPIError):  # the loop's connection failed: the thread reads
-                if await self.service.still_queued(ref):
-                    return ref, None
-        return await run_in_threadpool(self.service.decided_request, ref)
+                return await run_in_threadpool(self.service.decided_request, ref)
+        with suppress(DBAPIError):  # the loop's connection failed: the thread reads it all
+            if await self.service.still_queued(ref):
+                return ref, None
+        return await run_in_threadpool(self.service.read_decided, ref)
 
     async def until_decided(
         self, watch: Watch, request_id: str, deadline: float
