@@ -1,4 +1,4 @@
-"""The Python SDK: submit, wait, hold with heartbeats, release.
+"""The Python SDK: the CLI's operations, and submit, wait, hold with heartbeats, release.
 
 ``Client()`` talks to a server when ``FAIRPOOL_URL`` (or ``url=``) is set, else works directly
 on the embedded SQLite store: the same calls, the same answers.
@@ -23,11 +23,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
+from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError
 from fairpool.settings import ResourceSettings
-from fairpool.views import RequestView
+from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
+
+if TYPE_CHECKING:
+    from fairpool.remote import RemoteScheduling, RemoteTrees
+    from fairpool.scheduling import SchedulingService
+    from fairpool.trees_service import TreesService
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -71,27 +77,6 @@ _ENDINGS: dict[str, type[NotGranted]] = {
     "preempted": Preempted,
     "released": Cancelled,
 }
-
-
-class Backend(Protocol):
-    """What the SDK needs: ``Service`` (embedded) and ``RemoteService`` (HTTP) both are one."""
-
-    def create_request(
-        self,
-        component: str,
-        component_type: str = ...,
-        demand: Mapping[str, int] | None = ...,
-        preemptible: bool = ...,
-        max_retries: int = ...,
-        labels: Mapping[str, str] | None = ...,
-        lease_ttl: int | None = ...,
-    ) -> RequestView: ...
-    def get_request(self, ref: str) -> RequestView: ...
-    def wait(self, ref: str, seconds: float) -> RequestView: ...
-    def heartbeat(self, ref: str) -> RequestView: ...
-    def release_request(self, ref: str) -> RequestView: ...
-    def cancel_request(self, ref: str) -> RequestView: ...
-    def close(self) -> None: ...
 
 
 class Grant:
@@ -150,7 +135,7 @@ class Grant:
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                request = self._client._backend.heartbeat(self.request.id)
+                request = self._client.heartbeat(self.request.id)
             except (FairpoolError, OSError):
                 continue  # the next beat tries again; the lease covers a few misses
             if request.status != "allocated":
@@ -162,12 +147,91 @@ class Grant:
 
 
 class Client:
+    """The CLI's operations in Python, on a server (``url``, else ``FAIRPOOL_URL``; ``token``,
+    else ``FAIRPOOL_TOKEN``) or, without one, on the embedded store under ``home`` (else
+    ``FAIRPOOL_HOME``). Answers are the CLI's views (``as_dict()`` is its JSON); bad input
+    raises ``InvalidInput`` naming the field, an unknown name or id ``NotFound``, a refused
+    change ``Conflict`` (all ``FairpoolError``). The scheduler config and the pool trees are
+    ``client.scheduling`` and ``client.trees``."""
+
     def __init__(
         self, url: str | None = None, *, home: str | None = None, token: str | None = None
     ) -> None:
         url = url or os.environ.get("FAIRPOOL_URL")
         token = token or os.environ.get("FAIRPOOL_TOKEN")
-        self._backend: Backend = _remote(url, token) if url else _local(home)
+        self._service = backends.open_service(url, token, home)
+
+    @functools.cached_property
+    def scheduling(self) -> SchedulingService | RemoteScheduling:
+        """The declarative scheduler config: ``apply_config``, ``submit_workload``, ..."""
+        return backends.scheduling_of(self._service)
+
+    @functools.cached_property
+    def trees(self) -> TreesService | RemoteTrees:
+        """The fair-share pool trees: ``create_tree``, ``start_operation``, ..."""
+        return backends.trees_of(self._service)
+
+    # -- pools ---------------------------------------------------------------------------
+
+    def create_pool(
+        self, name: str, capacity: Mapping[str, int], description: str | None = None
+    ) -> PoolView:
+        return self._service.create_pool(name, capacity, description)
+
+    def update_pool(
+        self,
+        ref: str,
+        capacity: Mapping[str, int] | None = None,
+        description: str | None = None,
+    ) -> PoolView:
+        """New totals for the keys given (0 removes a key), and/or a new description."""
+        return self._service.update_pool(ref, capacity, description)
+
+    def delete_pool(self, ref: str) -> None:
+        self._service.delete_pool(ref)
+
+    def get_pool(self, ref: str) -> PoolView:
+        """The pool (name or id) with its policies, active and queued requests."""
+        return self._service.get_pool(ref)
+
+    def list_pools(self) -> list[PoolView]:
+        return self._service.list_pools()
+
+    def pool_requests(
+        self, ref: str, view: Literal["queued", "active", "all"] = "all"
+    ) -> list[RequestView]:
+        return self._service.pool_requests(ref, view)
+
+    # -- policies ------------------------------------------------------------------------
+
+    def attach_policy(
+        self,
+        pool: str,
+        component: str,
+        component_type: str = "orchestrator",
+        priority: int = 0,
+        reserved: Mapping[str, int] | None = None,
+        limit: Mapping[str, int] | None = None,
+    ) -> PolicyView:
+        """Attach (or replace) ``component``'s policy on ``pool``."""
+        return self._service.attach_policy(
+            pool, component, component_type, priority, reserved, limit
+        )
+
+    def detach_policy(
+        self, pool: str, component: str, component_type: str = "orchestrator"
+    ) -> None:
+        self._service.detach_policy(pool, component, component_type)
+
+    def list_policies(
+        self,
+        pool: str | None = None,
+        component: str | None = None,
+        component_type: str | None = None,
+    ) -> list[PolicyView]:
+        return self._service.list_policies(pool, component, component_type)
+
+    # -- requests ------------------------------------------------------------------------
 
     def submit(
         self,
@@ -179,39 +243,59 @@ class Client:
         labels: Mapping[str, str] | None = None,
         lease_ttl: int | None = DEFAULT_LEASE_TTL,
     ) -> RequestView:
-        """Create a request; the answer already carries the decision."""
+        """Create a request; the answer already carries the decision. With a ``lease_ttl``
+        (seconds), the units go back when no heartbeat comes for that long; ``None``: held
+        until released."""
         if isinstance(settings, ResourceSettings):
             demand = settings.requested_resources()
             preemptible = settings.preemptible
         else:
             demand, preemptible = dict(settings), True
-        return self._backend.create_request(
+        return self._service.create_request(
             component=component, component_type=component_type, demand=demand,
             preemptible=preemptible, max_retries=max_retries, labels=dict(labels or {}),
             lease_ttl=lease_ttl,
         )
 
     def get(self, ref: str) -> RequestView:
-        return self._backend.get_request(ref)
+        """The request (id or unique id prefix), with its queue position per pool."""
+        return self._service.get_request(ref)
+
+    def list_requests(
+        self, status: str | None = None, component: str | None = None, pool: str | None = None
+    ) -> list[RequestView]:
+        return self._service.list_requests(status, component, pool)
 
     def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Block until the request leaves the queue (or ``timeout`` seconds pass)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
-            request = self._backend.wait(ref, max(0.0, left))
+            request = self._service.wait(ref, max(0.0, left))
             if request.status != "queued" or (deadline is not None and left <= 0):
                 return request
 
+    def heartbeat(self, ref: str) -> RequestView:
+        """Renew the request's lease; the answer is the request as it stands (preempted?)."""
+        return self._service.heartbeat(ref)
+
     def release(self, ref: str) -> RequestView:
-        return self._backend.release_request(ref)
+        return self._service.release_request(ref)
 
     def cancel(self, ref: str) -> RequestView:
-        return self._backend.cancel_request(ref)
+        return self._service.cancel_request(ref)
+
+    def delete(self, ref: str) -> None:
+        """Delete the request and its history (its units go back if it held any)."""
+        self._service.delete_request(ref)
+
+    def reconcile(self) -> PassSummary:
+        """Run one pass now (every change already runs one)."""
+        return self._service.reconcile()
 
     def close(self) -> None:
         """Close the connections to the server or the embedded database."""
-        self._backend.close()
+        self._service.close()
 
     def __enter__(self) -> Self:
         return self
@@ -307,18 +391,6 @@ class _Acquire:
         if request.status != "allocated":
             raise _ENDINGS.get(request.status, NotGranted)(request)
         return Grant(self._client, request, self._interval)
-
-
-def _remote(url: str, token: str | None) -> Backend:
-    from fairpool.remote import RemoteService
-
-    return RemoteService(url, token)
-
-
-def _local(home: str | None) -> Backend:
-    from fairpool.service import open_service
-
-    return open_service(home)
 
 
 #: Set just before a grant's heartbeat sends SIGINT to the main thread.

@@ -32,7 +32,7 @@ from fairpool import Client, ResourceSettings
 from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
-from fairpool.errors import Conflict, NotFound
+from fairpool.errors import Conflict, FairpoolError, NotFound
 from fairpool.remote import RemoteService
 from tests.servers import API, ApiServer, clean_env, running, setup_pool
 
@@ -497,7 +497,7 @@ def test_a_waiter_wakes_promptly_when_units_are_released(server: ApiServer, clie
         waiter.start()
         # The waiter is queued and its long-poll is in place.
         deadline = time.monotonic() + 10
-        while len(client._backend.list_requests("queued", "wake-orch")) < 1:  # type: ignore[attr-defined]
+        while len(client.list_requests("queued", "wake-orch")) < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         time.sleep(0.3)
@@ -551,9 +551,116 @@ def test_the_decorator_runs_again_on_the_retry_attempt(server: ApiServer, client
 
     assert train() == "done"
     assert runs == ["start", "start"]
-    attempts = client._backend.list_requests(component="deco-low")  # type: ignore[attr-defined]
+    attempts = client.list_requests(component="deco-low")
     assert [(r.attempt, r.status) for r in attempts] == [(1, "preempted"), (2, "released")]
     assert attempts[1].previous_attempt_id == attempts[0].id
+
+
+# -- every SDK operation: the same answers embedded and remote ------------------------------------
+
+def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
+    """One sequence through every ``Client`` operation and error class; each answer (or
+    error, by class and message) as JSON data, normalized."""
+    normalizer = Normalizer()
+    steps: list[tuple[str, Any]] = []
+
+    def step(name: str, call: Callable[[], Any]) -> Any:
+        try:
+            result = call()
+        except FairpoolError as error:
+            data: Any = f"{type(error).__name__}: {error}"
+            result = None
+        else:
+            data = [r.as_dict() for r in result] if isinstance(result, list) else (
+                None if result is None else result.as_dict())
+        steps.append((name, normalizer.data(data)))
+        return result
+
+    step("create_pool", lambda: client.create_pool("sdk", {"gpu": 2, "step_run": 8}, "SDK's"))
+    step("create_pool again", lambda: client.create_pool("sdk", {"gpu": 2}))
+    step("create_pool invalid", lambda: client.create_pool("bad", {"gpu": -1}))
+    step("update_pool", lambda: client.update_pool("sdk", {"gpu": 3}, description="more"))
+    step("update_pool unknown", lambda: client.update_pool("nope", {"gpu": 3}))
+    step("attach_policy low", lambda: client.attach_policy("sdk", "sdk-low", priority=1, limit={"gpu": 3}))
+    step("attach_policy high", lambda: client.attach_policy("sdk", "sdk-high", priority=9, reserved={"gpu": 1}))
+    step("attach_policy unknown key", lambda: client.attach_policy("sdk", "x", reserved={"tpu": 1}))
+    step("list_policies", lambda: client.list_policies(pool="sdk"))
+    held = step("submit", lambda: client.submit(ResourceSettings(gpu_count=2), component="sdk-low", lease_ttl=None))
+    queued = step("submit queued", lambda: client.submit({"gpu": 2}, component="sdk-low", lease_ttl=None))
+    step("submit rejected", lambda: client.submit({"gpu": 9}, component="sdk-low"))
+    step("submit invalid", lambda: client.submit({"gpu": 0}, component="sdk-low"))
+    step("get by prefix", lambda: client.get(queued.id[:8]))
+    step("list_requests queued", lambda: client.list_requests(status="queued", pool="sdk"))
+    step("list_requests bad status", lambda: client.list_requests(status="done"))
+    step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
+    step("get_pool", lambda: client.get_pool("sdk"))
+    step("list_pools", client.list_pools)
+    step("heartbeat", lambda: client.heartbeat(held.id))
+    step("wait, still queued", lambda: client.wait(queued.id, timeout=0))
+    step("release", lambda: client.release(held.id))
+    step("wait", lambda: client.wait(queued.id, timeout=30))
+    step("release again", lambda: client.release(held.id))
+    step("cancel released", lambda: client.cancel(held.id))
+    step("delete_pool with a live allocation", lambda: client.delete_pool("sdk"))
+    step("delete", lambda: client.delete(queued.id))
+    step("get deleted", lambda: client.get(queued.id))
+    step("reconcile", client.reconcile)
+    step("detach_policy", lambda: client.detach_policy("sdk", "sdk-high"))
+    step("detach_policy again", lambda: client.detach_policy("sdk", "sdk-high"))
+    step("delete_pool", lambda: client.delete_pool("sdk"))
+    step("scheduling.apply_config", lambda: client.scheduling.apply_config((EXAMPLES / "complete.yaml").read_text()))
+    step("scheduling.list_configs", client.scheduling.list_configs)
+    step("trees.create_tree", lambda: client.trees.create_tree("tpus"))
+    step("trees.list_trees", client.trees.list_trees)
+    return steps
+
+
+def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path) -> None:
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        with Client(home=str(tmp_path / "embedded"), url="") as embedded:
+            local = every_sdk_call(embedded)
+        with Client(url=server.url, home=str(tmp_path / "unused")) as over_http:
+            remote = every_sdk_call(over_http)
+        assert "Traceback" not in server.log()
+    assert not (tmp_path / "unused").exists()  # remote mode never opened a local store
+    differences = [f"{mine[0]}\n  embedded: {mine[1]}\n  remote:   {theirs[1]}"
+                   for mine, theirs in zip(local, remote, strict=True) if mine != theirs]
+    assert not differences, "\n".join(differences)
+    # And the sequence did what it says (both modes equally wrong would pass the above).
+    answers = dict(local)
+    for name, needle in [
+        ("create_pool again", "Conflict: a resource pool named `sdk` already exists"),
+        ("create_pool invalid", "InvalidInput: capacity.gpu"),
+        ("update_pool unknown", "NotFound: "),
+        ("attach_policy unknown key", "InvalidInput: reserved.tpu"),
+        ("submit invalid", "InvalidInput: "),
+        ("list_requests bad status", "InvalidInput: status"),
+        ("release again", "Conflict: "),
+        ("cancel released", "Conflict: "),
+        ("delete_pool with a live allocation", "Conflict: resource pool `sdk` has 1 live allocation"),
+        ("get deleted", "NotFound: "),
+        ("detach_policy again", "NotFound: "),
+    ]:
+        assert str(answers[name]).startswith(needle), (name, answers[name])
+    assert answers["create_pool"]["capacity"] == {"gpu": 2, "step_run": 8}
+    assert answers["update_pool"]["capacity"] == {"gpu": 3, "step_run": 8}
+    assert [p["component"] for p in answers["list_policies"]] == ["sdk-high", "sdk-low"]  # by priority
+    assert answers["submit"]["status"] == "allocated"
+    assert answers["submit queued"]["status"] == "queued"
+    assert answers["submit rejected"]["status"] == "rejected"
+    assert answers["get by prefix"]["id"] == answers["submit queued"]["id"]
+    assert [r["id"] for r in answers["list_requests queued"]] == [answers["submit queued"]["id"]]
+    assert [r["id"] for r in answers["pool_requests active"]] == [answers["submit"]["id"]]
+    assert answers["get_pool"]["queue_length"] == 1
+    assert [p["name"] for p in answers["list_pools"]] == ["sdk"]
+    assert answers["heartbeat"]["status"] == "allocated"
+    assert answers["wait, still queued"]["status"] == "queued"
+    assert answers["release"]["status"] == "released"
+    assert answers["wait"]["status"] == "allocated"
+    assert answers["delete_pool"] is None
+    assert [c["version"] for c in answers["scheduling.list_configs"]] == [1]
+    assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 
 
 # -- answers lost on the way back ----------------------------------------------------------------

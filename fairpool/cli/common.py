@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fairpool import backends
 from fairpool.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -21,23 +22,14 @@ COMPONENT_TYPES = ("orchestrator", "step_operator")
 
 def service(ctx: click.Context | None = None) -> Service | RemoteService:
     """The service: the server at ``--url`` when one is given, else the embedded store under
-    ``--home``; opened once per invocation and closed when it ends.
-
-    Imported lazily so ``--help`` and ``--version`` never touch SQLAlchemy or the database.
-    """
+    ``--home``; opened once per invocation and closed when it ends."""
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     root.ensure_object(dict)
     svc: Service | RemoteService | None = root.obj.get("service")
     if svc is None:
-        if root.obj.get("url"):
-            from fairpool.remote import RemoteService
-
-            svc = RemoteService(root.obj["url"], root.obj.get("token"))
-        else:
-            from fairpool.service import open_service
-
-            svc = open_service(root.obj.get("home"))
+        svc = backends.open_service(root.obj.get("url"), root.obj.get("token"),
+                                    root.obj.get("home"))
         root.obj["service"] = svc
         root.call_on_close(svc.close)
     return svc
@@ -50,16 +42,7 @@ def scheduling(ctx: click.Context | None = None) -> SchedulingService | RemoteSc
     root = ctx.find_root()
     found: SchedulingService | RemoteScheduling | None = root.obj.get("scheduling")
     if found is None:
-        from fairpool.remote import RemoteService
-
-        if isinstance(svc, RemoteService):
-            from fairpool.remote import RemoteScheduling
-
-            found = RemoteScheduling(svc)
-        else:
-            from fairpool.scheduling import SchedulingService
-
-            found = SchedulingService(svc.db)
+        found = backends.scheduling_of(svc)
         root.obj["scheduling"] = found
     return found
 
@@ -71,16 +54,7 @@ def trees(ctx: click.Context | None = None) -> TreesService | RemoteTrees:
     root = ctx.find_root()
     found: TreesService | RemoteTrees | None = root.obj.get("trees")
     if found is None:
-        from fairpool.remote import RemoteService
-
-        if isinstance(svc, RemoteService):
-            from fairpool.remote import RemoteTrees
-
-            found = RemoteTrees(svc)
-        else:
-            from fairpool.trees_service import TreesService
-
-            found = TreesService(svc.db)
+        found = backends.trees_of(svc)
         root.obj["trees"] = found
     return found
 

@@ -1,0 +1,54 @@
+"""Where the CLI's and the SDK's operations go: a fairpool server, or the embedded store.
+
+Both choose alike: a ``url`` names a server (``RemoteService`` and its front-ends, over
+HTTP), else the SQLite store under ``home`` (or ``FAIRPOOL_HOME``) is opened directly. The
+scheduler config and the pool trees are served by the same server or store. Imports are lazy:
+remote mode never loads SQLAlchemy, and ``fairpool --help`` loads neither.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
+    from fairpool.scheduling import SchedulingService
+    from fairpool.service import Service
+    from fairpool.trees_service import TreesService
+
+
+def open_service(url: str | None, token: str | None, home: str | None) -> Service | RemoteService:
+    """The server at ``url`` (``token`` sent with every call), else the store under ``home``."""
+    if url:
+        from fairpool.remote import RemoteService
+
+        return RemoteService(url, token)
+    from fairpool.service import open_service as open_embedded
+
+    return open_embedded(home)
+
+
+def scheduling_of(service: Service | RemoteService) -> SchedulingService | RemoteScheduling:
+    """The scheduler config front-end (seed 004) on ``service``'s server or store."""
+    from fairpool.remote import RemoteService
+
+    if isinstance(service, RemoteService):
+        from fairpool.remote import RemoteScheduling
+
+        return RemoteScheduling(service)
+    from fairpool.scheduling import SchedulingService
+
+    return SchedulingService(service.db)
+
+
+def trees_of(service: Service | RemoteService) -> TreesService | RemoteTrees:
+    """The pool-tree front-end (seed 003) on ``service``'s server or store."""
+    from fairpool.remote import RemoteService
+
+    if isinstance(service, RemoteService):
+        from fairpool.remote import RemoteTrees
+
+        return RemoteTrees(service)
+    from fairpool.trees_service import TreesService
+
+    return TreesService(service.db)
