@@ -5,15 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fairpool.async_client import AsyncClient
     from fairpool.client import Client
     from fairpool.settings import ResourceSettings
 
-__all__ = ["Client", "ResourceSettings"]
+__all__ = ["AsyncClient", "Client", "ResourceSettings"]
 __version__ = "0.1.0"
 
 # Loaded on first use: every CLI call imports this package, and most never need pydantic
 # or httpx.
-_LAZY = {"Client": "fairpool.client", "ResourceSettings": "fairpool.settings"}
+_LAZY = {
+    "AsyncClient": "fairpool.async_client",
+    "Client": "fairpool.client",
+    "ResourceSettings": "fairpool.settings",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -71,7 +71,7 @@ class WaitTimeout(FairpoolError):
         self.request = request
 
 
-_ENDINGS: dict[str, type[NotGranted]] = {
+ENDINGS: dict[str, type[NotGranted]] = {
     "rejected": Rejected,
     "cancelled": Cancelled,
     "preempted": Preempted,
@@ -113,7 +113,7 @@ class Grant:
     def check(self) -> None:
         """Raise ``Preempted`` (or why else the units were lost) if they are gone."""
         if self.lost is not None:
-            raise _ENDINGS.get(self.lost.status, NotGranted)(self.lost)
+            raise ENDINGS.get(self.lost.status, NotGranted)(self.lost)
 
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so."""
@@ -351,7 +351,7 @@ class _Acquire:
             # The heartbeat's interrupt landed while we were already leaving.
             lost = grant.lost
         if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
-            raise _ENDINGS.get(lost.status, NotGranted)(lost) from None
+            raise ENDINGS.get(lost.status, NotGranted)(lost) from None
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
@@ -389,7 +389,7 @@ class _Acquire:
                 self._client.cancel(request.id)
             raise
         if request.status != "allocated":
-            raise _ENDINGS.get(request.status, NotGranted)(request)
+            raise ENDINGS.get(request.status, NotGranted)(request)
         return Grant(self._client, request, self._interval)
 
 

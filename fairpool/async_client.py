@@ -1,0 +1,251 @@
+"""The Python SDK for asyncio code: ``Client``'s operations as coroutines, and ``acquire`` as
+``async with``.
+
+    from fairpool import AsyncClient
+    async with AsyncClient() as client:
+        async with client.acquire({"gpu": 2}, component="team-a-orch") as grant:
+            await train(grant.resources)      # a preemption cancels this and raises Preempted
+
+Each operation runs ``Client``'s on a worker thread, as both of its backends block (the
+embedded store's SQLite, the server's HTTP client): the event loop never waits for them. A wait
+long-polls in slices of at most ``WAIT_SLICE`` seconds, so that a cancelled wait leaves no
+thread blocked for longer than that. A held grant heartbeats from a task of the loop; when a
+heartbeat finds the units gone, it cancels the task holding the grant, and the ``async with``
+turns that cancellation into ``Preempted`` (or why else they were lost), as ``asyncio.timeout``
+turns its own into ``TimeoutError``: a cancellation from anyone else stays a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+
+from fairpool.client import (
+    DEFAULT_LEASE_TTL,
+    ENDINGS,
+    Client,
+    NotGranted,
+    Preempted,
+    WaitTimeout,
+)
+from fairpool.errors import Conflict, FairpoolError
+from fairpool.settings import ResourceSettings
+from fairpool.views import RequestView
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: The longest single long-poll of a wait: how long a cancelled wait's thread may linger.
+WAIT_SLICE = 10.0
+
+
+def _on_thread(
+    method: Callable[Concatenate[Client, P], T],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """``Client.method`` as a coroutine method of ``AsyncClient``, run on a worker thread."""
+
+    async def call(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.to_thread(method, self.client, *args, **kwargs)
+
+    # Not functools.wraps: its type would hide the coroutine's signature from type checkers.
+    call.__name__ = call.__qualname__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+class AsyncClient:
+    """``Client`` (same arguments, operations and answers) for asyncio code; ``client`` is the
+    synchronous one it runs on."""
+
+    def __init__(
+        self, url: str | None = None, *, home: str | None = None, token: str | None = None
+    ) -> None:
+        self.client = Client(url, home=home, token=token)
+
+    create_pool = _on_thread(Client.create_pool)
+    update_pool = _on_thread(Client.update_pool)
+    delete_pool = _on_thread(Client.delete_pool)
+    get_pool = _on_thread(Client.get_pool)
+    list_pools = _on_thread(Client.list_pools)
+    pool_requests = _on_thread(Client.pool_requests)
+    attach_policy = _on_thread(Client.attach_policy)
+    detach_policy = _on_thread(Client.detach_policy)
+    list_policies = _on_thread(Client.list_policies)
+    submit = _on_thread(Client.submit)
+    get = _on_thread(Client.get)
+    list_requests = _on_thread(Client.list_requests)
+    heartbeat = _on_thread(Client.heartbeat)
+    release = _on_thread(Client.release)
+    cancel = _on_thread(Client.cancel)
+    delete = _on_thread(Client.delete)
+    reconcile = _on_thread(Client.reconcile)
+    close = _on_thread(Client.close)
+
+    async def wait(self, ref: str, timeout: float | None = None) -> RequestView:
+        """Until the request leaves the queue (or ``timeout`` seconds pass)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
+            request = await asyncio.to_thread(self.client.wait, ref, min(left, WAIT_SLICE))
+            if request.status != "queued" or (
+                deadline is not None and time.monotonic() >= deadline
+            ):
+                return request
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    def acquire(
+        self,
+        settings: ResourceSettings | Mapping[str, int],
+        *,
+        component: str,
+        component_type: str = "orchestrator",
+        max_retries: int = 0,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl: int = DEFAULT_LEASE_TTL,
+        timeout: float | None = None,
+    ) -> AsyncAcquire:
+        """``async with``: submit, wait, hold with heartbeats, release on the way out (on an
+        exception or a cancellation too). As a decorator of an ``async def``: the same around
+        each call, run again on the retry attempt after a preemption while ``max_retries``
+        allows."""
+        submit = functools.partial(
+            self.submit, settings, component=component, component_type=component_type,
+            max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
+        )
+        return AsyncAcquire(self, submit, max(lease_ttl / 3, 0.2), timeout)
+
+
+class AsyncGrant:
+    """A held allocation: ``request`` as granted, ``lost`` once a heartbeat found it gone."""
+
+    def __init__(self, request: RequestView) -> None:
+        self.request = request
+        self.lost: RequestView | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def pool(self) -> str | None:
+        return self.request.pool
+
+    @property
+    def resources(self) -> dict[str, int]:
+        return self.request.resources
+
+
+class AsyncAcquire:
+    """``async with client.acquire(...) as grant:`` or ``@client.acquire(...)``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        submit: Callable[[], Coroutine[Any, Any, RequestView]],
+        interval: float,
+        timeout: float | None,
+    ) -> None:
+        self._client = client
+        self._submit = submit
+        self._interval = interval
+        self._timeout = timeout
+        self._grant: AsyncGrant | None = None
+        self._holder: asyncio.Task[Any] | None = None
+        self._beats: asyncio.Task[None] | None = None
+        #: Set on the way out: a heartbeat no longer cancels the holder then.
+        self._leaving = False
+        self._cancelled_holder = False
+
+    async def __aenter__(self) -> AsyncGrant:
+        client = self._client
+        request = await self._submit()
+        try:
+            if request.status == "queued":
+                request = await client.wait(request.id, self._timeout)
+            if request.status == "queued":
+                raise WaitTimeout(request)
+        except BaseException:  # a cancellation too: a queued request nobody will use
+            if (await client.get(request.id)).status == "queued":
+                await client.cancel(request.id)
+            raise
+        if request.status != "allocated":
+            raise ENDINGS.get(request.status, NotGranted)(request)
+        self._grant = AsyncGrant(request)
+        self._holder = asyncio.current_task()
+        self._beats = asyncio.create_task(self._beat(), name=f"fairpool-heartbeat-{request.id[:8]}")
+        return self._grant
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._leaving = True
+        grant, beats = self._grant, self._beats
+        assert grant is not None and beats is not None
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+        if grant.lost is None:
+            try:
+                await self._client.release(grant.id)
+            except Conflict:  # preempted, expired or released between two heartbeats
+                grant.lost = await self._client.get(grant.id)
+        lost = grant.lost
+        if lost is None:
+            return
+        if kind is None:
+            raise ENDINGS.get(lost.status, NotGranted)(lost)
+        if (
+            issubclass(kind, asyncio.CancelledError)
+            and self._cancelled_holder
+            and self._holder is not None
+            and self._holder.uncancel() == 0  # nobody else cancelled it
+        ):
+            raise ENDINGS.get(lost.status, NotGranted)(lost) from None
+
+    def __call__(
+        self, function: Callable[P, Coroutine[Any, Any, T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]:
+        @functools.wraps(function)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+            submit = self._submit
+            while True:
+                try:
+                    async with AsyncAcquire(self._client, submit, self._interval, self._timeout):
+                        return await function(*args, **kwargs)
+                except Preempted as preempted:
+                    # The server queued a retry attempt when max_retries allowed one.
+                    retry = (await self._client.get(preempted.request.id)).retried_as_id
+                    if retry is None:
+                        raise
+                    submit = functools.partial(self._client.get, retry)
+
+        return run
+
+    async def _beat(self) -> None:
+        grant = self._grant
+        assert grant is not None
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                request = await self._client.heartbeat(grant.id)
+            except (FairpoolError, OSError):
+                continue  # the next beat tries again; the lease covers a few misses
+            if request.status != "allocated":
+                grant.lost = request
+                if not self._leaving and self._holder is not None:
+                    self._cancelled_holder = True
+                    self._holder.cancel()
+                return

@@ -1,0 +1,197 @@
+"""The asyncio SDK: operations as coroutines, ``async with acquire``, preemption as a
+cancellation turned into ``Preempted``, the decorator's retries; on the embedded store and
+through a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fairpool import AsyncClient, ResourceSettings
+from fairpool.client import Preempted, Rejected, WaitTimeout
+from fairpool.errors import Conflict, InvalidInput
+from tests.servers import ApiServer, running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    root = tmp_path_factory.mktemp("async")
+    with running(ApiServer(root / "server.log", home=root / "home", tick=0.5)) as (started,):
+        yield started
+    assert "Traceback" not in started.log()
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """``AsyncClient`` arguments: the embedded store, or the module's server."""
+    if request.param == "embedded":
+        return {"home": str(tmp_path), "url": ""}
+    server: ApiServer = request.getfixturevalue("server")
+    return {"url": server.url}
+
+
+async def setup(client: AsyncClient, pool: str, gpus: int) -> None:
+    """A pool of its own per test (the server is shared): ``low`` and ``high`` components."""
+    await client.create_pool(pool, {"gpu": gpus})
+    await client.attach_policy(pool, f"{pool}-low", priority=1)
+    await client.attach_policy(pool, f"{pool}-high", priority=9)
+
+
+def run(coroutine: object) -> None:
+    asyncio.run(coroutine)  # type: ignore[arg-type]
+
+
+def test_acquire_holds_then_releases(target: dict[str, str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-hold", 2)
+            settings = ResourceSettings(gpu_count=2)
+            async with client.acquire(settings, component="a-hold-low") as grant:
+                assert grant.pool == "a-hold"
+                assert grant.resources == {"gpu": 2, "step_run": 1}
+                assert (await client.get(grant.id)).status == "allocated"
+            assert (await client.get(grant.id)).status == "released"
+            with pytest.raises(Rejected, match="gpu requested 3 > capacity 2"):
+                async with client.acquire({"gpu": 3}, component="a-hold-low"):
+                    pytest.fail("never granted")
+            with pytest.raises(InvalidInput, match="gpu"):
+                await client.submit({"gpu": -1}, component="a-hold-low")
+
+    run(main())
+
+
+def test_a_waiting_acquire_leaves_the_loop_free_and_wakes_on_release(
+    target: dict[str, str],
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-wait", 1)
+            holder = await client.submit({"gpu": 1}, component="a-wait-low")
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.create_task(tick())
+            asyncio.get_running_loop().call_later(
+                0.5, lambda: asyncio.ensure_future(client.release(holder.id))
+            )
+            started = time.monotonic()
+            async with client.acquire({"gpu": 1}, component="a-wait-low", timeout=20) as grant:
+                waited = time.monotonic() - started
+                assert grant.request.status == "allocated"
+            ticking.cancel()
+            assert 0.4 < waited < 5
+            assert ticks > 20  # the loop ran other tasks while the acquire waited
+
+    run(main())
+
+
+def test_timeout_and_cancellation_cancel_the_queued_request(target: dict[str, str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-time", 1)
+            await client.submit({"gpu": 1}, component="a-time-high", lease_ttl=None)
+            with pytest.raises(WaitTimeout, match="still queued") as raised:
+                async with client.acquire({"gpu": 1}, component="a-time-low", timeout=0.5):
+                    pytest.fail("never granted")
+            assert (await client.get(raised.value.request.id)).status == "cancelled"
+
+            async def wait_forever() -> None:
+                async with client.acquire({"gpu": 1}, component="a-time-low"):
+                    pytest.fail("never granted")
+
+            waiting = asyncio.create_task(wait_forever())
+            while not await client.list_requests("queued", "a-time-low"):
+                await asyncio.sleep(0.02)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            statuses = [r.status for r in await client.list_requests(component="a-time-low")]
+            assert statuses == ["cancelled", "cancelled"]
+
+    run(main())
+
+
+def test_preemption_cancels_the_holder_within_a_heartbeat(target: dict[str, str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-pre", 2)
+            lease_ttl = 3  # a heartbeat a second
+            preempted_at: list[float] = []
+
+            async def preempt() -> None:
+                await asyncio.sleep(0.3)
+                await client.submit({"gpu": 2}, component="a-pre-high")
+                preempted_at.append(time.monotonic())
+
+            with pytest.raises(Preempted, match="priority 9 > 1") as raised:
+                async with client.acquire(
+                    {"gpu": 2}, component="a-pre-low", lease_ttl=lease_ttl
+                ) as grant:
+                    task = asyncio.create_task(preempt())
+                    await asyncio.sleep(30)  # cancelled by the heartbeat
+            await task
+            heard = time.monotonic() - preempted_at[0]
+            assert heard < lease_ttl / 3 + 0.5
+            assert raised.value.request.id == grant.id
+            assert (await client.get(grant.id)).status == "preempted"
+            with pytest.raises(Conflict):  # nothing to give back: the grant did not
+                await client.release(grant.id)
+
+    run(main())
+
+
+def test_a_cancellation_from_elsewhere_stays_a_cancellation(target: dict[str, str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-own", 1)
+            held: list[str] = []
+
+            async def hold() -> None:
+                async with client.acquire({"gpu": 1}, component="a-own-low") as grant:
+                    held.append(grant.id)
+                    await asyncio.sleep(30)
+
+            holding = asyncio.create_task(hold())
+            while not held:
+                await asyncio.sleep(0.02)
+            holding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await holding
+            assert (await client.get(held[0])).status == "released"
+
+    run(main())
+
+
+def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-deco", 2)
+            runs: list[str] = []
+
+            @client.acquire({"gpu": 2}, component="a-deco-low", lease_ttl=1, max_retries=1,
+                            timeout=20)
+            async def train(name: str) -> str:
+                runs.append(name)
+                if len(runs) == 1:
+                    boss = await client.submit({"gpu": 2}, component="a-deco-high")
+                    asyncio.get_running_loop().call_later(
+                        0.8, lambda: asyncio.ensure_future(client.release(boss.id))
+                    )
+                    await asyncio.sleep(30)  # cancelled by the preemption
+                return f"{name} done"
+
+            assert await train("model") == "model done"
+            assert runs == ["model", "model"]
+            attempts = await client.list_requests(component="a-deco-low")
+            assert [(r.attempt, r.status) for r in attempts] == [(1, "preempted"), (2, "released")]
+
+    run(main())
