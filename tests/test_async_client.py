@@ -1,12 +1,12 @@
 """The asyncio SDK: operations as coroutines, ``async with acquire``, preemption as a
 cancellation turned into ``Preempted``, the decorator's retries; on the embedded store and
-through a real server."""
+through a real server on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,25 +17,22 @@ from fairpool.errors import Conflict, InvalidInput
 from tests.servers import ApiServer, running
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    root = tmp_path_factory.mktemp("async")
-    with running(ApiServer(root / "server.log", home=root / "home", tick=0.5)) as (started,):
-        yield started
-    assert "Traceback" not in started.log()
-
-
-@pytest.fixture(params=["embedded", "remote"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """``AsyncClient`` arguments: the embedded store, or the module's server."""
+@pytest.fixture(params=["embedded", "sqlite", "postgresql"])
+def target(
+    request: pytest.FixtureRequest, tmp_path: Path, new_database: Callable[..., str]
+) -> Iterator[dict[str, str]]:
+    """``AsyncClient`` arguments: the embedded store, or a server on SQLite or PostgreSQL."""
     if request.param == "embedded":
-        return {"home": str(tmp_path), "url": ""}
-    server: ApiServer = request.getfixturevalue("server")
-    return {"url": server.url}
+        yield {"home": str(tmp_path), "url": ""}
+        return
+    url = new_database(request.param, migrated=True)
+    with running(ApiServer(tmp_path / "server.log", database_url=url, tick=0.5)) as (server,):
+        yield {"url": server.url}
+    assert "Traceback" not in server.log()
 
 
 async def setup(client: AsyncClient, pool: str, gpus: int) -> None:
-    """A pool of its own per test (the server is shared): ``low`` and ``high`` components."""
+    """A pool with ``low`` and ``high`` components."""
     await client.create_pool(pool, {"gpu": gpus})
     await client.attach_policy(pool, f"{pool}-low", priority=1)
     await client.attach_policy(pool, f"{pool}-high", priority=9)

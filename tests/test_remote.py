@@ -615,8 +615,9 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     return steps
 
 
-def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path) -> None:
-    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, database_url: str) -> None:
+    """Embedded on SQLite, remote through a server on SQLite, then on PostgreSQL."""
+    server = ApiServer(tmp_path / "server.log", database_url=database_url)
     with running(server):
         with Client(home=str(tmp_path / "embedded"), url="") as embedded:
             local = every_sdk_call(embedded)
