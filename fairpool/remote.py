@@ -186,7 +186,11 @@ class RemoteService:
                 return self.http.request(method, path, **kwargs), maybe_done
             except httpx.TransportError as error:
                 if attempt == _ATTEMPTS - 1:
-                    raise FairpoolError(f"cannot reach the fairpool server: {error}") from None
+                    server = str(self.http.base_url).removesuffix("/api/v1/")
+                    raise FairpoolError(
+                        f"cannot reach the fairpool server at {server} "
+                        f"after {_ATTEMPTS} attempts: {error}"
+                    ) from None
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
                 # Capped exponential backoff with jitter, so restarting servers are not stormed.

@@ -34,7 +34,7 @@ from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, FairpoolError, NotFound
 from fairpool.remote import RemoteService
-from tests.servers import API, ApiServer, clean_env, running, setup_pool
+from tests.servers import API, ApiServer, clean_env, free_port, running, setup_pool
 
 
 @pytest.fixture(scope="module")
@@ -443,6 +443,17 @@ def test_fairpool_run_through_the_server(server: ApiServer) -> None:
         out, err = never.communicate(timeout=60)
         assert never.returncode == 1 and "ran" not in out
         assert "gpu requested 2 > capacity 1" in err
+
+
+def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    listing = fairpool_cli(url, "resource-pool", "list")
+    out, err = listing.communicate(timeout=60)
+    assert listing.returncode == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"Error: cannot reach the fairpool server at {url} after 6 attempts: "
+        "[Errno 111] Connection refused"
+    ]
 
 
 # -- the SDK with Client(url=...) --------------------------------------------------------------
