@@ -7,7 +7,9 @@
             await train(grant.resources)      # a preemption cancels this and raises Preempted
 
 Each operation runs ``Client``'s on a worker thread, as both of its backends block (the
-embedded store's SQLite, the server's HTTP client): the event loop never waits for them. A wait
+embedded store's SQLite, the server's HTTP client): the event loop never waits for them. Waits
+have threads of their own (up to ``WAIT_THREADS``), so that however many tasks wait, the
+heartbeats and other calls of the loop's default executor never queue behind a long-poll; each
 long-polls in slices of at most ``WAIT_SLICE`` seconds, so that a cancelled wait leaves no
 thread blocked for longer than that. A held grant heartbeats from a task of the loop; when a
 heartbeat finds the units gone, it cancels the task holding the grant, and the ``async with``
@@ -22,6 +24,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -42,6 +45,8 @@ T = TypeVar("T")
 
 #: The longest single long-poll of a wait: how long a cancelled wait's thread may linger.
 WAIT_SLICE = 10.0
+#: Waits at once on their own threads; more wait for one of them to be free.
+WAIT_THREADS = 32
 
 
 def _on_thread(
@@ -66,6 +71,7 @@ class AsyncClient:
         self, url: str | None = None, *, home: str | None = None, token: str | None = None
     ) -> None:
         self.client = Client(url, home=home, token=token)
+        self._waits = ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="fairpool-wait")
 
     create_pool = _on_thread(Client.create_pool)
     update_pool = _on_thread(Client.update_pool)
@@ -84,14 +90,20 @@ class AsyncClient:
     cancel = _on_thread(Client.cancel)
     delete = _on_thread(Client.delete)
     reconcile = _on_thread(Client.reconcile)
-    close = _on_thread(Client.close)
+
+    async def close(self) -> None:
+        """Close the connections to the server or the embedded database."""
+        self._waits.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.client.close)
 
     async def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Until the request leaves the queue (or ``timeout`` seconds pass)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
-            request = await asyncio.to_thread(self.client.wait, ref, min(left, WAIT_SLICE))
+            request = await asyncio.get_running_loop().run_in_executor(
+                self._waits, self.client.wait, ref, min(left, WAIT_SLICE)
+            )
             if request.status != "queued" or (
                 deadline is not None and time.monotonic() >= deadline
             ):

@@ -146,6 +146,35 @@ def test_preemption_cancels_the_holder_within_a_heartbeat(target: dict[str, str]
     run(main())
 
 
+def test_many_waiting_tasks_do_not_hold_up_a_holders_heartbeats(target: dict[str, str]) -> None:
+    """More waits than the loop's default executor has threads (min(32, CPUs + 4)): the
+    holder's heartbeats still run on time, so its preemption is heard within one."""
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-many", 1)
+
+            async def wait_in_line() -> None:
+                async with client.acquire({"gpu": 1}, component="a-many-low", timeout=60):
+                    pytest.fail("never granted")
+
+            with pytest.raises(Preempted):
+                async with client.acquire({"gpu": 1}, component="a-many-low", lease_ttl=3):
+                    waiters = [asyncio.create_task(wait_in_line()) for _ in range(12)]
+                    while len(await client.list_requests("queued", "a-many-low")) < 12:
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.5)  # their long-polls are in place
+                    await client.submit({"gpu": 1}, component="a-many-high", lease_ttl=None)
+                    preempted_at = time.monotonic()
+                    await asyncio.sleep(30)  # cancelled by the heartbeat
+            heard = time.monotonic() - preempted_at
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            assert heard < 1.5, f"preemption heard after {heard:.1f} s"
+
+    run(main())
+
+
 def test_a_cancellation_from_elsewhere_stays_a_cancellation(target: dict[str, str]) -> None:
     async def main() -> None:
         async with AsyncClient(**target) as client:
