@@ -46,6 +46,11 @@ class Conflict(FairpoolError):
     """The request is valid but the current state forbids it (e.g. live allocations)."""
 
 
+class Unreachable(FairpoolError):
+    """The server could not be reached, after retries: perhaps a passing outage, unlike the
+    errors above, which are the server's answer."""
+
+
 class WouldWait(Exception):
     """Not a user error: raised, before anything was written, by a write told not to wait
     (a batch on an event loop's thread) that would have had to wait for a lock or do long

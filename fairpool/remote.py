@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from fairpool.backoff import jittered
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable
 from fairpool.ids import new_id
 from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
 
@@ -187,7 +187,7 @@ class RemoteService:
             except httpx.TransportError as error:
                 if attempt == _ATTEMPTS - 1:
                     server = str(self.http.base_url).removesuffix("/api/v1/")
-                    raise FairpoolError(
+                    raise Unreachable(
                         f"cannot reach the fairpool server at {server} "
                         f"after {_ATTEMPTS} attempts: {error}"
                     ) from None

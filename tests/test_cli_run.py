@@ -1,13 +1,19 @@
-"""``fairpool run`` in a subprocess: env, exit codes, release, preemption with retry, timeout."""
+"""``fairpool run`` in a subprocess: env, exit codes, release, preemption with retry, timeout,
+signals (while waiting and while running), SIGKILL after the grace, an unreachable server."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from tests.servers import ApiServer, running, setup_pool
 from tests.test_cli import CLI, cli_env, fairpool
 
 
@@ -85,3 +91,97 @@ def test_preempted_command_is_terminated_and_rerun_on_its_retry(tmp_path: Path) 
     ]
     events = json.dumps(statuses(tmp_path))
     assert "allocated" not in events
+
+
+def start_run(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "run", *args], env=env or cli_env(home), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+def until(condition: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_waiting_cancels_the_request(tmp_path: Path, signum: int) -> None:
+    """Else it would stay queued, and be granted units nobody uses."""
+    setup(tmp_path)
+    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
+    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--", "true")
+    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
+    time.sleep(0.3)  # in its wait
+    runner.send_signal(signum)
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 128 + signum, err
+    assert "Interrupted: resource request" in err and "cancelled" in err
+    assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+
+
+def test_signals_reach_the_command_and_its_exit_code_comes_back(tmp_path: Path) -> None:
+    setup(tmp_path)
+    marker = tmp_path / "started"
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda n, _: (print('got', n), sys.exit(7)))\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "time.sleep(30)\n"
+    )
+    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--",
+                       sys.executable, "-c", script)
+    until(marker.exists)
+    runner.send_signal(signal.SIGTERM)
+    out, err = runner.communicate(timeout=30)
+    assert runner.returncode == 7, err
+    assert out.split() == ["got", str(int(signal.SIGTERM))]
+    assert statuses(tmp_path) == [("low", "released", 1)]
+
+
+def test_a_preempted_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    setup(tmp_path)
+    marker = tmp_path / "started"
+    script = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--lease-ttl", "1",
+                       "--grace", "2", "--", sys.executable, "-c", script)
+    until(marker.exists)
+    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
+    preempted = time.monotonic()
+    _, err = runner.communicate(timeout=60)
+    took = time.monotonic() - preempted
+    assert runner.returncode == 128 + signal.SIGKILL, err
+    assert "was preempted" in err
+    assert 2 <= took < 2 + 1 + 3  # the grace, a heartbeat interval (1/3 s) and slack
+
+
+def test_the_command_goes_on_while_the_server_cannot_be_reached(tmp_path: Path) -> None:
+    """Its heartbeats fail (the server is gone): the command runs to its end and its exit
+    code comes back, rather than being left running alone by a failed ``fairpool run``."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        setup_pool(server.url, "gone-gpus", ["gone-orch"], {"gpu": 1})
+        marker = tmp_path / "started"
+        script = (
+            "import time\n"
+            f"open({str(marker)!r}, 'w').close()\n"
+            "time.sleep(3)\n"
+            "raise SystemExit(5)\n"
+        )
+        env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
+        runner = start_run(tmp_path, "--component", "gone-orch", "--gpu-count", "1",
+                           "--lease-ttl", "3", "--", sys.executable, "-c", script, env=env)
+        until(marker.exists)
+        server.kill()
+        _, err = runner.communicate(timeout=90)
+    assert runner.returncode == 5, err
+    assert f"Warning: cannot reach the fairpool server at {server.url}" in err
+    assert "the command goes on" in err
+    assert "the units go back when the lease expires" in err

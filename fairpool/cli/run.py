@@ -22,7 +22,7 @@ from fairpool.cli.resource_request import (
     request_options,
     wait_for,
 )
-from fairpool.errors import Conflict
+from fairpool.errors import Conflict, Unreachable
 from fairpool.views import RequestView
 
 
@@ -50,9 +50,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     svc = service()
     request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
     while True:
-        data = request.as_dict()
-        if data["status"] == "queued":
-            data = wait_for(request.id, timeout)
+        data = _granted(request, timeout)
         if data["status"] == "queued":
             svc.cancel_request(request.id)
             o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
@@ -69,6 +67,8 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
                 svc.release_request(request.id)
             except Conflict:
                 pass  # expired or preempted just as the command ended
+            except Unreachable as error:
+                o.declare(f"Warning: {error}; the units go back when the lease expires")
             sys.exit(code)
         o.declare(f"Resource request `{lost.id}` was {lost.status}: {lost.status_reason}")
         if lost.retried_as_id is None:
@@ -77,10 +77,40 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
         o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
 
 
+def _granted(request: RequestView, timeout: float | None) -> dict[str, Any]:
+    """The request once it no longer waits (or ``timeout`` passed). Interrupted meanwhile
+    (SIGINT, SIGTERM), the request is cancelled, so that units nobody will use are never
+    granted to it, and ``run`` exits with 128 + the signal's number."""
+    received: list[int] = []
+
+    def interrupt(signum: int, _: FrameType | None) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        data = request.as_dict()
+        return wait_for(request.id, timeout) if data["status"] == "queued" else data
+    except KeyboardInterrupt:
+        pass
+    finally:  # a second signal, while cancelling, ends us the usual way
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    try:
+        service().cancel_request(request.id)  # allocated meanwhile: that releases it
+    except Conflict:
+        pass  # it ended meanwhile
+    o.declare(f"Interrupted: resource request `{request.id}` cancelled")
+    sys.exit(128 + (received[0] if received else signal.SIGINT))
+
+
 def _run_once(
     request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
 ) -> tuple[int, RequestView | None]:
-    """Run the command while heartbeating; (exit code, the request if its units were lost)."""
+    """Run the command while heartbeating; (exit code, the request if its units were lost).
+    While the server cannot be reached the command goes on (its lease covers the outage, or
+    the next heartbeat that gets through finds the units gone); on any other failure the
+    command is stopped before the error goes up, never left running alone."""
     svc = service()
     env = {
         **os.environ,
@@ -98,6 +128,7 @@ def _run_once(
         child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    unreachable = False
     try:
         interval = max(lease_ttl / 3, 0.2)
         while True:
@@ -105,17 +136,36 @@ def _run_once(
                 return _exit_code(child.wait(timeout=interval)), None
             except subprocess.TimeoutExpired:
                 pass
-            current = svc.heartbeat(request.id)
+            try:
+                current = svc.heartbeat(request.id)
+            except Unreachable as error:
+                if not unreachable:
+                    o.declare(f"Warning: {error}; the command goes on")
+                unreachable = True
+                continue
+            if unreachable:
+                o.declare("The fairpool server answers again")
+                unreachable = False
             if current.status != "allocated":
-                child.terminate()
-                try:
-                    child.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                return _exit_code(child.wait()), current
+                return _stop(child, grace), current
+    except BaseException:
+        _stop(child, grace)
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _stop(child: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM, then SIGKILL if the command has not ended after ``grace`` seconds; its exit
+    code."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return _exit_code(child.wait())
 
 
 def _exit_code(code: int) -> int:
