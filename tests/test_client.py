@@ -202,3 +202,30 @@ def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
 
     assert train() == "done"
     assert runs == ["start", "start"]
+
+
+def test_an_exception_in_the_block_releases_and_goes_up(home: str) -> None:
+    client = Client(home=home)
+    with pytest.raises(ValueError, match="the step failed"):
+        with client.acquire({"gpu": 2}, component="low") as grant:
+            raise ValueError("the step failed")
+    assert client.get(grant.id).status == "released"
+    assert client.submit({"gpu": 2}, component="low").status == "allocated"  # units back
+
+
+def test_ctrl_c_while_holding_releases_and_goes_up(home: str) -> None:
+    client = Client(home=home)
+    with pytest.raises(KeyboardInterrupt):
+        with client.acquire({"gpu": 2}, component="low") as grant:
+            signal.raise_signal(signal.SIGINT)
+    assert client.get(grant.id).status == "released"
+
+
+def test_ctrl_c_while_waiting_cancels_the_request(home: str) -> None:
+    client = Client(home=home)
+    client.submit({"gpu": 2}, component="high", lease_ttl=None)
+    later(0.5, lambda: signal.raise_signal(signal.SIGINT))  # the main thread gets it
+    with pytest.raises(KeyboardInterrupt):
+        with client.acquire({"gpu": 1}, component="low", timeout=30):
+            pytest.fail("never granted")
+    assert [r.status for r in client.list_requests(component="low")] == ["cancelled"]
