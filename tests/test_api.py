@@ -20,6 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import BACKENDS, Backend
 from tests.servers import ApiServer, free_port
 
 API = "/api/v1"
@@ -34,10 +35,19 @@ class Server(ApiServer):
         self.home = home
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ApiServer]:
+    """One server per backend for the module's tests: on the embedded SQLite store, and on a
+    PostgreSQL database of its own."""
     root = tmp_path_factory.mktemp("api")
-    running = Server(root / "home", root / "server.log")
+    if request.param == "sqlite":
+        running: ApiServer = Server(root / "home", root / "server.log")
+    else:
+        postgres = request.getfixturevalue("postgres")
+        name = postgres.create(migrated=True)
+        request.addfinalizer(lambda: postgres.drop_later(name))
+        running = ApiServer(root / "server.log", database_url=postgres.url(name))
     running.start()
     try:
         yield running
@@ -46,7 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture
-def client(server: Server) -> Iterator[httpx.Client]:
+def client(server: ApiServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url + API, timeout=30.0) as c:
         yield c
 
@@ -174,7 +184,7 @@ ANY = object()
 
 
 def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
-    client: httpx.Client, server: Server
+    client: httpx.Client, server: ApiServer
 ) -> None:
     setup_pool(client, "err-gpus", "err-orch", {"gpu": 2}, reserved={"gpu": 1})
     held = submit(client, "err-orch", gpu=2)
@@ -273,7 +283,7 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
 
 
 def test_every_number_in_a_url_is_written_as_json_writes_it(
-    client: httpx.Client, server: Server
+    client: httpx.Client, server: ApiServer
 ) -> None:
     """Each query or path parameter the schema calls an integer or a number refuses "+1",
     which pydantic alone would take, naming itself (``UrlInt``, ``UrlNumber``): the table is
@@ -304,7 +314,7 @@ def test_every_number_in_a_url_is_written_as_json_writes_it(
 # -- operations --------------------------------------------------------------------------
 
 
-def test_health_readiness_metrics_and_docs(client: httpx.Client, server: Server) -> None:
+def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServer) -> None:
     setup_pool(client, "metrics-gpus", "metrics-orch", {"gpu": 2})
     holder = submit(client, "metrics-orch", gpu=2)
     waiter = submit(client, "metrics-orch", gpu=1)
@@ -457,8 +467,12 @@ def test_leases_expire_through_the_reconciler_tick(client: httpx.Client) -> None
     assert ok(client.get("/pools/lease-gpus"))["occupied"] == {"gpu": 0}
 
 
-def test_sigterm_finishes_in_flight_requests_and_loses_nothing(tmp_path: Path) -> None:
-    first = Server(tmp_path / "home", tmp_path / "server.log")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
+    tmp_path: Path, backend: Backend, new_database: Callable[..., str]
+) -> None:
+    url = new_database(backend, migrated=True)
+    first = ApiServer(tmp_path / "server.log", database_url=url)
     first.start()
     try:
         with httpx.Client(base_url=first.url + API, timeout=30.0) as c:
@@ -482,7 +496,7 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(tmp_path: Path) -
     finally:
         first.stop()
 
-    second = Server(tmp_path / "home", tmp_path / "server.log")
+    second = ApiServer(tmp_path / "server.log", database_url=url)
     second.start()
     try:
         with httpx.Client(base_url=second.url + API, timeout=30.0) as c:
@@ -498,7 +512,7 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(tmp_path: Path) -
 # -- concurrency -------------------------------------------------------------------------
 
 
-def test_concurrent_clients_never_overcommit(client: httpx.Client, server: Server) -> None:
+def test_concurrent_clients_never_overcommit(client: httpx.Client, server: ApiServer) -> None:
     setup_pool(client, "conc-gpus", "conc-orch", {"gpu": 4})
     threads, per_thread = 16, 10
     stop = threading.Event()
