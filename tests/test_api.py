@@ -471,27 +471,54 @@ def test_leases_expire_through_the_reconciler_tick(client: httpx.Client) -> None
 def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
     tmp_path: Path, backend: Backend, new_database: Callable[..., str]
 ) -> None:
+    """SIGTERM while a long-poll waits and clients submit and release: the long-poll is
+    answered, the process exits 0, and whatever any client was told stays true after a
+    restart."""
     url = new_database(backend, migrated=True)
     first = ApiServer(tmp_path / "server.log", database_url=url)
     first.start()
+    told: dict[str, str] = {}  # request id -> the last status a client was told
     try:
         with httpx.Client(base_url=first.url + API, timeout=30.0) as c:
             setup_pool(c, "gpus", "orch", {"gpu": 2}, priority=5, reserved={"gpu": 1})
             held = submit(c, "orch", gpu=2)
             queued = submit(c, "orch", gpu=1)
+            setup_pool(c, "storm", "storm-orch", {"gpu": 4})
             before = state(c)
 
-        # A long-poll in flight when SIGTERM arrives is answered, then the process exits 0.
-        with ThreadPoolExecutor(1) as pool:
+        def storm() -> int:
+            """Submit and release until the server stops answering; how many were told."""
+            answers = 0
+            with httpx.Client(base_url=first.url + API, timeout=30.0) as c:
+                while True:
+                    try:
+                        created = c.post("/requests", json={"component": "storm-orch",
+                                                            "resources": {"gpu": 1}})
+                        if created.status_code != 201:
+                            return answers
+                        request = created.json()
+                        told[request["id"]] = request["status"]
+                        released = c.post(f"/requests/{request['id']}/release")
+                        if released.status_code != 200:
+                            return answers
+                        told[request["id"]] = released.json()["status"]
+                        answers += 2
+                    except httpx.TransportError:
+                        return answers
+
+        with ThreadPoolExecutor(5) as pool:
+            # A long-poll in flight when SIGTERM arrives is answered, then the process exits 0.
             future = pool.submit(
                 httpx.get, f"{first.url}{API}/requests/{queued['id']}/wait",
                 params={"timeout": 30}, timeout=30.0,
             )
+            storms = [pool.submit(storm) for _ in range(4)]
             time.sleep(0.5)
             started = time.monotonic()
             assert first.terminate() == 0
             assert time.monotonic() - started < 5.0
             answer = future.result(timeout=5)
+            assert all(f.result(timeout=30) > 0 for f in storms)
         assert answer.status_code == 200 and answer.json()["status"] == "queued"
     finally:
         first.stop()
@@ -500,10 +527,19 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
     second.start()
     try:
         with httpx.Client(base_url=second.url + API, timeout=30.0) as c:
-            assert state(c) == before
+            pools, policies, requests = state(c)
+            # The storm's pool holds what its requests hold (checked below).
+            assert [p[:4] for p in pools] == [p[:4] for p in before[0]]
+            assert [p for p in pools if p[1] != "storm"] == [p for p in before[0] if p[1] != "storm"]
+            assert policies == before[1]
+            assert [r for r in requests if r[0] not in told] == before[2]
+            stored = {r[0]: r[1] for r in requests if r[0] in told}
+            assert stored == told  # every answer a client got is what was committed
             assert ok(c.get(f"/requests/{held['id']}"))["status"] == "allocated"
             assert ok(c.get(f"/requests/{queued['id']}"))["queue"][0]["position"] == 1
             assert ok(c.get("/policies"))["items"][0]["priority"] == 5
+            occupied = ok(c.get("/pools/storm"))["occupied"]["gpu"]
+            assert occupied == sum(status == "allocated" for status in told.values())
     finally:
         second.stop()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
