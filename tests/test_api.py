@@ -358,6 +358,20 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert value(scrape(), "fairpool_rejections", "fairpool_rejections_total") == rejected + 1
     ok(client.post(f"/requests/{waiter['id']}/release"))
 
+    # A preemption, then a lease that expires: each counted once.
+    ok(client.post("/pools/metrics-gpus/policies", json={"component": "metrics-boss", "priority": 9}), 201)
+    metrics = scrape()
+    preempted = value(metrics, "fairpool_preemptions", "fairpool_preemptions_total")
+    expired = value(metrics, "fairpool_lease_expiries", "fairpool_lease_expiries_total")
+    victim = submit(client, "metrics-orch", gpu=2)
+    boss = ok(client.post("/requests", json={"component": "metrics-boss", "resources": {"gpu": 2},
+                                             "lease_ttl": 1}), 201)
+    assert boss["status"] == "allocated"
+    assert ok(client.get(f"/requests/{victim['id']}"))["status"] == "preempted"
+    assert value(scrape(), "fairpool_preemptions", "fairpool_preemptions_total") == preempted + 1
+    poll_until(lambda: ok(client.get(f"/requests/{boss['id']}"))["status"] == "released", 10)
+    assert value(scrape(), "fairpool_lease_expiries", "fairpool_lease_expiries_total") == expired + 1
+
     schema = ok(httpx.get(server.url + "/openapi.json"))
     assert {f"{API}/requests", f"{API}/requests/{{ref}}/wait", f"{API}/pools/{{ref}}/policies", "/metrics"} <= set(schema["paths"])
     docs = httpx.get(server.url + "/docs")

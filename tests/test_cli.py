@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -537,3 +538,25 @@ def test_concurrent_clients_lose_nothing_and_never_overcommit(tmp_path: Path) ->
     finally:
         svc.db.close()
     assert {k: len(v) for k, v in by_status().items()} == {"released": 40}
+
+
+def test_a_request_keeps_its_units_unless_given_a_lease(tmp_path: Path) -> None:
+    """Plain CLI requests have no holder to heartbeat: held until released, unless
+    ``--lease-ttl`` is given, when the units go back after that many seconds."""
+    fairpool(tmp_path, "resource-pool", "create", "p", "-c", '{"gpu": 2}').ok()
+    fairpool(tmp_path, "resource-pool", "attach-policy", "p", "orch", "-p", "1").ok()
+    create = (*CREATE_REQUEST, "orch", "--gpu-count", "1", "-o", "json")
+    kept = fairpool(tmp_path, *create).ok().json
+    leased = fairpool(tmp_path, *create, "--lease-ttl", "1").ok().json
+    assert (kept["lease_ttl"], kept["lease_expires_at"]) == (None, None)
+    assert leased["lease_ttl"] == 1
+    expires = datetime.fromisoformat(leased["lease_expires_at"])
+    assert expires - datetime.fromisoformat(leased["allocated_at"]) == timedelta(seconds=1)
+    time.sleep(1.5)
+    fairpool(tmp_path, "reconcile").ok()
+    status = {r["id"]: r for r in fairpool(tmp_path, "resource-request", "list", "-o", "json").ok().json["items"]}
+    assert status[kept["id"]]["status"] == "allocated"
+    assert status[leased["id"]]["status"] == "released"
+    assert status[leased["id"]]["status_reason"].startswith("lease expired")
+    bad = fairpool(tmp_path, *create, "--lease-ttl", "0")
+    assert bad.code != 0 and "lease" in bad.err
