@@ -66,13 +66,14 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("auth")
     home = root / "home"
-    # The tokens exist before the server starts: the admin's made by the CLI (which also
-    # creates the store), the submitters' in this process (a CLI call costs a Python start).
+    # The tokens exist before the server starts: the admin's and b's made by the CLI (which
+    # also creates the store), a's in this process (a CLI call costs a Python start).
     made = make_token(home, "--role", "admin", "--name", "ops")
+    made_b = make_token(home, "--role", "submitter", "--component", "c-b", "--component", "c-b2")
+    assert (made_b["role"], made_b["components"]) == ("submitter", ["c-b", "c-b2"])
     service = open_service(str(home))
     try:
         a, a_secret = service.create_token("submitter", ["c-a"], "team-a")
-        b, b_secret = service.create_token("submitter", ["c-b", "c-b2"])
     finally:
         service.close()
     server = Server(home, root / "server.log", "--auth")
@@ -80,8 +81,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     try:
         yield World(
             server, home,
-            {"admin": made["token"], "a": a_secret, "b": b_secret},
-            {"admin": made["id"], "a": a.id, "b": b.id},
+            {"admin": made["token"], "a": a_secret, "b": made_b["token"]},
+            {"admin": made["id"], "a": a.id, "b": made_b["id"]},
         )
     finally:
         server.stop()
