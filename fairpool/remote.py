@@ -176,16 +176,18 @@ class RemoteService:
         return _answer(self._send(method, path, **kwargs)[0])
 
     def _send(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, bool]:
-        """The server's response, retrying transport failures (a restarting server); and
-        whether an earlier attempt may have reached the server and been carried out although
-        its answer was lost (the connection broke after the request was sent)."""
+        """The server's response, retrying transport failures (a restarting server) and 503s
+        (its database busy or away); and whether an earlier attempt may have been carried
+        out although its answer was lost (the connection broke after the request was sent,
+        or the database failed at a COMMIT that may have taken effect)."""
         delay = 0.2
         maybe_done = False
         for attempt in range(_ATTEMPTS):
+            last = attempt == _ATTEMPTS - 1
             try:
-                return self.http.request(method, path, **kwargs), maybe_done
+                response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as error:
-                if attempt == _ATTEMPTS - 1:
+                if last:
                     server = str(self.http.base_url).removesuffix("/api/v1/")
                     raise Unreachable(
                         f"cannot reach the fairpool server at {server} "
@@ -193,9 +195,13 @@ class RemoteService:
                     ) from None
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
-                # Capped exponential backoff with jitter, so restarting servers are not stormed.
-                time.sleep(jittered(delay))
-                delay = min(delay * 2, 5.0)
+            else:
+                if response.status_code != 503 or last:
+                    return response, maybe_done
+                maybe_done = True
+            # Capped exponential backoff with jitter, so restarting servers are not stormed.
+            time.sleep(jittered(delay))
+            delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
     def _finish(self, ref: str, action: str, status: str) -> RequestView:
@@ -233,7 +239,10 @@ def _answer(response: httpx.Response) -> Any:
         )
     if response.status_code == 422 and field:
         raise InvalidInput.from_message(field, detail)
-    raise {404: NotFound, 409: Conflict}.get(response.status_code, FairpoolError)(
+    # 503: the server is up, its database is not (retried already, see ``_send``).
+    raise {404: NotFound, 409: Conflict, 503: Unreachable}.get(
+        response.status_code, FairpoolError
+    )(
         detail if response.status_code in (404, 409)
         else f"HTTP {response.status_code}: {detail}"
     )

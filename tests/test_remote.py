@@ -678,20 +678,29 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
 # -- answers lost on the way back ----------------------------------------------------------------
 
 class LosesOneAnswer(httpx.BaseTransport):
-    """Carries requests to the server for real, but drops the answer to the first one whose
-    method and path end match: as when the server dies between its commit and its answer."""
+    """Carries requests to the server for real, but spoils the answer to the first one whose
+    method and path end match, as ``how`` says: "drop" it, as when the server dies between
+    its commit and its answer; "503 after", answer 503 once the server did it (its database
+    failed at the commit, which may have taken effect); "503 before", answer 503 without
+    sending it on (the database is away)."""
 
-    def __init__(self, method: str, path_end: str) -> None:
+    def __init__(self, method: str, path_end: str, how: str = "drop") -> None:
         self.real = httpx.HTTPTransport()
-        self.method, self.path_end = method, path_end
+        self.method, self.path_end, self.how = method, path_end, how
         self.lost = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        spoil = not self.lost and request.method == self.method and request.url.path.endswith(self.path_end)
+        if spoil and self.how == "503 before":
+            self.lost += 1
+            return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
         response = self.real.handle_request(request)
-        if not self.lost and request.method == self.method and request.url.path.endswith(self.path_end):
+        if spoil:
             response.read()
             response.close()
             self.lost += 1
+            if self.how == "503 after":
+                return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         return response
 
@@ -700,16 +709,37 @@ class LosesOneAnswer(httpx.BaseTransport):
 
 
 @contextmanager
-def losing(server: ApiServer, method: str, path_end: str) -> Iterator[RemoteService]:
+def losing(server: ApiServer, method: str, path_end: str, how: str = "drop") -> Iterator[RemoteService]:
     service = RemoteService(server.url)
     service.http.close()
-    transport = LosesOneAnswer(method, path_end)
+    transport = LosesOneAnswer(method, path_end, how)
     service.http = httpx.Client(base_url=server.url + API, transport=transport)
     try:
         yield service
     finally:
         service.close()
     assert transport.lost == 1
+
+
+@pytest.mark.parametrize("how", ["503 before", "503 after"])
+def test_a_503_is_retried_and_what_it_asked_is_done_once(server: ApiServer, how: str) -> None:
+    """The server's "database busy or unreachable; retry later" is retried, backing off, as a
+    transport failure is: each call does what it asks once."""
+    pool = "busy-" + how.split()[1]
+    setup_pool(server.url, pool, [f"{pool}-orch"], {"gpu": 2})
+    with closing(RemoteService(server.url)) as plain:
+        with losing(server, "POST", "/requests", how) as service:
+            held = service.create_request(f"{pool}-orch", demand={"gpu": 2}, lease_ttl=60)
+        assert [r.id for r in plain.list_requests(component=f"{pool}-orch")] == [held.id]
+        queued = plain.create_request(f"{pool}-orch", demand={"gpu": 1})
+        with losing(server, "POST", "/heartbeat", how) as service:
+            assert service.heartbeat(held.id).status == "allocated"
+        with losing(server, "GET", "/wait", how) as service:
+            assert service.wait(queued.id, 0).status == "queued"
+        with losing(server, "POST", "/release", how) as service:
+            assert service.release_request(held.id).status == "released"
+        with losing(server, "POST", "/cancel", how) as service:
+            assert service.cancel_request(queued.id).status == "cancelled"
 
 
 def test_a_release_cancel_or_delete_whose_answer_was_lost_is_not_a_conflict(server: ApiServer) -> None:
