@@ -82,6 +82,7 @@ class AsyncClient:
     attach_policy = _on_thread(Client.attach_policy)
     detach_policy = _on_thread(Client.detach_policy)
     list_policies = _on_thread(Client.list_policies)
+    list_components = _on_thread(Client.list_components)
     submit = _on_thread(Client.submit)
     get = _on_thread(Client.get)
     list_requests = _on_thread(Client.list_requests)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError
 from fairpool.settings import ResourceSettings
-from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
+from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
 if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteTrees
@@ -230,6 +230,12 @@ class Client:
         component_type: str | None = None,
     ) -> list[PolicyView]:
         return self._service.list_policies(pool, component, component_type)
+
+    # -- components ----------------------------------------------------------------------
+
+    def list_components(self, component_type: str | None = None) -> list[ComponentView]:
+        """Components (who asks for units): their pools and live requests."""
+        return self._service.list_components(component_type)
 
     # -- requests ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -40,6 +41,13 @@ class InvalidInput(FairpoolError, ValueError):
         error.field = field
         error.value = None
         return error
+
+
+def one_of(field: str, value: str, choices: Iterable[str]) -> str:
+    """``value``, if it is one of ``choices``; else ``InvalidInput`` naming them."""
+    if value not in choices:
+        raise InvalidInput(field, value, f"must be one of {', '.join(choices)}")
+    return value
 
 
 class Conflict(FairpoolError):

@@ -15,14 +15,20 @@ from urllib.parse import quote
 import httpx
 
 from fairpool.backoff import jittered
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable, one_of
 from fairpool.ids import new_id
-from fairpool.views import PassSummary, PolicyView, PoolView, RequestView
+from fairpool.views import (
+    COMPONENT_TYPES,
+    REQUEST_STATUSES,
+    ComponentView,
+    PassSummary,
+    PolicyView,
+    PoolView,
+    RequestView,
+)
 
 #: Transport failures (server restarting) are retried this many times, backing off.
 _ATTEMPTS = 6
-#: ``RequestStatus`` values (not imported: remote mode never loads SQLAlchemy).
-_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
 
 
 class RemoteService:
@@ -97,10 +103,21 @@ class RemoteService:
         component: str | None = None,
         component_type: str | None = None,
     ) -> list[PolicyView]:
+        if component_type is not None:  # as the service words it
+            one_of("component_type", component_type, COMPONENT_TYPES)
         params = {k: v for k, v in (("pool", pool_ref), ("component", component),
                                     ("component_type", component_type)) if v is not None}
         return [PolicyView.from_dict(p)
                 for p in self._call("GET", "/policies", params=params)["items"]]
+
+    # -- components --------------------------------------------------------------------
+
+    def list_components(self, component_type: str | None = None) -> list[ComponentView]:
+        params = {}
+        if component_type is not None:  # as the service words it
+            params["component_type"] = one_of("component_type", component_type, COMPONENT_TYPES)
+        return [ComponentView.from_dict(c)
+                for c in self._call("GET", "/components", params=params)["items"]]
 
     # -- requests ----------------------------------------------------------------------
 
@@ -128,9 +145,8 @@ class RemoteService:
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
-        if status is not None and status not in _STATUSES:
-            # As the service words it (the API's own check would word it differently).
-            raise InvalidInput("status", status, f"must be one of {', '.join(_STATUSES)}")
+        if status is not None:  # as the service words it (the API's check words it otherwise)
+            one_of("status", status, REQUEST_STATUSES)
         params: dict[str, Any] = {k: v for k, v in (("status", status), ("component", component),
                                                      ("pool", pool)) if v is not None}
         views: list[RequestView] = []

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,7 +29,7 @@ from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait
+from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of
 from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.store import repo
@@ -48,7 +48,14 @@ from fairpool.store.records import (
     TokenRole,
 )
 from fairpool.store.schema import as_utc
-from fairpool.views import PassSummary, PolicyView, PoolView, QueuePlace, RequestView
+from fairpool.views import (
+    ComponentView,
+    PassSummary,
+    PolicyView,
+    PoolView,
+    QueuePlace,
+    RequestView,
+)
 
 MAX_RETRIES = 1000
 MAX_LEASE_TTL = 30 * 24 * 3600
@@ -529,6 +536,25 @@ class Service:
                 views.append(self._policy_view(state, policy))
             return sorted(views, key=lambda v: (v.pool, -v.priority, v.component))
 
+    # -- components --------------------------------------------------------------------
+
+    def list_components(self, component_type: str | None = None) -> list[ComponentView]:
+        """Every component (of ``component_type``), by name then type."""
+        kind = _component_type(component_type) if component_type else None
+        with self.db.read() as conn:
+            state = _State.load(conn)
+        pools: dict[str, list[str]] = defaultdict(list)
+        for policy in state.policies.values():
+            pools[policy.component_id].append(state.pools[policy.pool_id].name)
+        allocated = Counter(r.component_id for r in state.holders.values())
+        queued = Counter(r.component_id for r in state.queued.values())
+        return [
+            ComponentView(c.id, c.name, c.type.value, sorted(pools[c.id]), allocated[c.id],
+                          queued[c.id], c.created_at)
+            for c in sorted(state.components.values(), key=lambda c: (c.name, c.type.value))
+            if kind is None or c.type is kind
+        ]
+
     # -- requests ----------------------------------------------------------------------
 
     def create_request(
@@ -632,12 +658,7 @@ class Service:
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
         if status is not None:
-            try:
-                RequestStatus(status)
-            except ValueError:
-                raise InvalidInput(
-                    "status", status, f"must be one of {', '.join(s.value for s in RequestStatus)}"
-                ) from None
+            one_of("status", status, [s.value for s in RequestStatus])
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool else None
@@ -1402,12 +1423,7 @@ def _component(conn: Connection, name: str, kind: ComponentType) -> Component | 
 
 
 def _component_type(value: str) -> ComponentType:
-    try:
-        return ComponentType(value)
-    except ValueError:
-        raise InvalidInput(
-            "component_type", value, f"must be one of {', '.join(t.value for t in ComponentType)}"
-        ) from None
+    return ComponentType(one_of("component_type", value, [t.value for t in ComponentType]))
 
 
 def _by_name(pools: Mapping[str, Pool]) -> list[Pool]:

@@ -10,6 +10,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+#: A component's types and a request's statuses, as views carry them: the values of
+#: ``store.records``' enums, here for what must not load SQLAlchemy (remote mode, the CLI's
+#: options). ``tests/test_remote.py`` checks that they agree.
+COMPONENT_TYPES = ("orchestrator", "step_operator")
+REQUEST_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
+
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
@@ -126,6 +132,27 @@ class PolicyView:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyView:
+        return cls(**{**data, "created": datetime.fromisoformat(data["created"])})
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentView:
+    """A component (an orchestrator or a step operator: who asks for units), known from its
+    first policy or request: the pools it has a policy on, and its live requests."""
+
+    id: str
+    name: str
+    type: str
+    pools: list[str]
+    allocated: int
+    queued: int
+    created: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ComponentView:
         return cls(**{**data, "created": datetime.fromisoformat(data["created"])})
 
 

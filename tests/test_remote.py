@@ -151,6 +151,8 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--status", "queued", "-o", "yaml")
     fp("resource-request", "list", "--component", "team-b", "--pool", "gpus", "-o", "json")
     fp("resource-request", "list", "--status", "bogus")                         # invalid
+    fp("component", "list")
+    fp("component", "list", "-t", "orchestrator", "-o", "json")
     fp("resource-pool", "describe", "gpus", "-o", "json")
     fp("resource-pool", "describe", "gpus")
     fp("resource-pool", "describe", "nope")                                     # not found
@@ -596,6 +598,7 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("attach_policy high", lambda: client.attach_policy("sdk", "sdk-high", priority=9, reserved={"gpu": 1}))
     step("attach_policy unknown key", lambda: client.attach_policy("sdk", "x", reserved={"tpu": 1}))
     step("list_policies", lambda: client.list_policies(pool="sdk"))
+    step("list_components, none yet", client.list_components)
     held = step("submit", lambda: client.submit(ResourceSettings(gpu_count=2), component="sdk-low", lease_ttl=None))
     queued = step("submit queued", lambda: client.submit({"gpu": 2}, component="sdk-low", lease_ttl=None))
     step("submit rejected", lambda: client.submit({"gpu": 9}, component="sdk-low"))
@@ -603,6 +606,9 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("get by prefix", lambda: client.get(queued.id[:8]))
     step("list_requests queued", lambda: client.list_requests(status="queued", pool="sdk"))
     step("list_requests bad status", lambda: client.list_requests(status="done"))
+    step("list_components", client.list_components)
+    step("list_components of a type", lambda: client.list_components("step_operator"))
+    step("list_components bad type", lambda: client.list_components("robot"))
     step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
     step("get_pool", lambda: client.get_pool("sdk"))
     step("list_pools", client.list_pools)
@@ -665,6 +671,10 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert [r["id"] for r in answers["list_requests queued"]] == [answers["submit queued"]["id"]]
     assert [r["id"] for r in answers["pool_requests active"]] == [answers["submit"]["id"]]
     assert answers["get_pool"]["queue_length"] == 1
+    assert [(c["name"], c["pools"], c["allocated"], c["queued"]) for c in answers["list_components"]] == [
+        ("sdk-high", ["sdk"], 0, 0), ("sdk-low", ["sdk"], 1, 1)]
+    assert answers["list_components of a type"] == []
+    assert str(answers["list_components bad type"]).startswith("InvalidInput: component_type")
     assert [p["name"] for p in answers["list_pools"]] == ["sdk"]
     assert answers["heartbeat"]["status"] == "allocated"
     assert answers["wait, still queued"]["status"] == "queued"
@@ -767,3 +777,16 @@ def test_a_create_whose_answer_was_lost_is_created_once(server: ApiServer) -> No
     with losing(server, "POST", "/requests") as service:
         service.create_request("twice-orch", demand={"gpu": 1})
         assert len(service.list_requests(component="twice-orch")) == 1
+
+
+def test_the_light_vocabulary_agrees_with_the_stores_enums() -> None:
+    """Remote mode and the CLI's options use ``views``' tuples, which must not load
+    SQLAlchemy; the store and the API have their own spelling of the same values."""
+    from typing import get_args
+
+    from fairpool.api.models import ComponentType as ApiComponentType
+    from fairpool.store.records import ComponentType, RequestStatus
+    from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES
+
+    assert COMPONENT_TYPES == tuple(t.value for t in ComponentType) == get_args(ApiComponentType)
+    assert REQUEST_STATUSES == tuple(s.value for s in RequestStatus)

@@ -240,7 +240,7 @@ def _page(items: Sequence[dict[str, Any]], total: int, limit: int, offset: int) 
 
 
 def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One page holding everything (pools and policies are few)."""
+    """One page holding everything (pools, policies and components are few)."""
     return _page(items, len(items), max(1, len(items)), 0)
 
 
@@ -484,6 +484,15 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         """Detach a policy; refused (409) while it has live allocations."""
         service.detach_policy(ref, component, component_type)
         return Response(status_code=204)
+
+    # -- components --------------------------------------------------------------------
+
+    @route("GET", "/components", tags=["components"])
+    def list_components(component_type: ComponentType | None = None) -> JSONResponse:
+        """Components (who asks for units), optionally of one type: the pools each has a
+        policy on, and how many of its requests hold units or wait."""
+        views = service.list_components(component_type)
+        return _json(_whole([v.as_dict() for v in views]))
 
     # -- operations --------------------------------------------------------------------
 

@@ -75,7 +75,8 @@ class Rule(Enum):
 
     #: Admin tokens only.
     ADMIN = "admin"
-    #: Any valid token (reads of pools and policies; submitters see only their own requests).
+    #: Any valid token (reads of pools, policies and components; submitters see only their own
+    #: requests).
     ANY = "any"
     #: Any valid token; a submitter only on the requests it created (path parameter ``ref``).
     OWN_REQUEST = "own request"
@@ -92,6 +93,7 @@ RULES: dict[str, Rule] = {
     "attach_policy": Rule.ADMIN,
     "detach_policy": Rule.ADMIN,
     "list_policies": Rule.ANY,
+    "list_components": Rule.ANY,
     # The component is checked by the endpoint, which has the parsed body.
     "create_request": Rule.ANY,
     "list_requests": Rule.ANY,

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from fairpool.service import Service
     from fairpool.trees_service import TreesService
 
-COMPONENT_TYPES = ("orchestrator", "step_operator")
 
 
 def service(ctx: click.Context | None = None) -> Service | RemoteService:

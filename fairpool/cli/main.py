@@ -14,6 +14,7 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import one_line, service
+from fairpool.cli.component import component
 from fairpool.cli.config import config
 from fairpool.cli.queue import queue
 from fairpool.cli.resource_pool import resource_pool
@@ -96,6 +97,7 @@ def reconcile(output: str) -> None:
     )
 
 
+cli.add_command(component)
 cli.add_command(config)
 cli.add_command(resource_pool)
 cli.add_command(resource_request)

@@ -7,7 +7,8 @@ from typing import Any, Literal
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import COMPONENT_TYPES, parse_mapping, service
+from fairpool.cli.common import parse_mapping, service
+from fairpool.views import COMPONENT_TYPES
 
 POOL_COLUMNS = ("id", "name", "capacity", "occupied", "queue_length")
 POLICY_COLUMNS = ("id", "component", "component_type", "pool", "priority", "reserved", "limit",

@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import COMPONENT_TYPES, parse_pairs, service
+from fairpool.cli.common import parse_pairs, service
+from fairpool.views import COMPONENT_TYPES
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
