@@ -194,10 +194,11 @@ def test_submitter_creates_for_its_components_only_and_cannot_write_pools(
         assert mine["status"] == "allocated"
         assert_403(a.post("/requests", json={"component": "c-b", "resources": {"gpu": 1}}),
                    "component `c-b`", "allows `c-a`", "team-a")
-        # Reads of pools and policies are allowed.
+        # Reads of pools, policies and components are allowed.
         assert [p["name"] for p in ok(a.get("/pools"))["items"]] == ["shared"]
         assert ok(a.get(f"/pools/{pools}"))["name"] == pools
         assert ok(a.get("/policies", params={"pool": pools}))["pagination"]["total"] == 3
+        assert {c["name"] for c in ok(a.get("/components"))["items"]} >= {"c-a", "c-b", "c-b2"}
         for method, path, body in [
             ("POST", "/pools", {"name": "mine", "capacity": {"gpu": 1}}),
             ("PATCH", f"/pools/{pools}", {"capacity": {"gpu": 99}}),
