@@ -47,3 +47,13 @@ def test_the_http_benchmark_measures_both_backends_and_the_bare_endpoint(
         assert float(cpu_ratio) > 0, out
     assert len(re.findall(r"^ratio admissions/s / bare requests/s \(\w+, \w+\): [\d.]+ ",
                           out, re.MULTILINE)) == 4, out
+    # Contended: the release -> next waiter's allocation times, p50 <= p99, over the wakes
+    # counted (a brief run may see none: then none is printed).
+    wakes = re.findall(r"^(?:sqlite|postgresql) +contended .* (\S+) +(\S+) +(\d+) +[\d,]+ +[\d.]+ +[\d.]+$",
+                       out, re.MULTILINE)
+    assert len(wakes) == 2, out
+    for p50, p99, count in wakes:
+        if int(count):
+            assert 0 < float(p50) <= float(p99), out
+        else:
+            assert (p50, p99) == ("-", "-"), out
