@@ -219,6 +219,8 @@ class AsyncAcquire:
         if lost is None:
             return
         if kind is None:
+            if self._cancelled_holder and self._holder is not None:
+                self._holder.uncancel()  # the block swallowed our cancellation
             raise ENDINGS.get(lost.status, NotGranted)(lost)
         if (
             issubclass(kind, asyncio.CancelledError)

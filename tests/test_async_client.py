@@ -175,6 +175,26 @@ def test_many_waiting_tasks_do_not_hold_up_a_holders_heartbeats(target: dict[str
     run(main())
 
 
+def test_a_block_that_swallows_the_cancellation_still_hears_of_the_preemption(
+    target: dict[str, str],
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-swallow", 1)
+            with pytest.raises(Preempted):
+                async with client.acquire({"gpu": 1}, component="a-swallow-low", lease_ttl=1):
+                    await client.submit({"gpu": 1}, component="a-swallow-high", lease_ttl=None)
+                    try:
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        pass  # a block that tidies up and carries on
+            task = asyncio.current_task()
+            assert task is not None and task.cancelling() == 0  # no cancellation left pending
+            await asyncio.sleep(0)  # which would be raised here
+
+    run(main())
+
+
 def test_a_cancellation_from_elsewhere_stays_a_cancellation(target: dict[str, str]) -> None:
     async def main() -> None:
         async with AsyncClient(**target) as client:
