@@ -27,7 +27,8 @@ from fairpool.views import (
     RequestView,
 )
 
-#: Transport failures (server restarting) are retried this many times, backing off.
+#: Transport failures (a restarting server) and 503s (its database away) are retried this many
+#: times in all, backing off.
 _ATTEMPTS = 6
 
 
