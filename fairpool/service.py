@@ -49,6 +49,8 @@ from fairpool.store.records import (
 )
 from fairpool.store.schema import as_utc
 from fairpool.views import (
+    COMPONENT_TYPES,
+    REQUEST_STATUSES,
     ComponentView,
     PassSummary,
     PolicyView,
@@ -658,7 +660,7 @@ class Service:
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
         if status is not None:
-            one_of("status", status, [s.value for s in RequestStatus])
+            one_of("status", status, REQUEST_STATUSES)
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool else None
@@ -1423,7 +1425,7 @@ def _component(conn: Connection, name: str, kind: ComponentType) -> Component | 
 
 
 def _component_type(value: str) -> ComponentType:
-    return ComponentType(one_of("component_type", value, [t.value for t in ComponentType]))
+    return ComponentType(one_of("component_type", value, COMPONENT_TYPES))
 
 
 def _by_name(pools: Mapping[str, Pool]) -> list[Pool]:

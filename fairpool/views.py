@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 #: A component's types and a request's statuses, as views carry them: the values of
-#: ``store.records``' enums, here for what must not load SQLAlchemy (remote mode, the CLI's
-#: options). ``tests/test_remote.py`` checks that they agree.
+#: ``store.records``' enums as plain tuples, for what must not load SQLAlchemy (remote mode,
+#: the CLI's options) and for the service's checks of input, which need no enum to be built
+#: per call. ``tests/test_remote.py`` checks that they agree.
 COMPONENT_TYPES = ("orchestrator", "step_operator")
 REQUEST_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
 
