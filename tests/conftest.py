@@ -161,6 +161,21 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[...
     return make
 
 
+def database_on(request: pytest.FixtureRequest, backend: Backend, root: Path) -> str:
+    """For a fixture of any scope: a database URL on ``backend``, at the schema head. SQLite:
+    a file under ``root``, created here. PostgreSQL: a database of its own, dropped when
+    ``request``'s scope ends."""
+    if backend == "sqlite":
+        root.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{root / 'fairpool.db'}"
+        Database.open(url).close()
+        return url
+    server: PostgresServer = request.getfixturevalue("postgres")
+    name = server.create(migrated=True)
+    request.addfinalizer(lambda: server.drop_later(name))
+    return server.url(name)
+
+
 @pytest.fixture(params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database of its own for the test, once per backend; ``Database.open`` it.

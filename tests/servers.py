@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ from fairpool.errors import Conflict, FairpoolError
 from fairpool.remote import RemoteService
 from fairpool.store.db import Database
 from fairpool.views import RequestView
+from tests.conftest import database_on
 
 API = "/api/v1"
 TERMINAL_EVENTS = {"released", "rejected", "preempted", "cancelled", "lease_expired"}
@@ -132,6 +134,19 @@ class ApiServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def server_on(
+    request: pytest.FixtureRequest, backend: str, root: Path, **options: Any
+) -> ApiServer:
+    """A server (not started) on ``backend``: the embedded SQLite store under ``root``, or a
+    migrated PostgreSQL database of its own, dropped when ``request``'s scope ends. It logs
+    to ``root``; ``options`` as ``ApiServer``'s."""
+    root.mkdir(parents=True, exist_ok=True)
+    if backend == "sqlite":
+        return ApiServer(root / "server.log", home=root / "home", **options)
+    return ApiServer(root / "server.log", database_url=database_on(request, "postgresql", root),
+                     **options)
 
 
 @contextmanager

@@ -21,18 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BACKENDS, Backend
-from tests.servers import ApiServer, free_port
+from tests.servers import ApiServer, free_port, server_on
 
 API = "/api/v1"
 TERMINAL = {"released", "rejected", "preempted", "cancelled"}
-
-
-class Server(ApiServer):
-    """A ``python -m fairpool.api`` process on a free port, on the embedded store ``home``."""
-
-    def __init__(self, home: Path, log: Path, *extra: str) -> None:
-        super().__init__(log, home=home, extra=extra)
-        self.home = home
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -40,14 +32,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
            ) -> Iterator[ApiServer]:
     """One server per backend for the module's tests: on the embedded SQLite store, and on a
     PostgreSQL database of its own."""
-    root = tmp_path_factory.mktemp("api")
-    if request.param == "sqlite":
-        running: ApiServer = Server(root / "home", root / "server.log")
-    else:
-        postgres = request.getfixturevalue("postgres")
-        name = postgres.create(migrated=True)
-        request.addfinalizer(lambda: postgres.drop_later(name))
-        running = ApiServer(root / "server.log", database_url=postgres.url(name))
+    running = server_on(request, request.param, tmp_path_factory.mktemp("api"))
     running.start()
     try:
         yield running

@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from sqlalchemy import create_engine, inspect, text
 from starlette.routing import BaseRoute
 
 from fairpool.api.app import PREFIX, create_app
@@ -30,20 +30,24 @@ from fairpool.errors import InvalidInput, NotFound
 from fairpool.service import Service, hash_token, open_service
 from fairpool.store import repo
 from fairpool.store.db import Database
-from tests.test_api import Server, ok
+from tests.conftest import BACKENDS
+from tests.servers import ApiServer, server_on
+from tests.test_api import ok
 
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
 
-def fairpool(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def fairpool(store: Mapping[str, str], *args: str, **env: str
+             ) -> subprocess.CompletedProcess[str]:
+    """The CLI on ``store`` (``Store.env``), with ``env`` on top."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
-    clean.update(FAIRPOOL_HOME=str(home), COLUMNS="250", NO_COLOR="1", **env)
+    clean.update(store, COLUMNS="250", NO_COLOR="1", **env)
     return subprocess.run([*CLI, *args], env=clean, capture_output=True, text=True,
                           timeout=60, check=False)
 
 
-def make_token(home: Path, *args: str) -> dict[str, Any]:
-    result = fairpool(home, "token", "create", *args, "-o", "json")
+def make_token(store: Mapping[str, str], *args: str) -> dict[str, Any]:
+    result = fairpool(store, "token", "create", *args, "-o", "json")
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -51,8 +55,10 @@ def make_token(home: Path, *args: str) -> dict[str, Any]:
 
 @dataclass
 class World:
-    server: Server
-    home: Path
+    server: ApiServer
+    #: Where the CLI's ``token`` commands find the server's store: FAIRPOOL_HOME, or
+    #: FAIRPOOL_DATABASE_URL.
+    store: dict[str, str]
     #: Secrets by role name: admin, a (submitter for c-a), b (submitter for c-b and c-b2).
     tokens: dict[str, str]
     ids: dict[str, str]
@@ -61,29 +67,42 @@ class World:
         headers = {"Authorization": f"Bearer {self.tokens[who]}"} if who else {}
         return httpx.Client(base_url=self.server.url + PREFIX, headers=headers, timeout=30.0)
 
+    def service(self) -> Service:
+        """The server's store, opened in this process."""
+        home = self.store.get("FAIRPOOL_HOME")
+        return open_service(home) if home else Service(Database.open(self.url))
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root = tmp_path_factory.mktemp("auth")
-    home = root / "home"
+    @property
+    def url(self) -> str:
+        """The store's database URL."""
+        home = self.store.get("FAIRPOOL_HOME")
+        return f"sqlite:///{Path(home) / 'fairpool.db'}" if home else self.store["FAIRPOOL_DATABASE_URL"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[World]:
+    """An ``--auth`` server on each backend, and its tokens."""
+    server = server_on(request, request.param, tmp_path_factory.mktemp("auth"),
+                       extra=("--auth",))
+    option, where = server.store
+    store = {"FAIRPOOL_HOME": where} if option == "--home" else {"FAIRPOOL_DATABASE_URL": where}
     # The tokens exist before the server starts: the admin's and b's made by the CLI (which
-    # also creates the store), a's in this process (a CLI call costs a Python start).
-    made = make_token(home, "--role", "admin", "--name", "ops")
-    made_b = make_token(home, "--role", "submitter", "--component", "c-b", "--component", "c-b2")
+    # also creates an embedded store), a's in this process (a CLI call costs a Python start).
+    made = make_token(store, "--role", "admin", "--name", "ops")
+    made_b = make_token(store, "--role", "submitter", "--component", "c-b", "--component", "c-b2")
     assert (made_b["role"], made_b["components"]) == ("submitter", ["c-b", "c-b2"])
-    service = open_service(str(home))
+    world = World(server, store, {"admin": made["token"], "b": made_b["token"]},
+                  {"admin": made["id"], "b": made_b["id"]})
+    service = world.service()
     try:
-        a, a_secret = service.create_token("submitter", ["c-a"], "team-a")
+        a, world.tokens["a"] = service.create_token("submitter", ["c-a"], "team-a")
+        world.ids["a"] = a.id
     finally:
         service.close()
-    server = Server(home, root / "server.log", "--auth")
     server.start()
     try:
-        yield World(
-            server, home,
-            {"admin": made["token"], "a": a_secret, "b": made_b["token"]},
-            {"admin": made["id"], "a": a.id, "b": made_b["id"]},
-        )
+        yield world
     finally:
         server.stop()
 
@@ -138,7 +157,7 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
 
 
 def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> None:
-    service = open_service(str(world.home))
+    service = world.service()
     try:
         token, secret = service.create_token("submitter", ["c-a"])
     finally:
@@ -147,20 +166,30 @@ def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> No
     headers = {"Authorization": f"Bearer {secret}"}
     with world.client(None) as client:
         assert ok(client.get("/pools", headers=headers))["pagination"]["total"] >= 1
-        revoked = fairpool(world.home, "token", "revoke", extra["id"][:8])
+        revoked = fairpool(world.store, "token", "revoke", extra["id"][:8])
         assert revoked.returncode == 0 and "Revoked submitter token" in revoked.stderr
         assert_401(client.get("/pools", headers=headers), "was revoked")
-    listed = fairpool(world.home, "token", "list", "-o", "json")
+    listed = fairpool(world.store, "token", "list", "-o", "json")
     rows = {t["id"]: t for t in json.loads(listed.stdout)["items"]}
     assert rows[extra["id"]]["status"] == "revoked" and rows[extra["id"]]["revoked"]
     assert extra["token"] not in listed.stdout and world.tokens["admin"] not in listed.stdout
 
 
 def test_tokens_are_not_stored_in_clear(world: World) -> None:
-    with sqlite3.connect(world.home / "fairpool.db") as conn:
-        dump = "\n".join(conn.iterdump())
-        rows = dict(conn.execute("SELECT id, secret_hash FROM api_token").fetchall())
-        prefixes = dict(conn.execute("SELECT id, prefix FROM api_token").fetchall())
+    engine = create_engine(world.url)
+    try:
+        with engine.connect() as conn:
+            tables = inspect(conn).get_table_names()
+            dump = "\n".join(
+                repr(tuple(row))
+                for table in tables
+                for row in conn.execute(text(f'SELECT * FROM "{table}"'))
+            )
+            rows = dict(conn.execute(text("SELECT id, secret_hash FROM api_token")).all())
+            prefixes = dict(conn.execute(text("SELECT id, prefix FROM api_token")).all())
+    finally:
+        engine.dispose()
+    assert "api_token" in tables and len(rows) >= 3
     for who, secret in world.tokens.items():
         assert secret not in dump
         assert secret[3:] not in dump  # nor without its fp_ prefix
@@ -254,7 +283,7 @@ def test_submitters_see_and_touch_only_their_own_requests(world: World, pools: s
 
 def test_id_prefixes_resolve_among_ones_own_requests(world: World, pools: str) -> None:
     # A fresh submitter with one request, whose first character is then its unique prefix.
-    service = open_service(str(world.home))
+    service = world.service()
     try:
         _, secret = service.create_token("submitter", ["c-a"])
     finally:
@@ -298,7 +327,7 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
     ]
     with ThreadPoolExecutor(len(calls)) as workers:
         created, refused, anonymous, listed, as_b, as_a = workers.map(
-            lambda call: fairpool(world.home, *call[1], **call[0]), calls
+            lambda call: fairpool(world.store, *call[1], **call[0]), calls
         )
     assert created.returncode == 0, created.stderr
     request = json.loads(created.stdout)
@@ -334,7 +363,7 @@ def test_auth_is_on_unless_loopback(host: str, loopback: bool) -> None:
 
 
 def test_no_auth_on_a_public_host_is_refused_by_the_cli(tmp_path: Path) -> None:
-    result = fairpool(tmp_path, "server", "--host", "0.0.0.0", "--no-auth")
+    result = fairpool({"FAIRPOOL_HOME": str(tmp_path)}, "server", "--host", "0.0.0.0", "--no-auth")
     assert result.returncode == 2
     assert "refusing to serve 0.0.0.0 without auth" in result.stderr
     assert "--insecure" in result.stderr

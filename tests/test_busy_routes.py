@@ -27,6 +27,8 @@ from fairpool.api.app import PREFIX, create_app
 from fairpool.api.busy_routes import BusyRoutes
 from fairpool.api.errors import BodySizeLimit
 from fairpool.service import Service, open_service
+from fairpool.store.db import Database
+from tests.conftest import BACKENDS, database_on
 
 T = TypeVar("T")
 POOL, COMPONENT = "gpus", "team-a"
@@ -90,11 +92,11 @@ async def call(app: FastAPI, method: str, path: str, body: bytes | None = None,
 class Apps:
     """The two apps, their lifespans running on an event loop of their own (a thread)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, urls: tuple[str, str]) -> None:
         self.services: list[Service] = []
         self.apps: list[FastAPI] = []
-        for name in ("busy", "fastapi"):
-            service = open_service(str(root / name))
+        for name, url in zip(("busy", "fastapi"), urls, strict=True):
+            service = Service(Database.open(url))
             service.create_pool(POOL, {"gpu": 4})
             service.attach_policy(POOL, COMPONENT)
             app = create_app(service, tick=3600.0)
@@ -150,9 +152,13 @@ def normalized(answer: Answer, ids: tuple[str, ...] = ()) -> tuple[int, dict[byt
     return answer.status, headers, strip(json.loads(text)) if text else None
 
 
-@pytest.fixture(scope="module")
-def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
-    running = Apps(tmp_path_factory.mktemp("busy"))
+@pytest.fixture(scope="module", params=BACKENDS)
+def apps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[Apps]:
+    """The two apps, each on a store of its own, on each backend."""
+    root = tmp_path_factory.mktemp("busy")
+    running = Apps((database_on(request, request.param, root / "busy"),
+                    database_on(request, request.param, root / "fastapi")))
     try:
         yield running
     finally:

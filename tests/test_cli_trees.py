@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import ApiServer, running
+from tests.conftest import BACKENDS, Backend
+from tests.servers import running, server_on
 from tests.test_cli import Result, assert_one_error, db_dump, fairpool
 
 SEED_TREE = """
@@ -142,16 +143,17 @@ def test_a_tree_is_deleted_when_nothing_runs_in_it(tmp_path: Path) -> None:
                      "no pool tree 'physical'")
 
 
-def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: Backend
+) -> None:
     """With ``--url`` the commands go through the server (no local store is opened), and the
     server's reconciler tick runs the trees' passes: a starving operation gets its jobs by
-    preemption without any further command."""
+    preemption without any further command. On each backend's store."""
     unused = tmp_path / "unused"
     tree = tmp_path / "tree.yaml"
     tree.write_text(SEED_TREE)
-    with running(ApiServer(tmp_path / "server.log", home=tmp_path / "served", tick=0.2)) as (
-        server,
-    ):
+    with running(server_on(request, backend, tmp_path / "served", tick=0.2)) as (server,):
         def remote(*args: str) -> Result:
             return fairpool(unused, "--url", server.url, *args)
 

@@ -34,13 +34,16 @@ from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, FairpoolError, NotFound
 from fairpool.remote import RemoteService
-from tests.servers import API, ApiServer, clean_env, free_port, running, setup_pool
+from tests.conftest import BACKENDS, Backend
+from tests.servers import API, ApiServer, clean_env, free_port, running, server_on, setup_pool
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    root = tmp_path_factory.mktemp("remote")
-    with running(ApiServer(root / "server.log", home=root / "home", tick=0.5)) as (started,):
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ApiServer]:
+    """One server per backend for the module's tests."""
+    served = server_on(request, request.param, tmp_path_factory.mktemp("remote"), tick=0.5)
+    with running(served) as (started,):
         yield started
     assert "Traceback" not in started.log()
 
@@ -355,11 +358,15 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "list", "-o", "yaml")
 
 
-def test_every_cli_command_prints_the_same_embedded_and_remote(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_cli_command_prints_the_same_embedded_and_remote(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: Backend
+) -> None:
+    """The same commands embedded, then through a server on ``backend``'s store."""
     output.out.cache_clear()
     output.err.cache_clear()
     embedded = Transcript({"FAIRPOOL_HOME": str(tmp_path / "embedded"), "FAIRPOOL_URL": None})
-    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    server = server_on(request, backend, tmp_path / "served")
     try:
         starting = threading.Thread(target=server.start)  # while the embedded run goes
         starting.start()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +24,8 @@ import schemathesis
 from schemathesis import Case
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from tests.test_api import API, Server
+from tests.conftest import BACKENDS
+from tests.servers import API, server_on
 
 #: Fuzzed cases per operation (the examples and coverage phases add their own, bounded): 30,
 #: not 50, since CI came within a minute of its 15 on a slow night (the test took 82 s).
@@ -39,10 +39,11 @@ CONFIG: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenApiSchema]:
-    root: Path = tmp_path_factory.mktemp("schemathesis")
-    server = Server(root / "home", root / "server.log")
+@pytest.fixture(scope="module", params=BACKENDS)
+def api_schema(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OpenApiSchema]:
+    server = server_on(request, request.param, tmp_path_factory.mktemp("schemathesis"))
     server.start()
     try:
         # Something for references to find: a pool and a policy named as fuzzers like to,
