@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -206,6 +207,7 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/requests", {"json": {**request, "component_type": "bogus"}}, 422, "component_type"),
         ("POST", "/requests", {"json": {**request, "component": "x" * 256}}, 422, "component"),
         ("POST", "/requests", {"json": {**request, "component": "a\x00b"}}, 422, "component"),
+        ("POST", "/requests", {"json": {**request, "idempotency_key": "a\x00b"}}, 422, "idempotency_key"),
         ("POST", "/requests", {"json": {"resources": {"gpu": 1}}}, 422, "component"),
         ("POST", "/requests", {"json": [request]}, 422, None),
         ("POST", "/requests", {"json": {**request, "component": "nobody"}}, 404, None),
@@ -267,12 +269,24 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
     assert "Traceback" not in server.log_path.read_text()
 
 
-def test_every_number_in_a_url_is_written_as_json_writes_it(
-    client: httpx.Client, server: ApiServer
+@pytest.mark.parametrize(
+    ("kinds", "bad", "at_least"),
+    [
+        # limit, offset, timeout and three versions today
+        ({"integer", "number"}, "+1", 6),
+        # every ref and name in a path, every filter; PostgreSQL refuses NUL in text, so
+        # unguarded, one reached the database as a 500 (GET /workloads?queue=%00)
+        ({"string"}, "a\x00b", 30),
+    ],
+    ids=["number written as JSON writes it", "string without NUL"],
+)
+def test_every_url_parameter_refuses_what_its_type_does_not_allow(
+    client: httpx.Client, server: ApiServer, kinds: set[str], bad: str, at_least: int
 ) -> None:
-    """Each query or path parameter the schema calls an integer or a number refuses "+1",
-    which pydantic alone would take, naming itself (``UrlInt``, ``UrlNumber``): the table is
-    the OpenAPI document, so a parameter added without them fails here."""
+    """Each query or path parameter of the schema's ``kinds`` refuses ``bad`` with a 422
+    naming itself: a number "+1", which pydantic alone would take (``UrlInt``,
+    ``UrlNumber``); a string a NUL character (``text``). The table is the OpenAPI document,
+    so a parameter added without its guard fails here."""
     schema = ok(httpx.get(server.url + "/openapi.json"))
     checked = []
     for path, operations in schema["paths"].items():
@@ -281,19 +295,19 @@ def test_every_number_in_a_url_is_written_as_json_writes_it(
             for parameter in parameters:
                 types = {s.get("type") for s in [parameter["schema"],
                                                   *parameter["schema"].get("anyOf", [])]}
-                if not types & {"integer", "number"}:
+                if not types & kinds:
                     continue
                 url = path.removeprefix(API)
                 for other in parameters:  # the other path parameters: any value
                     if other["in"] == "path":
-                        value = "+1" if other is parameter else "1"
+                        value = quote(bad, safe="") if other is parameter else "1"
                         url = url.replace("{" + other["name"] + "}", value)
-                query = {parameter["name"]: "+1"} if parameter["in"] == "query" else {}
+                query = {parameter["name"]: bad} if parameter["in"] == "query" else {}
                 response = client.request(method.upper(), url, params=query)
                 assert response.status_code == 422, (method, url, query, response.text)
                 assert response.json()["field"] == parameter["name"], (method, url, query)
                 checked.append((method, path, parameter["name"]))
-    assert len(checked) >= 6, checked  # limit, offset, timeout and three versions today
+    assert len(checked) >= at_least, checked
 
 
 # -- operations --------------------------------------------------------------------------

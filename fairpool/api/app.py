@@ -37,6 +37,7 @@ from fairpool.api.models import (
     PolicyCreate,
     PoolCreate,
     PoolUpdate,
+    QueryText,
     RequestCreate,
     UrlInt,
     UrlNumber,
@@ -78,9 +79,6 @@ Ref = Annotated[
     Path(description="Name, id or unique id prefix."),
     StringConstraints(min_length=1, max_length=MAX_NAME, pattern=TEXT_PATTERN),
     AfterValidator(text),
-]
-QueryText = Annotated[
-    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
 Status = Literal["queued", "allocated", "released", "rejected", "preempted", "cancelled"]
 

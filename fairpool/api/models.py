@@ -81,6 +81,10 @@ Description = Annotated[
 LabelValue = Annotated[
     str, StringConstraints(max_length=MAX_LABEL_VALUE, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
+#: A filter in a query: text of a name's length, empty allowed.
+QueryText = Annotated[
+    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
+]
 #: Capacity on creation and request demands: positive.
 Positive = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
 #: Capacity updates (0 removes a key), reserved and limit: non-negative.
@@ -130,7 +134,11 @@ class RequestCreate(Strict):
         default=None,
         description="Seconds: the allocation is released when no heartbeat renews it in time.",
     )
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = (
+    idempotency_key: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=64, pattern=TEXT_PATTERN),
+        AfterValidator(text),
+    ] | None = (
         Field(
             default=None,
             description="Chosen by the client per create; a retry with the same key answers "

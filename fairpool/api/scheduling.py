@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name, UrlInt
+from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name, QueryText, UrlInt
 from fairpool.frontends.config import MAX_PRIORITY, ConfigError, load_config, warnings
 from fairpool.scheduling import SchedulingService
 
@@ -130,7 +130,7 @@ def scheduling_router(
     @router.get("/workloads", tags=["workloads"])
     def list_workloads(
         status: WorkloadStatus | None = None,
-        queue: Annotated[str, StringConstraints(max_length=255)] | None = None,
+        queue: QueryText | None = None,
     ) -> JSONResponse:
         """Workloads in submission order, optionally by status and queue."""
         views = scheduling.list_workloads(status=status, queue=queue)

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, text
+from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
 from fairpool.frontends.pools import MAX_NAME
 from fairpool.trees_service import TreesService
 
@@ -93,9 +93,6 @@ OperationRef = Annotated[
     Path(description="Operation id or unique id prefix."),
     StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
     AfterValidator(text),
-]
-QueryName = Annotated[
-    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
 
 
@@ -286,7 +283,7 @@ def trees_router(
 
     @router.get("/operations", tags=["operations of pool trees"])
     def list_operations(
-        tree: QueryName | None = None,
+        tree: QueryText | None = None,
         status: Annotated[str, StringConstraints(max_length=64, pattern=TEXT_PATTERN),
                           AfterValidator(text)] | None = None,
     ) -> JSONResponse:
