@@ -35,7 +35,14 @@ MAX_WAIT = 0.2
 
 CONFIG: dict[str, Any] = {
     "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
-    "checks": {"positive_data_acceptance": {"enabled": False}},
+    "checks": {
+        "positive_data_acceptance": {"enabled": False},
+        # Invalid data may also be refused for its size: schemathesis's own list, and 413.
+        "negative_data_rejection": {"expected-statuses": [
+            "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
+            "5xx",
+        ]},
+    },
 }
 
 
