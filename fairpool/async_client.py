@@ -28,15 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from fairpool.client import (
-    DEFAULT_LEASE_TTL,
-    ENDINGS,
-    Client,
-    NotGranted,
-    Preempted,
-    WaitTimeout,
-)
+from fairpool.client import Client, Preempted, WaitTimeout, not_granted
 from fairpool.errors import Conflict, FairpoolError
+from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
 
@@ -135,7 +129,7 @@ class AsyncClient:
             self.submit, settings, component=component, component_type=component_type,
             max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
         )
-        return AsyncAcquire(self, submit, max(lease_ttl / 3, 0.2), timeout)
+        return AsyncAcquire(self, submit, heartbeat_interval(lease_ttl), timeout)
 
 
 class AsyncGrant:
@@ -192,7 +186,7 @@ class AsyncAcquire:
                 await client.cancel(request.id)
             raise
         if request.status != "allocated":
-            raise ENDINGS.get(request.status, NotGranted)(request)
+            raise not_granted(request)
         self._grant = AsyncGrant(request)
         self._holder = asyncio.current_task()
         self._beats = asyncio.create_task(self._beat(), name=f"fairpool-heartbeat-{request.id[:8]}")
@@ -221,14 +215,14 @@ class AsyncAcquire:
         if kind is None:
             if self._cancelled_holder and self._holder is not None:
                 self._holder.uncancel()  # the block swallowed our cancellation
-            raise ENDINGS.get(lost.status, NotGranted)(lost)
+            raise not_granted(lost)
         if (
             issubclass(kind, asyncio.CancelledError)
             and self._cancelled_holder
             and self._holder is not None
             and self._holder.uncancel() == 0  # nobody else cancelled it
         ):
-            raise ENDINGS.get(lost.status, NotGranted)(lost) from None
+            raise not_granted(lost) from None
 
     def __call__(
         self, function: Callable[P, Coroutine[Any, Any, T]]

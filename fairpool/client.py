@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError
+from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
 from fairpool.settings import ResourceSettings
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: Seconds a held allocation survives without a heartbeat (the SDK heartbeats at a third).
-DEFAULT_LEASE_TTL = 60
 
 
 class NotGranted(FairpoolError):
@@ -71,12 +70,18 @@ class WaitTimeout(FairpoolError):
         self.request = request
 
 
-ENDINGS: dict[str, type[NotGranted]] = {
+_ENDINGS: dict[str, type[NotGranted]] = {
     "rejected": Rejected,
     "cancelled": Cancelled,
     "preempted": Preempted,
     "released": Cancelled,
 }
+
+
+def not_granted(request: RequestView) -> NotGranted:
+    """Why ``request`` holds no units, as the exception to raise: ``Rejected``,
+    ``Preempted``, ``Cancelled`` (cancelled or released), else ``NotGranted``."""
+    return _ENDINGS.get(request.status, NotGranted)(request)
 
 
 class Grant:
@@ -113,7 +118,7 @@ class Grant:
     def check(self) -> None:
         """Raise ``Preempted`` (or why else the units were lost) if they are gone."""
         if self.lost is not None:
-            raise ENDINGS.get(self.lost.status, NotGranted)(self.lost)
+            raise not_granted(self.lost)
 
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so."""
@@ -340,7 +345,7 @@ class _Acquire:
     ) -> None:
         self._client = client
         self._submit = submit
-        self._interval = max(lease_ttl / 3, 0.2)
+        self._interval = heartbeat_interval(lease_ttl)
         self._timeout = timeout
         self._grant: Grant | None = None
 
@@ -357,7 +362,7 @@ class _Acquire:
             # The heartbeat's interrupt landed while we were already leaving.
             lost = grant.lost
         if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
-            raise ENDINGS.get(lost.status, NotGranted)(lost) from None
+            raise not_granted(lost) from None
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
@@ -395,7 +400,7 @@ class _Acquire:
                 self._client.cancel(request.id)
             raise
         if request.status != "allocated":
-            raise ENDINGS.get(request.status, NotGranted)(request)
+            raise not_granted(request)
         return Grant(self._client, request, self._interval)
 
 

@@ -522,7 +522,7 @@ class Service:
         component: str | None = None,
         component_type: str | None = None,
     ) -> list[PolicyView]:
-        kind = _component_type(component_type) if component_type else None
+        kind = _component_type(component_type) if component_type is not None else None
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool_ref).id if pool_ref else None
@@ -542,7 +542,7 @@ class Service:
 
     def list_components(self, component_type: str | None = None) -> list[ComponentView]:
         """Every component (of ``component_type``), by name then type."""
-        kind = _component_type(component_type) if component_type else None
+        kind = _component_type(component_type) if component_type is not None else None
         with self.db.read() as conn:
             state = _State.load(conn)
         pools: dict[str, list[str]] = defaultdict(list)

@@ -152,11 +152,7 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[...
             if migrated:
                 Database.open(url).close()
             return url
-        server: PostgresServer = request.getfixturevalue("postgres")
-        name = server.create(migrated=migrated)
-        request.addfinalizer(lambda: server.drop_later(name))
-        made.append(name)
-        return server.url(name)
+        return _on_postgres(request, migrated=migrated)
 
     return make
 
@@ -170,8 +166,14 @@ def database_on(request: pytest.FixtureRequest, backend: Backend, root: Path) ->
         url = f"sqlite:///{root / 'fairpool.db'}"
         Database.open(url).close()
         return url
+    return _on_postgres(request, migrated=True)
+
+
+def _on_postgres(request: pytest.FixtureRequest, *, migrated: bool) -> str:
+    """A new PostgreSQL database, empty or at the schema head, dropped when ``request``'s
+    scope ends: its URL."""
     server: PostgresServer = request.getfixturevalue("postgres")
-    name = server.create(migrated=True)
+    name = server.create(migrated=migrated)
     request.addfinalizer(lambda: server.drop_later(name))
     return server.url(name)
 
@@ -188,7 +190,4 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'fairpool.db'}"
         return
-    server: PostgresServer = request.getfixturevalue("postgres")
-    name = server.create(migrated=True)
-    yield server.url(name)
-    server.drop_later(name)
+    yield _on_postgres(request, migrated=True)

@@ -616,6 +616,7 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("list_components", client.list_components)
     step("list_components of a type", lambda: client.list_components("step_operator"))
     step("list_components bad type", lambda: client.list_components("robot"))
+    step("list_policies empty type", lambda: client.list_policies(component_type=""))
     step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
     step("get_pool", lambda: client.get_pool("sdk"))
     step("list_pools", client.list_pools)
@@ -682,6 +683,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("sdk-high", ["sdk"], 0, 0), ("sdk-low", ["sdk"], 1, 1)]
     assert answers["list_components of a type"] == []
     assert str(answers["list_components bad type"]).startswith("InvalidInput: component_type")
+    assert str(answers["list_policies empty type"]).startswith("InvalidInput: component_type")
     assert [p["name"] for p in answers["list_pools"]] == ["sdk"]
     assert answers["heartbeat"]["status"] == "allocated"
     assert answers["wait, still queued"]["status"] == "queued"

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from fairpool.trees_service import TreesService
 
 
-
 def service(ctx: click.Context | None = None) -> Service | RemoteService:
     """The service: the server at ``--url`` when one is given, else the embedded store under
     ``--home``; opened once per invocation and closed when it ends."""

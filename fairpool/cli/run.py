@@ -23,6 +23,7 @@ from fairpool.cli.resource_request import (
     wait_for,
 )
 from fairpool.errors import Conflict, Unreachable
+from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
 from fairpool.views import RequestView
 
 
@@ -30,7 +31,8 @@ from fairpool.views import RequestView
     "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
 )
 @request_options
-@click.option("--lease-ttl", type=click.IntRange(min=1), default=60, show_default=True,
+@click.option("--lease-ttl", type=click.IntRange(min=1), default=DEFAULT_LEASE_TTL,
+              show_default=True,
               help="Seconds the units stay held if fairpool stops hearing from this command.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None,
               help="Give up waiting for units after this many seconds (exit code 2).")
@@ -130,7 +132,7 @@ def _run_once(
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     unreachable = False
     try:
-        interval = max(lease_ttl / 3, 0.2)
+        interval = heartbeat_interval(lease_ttl)
         while True:
             try:
                 return _exit_code(child.wait(timeout=interval)), None
