@@ -22,8 +22,10 @@ ratio then measured the client, not the server. The clients' CPU time is printed
   "queued", the client long-polls ``/requests/{id}/wait`` until allocated, then releases.
 
 Prints per case the admissions per second, the server process's CPU time per admission
-(Linux: /proc; the bare endpoint's per request beside it) and the clients', and, for the
-contended case, p50/p99 of the time
+(Linux: /proc; the bare endpoint's per request beside it) and the clients', the mean write
+batch (operations per write transaction, from the server's /metrics: a batch's transaction,
+lock, pass and commit are paid once for all its operations), and, for the contended case,
+p50/p99 of the time
 from a client sending a release to the next waiter's long-poll answering "allocated" (the
 waiter is the one the server allocated in that release's transaction: writes are serialized,
 so it is the release with the latest ``released_at`` at or before the waiter's
@@ -63,6 +65,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _H
 
 import http.client  # noqa: E402
 import json  # noqa: E402
+import urllib.request  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 ROOT = _HERE.parent
@@ -265,6 +268,20 @@ class Client:
         self._connection.close()
 
 
+def write_batches(url: str) -> tuple[float, float]:
+    """The server's write transactions so far and the operations they held, wherever they
+    ran (its /metrics: ``fairpool_write_batches_total``, ``..._batch_operations_total``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    totals = {"fairpool_write_batches_total": 0.0,
+              "fairpool_write_batch_operations_total": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition("{")
+        if name in totals:
+            totals[name] += float(value.rsplit(" ", 1)[1])
+    return totals["fairpool_write_batches_total"], totals["fairpool_write_batch_operations_total"]
+
+
 def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) process ``pid`` has used so far; None without /proc."""
     try:
@@ -424,6 +441,8 @@ class Case:
     cpu_ms: float | None
     client_cpu_ms: float
     waited: float
+    #: Write operations per write transaction over the load (warm-up included).
+    batch_size: float
     latencies: list[float]
     #: The bare endpoint measured just before and just after this case.
     bares: tuple[Bare, Bare]
@@ -476,14 +495,18 @@ def measure_backend(backend: str, server: Process, args: argparse.Namespace,
             admin.call("POST", f"{API}/pools/{pool}/policies", 201, {"component": component})
         finally:
             admin.close()
+        batches, operations = write_batches(server.url)
         load = run_clients(args.clients, args.duration, cycles(pool, component), server)
+        batches_after, operations_after = write_batches(server.url)
+        batch_size = (operations_after - operations) / max(1.0, batches_after - batches)
         tally = load.tally
         if tally.errors:
             raise RuntimeError(f"{backend} {name}: {tally.errors[0]}")
         bares.append(measure_bare(baseline, args, f"after {backend} {name}"))
         results.append(Case(backend, name, capacity, tally.admissions / load.seconds,
                             load.server_ms(tally.admissions), load.client_ms(tally.admissions),
-                            tally.waited / max(1, tally.admissions), wake_latencies(tally),
+                            tally.waited / max(1, tally.admissions), batch_size,
+                            wake_latencies(tally),
                             (bares[-2], bares[-1])))
     return results
 
@@ -546,10 +569,10 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{args.clients} clients, {args.duration:g} s per case after {WARMUP_SECONDS:g} s "
           f"warm-up, a pool of its own per case; {os.cpu_count()} CPUs, load average {load}\n")
-    header = ("backend", "case", "capacity", "admissions/s", "CPU ms", "client", "waited",
-              "wake p50 ms", "wake p99 ms", "wakes", "bare/s", "ratio", "CPU ratio")
-    print("{:<11} {:<12} {:>8} {:>12} {:>6} {:>6} {:>7} {:>11} {:>11} {:>6} {:>7} {:>6} {:>9}"
-          .format(*header))
+    header = ("backend", "case", "capacity", "admissions/s", "CPU ms", "client", "batch",
+              "waited", "wake p50 ms", "wake p99 ms", "wakes", "bare/s", "ratio", "CPU ratio")
+    print("{:<11} {:<12} {:>8} {:>12} {:>6} {:>6} {:>5} {:>7} {:>11} {:>11} {:>6} {:>7} {:>6} "
+          "{:>9}".format(*header))
     for case in cases:
         p50 = p99 = "-"
         if case.latencies:
@@ -558,10 +581,13 @@ def main() -> None:
         cpu = "-" if case.cpu_ms is None else f"{case.cpu_ms:.2f}"
         cpu_ratio = "-" if case.cpu_ratio is None else f"{case.cpu_ratio:.2f}"
         print(f"{case.backend:<11} {case.name:<12} {case.capacity:>8} {case.rate:>12,.0f} "
-              f"{cpu:>6} {case.client_cpu_ms:>6.2f} {case.waited:>7.0%} {p50:>11} {p99:>11} "
+              f"{cpu:>6} {case.client_cpu_ms:>6.2f} {case.batch_size:>5.1f} {case.waited:>7.0%} "
+              f"{p50:>11} {p99:>11} "
               f"{len(case.latencies):>6} {case.bare_rate:>7,.0f} "
               f"{case.ratio:>6.2f} {cpu_ratio:>9}")
-    print("\nCPU ms: the server's CPU time per admission; client: the clients'. bare/s: the "
+    print("\nCPU ms: the server's CPU time per admission; client: the clients'. batch: write "
+          "operations per write transaction (group commit; an admission is two, its submit "
+          "and its release). bare/s: the "
           "bare endpoint's requests/s, the mean of its measurements just before and after the "
           "case, which the ratio uses. CPU ratio: the bare endpoint's server CPU per request "
           "over the case's per admission.")

@@ -45,6 +45,10 @@ def test_the_http_benchmark_measures_both_backends_and_the_bare_endpoint(
         assert abs(int(bare_rate.replace(",", "")) - mean) <= 1, out
         assert abs(float(ratio) - int(admissions.replace(",", "")) / mean) <= 0.011, out
         assert float(cpu_ratio) > 0, out
+    # The mean write batch: at least the one operation a transaction holds.
+    batches = re.findall(r"^(?:sqlite|postgresql) +\w+ +\d+ +[\d,]+ +[\d.]+ +[\d.]+ +([\d.]+) ",
+                         out, re.MULTILINE)
+    assert len(batches) == 4 and all(float(size) >= 1 for size in batches), out
     assert len(re.findall(r"^ratio admissions/s / bare requests/s \(\w+, \w+\): [\d.]+ ",
                           out, re.MULTILINE)) == 4, out
     # Contended: the release -> next waiter's allocation times, p50 <= p99, over the wakes
