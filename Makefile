@@ -17,13 +17,15 @@ demo: $(BIN)/fairpool
 
 # pytest on two workers (pytest-xdist): 4.4 -> 2.9 min on a 2-core machine, 2026-11-24. Three
 # were faster on a slow night (8.3 -> 7.1 min) and passed CI once; two have passed it longest.
+# Work stealing, with the tests marked long started first (tests/conftest.py), so that the run
+# does not end with one worker alone on a minute-long test.
 # The package is compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's machine), every
 # CLI and server subprocess would compile fairpool's modules again.
 test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m compileall -q fairpool tests
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 	bash tests/zenml/run.sh
 
 # A real ZenML dynamic pipeline queued and granted by fairpool, behind a local ZenML server

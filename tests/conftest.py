@@ -38,6 +38,12 @@ POSTGRES_CONNINFO = os.environ.get(
 )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``long`` first (in their order), the rest after them. Started last,
+    one of them would run alone on one worker at the end of the run, the other idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 class PostgresServer:
     """Creates and drops the test databases, over an autocommit admin connection."""
 

@@ -10,11 +10,14 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 def test_the_http_benchmark_measures_both_backends_and_the_bare_endpoint(
     postgres: PostgresServer,
 ) -> None:

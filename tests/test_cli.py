@@ -483,6 +483,7 @@ def test_wait(tmp_path: Path) -> None:
 # -- concurrency -------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_concurrent_clients_lose_nothing_and_never_overcommit(tmp_path: Path) -> None:
     """8 CLI clients at once, 5 one-GPU requests each, on a 4-GPU pool: 40 requests, 4
     allocated, 36 queued. Then the queue drains, oldest first, as units come back."""

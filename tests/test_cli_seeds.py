@@ -426,6 +426,7 @@ def answered(step: Step) -> Seen:
     return step.final
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("story", STORIES, ids=[s.name for s in STORIES])
 def test_seed_story(story: Story, runs: dict[str, Future[Run]]) -> None:
     run = runs[story.name].result(timeout=300)

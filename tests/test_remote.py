@@ -358,6 +358,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "list", "-o", "yaml")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_cli_command_prints_the_same_embedded_and_remote(
     request: pytest.FixtureRequest, tmp_path: Path, backend: Backend

@@ -247,6 +247,7 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) 
     assert result.code == 1 and result.json["status"] == "failed"
 
 
+@pytest.mark.long
 def test_the_seed_examples_behave_as_the_seed_says_through_the_cli(tmp_path: Path) -> None:
     from tests.test_cli import fairpool
 

@@ -27,6 +27,9 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 from tests.conftest import BACKENDS
 from tests.servers import API, server_on
 
+#: The module is long as a whole: its tests share one server per backend (``api_schema``).
+pytestmark = pytest.mark.long
+
 #: Fuzzed cases per operation (the examples and coverage phases add their own, bounded): 30,
 #: not 50, since CI came within a minute of its 15 on a slow night (the test took 82 s).
 MAX_EXAMPLES = 30
