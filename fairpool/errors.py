@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CLI imports this module: asyncio would cost it ~50 ms a start
+    import asyncio
 
 
 class FairpoolError(Exception):

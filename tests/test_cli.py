@@ -561,3 +561,17 @@ def test_a_request_keeps_its_units_unless_given_a_lease(tmp_path: Path) -> None:
     assert status[leased["id"]]["status_reason"].startswith("lease expired")
     bad = fairpool(tmp_path, *create, "--lease-ttl", "0")
     assert bad.code != 0 and "lease" in bad.err
+
+
+def test_the_cli_starts_without_what_only_some_commands_need() -> None:
+    """Every command is a Python start-up: the CLI's entry module loads neither the database
+    layer nor the HTTP models (a remote command needs neither), nor YAML and the config
+    front-end (only ``config`` commands do), nor asyncio."""
+    heavy = ["sqlalchemy", "pydantic", "httpx", "yaml", "asyncio", "fairpool.frontends.config",
+             "fairpool.service"]
+    run = subprocess.run(
+        [sys.executable, "-c", "import json, sys; import fairpool.cli.main; "
+         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert json.loads(run.stdout) == [], run.stdout

@@ -10,7 +10,7 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import parse_pairs, scheduling
-from fairpool.frontends.config import RESERVED_LABEL_KEYS
+from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 
 WORKLOAD_COLUMNS = ("id", "status", "queue", "flavors", "priority", "demand", "reason")
 

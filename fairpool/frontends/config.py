@@ -36,6 +36,7 @@ from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from fairpool.errors import FairpoolError
+from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 
 __all__ = [
     "MAX_NAME",
@@ -104,15 +105,6 @@ class OnViolation(StrEnum):
     REJECT = "reject"
     FORCE_UPDATE = "force_update"
 
-
-#: Label keys the platform stamps on every workload (seed: "Selector keys").
-RESERVED_LABEL_KEYS: Final = (
-    "instance-type",
-    "accelerator-type",
-    "market-type",
-    "cloud-resource-id",
-    "workload-type",
-)
 
 #: Flavor and queue names: at most this many characters (the pools front-end's bound, which
 #: every storage backend can hold).
