@@ -271,14 +271,15 @@ class Client:
 def write_batches(url: str) -> tuple[float, float]:
     """The server's write transactions so far and the operations they held, wherever they
     ran (its /metrics: ``fairpool_write_batches_total``, ``..._batch_operations_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    totals = {"fairpool_write_batches_total": 0.0,
-              "fairpool_write_batch_operations_total": 0.0}
-    for line in text.splitlines():
-        name, _, value = line.partition("{")
-        if name in totals:
-            totals[name] += float(value.rsplit(" ", 1)[1])
+    totals = {"fairpool_write_batches_total": 0.0, "fairpool_write_batch_operations_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
     return totals["fairpool_write_batches_total"], totals["fairpool_write_batch_operations_total"]
 
 
