@@ -61,19 +61,19 @@ class RemoteService:
     ) -> PoolView:
         body = {"capacity": dict(capacity) if capacity is not None else None,
                 "description": description}
-        return PoolView.from_dict(self._call("PATCH", f"/pools/{ref}", json=body))
+        return PoolView.from_dict(self._call("PATCH", f"/pools/{_segment(ref)}", json=body))
 
     def delete_pool(self, ref: str) -> None:
-        self._call("DELETE", f"/pools/{ref}")
+        self._call("DELETE", f"/pools/{_segment(ref)}")
 
     def get_pool(self, ref: str) -> PoolView:
-        return PoolView.from_dict(self._call("GET", f"/pools/{ref}"))
+        return PoolView.from_dict(self._call("GET", f"/pools/{_segment(ref)}"))
 
     def list_pools(self) -> list[PoolView]:
         return [PoolView.from_dict(p) for p in self._call("GET", "/pools")["items"]]
 
     def pool_requests(self, ref: str, view: str = "all") -> list[RequestView]:
-        page = self._call("GET", f"/pools/{ref}/requests", params={"view": view})
+        page = self._call("GET", f"/pools/{_segment(ref)}/requests", params={"view": view})
         return [RequestView.from_dict(r) for r in page["items"]]
 
     # -- policies ----------------------------------------------------------------------
@@ -90,13 +90,14 @@ class RemoteService:
         body = {"component": component, "component_type": component_type,
                 "priority": priority, "reserved": dict(reserved or {}),
                 "limit": dict(limit or {})}
-        return PolicyView.from_dict(self._call("POST", f"/pools/{pool_ref}/policies", json=body))
+        path = f"/pools/{_segment(pool_ref)}/policies"
+        return PolicyView.from_dict(self._call("POST", path, json=body))
 
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
-        self._call("DELETE", f"/pools/{pool_ref}/policies/{component}",
-                   params={"component_type": component_type})
+        path = f"/pools/{_segment(pool_ref)}/policies/{_segment(component)}"
+        self._call("DELETE", path, params={"component_type": component_type})
 
     def list_policies(
         self,
@@ -141,7 +142,7 @@ class RemoteService:
         return RequestView.from_dict(self._call("POST", "/requests", json=body))
 
     def get_request(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("GET", f"/requests/{ref}"))
+        return RequestView.from_dict(self._call("GET", f"/requests/{_segment(ref)}"))
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
@@ -163,14 +164,14 @@ class RemoteService:
         deadline = time.monotonic() + seconds
         while True:
             left = max(0.0, deadline - time.monotonic())
-            request = RequestView.from_dict(
-                self._call("GET", f"/requests/{ref}/wait", params={"timeout": min(left, 60.0)})
-            )
+            request = RequestView.from_dict(self._call(
+                "GET", f"/requests/{_segment(ref)}/wait", params={"timeout": min(left, 60.0)}
+            ))
             if request.status != "queued" or deadline - time.monotonic() <= 0:
                 return request
 
     def heartbeat(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("POST", f"/requests/{ref}/heartbeat"))
+        return RequestView.from_dict(self._call("POST", f"/requests/{_segment(ref)}/heartbeat"))
 
     def release_request(self, ref: str) -> RequestView:
         return self._finish(ref, "release", "released")
@@ -179,7 +180,7 @@ class RemoteService:
         return self._finish(ref, "cancel", "cancelled")
 
     def delete_request(self, ref: str) -> None:
-        response, maybe_done = self._send("DELETE", f"/requests/{ref}")
+        response, maybe_done = self._send("DELETE", f"/requests/{_segment(ref)}")
         if maybe_done and response.status_code == 404:
             return  # the lost attempt deleted it
         _answer(response)
@@ -224,7 +225,7 @@ class RemoteService:
     def _finish(self, ref: str, action: str, status: str) -> RequestView:
         """Release or cancel. When the answer to an earlier attempt was lost, that attempt may
         have done it: the retry's conflict then only means it is done already."""
-        response, maybe_done = self._send("POST", f"/requests/{ref}/{action}")
+        response, maybe_done = self._send("POST", f"/requests/{_segment(ref)}/{action}")
         if maybe_done and response.status_code == 409:
             current = self.get_request(ref)
             if current.status == status:
@@ -310,28 +311,30 @@ class RemoteScheduling:
         return Answer(self._call("POST", "/workloads", json=fields))
 
     def get_workload(self, ref: str) -> Answer:
-        return Answer(self._call("GET", f"/workloads/{ref}"))
+        return Answer(self._call("GET", f"/workloads/{_segment(ref)}"))
 
     def list_workloads(self, status: str | None = None, queue: str | None = None) -> list[Answer]:
         params = {key: value for key, value in (("status", status), ("queue", queue)) if value}
         return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
 
     def release_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{ref}/release"))
+        return Answer(self._call("POST", f"/workloads/{_segment(ref)}/release"))
 
     def cancel_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{ref}/cancel"))
+        return Answer(self._call("POST", f"/workloads/{_segment(ref)}/cancel"))
 
     def list_queues(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/queues")["items"]]
 
     def describe_queue(self, name: str) -> Answer:
-        return Answer(self._call("GET", f"/queues/{name}"))
+        return Answer(self._call("GET", f"/queues/{_segment(name)}"))
 
 
 def _segment(name: str) -> str:
-    """A name as one path segment (``?``, ``#`` and ``%`` in it reach the server as such)."""
-    return quote(name, safe="")
+    """A name as one path segment: ``?``, ``#``, ``%`` in it reach the server as such, and so
+    does a name of dots, which HTTP clients would otherwise resolve as ``.`` and ``..``."""
+    segment = quote(name, safe="")
+    return segment.replace(".", "%2E") if not segment.strip(".") else segment
 
 
 class RemoteTrees:

@@ -361,7 +361,7 @@ class Service:
     def create_pool(
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
-        frontend.validate_name("name", name)
+        frontend.validate_addressed_name("name", name)
         amounts = frontend.validate_capacity(capacity)
 
         def change(tx: _Tx) -> Answer[PoolView]:
@@ -444,7 +444,7 @@ class Service:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         kind = _component_type(component_type)
-        frontend.validate_name("component", component)
+        frontend.validate_addressed_name("component", component)
 
         def change(tx: _Tx) -> Answer[PolicyView]:
             conn = tx.conn
@@ -577,7 +577,7 @@ class Service:
         the id of the API token it was submitted with (its owner). ``idempotency_key``: when a
         request was already created with it, that request is answered and nothing is made."""
         kind = _component_type(component_type)
-        frontend.validate_name("component", component)
+        frontend.validate_addressed_name("component", component)
         amounts = frontend.validate_demand(demand or {})
         frontend.validate_int("max_retries", max_retries, 0, MAX_RETRIES)
         if lease_ttl is not None:
@@ -776,7 +776,7 @@ class Service:
             raise InvalidInput(
                 "role", role, f"must be one of {', '.join(r.value for r in TokenRole)}"
             ) from None
-        allowed = sorted({frontend.validate_name("component", c) for c in components})
+        allowed = sorted({frontend.validate_addressed_name("component", c) for c in components})
         if kind is TokenRole.SUBMITTER and not allowed:
             raise InvalidInput.from_message(
                 "component",

@@ -403,6 +403,8 @@ INVALID: list[tuple[str, str, str, str]] = [
     # -- resource_queues
     ("queue name missing", "resource_queues: [{preemption: {}}]\n", "resource_queues[0].name", "is required"),
     ("queue name empty", "resource_queues: [{name: ''}]\n", "resource_queues[0].name", "must not be empty"),
+    ("queue name with a slash", "resource_queues: [{name: team/q}]\n", "resource_queues[0].name",
+     'must not contain "/": the API addresses it in URL paths'),
     ("queue names unique", "resource_queues: [{name: q}, {name: q}]\n", "resource_queues[1].name",
      "duplicate queue name 'q' (first defined at resource_queues[0])"),
     ("queue unknown key (cohort_name)", "resource_queues: [{name: q, cohort_name: c}]\n", "resource_queues[0].cohort_name",

@@ -579,6 +579,11 @@ def test_the_decorator_runs_again_on_the_retry_attempt(server: ApiServer, client
 
 # -- every SDK operation: the same answers embedded and remote ------------------------------------
 
+#: Pool and component names that a URL would read otherwise, unescaped: as a query, a
+#: fragment, an escape, the current or the parent directory.
+ODD_NAMES = ("sdk?old", "sdk#2", "sdk%20", "100%", "..", ".")
+
+
 def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     """One sequence through every ``Client`` operation and error class; each answer (or
     error, by class and message) as JSON data, normalized."""
@@ -621,6 +626,20 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
     step("get_pool", lambda: client.get_pool("sdk"))
     step("list_pools", client.list_pools)
+    # Names that read otherwise in a URL address their own pool and policy, never "sdk"'s.
+    for odd in ODD_NAMES:
+        step(f"create_pool {odd}", lambda odd=odd: client.create_pool(odd, {"gpu": 1}))
+        step(f"attach_policy {odd}", lambda odd=odd: client.attach_policy(odd, odd))
+        step(f"update_pool {odd}", lambda odd=odd: client.update_pool(odd, {"gpu": 2}))
+        step(f"pool_requests {odd}", lambda odd=odd: client.pool_requests(odd))
+    step("attach_policy sdk-low?x", lambda: client.attach_policy("sdk", "sdk-low?x"))
+    step("detach_policy sdk-low?x", lambda: client.detach_policy("sdk", "sdk-low?x"))
+    for odd in ODD_NAMES:
+        step(f"detach_policy {odd}", lambda odd=odd: client.detach_policy(odd, odd))
+        step(f"delete_pool {odd}", lambda odd=odd: client.delete_pool(odd))
+    step("get_pool after the odd names", lambda: client.get_pool("sdk"))
+    step("list_policies after the odd names", lambda: client.list_policies(pool="sdk"))
+    step("create_pool with a slash", lambda: client.create_pool("sdk/2", {"gpu": 1}))
     step("heartbeat", lambda: client.heartbeat(held.id))
     step("wait, still queued", lambda: client.wait(queued.id, timeout=0))
     step("release", lambda: client.release(held.id))
@@ -686,6 +705,16 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert str(answers["list_components bad type"]).startswith("InvalidInput: component_type")
     assert str(answers["list_policies empty type"]).startswith("InvalidInput: component_type")
     assert [p["name"] for p in answers["list_pools"]] == ["sdk"]
+    for odd in ODD_NAMES:
+        assert answers[f"update_pool {odd}"]["name"] == odd
+        assert answers[f"update_pool {odd}"]["capacity"] == {"gpu": 2}
+        assert answers[f"delete_pool {odd}"] is None
+    assert answers["get_pool after the odd names"]["capacity"] == {"gpu": 3, "step_run": 8}
+    assert [p["component"] for p in answers["list_policies after the odd names"]] == [
+        "sdk-high", "sdk-low"]
+    assert str(answers["create_pool with a slash"]) == (
+        'InvalidInput: name: must not contain "/": the API addresses it in URL paths'
+        " (got 'sdk/2')")
     assert answers["heartbeat"]["status"] == "allocated"
     assert answers["wait, still queued"]["status"] == "queued"
     assert answers["release"]["status"] == "released"

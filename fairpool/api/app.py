@@ -48,7 +48,7 @@ from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
 from fairpool.errors import Later, NotFound, WouldWait
-from fairpool.frontends.pools import MAX_NAME
+from fairpool.frontends.names import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import trees as tree_store

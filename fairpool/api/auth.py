@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from fairpool.api.models import TEXT_PATTERN
-from fairpool.frontends.pools import MAX_NAME
+from fairpool.frontends.names import MAX_NAME
 from fairpool.store import repo
 from fairpool.store.records import ApiToken, TokenRole
 from fairpool.views import PoolView, RequestView

@@ -21,7 +21,8 @@ from pydantic import (
     StringConstraints,
 )
 
-from fairpool.frontends.pools import MAX_AMOUNT, MAX_NAME, MAX_PRIORITY
+from fairpool.frontends.names import MAX_NAME
+from fairpool.frontends.pools import MAX_AMOUNT, MAX_PRIORITY
 from fairpool.service import MAX_LEASE_TTL, MAX_RETRIES
 
 #: Request bodies larger than this are refused with 413.

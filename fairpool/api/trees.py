@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
-from fairpool.frontends.pools import MAX_NAME
+from fairpool.frontends.names import MAX_NAME
 from fairpool.trees_service import TreesService
 
 #: Characters of a whole-tree YAML document (``pool-tree apply``), and the body limit of the

@@ -37,6 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from fairpool.errors import FairpoolError
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON
 
 __all__ = [
     "MAX_NAME",
@@ -106,9 +107,6 @@ class OnViolation(StrEnum):
     FORCE_UPDATE = "force_update"
 
 
-#: Flavor and queue names: at most this many characters (the pools front-end's bound, which
-#: every storage backend can hold).
-MAX_NAME: Final = 255
 #: ``nominal_quota`` upper bound: 10**12 units, so that milli-units fit a signed 64-bit integer.
 MAX_QUOTA: Final = 10**12
 #: Priorities are 32-bit signed integers in Kueue (``WorkloadPriorityClass.value``).
@@ -789,6 +787,9 @@ class _Checker:
     ) -> str | None:
         name = self.text(value, path, max_length=MAX_NAME)
         if name is None:
+            return None
+        if "/" in name:
+            self.error(path, f"must not contain {SLASH_REASON}")
             return None
         if name in first:
             self.error(

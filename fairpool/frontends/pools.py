@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON
 from fairpool.store.records import Policy, Pool
 
 #: Keys ZenML treats as unbounded when a pool has no row for them; every other absent key
@@ -60,9 +61,8 @@ def placements(
 
 # -- validation --------------------------------------------------------------------------
 
-#: Bounds every backend can store (PostgreSQL columns are VARCHAR(255), INTEGER, BIGINT), so
+#: Bounds every backend can store (PostgreSQL columns are INTEGER, BIGINT; names: MAX_NAME), so
 #: SQLite and PostgreSQL refuse the same input with the same message.
-MAX_NAME = 255
 MAX_AMOUNT = 10**12
 MAX_PRIORITY = 1_000_000
 
@@ -76,6 +76,14 @@ def validate_name(field: str, value: object) -> str:
     if "\x00" in value:
         raise InvalidInput(field, value, "must not contain NUL characters")
     return value
+
+
+def validate_addressed_name(field: str, value: object) -> str:
+    """A pool's or component's name: ``validate_name``'s, without "/" (``SLASH_REASON``)."""
+    name = validate_name(field, value)
+    if "/" in name:
+        raise InvalidInput(field, value, f"must not contain {SLASH_REASON}")
+    return name
 
 
 def validate_int(field: str, value: object, low: int, high: int) -> int:
