@@ -107,12 +107,25 @@ def until(condition: Callable[[], bool], seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
+#: The commands that wait for units, as they would wait for a GPU held by "high".
+WAITING = {
+    "run": ("run", "--component", "low", "--gpu-count", "1", "--", "true"),
+    "create --wait": ("resource-request", "create", "--component", "low", "--gpu-count", "1",
+                      "--wait"),
+}
+
+
+@pytest.mark.parametrize("command", WAITING)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_waiting_cancels_the_request(tmp_path: Path, signum: int) -> None:
-    """Else it would stay queued, and be granted units nobody uses."""
+def test_a_signal_while_waiting_cancels_the_request(
+    tmp_path: Path, signum: int, command: str
+) -> None:
+    """Else it would stay queued, and be granted units nobody uses (without a lease, for
+    ``create --wait``: for ever)."""
     setup(tmp_path)
     fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
-    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--", "true")
+    runner = subprocess.Popen([*CLI, *WAITING[command]], env=cli_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     until(lambda: ("low", "queued", 1) in statuses(tmp_path))
     time.sleep(0.3)  # in its wait
     runner.send_signal(signum)

@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import parse_pairs, service
-from fairpool.views import COMPONENT_TYPES
+from fairpool.errors import Conflict
+from fairpool.views import COMPONENT_TYPES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
@@ -167,7 +171,8 @@ def request_fields(
               help="Seconds the allocation stays held without a heartbeat (default: until "
               "released).")
 @click.option("--wait", is_flag=True, default=False,
-              help="Reconcile and wait until the request is no longer queued.")
+              help="Reconcile and wait until the request is no longer queued; interrupted "
+              "(Ctrl-C, SIGTERM), cancel it.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None,
               help="With --wait: give up after this many seconds (exit code 2).")
 @o.output_option
@@ -181,8 +186,8 @@ def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str
         created = service().create_request(**request, lease_ttl=lease_ttl)
     data = created.as_dict()
     declare_status(data)
-    if wait and data["status"] == "queued":
-        data = wait_for(data["id"], timeout)
+    if wait:
+        data = wait_or_cancel(created, timeout)
     print_request(data, output)
     if wait:
         finish_wait(data)
@@ -207,6 +212,34 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
         if deadline is not None and deadline - time.monotonic() <= 0:
             return data
         left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+
+
+def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any]:
+    """``request`` once it no longer waits (``wait_for``), or still queued once ``timeout``
+    passed. Interrupted meanwhile (SIGINT, SIGTERM), the request is cancelled, so that units
+    nobody will use are never granted to it, and the command exits with 128 + the signal's
+    number, as a shell reports a command the signal ended."""
+    received: list[int] = []
+
+    def interrupt(signum: int, _: FrameType | None) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        data = request.as_dict()
+        return wait_for(request.id, timeout) if data["status"] == "queued" else data
+    except KeyboardInterrupt:
+        pass
+    finally:  # a second signal, while cancelling, ends us the usual way
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    try:
+        service().cancel_request(request.id)  # allocated meanwhile: that releases it
+    except Conflict:
+        pass  # it ended meanwhile
+    o.declare(f"Interrupted: resource request `{request.id}` cancelled")
+    sys.exit(128 + (received[0] if received else signal.SIGINT))
 
 
 def finish_wait(data: dict[str, Any]) -> None:

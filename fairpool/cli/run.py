@@ -20,7 +20,7 @@ from fairpool.cli.resource_request import (
     reason_of,
     request_fields,
     request_options,
-    wait_for,
+    wait_or_cancel,
 )
 from fairpool.errors import Conflict, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
@@ -52,7 +52,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     svc = service()
     request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
     while True:
-        data = _granted(request, timeout)
+        data = wait_or_cancel(request, timeout)
         if data["status"] == "queued":
             svc.cancel_request(request.id)
             o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
@@ -77,33 +77,6 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
             sys.exit(code if code != 0 else 1)
         request = svc.get_request(lost.retried_as_id)
         o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
-
-
-def _granted(request: RequestView, timeout: float | None) -> dict[str, Any]:
-    """The request once it no longer waits (or ``timeout`` passed). Interrupted meanwhile
-    (SIGINT, SIGTERM), the request is cancelled, so that units nobody will use are never
-    granted to it, and ``run`` exits with 128 + the signal's number."""
-    received: list[int] = []
-
-    def interrupt(signum: int, _: FrameType | None) -> None:
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        data = request.as_dict()
-        return wait_for(request.id, timeout) if data["status"] == "queued" else data
-    except KeyboardInterrupt:
-        pass
-    finally:  # a second signal, while cancelling, ends us the usual way
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    try:
-        service().cancel_request(request.id)  # allocated meanwhile: that releases it
-    except Conflict:
-        pass  # it ended meanwhile
-    o.declare(f"Interrupted: resource request `{request.id}` cancelled")
-    sys.exit(128 + (received[0] if received else signal.SIGINT))
 
 
 def _run_once(
