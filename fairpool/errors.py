@@ -9,6 +9,12 @@ if TYPE_CHECKING:  # the CLI imports this module: asyncio would cost it ~50 ms a
     import asyncio
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: its whitespace, newlines included, as single spaces (a log line,
+    an error line, an HTTP error's detail)."""
+    return " ".join(str(text).split())
+
+
 class FairpoolError(Exception):
     """Base class: the message is the whole line shown to the user."""
 
@@ -57,8 +63,8 @@ class Conflict(FairpoolError):
 
 
 class Unreachable(FairpoolError):
-    """The server could not be reached, after retries: perhaps a passing outage, unlike the
-    errors above, which are the server's answer."""
+    """The server could not be reached, after retries, or the database could not be opened:
+    perhaps a passing outage, unlike the errors above, which are the server's answer."""
 
 
 class WouldWait(Exception):

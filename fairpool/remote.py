@@ -37,7 +37,7 @@ class RemoteService:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Reads may long-poll for up to a minute.
         self.http = httpx.Client(
-            base_url=url.rstrip("/") + "/api/v1",
+            base_url=_server_url(url) + "/api/v1",
             headers=headers,
             timeout=httpx.Timeout(10.0, read=75.0),
         )
@@ -328,6 +328,18 @@ class RemoteScheduling:
 
     def describe_queue(self, name: str) -> Answer:
         return Answer(self._call("GET", f"/queues/{_segment(name)}"))
+
+
+def _server_url(url: str) -> str:
+    """``url``, a server's, checked at once: a typo is not an outage to retry."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        raise InvalidInput("url", url, f"is not a URL: {error}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
+                           "http://127.0.0.1:8600")
+    return url.rstrip("/")
 
 
 def _segment(name: str) -> str:

@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import PostgresServer
+from tests.servers import free_port
+
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
 POOL = "training-gpus"
@@ -362,6 +365,32 @@ def test_bad_input_writes_nothing(tour: Tour, bad_run: BadRun) -> None:
     assert sorted(r["id"] for r in requests.ok().json["items"]) == sorted(
         r["id"] for r in (tour.a, tour.b, tour.c, tour.d)
     )
+
+
+def test_a_database_that_cannot_be_opened_is_one_error_line(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """Not there, not listening, not a database: the server and the commands that open a
+    database say so in one line, the password hidden."""
+    missing = postgres.url("fairpool_no_such_database").replace("postgres@", "postgres:pw@")
+    not_a_database = tmp_path / "notes.txt"
+    not_a_database.write_text("not a database")
+    server, tokens, module = (
+        fairpool(tmp_path, "server", "--port", str(free_port()), "--database-url", missing),
+        fairpool(tmp_path, "token", "list", "--database-url", f"sqlite:///{not_a_database}"),
+        subprocess.run(
+            [sys.executable, "-m", "fairpool.api", "--port", str(free_port()), "--database-url",
+             "postgresql+psycopg://postgres@127.0.0.1:1/x"],
+            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, check=False,
+        ),
+    )
+    assert_one_error(server, "cannot open the database", "postgres:***@",
+                     'database "fairpool_no_such_database" does not exist')
+    assert_one_error(tokens, f"cannot open the database sqlite:///{not_a_database}: "
+                             "file is not a database")
+    assert module.returncode == 1 and module.stdout == "", module
+    assert module.stderr.startswith("Error: cannot open the database "), module.stderr
+    assert len(module.stderr.strip().splitlines()) == 1, module.stderr
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:

@@ -4,6 +4,7 @@ signals (while waiting and while running), SIGKILL after the grace, an unreachab
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -133,6 +134,46 @@ def test_a_signal_while_waiting_cancels_the_request(
     assert runner.returncode == 128 + signum, err
     assert "Interrupted: resource request" in err and "cancelled" in err
     assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+
+
+def test_a_command_that_cannot_start_exits_as_a_shell_would(tmp_path: Path) -> None:
+    """127 not found, 126 not runnable; its units released at once."""
+    setup(tmp_path)
+    not_runnable = tmp_path / "script.sh"
+    not_runnable.write_text("echo hi\n")
+    for command, code in ((str(tmp_path / "nowhere"), 127), (str(not_runnable), 126)):
+        result = fairpool(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--", command)
+        assert result.code == code, result
+        assert result.err_lines[-1].startswith(f"Error: cannot run {command!r}: "), result
+    assert statuses(tmp_path) == [("low", "released", 1), ("low", "released", 1)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
+    """kill -9 of ``fairpool run`` (no handler runs): its command goes too, rather than run
+    on alone on units its lease will give to another command."""
+    setup(tmp_path)
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--",
+                       sys.executable, "-c", script)
+    until(lambda: pid_file.exists() and pid_file.read_text() != "")
+    command = int(pid_file.read_text())
+    runner.kill()
+    runner.wait(timeout=30)
+    for pipe in (runner.stdout, runner.stderr):  # the command may hold their other ends
+        assert pipe is not None
+        pipe.close()
+
+    def gone() -> bool:
+        try:
+            os.kill(command, 0)
+        except ProcessLookupError:
+            return True
+        # Reaped by init soon after it dies; until then, a zombie.
+        return Path(f"/proc/{command}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+    until(gone)
 
 
 def test_signals_reach_the_command_and_its_exit_code_comes_back(tmp_path: Path) -> None:

@@ -466,6 +466,17 @@ def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
     ]
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:8600", "ftp://127.0.0.1:8600", "http://[::1",
+                                 "http://"])
+def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
+    """Not retried as an outage would be."""
+    listing = fairpool_cli(url, "resource-pool", "list")
+    out, err = listing.communicate(timeout=60)
+    assert listing.returncode == 1 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("Error: url: ") and line.endswith(f"(got {url!r})"), line
+
+
 # -- the SDK with Client(url=...) --------------------------------------------------------------
 
 @pytest.fixture

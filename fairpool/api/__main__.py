@@ -8,6 +8,7 @@ import sys
 
 from fairpool.api.auth import AuthSetupError, auth_enabled
 from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
+from fairpool.errors import FairpoolError, one_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         auth_enabled(args.host, args.auth, args.insecure)
     except AuthSetupError as error:
         parser.error(str(error))
-    serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level,
-          auth=args.auth, insecure=args.insecure)
+    try:
+        serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level,
+              auth=args.auth, insecure=args.insecure)
+    except FairpoolError as error:  # the database cannot be opened: one line, as the CLI's
+        print(f"Error: {one_line(str(error))}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
-from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers, one_line
+from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
     MAX_BODY_BYTES,
@@ -47,7 +47,7 @@ from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
-from fairpool.errors import Later, NotFound, WouldWait
+from fairpool.errors import Later, NotFound, WouldWait, one_line
 from fairpool.frontends.names import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service

@@ -21,15 +21,18 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fairpool.errors import AmbiguousReference, Conflict, FairpoolError, InvalidInput, NotFound
+from fairpool.errors import (
+    AmbiguousReference,
+    Conflict,
+    FairpoolError,
+    InvalidInput,
+    NotFound,
+    one_line,
+)
 
 log = logging.getLogger("fairpool.api")
 
 _MAX_SHOWN = 80
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def error_response(

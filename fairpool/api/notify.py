@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from fairpool.errors import one_line
 from fairpool.loops import call_on
 
 if TYPE_CHECKING:
@@ -337,4 +338,4 @@ def _close_quietly(conn: psycopg.Connection[tuple[object, ...]] | None) -> None:
 
 
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300] or type(error).__name__
+    return one_line(str(error))[:300] or type(error).__name__

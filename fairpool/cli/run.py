@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -94,10 +96,11 @@ def _run_once(
         "FAIRPOOL_RESOURCES": json.dumps(request.resources, sort_keys=True),
     }
     try:
-        child = subprocess.Popen(command, env=env)
+        child = subprocess.Popen(command, env=env, preexec_fn=_dies_with(os.getpid()))
     except OSError as error:
         svc.release_request(request.id)
-        raise click.ClickException(f"cannot run {command[0]!r}: {error}") from None
+        failure = _NotFound if isinstance(error, FileNotFoundError) else _NotRunnable
+        raise failure(f"cannot run {command[0]!r}: {error}") from None
 
     def forward(signum: int, _: FrameType | None) -> None:
         child.send_signal(signum)
@@ -129,6 +132,35 @@ def _run_once(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _NotFound(click.ClickException):
+    exit_code = 127  # as a shell exits when the command is not found
+
+
+class _NotRunnable(click.ClickException):
+    exit_code = 126  # found, but not runnable
+
+
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """Linux: what makes the command, in its process before it starts, die by SIGKILL when
+    ``fairpool run`` dies, even by SIGKILL itself, which no handler sees: its lease then
+    runs out and its units go to another command, so it must not run on alone. Elsewhere
+    nothing (it may outlive us)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # it died before that: nobody would send the signal
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_parent
+
+
+#: prctl(2): the signal this process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 def _stop(child: subprocess.Popen[bytes], grace: float) -> int:

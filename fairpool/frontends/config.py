@@ -35,7 +35,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from fairpool.errors import FairpoolError
+from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 from fairpool.frontends.names import MAX_NAME, SLASH_REASON
 
@@ -513,7 +513,7 @@ def _parse(text: str) -> tuple[Any, _ConfigLoader]:
     except yaml.MarkedYAMLError as error:
         raise ConfigError([_yaml_issue(error)]) from error
     except yaml.YAMLError as error:
-        raise ConfigError([ConfigIssue(ROOT, f"invalid YAML: {_one_line(str(error))}")]) from error
+        raise ConfigError([ConfigIssue(ROOT, f"invalid YAML: {one_line(str(error))}")]) from error
     except RecursionError as error:
         raise ConfigError([ConfigIssue(ROOT, "invalid YAML: nested too deeply")]) from error
     finally:
@@ -524,7 +524,7 @@ def _parse(text: str) -> tuple[Any, _ConfigLoader]:
 def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
     mark = error.problem_mark or error.context_mark
     words = [part for part in (error.context, error.problem) if part]
-    message = "invalid YAML: " + _one_line(", ".join(words) or "syntax error")
+    message = "invalid YAML: " + one_line(", ".join(words) or "syntax error")
     if mark is None:
         return ConfigIssue(ROOT, message)
     return ConfigIssue(
@@ -1351,10 +1351,6 @@ def _present(values: Iterable[_T | None]) -> Iterable[_T]:
 
 def _short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _int_text(value: int) -> str:

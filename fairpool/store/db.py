@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 from sqlalchemy.engine import make_url
 
-from fairpool.errors import WouldWait
+from fairpool.errors import Unreachable, WouldWait
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
@@ -234,6 +234,10 @@ class Database:
         db = cls(engine)
         try:
             db._upgrade()
+        except DBAPIError as error:  # not there, unreachable, not a database: one line
+            db.close()
+            where = parsed.render_as_string(hide_password=True)
+            raise Unreachable(f"cannot open the database {where}: {error.orig}") from None
         except BaseException:
             db.close()
             raise
