@@ -168,7 +168,7 @@ def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> No
         assert ok(client.get("/pools", headers=headers))["pagination"]["total"] >= 1
         revoked = fairpool(world.store, "token", "revoke", extra["id"][:8])
         assert revoked.returncode == 0 and "Revoked submitter token" in revoked.stderr
-        assert_401(client.get("/pools", headers=headers), "was revoked")
+        assert_401(client.get("/pools", headers=headers), f"API token {secret[:11]}… was revoked")
     listed = fairpool(world.store, "token", "list", "-o", "json")
     rows = {t["id"]: t for t in json.loads(listed.stdout)["items"]}
     assert rows[extra["id"]]["status"] == "revoked" and rows[extra["id"]]["revoked"]

@@ -162,7 +162,7 @@ class Auth:
         if token is None:
             raise _unauthorized("invalid API token", invalid=True)
         if token.revoked_at is not None:
-            raise _unauthorized(f"API token {label(token)} was revoked", invalid=True)
+            raise _unauthorized(f"API {label(token)} was revoked", invalid=True)
         return token
 
     def resolve_own_request(self, token: ApiToken, ref: str) -> str:
