@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
-from fairpool.errors import Conflict, FairpoolError
+from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
 from fairpool.settings import ResourceSettings
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
@@ -395,6 +395,8 @@ class _Acquire:
                 request = self._client.wait(request.id, self._timeout)
             if request.status == "queued":
                 raise WaitTimeout(request)
+        except Unreachable:  # nothing to cancel it with; the error says what to do
+            raise
         except BaseException:
             if self._client.get(request.id).status == "queued":
                 self._client.cancel(request.id)

@@ -7,6 +7,7 @@ the SDK work identically embedded or remote. Errors come back as the same except
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,15 @@ from fairpool.views import (
 #: times in all, backing off.
 _ATTEMPTS = 6
 
+#: How long a wait rides out a server it cannot reach (a restart, an upgrade, its database's
+#: failover) before it gives up: a queued request waits on in the database meanwhile.
+WAIT_OUTAGE = 120.0
+
+#: The most queued requests a client remembers for that.
+_HEARD = 1000
+
+log = logging.getLogger(__name__)
+
 
 class RemoteService:
     def __init__(self, url: str, token: str | None = None) -> None:
@@ -41,6 +51,11 @@ class RemoteService:
             headers=headers,
             timeout=httpx.Timeout(10.0, read=75.0),
         )
+        #: The queued requests by id, as last heard of (created, got, waited for): a wait
+        #: answers that again while the server cannot be reached (``_unheard``), since when
+        #: it cannot.
+        self._heard: dict[str, RequestView] = {}
+        self._unreachable_since: float | None = None
 
     def close(self) -> None:
         self.http.close()
@@ -139,10 +154,10 @@ class RemoteService:
                 "resources": dict(demand or {}), "preemptible": preemptible,
                 "max_retries": max_retries, "labels": dict(labels or {}),
                 "lease_ttl": lease_ttl, "idempotency_key": new_id()}
-        return RequestView.from_dict(self._call("POST", "/requests", json=body))
+        return self._hear(RequestView.from_dict(self._call("POST", "/requests", json=body)))
 
     def get_request(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("GET", f"/requests/{_segment(ref)}"))
+        return self._hear(RequestView.from_dict(self._call("GET", f"/requests/{_segment(ref)}")))
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
@@ -160,15 +175,48 @@ class RemoteService:
                 return views
 
     def wait(self, ref: str, seconds: float) -> RequestView:
-        """Long-poll: the server answers as soon as the request leaves the queue."""
+        """Long-poll: the server answers as soon as the request leaves the queue. While the
+        server cannot be reached, for up to ``WAIT_OUTAGE`` seconds, what it last answered
+        (queued), as soon as the retries fail; then ``Unreachable``."""
         deadline = time.monotonic() + seconds
         while True:
             left = max(0.0, deadline - time.monotonic())
-            request = RequestView.from_dict(self._call(
-                "GET", f"/requests/{_segment(ref)}/wait", params={"timeout": min(left, 60.0)}
-            ))
+            try:
+                request = RequestView.from_dict(self._call(
+                    "GET", f"/requests/{_segment(ref)}/wait", params={"timeout": min(left, 60.0)}
+                ))
+            except Unreachable as error:
+                return self._unheard(ref, error)
+            if self._unreachable_since is not None:
+                log.warning("The fairpool server answers again")
+                self._unreachable_since = None
+            self._hear(request)
             if request.status != "queued" or deadline - time.monotonic() <= 0:
                 return request
+
+    def _hear(self, request: RequestView) -> RequestView:
+        if request.status != "queued":
+            self._heard.pop(request.id, None)
+            return request
+        self._heard[request.id] = request
+        if len(self._heard) > _HEARD:  # the oldest, most likely decided since unheard of
+            del self._heard[next(iter(self._heard))]
+        return request
+
+    def _unheard(self, ref: str, error: Unreachable) -> RequestView:
+        now = time.monotonic()
+        since = now if self._unreachable_since is None else self._unreachable_since
+        last = next((r for id_, r in self._heard.items() if id_.startswith(ref.lower())), None)
+        if last is None or now - since >= WAIT_OUTAGE:
+            self._unreachable_since = None
+            raise Unreachable(
+                f"{error}; resource request `{ref}` may still be queued there (once it "
+                f"answers: fairpool resource-request cancel {ref})"
+            ) from None
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            log.warning("%s; still waiting, for up to %d s", error, WAIT_OUTAGE)
+        return last
 
     def heartbeat(self, ref: str) -> RequestView:
         return RequestView.from_dict(self._call("POST", f"/requests/{_segment(ref)}/heartbeat"))

@@ -32,7 +32,7 @@ from fairpool import Client, ResourceSettings
 from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
-from fairpool.errors import Conflict, FairpoolError, NotFound
+from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.remote import RemoteService
 from tests.conftest import BACKENDS, Backend
 from tests.servers import API, ApiServer, clean_env, free_port, running, server_on, setup_pool
@@ -475,6 +475,49 @@ def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
     assert listing.returncode == 1 and out == ""
     [line] = err.strip().splitlines()
     assert line.startswith("Error: url: ") and line.endswith(f"(got {url!r})"), line
+
+
+def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9, down for longer than one call's retries, up again on the same store: the
+    waiting ``create --wait`` and SDK ``wait`` go on, and get the units once released. Down
+    for longer than ``WAIT_OUTAGE``: ``Unreachable``, naming the request left queued."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "store")
+    with running(server), Client(url=server.url) as client:
+        setup_pool(server.url, "outage-gpus", ["outage-orch"], {"gpu": 1})
+        holder = client.submit({"gpu": 1}, component="outage-orch", lease_ttl=None)
+        waiting = fairpool_cli(server.url, "resource-request", "create", "--component",
+                               "outage-orch", "--gpu-count", "1", "--wait", "-o", "json")
+        deadline = time.monotonic() + 30
+        while not client.list_requests("queued", "outage-orch"):  # first in the queue
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        queued = client.submit({"gpu": 1}, component="outage-orch", lease_ttl=None)
+        sdk: list[Any] = []
+        sdk_waiter = threading.Thread(target=lambda: sdk.append(client.wait(queued.id, 60)))
+        sdk_waiter.start()
+        time.sleep(0.5)  # both in their long-polls
+        server.kill()
+        time.sleep(8)  # a call's retries give up after ~6 s
+        server.start()
+        client.release(holder.id)
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert json.loads(out)["status"] == "allocated"
+        assert "still waiting, for up to 120 s" in err and "answers again" in err, err
+        client.release(json.loads(out)["id"])
+        sdk_waiter.join(timeout=60)
+        assert [r.status for r in sdk] == ["allocated"]
+
+        left = client.submit({"gpu": 1}, component="outage-orch", lease_ttl=None)
+        client.wait(left.id, 0)
+        monkeypatch.setattr("fairpool.remote.WAIT_OUTAGE", 1.0)
+        monkeypatch.setattr("fairpool.remote._ATTEMPTS", 2)
+        server.kill()
+        with pytest.raises(Unreachable, match=f"resource request `{left.id}` may still be "
+                           f"queued there .*fairpool resource-request cancel {left.id}"):
+            client.wait(left.id, 60)
 
 
 # -- the SDK with Client(url=...) --------------------------------------------------------------
