@@ -82,6 +82,24 @@ AT_ONCE_QUEUE_LIMIT = 200
 GATHER_TURNS = 3
 
 
+def _same_as_keyed(made: Request, key: str, asked: Mapping[str, object]) -> None:
+    """A create repeating ``key`` (its answer was lost, say) must ask what the one that made
+    ``made`` asked: another ask under the same key is a client's mistake, refused rather
+    than answered with a request it did not ask for."""
+    had = {
+        "component": made.component_id, "resources": made.demand,
+        "preemptible": made.preemptible, "max_retries": made.max_retries,
+        "labels": made.labels, "lease_ttl": made.lease_ttl,
+        "token": made.created_by_token_id,
+    }
+    differs = [field for field, value in asked.items() if had[field] != value]
+    if differs:
+        raise Conflict(
+            f"idempotency_key {key!r} already made request `{made.id}`, which asked otherwise "
+            f"({', '.join(differs)}): a create repeated with a key must ask the same"
+        )
+
+
 def _fits_the_loop(state: _State | None) -> bool:
     """Whether a batch starting from ``state`` may run on an event loop's thread."""
     return state is not None and len(state.queued) <= AT_ONCE_QUEUE_LIMIT
@@ -597,6 +615,14 @@ class Service:
                 self._write_new(tx)  # an earlier create in this batch may have used the key
                 made = repo.find_request_by_key(conn, idempotency_key)
                 if made is not None:
+                    named = tx.live().component_named(component, kind)
+                    asked = {
+                        "component": named.id if named is not None else None,
+                        "resources": amounts, "preemptible": preemptible,
+                        "max_retries": max_retries, "labels": dict(labels or {}),
+                        "lease_ttl": lease_ttl, "token": created_by,
+                    }
+                    _same_as_keyed(repo.get_request(conn, made), idempotency_key, asked)
                     return lambda tx, _: self._request_view(tx.conn, made)
             state = tx.live()
             found = state.component_named(component, kind)

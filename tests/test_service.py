@@ -365,4 +365,9 @@ def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Servi
     assert again.id == first.id
     other = svc.create_request("orch", demand=demand(gpu_count=1), idempotency_key="k-2")
     assert other.id != first.id
+    # The same key for another ask: the client's mistake, refused, nothing made.
+    with pytest.raises(Conflict, match=rf"idempotency_key 'k-1' already made request "
+                       rf"`{first.id}`, which asked otherwise \(resources, lease_ttl\)"):
+        svc.create_request("orch", demand=demand(gpu_count=2), idempotency_key="k-1",
+                           lease_ttl=30)
     assert len(svc.list_requests()) == 2
