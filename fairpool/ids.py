@@ -7,7 +7,7 @@ Time first, so that the ids made in one moment sort together: every index keyed 
 request's primary key, its resources', its allocation's, the event log's ``request_id``)
 takes them on one page, where random ids (UUID 4) put each on a page of its own, and a
 SQLite commit writes each such page to the WAL: ~12 pages per admission on a loaded server
-against ~7 (docs/service.md#throughput). Only 32 wrapping bits of it, so that the first
+against ~7 (docs/performance.md). Only 32 wrapping bits of it, so that the first
 characters still change quickly, as short prefixes need (``fairpool resource-request describe
 3f2a``, messages naming ids by 8 characters): within the 71.6 minutes, ids made 65 ms apart
 differ in their first 4 characters, 256 µs apart in their first 6, and in different

@@ -126,7 +126,7 @@ class Api:
         it runs on the loop when it need not wait, on PostgreSQL the loop awaits its round
         trip; else on a thread. A worker thread per write, waiting in the queue, cost more
         than such a write itself: its hop and its contention for the GIL
-        (docs/service.md#throughput)."""
+        (docs/performance.md)."""
         try:
             with self.service.later():
                 return operation(*args, **kwargs)  # only if it wrote nothing
@@ -179,7 +179,7 @@ class Api:
         its first statement, which tells that a request still waits (what most long-polls
         find), and a worker thread reads the rest (``Service.read_decided``, without that
         statement again): a hop to a thread per long-poll cost the contended load a third of
-        its rate (docs/service.md#throughput)."""
+        its rate (docs/performance.md)."""
         if self.service.db.embedded:
             try:
                 return self.service.decided_request(ref, wait=False)
@@ -310,7 +310,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     ) -> Callable[[DecoratedCallable], DecoratedCallable]:
         """A route of the app's own under ``PREFIX``. Not an ``APIRouter``'s: FastAPI matches
         an included router's routes through a layer of its own per route, ~5 % of the CPU of
-        a create + release (docs/service.md#throughput)."""
+        a create + release (docs/performance.md)."""
         return app.api_route(PREFIX + path, methods=[method], dependencies=dependencies,
                              **options)
 

@@ -4,7 +4,7 @@ FastAPI's per-request machinery.
 They are most of a server's requests. Through FastAPI each one passes its exception and
 exit-stack middleware, the route table, the request wrapper and the dependency solver before
 its endpoint runs: in process, as much CPU again as a bare endpoint's whole request
-(docs/service.md#throughput). ``BusyRoutes`` matches the method and path itself, validates the
+(docs/performance.md). ``BusyRoutes`` matches the method and path itself, validates the
 inputs with the endpoint's own annotations (path and query parameters, the JSON body's model)
 as FastAPI would, calls the endpoint function and sends its response.
 
