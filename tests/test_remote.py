@@ -121,12 +121,15 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "create", "gpus", "-c", '{"gpu": 4}')                 # exists: conflict
     fp("resource-pool", "create", "bad", "-c", '{"gpu": -1}')                 # invalid value
     fp("resource-pool", "create", "bad", "-c", '{"gpu": "many"}')             # wrong type
+    fp("resource-pool", "create", "", "-c", '{"gpu": 1}')                     # empty name
     fp("resource-pool", "create", "other", "-c", "gpu: 2\nmemory_mb: 1024", "-o", "yaml")
     fp("resource-pool", "attach-policy", "gpus", "team-a", "-p", "5", "-r", '{"gpu": 2}', "-l", '{"gpu": 4}')
     fp("resource-pool", "attach-policy", "gpus", "team-b", "-p", "1")
     fp("resource-pool", "attach-policy", "gpus", "team-b", "-p", "1")          # twice: conflict
     fp("resource-pool", "attach-policy", "gpus", "team-c", "-p", "1", "-r", '{"gpu": 9}')  # > capacity
     fp("resource-pool", "attach-policy", "other", "team-b", "-t", "step_operator", "-p", "2")
+    fp("resource-pool", "attach-policy", "other", "team-d", "-p", "-5")        # out of range
+    fp("resource-pool", "attach-policy", "other", "team-d", "-p", "2000000")
     fp("resource-pool", "list", "-o", "json")
     fp("resource-pool", "list")
     fp("resource-pool", "list-policies", "gpus", "-o", "json")

@@ -29,6 +29,7 @@ from fairpool.errors import (
     NotFound,
     one_line,
 )
+from fairpool.frontends.pools import at_least
 
 log = logging.getLogger("fairpool.api")
 
@@ -59,12 +60,14 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "required"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return "must be an integer"
-    if (kind, ctx.get("gt", ctx.get("ge"))) in (("greater_than", 0), ("greater_than_equal", 1)):
-        return "must be a positive integer"
-    if (kind, ctx.get("ge")) == ("greater_than_equal", 0):
-        return "must be a non-negative integer"
+    if kind == "greater_than" and isinstance(ctx.get("gt"), int):
+        return at_least(ctx["gt"] + 1)
+    if kind == "greater_than_equal" and isinstance(ctx.get("ge"), int):
+        return at_least(ctx["ge"])
     if kind == "less_than_equal" and "le" in ctx:
         return f"must be at most {ctx['le']}"
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        return "must be a non-empty string"
     if kind == "string_pattern_mismatch":
         if isinstance(value, str) and "\x00" in value:
             return "must not contain NUL characters"
