@@ -17,7 +17,7 @@ from contextlib import ExitStack, asynccontextmanager, suppress
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from fastapi import FastAPI, Path, Query
+from fastapi import Depends, FastAPI, Path, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.types import DecoratedCallable
 from pydantic import AfterValidator, StringConstraints
@@ -27,7 +27,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
-from fairpool.api.errors import BodySizeLimit, error_response, install_error_handlers
+from fairpool.api.errors import (
+    BodySizeLimit,
+    error_response,
+    install_error_handlers,
+    known_query,
+)
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
     MAX_BODY_BYTES,
@@ -303,7 +308,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     app.state.api = api
     install_error_handlers(app)
     app.state.auth = tokens = Auth(service, auth)
-    dependencies = tokens.dependencies()
+    # After the token's check: a caller without one learns nothing of the routes.
+    dependencies = [*tokens.dependencies(), Depends(known_query)]
 
     def route(
         method: str, path: str, **options: Any
