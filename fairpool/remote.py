@@ -200,13 +200,15 @@ class RemoteService:
             return request
         self._heard[request.id] = request
         if len(self._heard) > _HEARD:  # the oldest, most likely decided since unheard of
-            del self._heard[next(iter(self._heard))]
+            self._heard.pop(next(iter(self._heard)), None)
         return request
 
     def _unheard(self, ref: str, error: Unreachable) -> RequestView:
         now = time.monotonic()
         since = now if self._unreachable_since is None else self._unreachable_since
-        last = next((r for id_, r in self._heard.items() if id_.startswith(ref.lower())), None)
+        # A copy: the waits of other threads (AsyncClient's) may change it meanwhile.
+        heard = list(self._heard.items())
+        last = next((r for id_, r in heard if id_.startswith(ref.lower())), None)
         if last is None or now - since >= WAIT_OUTAGE:
             self._unreachable_since = None
             raise Unreachable(
