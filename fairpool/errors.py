@@ -10,9 +10,10 @@ if TYPE_CHECKING:  # the CLI imports this module: asyncio would cost it ~50 ms a
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line: its whitespace, newlines included, as single spaces (a log line,
-    an error line, an HTTP error's detail)."""
-    return " ".join(str(text).split())
+    """``text`` on one line (a log line, an error line, an HTTP error's detail): its lines
+    stripped and joined by single spaces. Spaces within a line are kept: a value shown in
+    it, ``(got '   ')``, is shown as it was."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 class FairpoolError(Exception):
