@@ -69,11 +69,8 @@ def test_preempted_command_is_terminated_and_rerun_on_its_retry(tmp_path: Path) 
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
         f"time.sleep(0.2 if open({str(marker)!r}).read().count('start') > 1 else 30)\n"
     )
-    runner = subprocess.Popen(
-        [*CLI, "run", "--component", "low", "--gpu-count", "1", "--max-retries", "1",
-         "--lease-ttl", "1", "--grace", "2", "--", sys.executable, "-c", script],
-        env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--max-retries",
+                   "1", "--lease-ttl", "1", "--grace", "2", "--", sys.executable, "-c", script)
     deadline = time.monotonic() + 30
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -94,9 +91,10 @@ def test_preempted_command_is_terminated_and_rerun_on_its_retry(tmp_path: Path) 
     assert "allocated" not in events
 
 
-def start_run(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``fairpool ARGS`` started, not waited for."""
     return subprocess.Popen(
-        [*CLI, "run", *args], env=env or cli_env(home), stdout=subprocess.PIPE,
+        [*CLI, *args], env=env or cli_env(home), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )
 
@@ -125,8 +123,7 @@ def test_a_signal_while_waiting_cancels_the_request(
     ``create --wait``: for ever)."""
     setup(tmp_path)
     fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
-    runner = subprocess.Popen([*CLI, *WAITING[command]], env=cli_env(tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = start(tmp_path, *WAITING[command])
     until(lambda: ("low", "queued", 1) in statuses(tmp_path))
     time.sleep(0.3)  # in its wait
     runner.send_signal(signum)
@@ -155,7 +152,7 @@ def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
     setup(tmp_path)
     pid_file = tmp_path / "pid"
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--",
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--",
                        sys.executable, "-c", script)
     until(lambda: pid_file.exists() and pid_file.read_text() != "")
     command = int(pid_file.read_text())
@@ -185,7 +182,7 @@ def test_signals_reach_the_command_and_its_exit_code_comes_back(tmp_path: Path) 
         f"open({str(marker)!r}, 'w').close()\n"
         "time.sleep(30)\n"
     )
-    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--",
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--",
                        sys.executable, "-c", script)
     until(marker.exists)
     runner.send_signal(signal.SIGTERM)
@@ -204,7 +201,7 @@ def test_a_preempted_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_
         f"open({str(marker)!r}, 'w').close()\n"
         "time.sleep(60)\n"
     )
-    runner = start_run(tmp_path, "--component", "low", "--gpu-count", "1", "--lease-ttl", "1",
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "1",
                        "--grace", "2", "--", sys.executable, "-c", script)
     until(marker.exists)
     # Timed from before the preempting command: it commits some time before it exits.
@@ -233,7 +230,7 @@ def test_the_command_goes_on_while_the_server_cannot_be_reached(tmp_path: Path) 
             "raise SystemExit(5)\n"
         )
         env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
-        runner = start_run(tmp_path, "--component", "gone-orch", "--gpu-count", "1",
+        runner = start(tmp_path, "run", "--component", "gone-orch", "--gpu-count", "1",
                            "--lease-ttl", "3", "--", sys.executable, "-c", script, env=env)
         until(marker.exists)
         server.kill()
