@@ -4,7 +4,7 @@ refusals, events."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
@@ -355,6 +355,21 @@ def test_heartbeat_tells_the_holder_it_was_preempted(svc: Service) -> None:
     held = svc.create_request("low", demand=demand(gpu_count=1), lease_ttl=30)
     svc.create_request("high", demand=demand(gpu_count=1))
     assert svc.heartbeat(held.id).status == "preempted"
+
+
+@pytest.mark.parametrize("call", [
+    lambda svc: svc.create_pool("a/b", {"gpu": 1}),
+    lambda svc: svc.attach_policy("p", "team/a"),
+    lambda svc: svc.create_request("team/a", demand={"gpu": 1}),
+    lambda svc: svc.create_token("submitter", ["team/a"]),
+], ids=["pool", "policy's component", "request's component", "token's component"])
+def test_names_the_api_addresses_in_its_paths_refuse_a_slash(
+    svc: Service, call: Callable[[Service], object]
+) -> None:
+    svc.create_pool("p", {"gpu": 1})
+    with pytest.raises(InvalidInput, match='must not contain "/": the API addresses it in URL paths'):
+        call(svc)
+    assert [p.name for p in svc.list_pools()] == ["p"] and svc.list_policies() == []
 
 
 def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Service) -> None:
