@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
+from fairpool.api.docs_pages import serve_docs
 from fairpool.api.errors import (
     BodySizeLimit,
     error_response,
@@ -304,7 +305,10 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         version="1",
         lifespan=lifespan,
         responses=_ERRORS,
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_docs(app)
     app.state.api = api
     install_error_handlers(app)
     app.state.auth = tokens = Auth(service, auth)
