@@ -886,3 +886,16 @@ def test_the_light_vocabulary_agrees_with_the_stores_enums() -> None:
 
     assert COMPONENT_TYPES == tuple(t.value for t in ComponentType) == get_args(ApiComponentType)
     assert REQUEST_STATUSES == tuple(s.value for s in RequestStatus)
+
+
+def test_the_server_says_which_store_it_serves_the_password_hidden(
+    tmp_path: Path, database_url: str
+) -> None:
+    given = database_url.replace("postgres@", "postgres:secret@")  # trust auth ignores it
+    server = ApiServer(tmp_path / "server.log", database_url=given,
+                       extra=("--log-level", "info"))
+    with running(server):
+        pass
+    shown = given.replace(":secret@", ":***@")
+    assert f"Store: {shown}\n" in server.log(), server.log()
+    assert "secret" not in server.log()

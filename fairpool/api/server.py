@@ -74,7 +74,10 @@ def serve(
             timeout_graceful_shutdown=GRACE_SECONDS,
             server_header=False,
         )
-        _announce_auth(service, enabled)  # after Config: it sets uvicorn's logging up
+        # After Config: it sets uvicorn's logging up.
+        log = logging.getLogger("uvicorn.error")
+        log.info("Store: %s", service.db.where)
+        _announce_auth(log, service, enabled)
         # What is alive now (modules, the app) lives as long as the process: kept out of the
         # collector's full passes, each of which otherwise walked it all and stalled the
         # event loop for 60-100 ms every few seconds under load.
@@ -85,8 +88,7 @@ def serve(
         service.close()  # the group commit's writer thread, then the database
 
 
-def _announce_auth(service: Service, enabled: bool) -> None:
-    log = logging.getLogger("uvicorn.error")
+def _announce_auth(log: logging.Logger, service: Service, enabled: bool) -> None:
     if not enabled:
         log.info("API tokens not required (auth off: loopback host or --no-auth)")
         return

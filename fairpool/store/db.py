@@ -278,6 +278,11 @@ class Database:
         self.close()
 
     @property
+    def where(self) -> str:
+        """The database's URL, its password hidden: for logs."""
+        return self._engine.url.render_as_string(hide_password=True)
+
+    @property
     def embedded(self) -> bool:
         """A file this process opens (SQLite): a write that finds every lock free is a few
         hundred µs of local work. (On PostgreSQL each statement is a network round trip.)"""
