@@ -236,8 +236,7 @@ class Database:
             db._upgrade()
         except DBAPIError as error:  # not there, unreachable, not a database: one line
             db.close()
-            where = parsed.render_as_string(hide_password=True)
-            raise Unreachable(f"cannot open the database {where}: {error.orig}") from None
+            raise Unreachable(f"cannot open the database {db.where}: {error.orig}") from None
         except BaseException:
             db.close()
             raise
