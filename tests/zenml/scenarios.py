@@ -74,12 +74,16 @@ def hold(name: str, seconds: float, watch_pending: int = 0) -> str:
 
 
 def hold_until(seconds: float) -> None:
-    """Sleeps ``seconds``, or with SCENARIO_HOLD_UNTIL until that file exists (``seconds`` then
-    only caps the wait): a test that looks at the held state ends the hold when it is done,
-    instead of guessing how long its looking takes on a slow machine."""
+    """Sleeps ``seconds``, or with SCENARIO_HOLD_UNTIL until that file exists, or with
+    SCENARIO_HOLD_UNTIL_PREEMPTING set until a request is being preempted (``seconds`` then
+    only caps the wait): a test that looks at the held state, or preempts it, ends the hold
+    when it is done, instead of guessing how long that takes on a slow machine."""
     until = os.environ.get("SCENARIO_HOLD_UNTIL")
+    preempting = bool(os.environ.get("SCENARIO_HOLD_UNTIL_PREEMPTING"))
     deadline = time.time() + seconds
     while time.time() < deadline and not (until and os.path.exists(until)):
+        if preempting and any(r.status == ResourceRequestStatus.PREEMPTING for r in requests()):
+            return
         time.sleep(0.1)
 
 

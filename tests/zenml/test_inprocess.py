@@ -101,8 +101,11 @@ def test_preemption_on_the_local_orchestrator(zenml_home: ZenML) -> None:
     low_events = zenml_home.cwd / "low.jsonl"
     low = subprocess.Popen(
         [sys.executable, "scenarios.py", "long"], cwd=zenml_home.cwd,
+        # It holds until it is being preempted: started while the high one starts, a fixed
+        # hold could end first on a slow machine, with nothing left to preempt.
         env={**zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-             "SCENARIO_EVENTS": str(low_events)},
+             "SCENARIO_EVENTS": str(low_events), "SCENARIO_LONG_SECONDS": "120",
+             "SCENARIO_HOLD_UNTIL_PREEMPTING": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
