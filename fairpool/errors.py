@@ -27,13 +27,6 @@ class NotFound(FairpoolError, LookupError):
         return str(self.args[0]) if self.args else ""
 
 
-class AmbiguousReference(FairpoolError, LookupError):
-    """An ID prefix matched more than one object."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
 class InvalidInput(FairpoolError, ValueError):
     """Bad input; the message names the field and the value."""
 
@@ -61,6 +54,21 @@ def one_of(field: str, value: str, choices: Iterable[str]) -> str:
 
 class Conflict(FairpoolError):
     """The request is valid but the current state forbids it (e.g. live allocations)."""
+
+
+class AmbiguousReference(Conflict, LookupError):
+    """An ID prefix matched more than one object: a conflict (409) like the others, so that
+    ``except Conflict`` catches it embedded as through a server."""
+
+    #: How its message ends, which tells it from other conflicts in a server's answer.
+    ENDING = "is ambiguous; type more of it"
+
+    @classmethod
+    def of(cls, what: str, ref: str) -> AmbiguousReference:
+        return cls(f"{what} id prefix {ref!r} {cls.ENDING}")
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class Unreachable(FairpoolError):

@@ -16,7 +16,15 @@ from urllib.parse import quote
 import httpx
 
 from fairpool.backoff import jittered
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable, one_of
+from fairpool.errors import (
+    AmbiguousReference,
+    Conflict,
+    FairpoolError,
+    InvalidInput,
+    NotFound,
+    Unreachable,
+    one_of,
+)
 from fairpool.ids import new_id
 from fairpool.views import (
     COMPONENT_TYPES,
@@ -307,6 +315,8 @@ def _answer(response: httpx.Response) -> Any:
         )
     if response.status_code == 422 and field:
         raise InvalidInput.from_message(field, detail)
+    if response.status_code == 409 and detail.endswith(AmbiguousReference.ENDING):
+        raise AmbiguousReference(detail)
     # 503: the server is up, its database is not (retried already, see ``_send``).
     raise {404: NotFound, 409: Conflict, 503: Unreachable}.get(
         response.status_code, FairpoolError

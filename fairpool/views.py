@@ -139,7 +139,7 @@ class PolicyView:
 @dataclass(frozen=True, slots=True)
 class ComponentView:
     """A component (an orchestrator or a step operator: who asks for units), known from its
-    first policy or request: the pools it has a policy on, and its live requests."""
+    first policy: the pools it has a policy on, and its live requests."""
 
     id: str
     name: str

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -34,6 +35,7 @@ from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.remote import RemoteService
+from fairpool.views import RequestView
 from tests.conftest import BACKENDS, Backend
 from tests.servers import API, ApiServer, clean_env, free_port, running, server_on, setup_pool
 
@@ -641,6 +643,16 @@ def test_the_decorator_runs_again_on_the_retry_attempt(server: ApiServer, client
 ODD_NAMES = ("sdk?old", "sdk#2", "sdk%20", "100%", "..", ".")
 
 
+def ambiguous(client: Client, *ids: str) -> RequestView:
+    """``get`` by the prefix ``ids`` share (ids begin with their time: requests made a moment
+    apart share one), which the error's message then names as ``<prefix>``."""
+    prefix = os.path.commonprefix(ids)  # noqa: RUF071 (characters, as id prefixes are)
+    try:
+        return client.get(prefix)
+    except Conflict as error:
+        raise type(error)(str(error).replace(prefix, "<prefix>")) from None
+
+
 def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     """One sequence through every ``Client`` operation and error class; each answer (or
     error, by class and message) as JSON data, normalized."""
@@ -674,6 +686,7 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("submit rejected", lambda: client.submit({"gpu": 9}, component="sdk-low"))
     step("submit invalid", lambda: client.submit({"gpu": 0}, component="sdk-low"))
     step("get by prefix", lambda: client.get(queued.id[:8]))
+    step("get by an ambiguous prefix", lambda: ambiguous(client, held.id, queued.id))
     step("list_requests queued", lambda: client.list_requests(status="queued", pool="sdk"))
     step("list_requests bad status", lambda: client.list_requests(status="done"))
     step("list_components", client.list_components)

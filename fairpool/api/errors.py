@@ -23,7 +23,6 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fairpool.errors import (
-    AmbiguousReference,
     Conflict,
     FairpoolError,
     InvalidInput,
@@ -145,7 +144,7 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(422, str(exc), exc.field)
         if isinstance(exc, NotFound):
             return error_response(404, str(exc))
-        if isinstance(exc, AmbiguousReference | Conflict):
+        if isinstance(exc, Conflict):  # AmbiguousReference too
             return error_response(409, str(exc))
         return error_response(400, str(exc))
 

@@ -13,7 +13,7 @@ COMPONENT_COLUMNS = ("id", "name", "type", "pools", "allocated", "queued", "crea
 
 @click.group("component")
 def component() -> None:
-    """Components: known from their first policy or request."""
+    """Components: known from their first policy (a request needs its component to have one)."""
 
 
 @component.command("list")

@@ -77,7 +77,7 @@ def resolve_id(
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise AmbiguousReference(f"{what} id prefix {ref!r} is ambiguous; type more of it")
+            raise AmbiguousReference.of(what, ref)
     raise NotFound(f"no {what} {ref!r}")
 
 
