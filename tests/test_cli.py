@@ -1,6 +1,8 @@
-"""The ``fairpool`` CLI, run for real: every call is a subprocess on a SQLite file in a tmp dir.
+"""The ``fairpool`` CLI, run for real: every call is a process of its own on a SQLite file in a
+tmp dir (forked from one that imported the CLI already: ``tests/forked_cli.py``; the console
+script and ``python -m`` themselves are run by a few tests here and in test_cli_run.py).
 
-A CLI call costs a Python start-up (most of it imports), so most tests share one home built by
+A CLI call costs a process, so most tests share one home built by
 the seed's tour (a pool, a policy, four requests), independent calls run in parallel threads,
 and the tests that change the tour's state come last. The rest use homes of their own.
 """
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import forked_cli
 from tests.conftest import PostgresServer
 from tests.servers import free_port
 
@@ -68,11 +71,9 @@ def cli_env(home: Path) -> dict[str, str]:
 
 
 def fairpool(home: Path, *args: str, input: str | None = None) -> Result:
-    proc = subprocess.run(
-        [*CLI, *args], env=cli_env(home), input=input, capture_output=True, text=True,
-        timeout=120, check=False,
-    )
-    return Result(tuple(args), proc.returncode, proc.stdout, proc.stderr)
+    """The CLI in a process of its own (``tests/forked_cli.py``) on ``home``."""
+    code, out, err = forked_cli.run(list(args), cli_env(home), input)
+    return Result(tuple(args), code, out, err)
 
 
 def fairpool_many(home: Path, calls: Sequence[Sequence[str]], workers: int = 4) -> list[Result]:

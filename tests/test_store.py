@@ -6,7 +6,6 @@ SQLite-only ones here have their PostgreSQL counterparts in test_postgres.py.
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
 import threading
 import time
@@ -29,6 +28,7 @@ from fairpool.errors import AmbiguousReference, NotFound
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, default_url, fairpool_home, migration_config
 from fairpool.store.records import Allocation, ComponentType, Event, RequestStatus
+from tests import forked_cli
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 PROCESSES = 8
@@ -700,8 +700,7 @@ def _open_at_once(url: str, start: Barrier, results: Queue[str]) -> None:
 def _run_processes(target: Callable[[str, Barrier, Queue[str]], None], url: str) -> list[str]:
     # Fresh processes, but forked from one server that imported this module (so SQLAlchemy,
     # Alembic and fairpool) once, instead of each importing them anew: ~1 s each otherwise.
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, "sqlalchemy.dialects.postgresql.psycopg"])
+    context = forked_cli.context()  # its server preloads this module too
     start = context.Barrier(PROCESSES)
     results: Queue[str] = context.Queue()
     processes = [
