@@ -5,8 +5,9 @@ PYTHON=${PYTHON:-python3}
 VENV=${ZENML_VENV:-.zenml-venv}
 # pytest-timeout too: pyproject's pytest settings name its option (an unknown one is an error);
 # pytest-xdist for tests/zenml/run.sh's two workers. Made again when fairpool's API does not
-# import there: a dependency added since (orjson, 2026-11-25) is then installed.
-if [ ! -x "$VENV/bin/zenml" ] || ! "$VENV/bin/python" -c "import pytest_timeout, xdist, fairpool.api.app" 2>/dev/null; then
+# import there: a dependency added since (orjson, 2026-11-25; fastapi_offline, whose files are
+# read only when the app is made, 2026-11-27) is then installed.
+if [ ! -x "$VENV/bin/zenml" ] || ! "$VENV/bin/python" -c "import pytest_timeout, xdist, fairpool.api.app, fastapi_offline" 2>/dev/null; then
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --upgrade pip
     # One resolver run for both: installed one after the other, fairpool's fastapi pulls an
