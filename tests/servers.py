@@ -112,10 +112,13 @@ class ApiServer:
         return False
 
     def terminate(self) -> int:
-        """SIGTERM; the exit status."""
+        """SIGTERM; the exit status. Failing after 15 s, with what the server logged."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=15)
+        try:
+            return self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the server did not exit 15 s after SIGTERM:\n{self.log()[-5000:]}")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown of any kind."""
