@@ -308,7 +308,6 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         docs_url=None,
         redoc_url=None,
     )
-    serve_docs(app)
     app.state.api = api
     install_error_handlers(app)
     app.state.auth = tokens = Auth(service, auth)
@@ -542,6 +541,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         )
         # The same under the API prefix, for clients that only know the base URL.
         app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
+
+    # Last: routes are tried in order, and the busy ones come first (see above).
+    serve_docs(app)
 
     front: ASGIApp = app.fastapi
     if not tokens.enabled and not _traced(app):
