@@ -9,9 +9,10 @@ VENV=${ZENML_VENV:-.zenml-venv}
 # read only when the app is made, 2026-11-27) is then installed.
 if [ ! -x "$VENV/bin/zenml" ] || ! "$VENV/bin/python" -c "import pytest_timeout, xdist, fairpool.api.app, fastapi_offline" 2>/dev/null; then
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --upgrade pip
+    "$VENV/bin/pip" install --quiet uv   # as the Makefile's venv: uv, bytecode compiled
     # One resolver run for both: installed one after the other, fairpool's fastapi pulls an
     # opentelemetry-api that ZenML's opentelemetry-sdk pin refuses.
-    "$VENV/bin/pip" install --quiet -e . 'zenml[local,server]>=0.95,<0.97' 'pytest>=8,<10' \
+    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --compile-bytecode \
+        -e . 'zenml[local,server]>=0.95,<0.97' 'pytest>=8,<10' \
         'pytest-timeout>=2.3,<3' 'pytest-xdist>=3.5,<4' 'mypy>=1.10' types-PyYAML
 fi
