@@ -233,6 +233,21 @@ def test_pool_requests_views(tour: Tour) -> None:
         assert text in out, text
 
 
+def test_tables_keep_ids_whole_at_a_common_terminal_width(tour: Tour) -> None:
+    """At 100 columns the other columns wrap, not the ids a user copies into a command."""
+    env = {**cli_env(tour.home), "COLUMNS": "100"}
+    for args, ids in (
+        (("resource-request", "list"), [tour.a["id"], tour.b["id"], tour.c["id"], tour.d["id"]]),
+        (("resource-pool", "requests", POOL), [tour.a["id"], tour.b["id"], tour.c["id"]]),
+        (("resource-pool", "list"), [tour.pool["id"]]),
+    ):
+        code, out, err = forked_cli.run(list(args), env)
+        assert code == 0, err
+        assert max(map(len, out.splitlines())) <= 100
+        for request_id in ids:
+            assert request_id in out, (args, request_id, out)
+
+
 def test_describe_by_id_prefix(tour: Tour) -> None:
     pool, request, table = fairpool_many(tour.home, [
         ("resource-pool", "describe", tour.pool["id"][:8], "-o", "json"),

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 #: Output formats of every read command (ZenML also has tsv and csv; not needed here).
 OUTPUT_FORMATS = ("table", "json", "yaml")
 
+#: Columns a table keeps on one line while others can wrap.
+UNBROKEN_COLUMNS = frozenset({"id", "element"})
+
 #: Columns holding ISO timestamps; tables show them to the second, like ZenML.
 TIME_COLUMNS = frozenset(
     {"created", "updated", "allocated_at", "released_at", "lease_expires_at"}
@@ -140,7 +143,9 @@ def table(
 
     result = Table(title=title, title_justify="left", show_lines=False)
     for column in columns:
-        result.add_column(header(column), overflow="fold")
+        # Ids (and a tree's elements, ids among them) are copied into the next command: the
+        # other columns wrap first. Where they cannot, rich still folds these last.
+        result.add_column(header(column), overflow="fold", no_wrap=column in UNBROKEN_COLUMNS)
     for row in rows:
         result.add_row(*(_text(format_cell(column, row.get(column))) for column in columns))
     return result
