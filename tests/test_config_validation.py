@@ -569,6 +569,34 @@ def test_every_problem_is_reported_at_once_in_document_order_with_lines() -> Non
     assert "\n" not in str(caught.value)
 
 
+def test_a_mappings_own_problems_keep_document_order_with_its_fields() -> None:
+    """Unknown keys and cross-field rules are found after a mapping's fields, and reported
+    where they stand in the text."""
+    document = textwrap.dedent(
+        """\
+        resource_flavors:
+          - name: b
+            advanced_instance_config: 5
+            foo: 1
+        resource_queues: [{name: q}]
+        scheduling_rules:
+          - resource_queue: q
+            priority_policy:
+              default: 150
+              max: 100
+              on_violation: clamp
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(document)
+    assert [(issue.line, issue.path) for issue in caught.value.errors] == [
+        (3, "resource_flavors[0].advanced_instance_config"),
+        (4, "resource_flavors[0].foo"),
+        (9, "scheduling_rules[0].priority_policy.default"),
+        (11, "scheduling_rules[0].priority_policy.on_violation"),
+    ]
+
+
 def test_duplicate_keys_are_reported_with_the_other_problems() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config("resource_queues:\n  - name: q\n    name: q\nscheduling_rules: [{resource_queue: r}]\n")

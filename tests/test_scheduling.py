@@ -235,7 +235,7 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) 
     invalid = fairpool(home, "config", "apply", "-f", "-", "--yes",
                        input="resource_queues: [{name: q, resource_groups: [{}]}]\nx: 1\n")
     assert invalid.code == 1 and invalid.out == ""
-    assert invalid.err_lines[0].startswith("Error: - is not a valid scheduler config (")
+    assert invalid.err_lines[0].startswith("Error: stdin is not a valid scheduler config (")
     assert "x: unknown key" in invalid.err
     assert "resource_queues[0].resource_groups[0].covered_resources" in invalid.err
     assert db_dump(home) == before
@@ -245,6 +245,42 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) 
     assert failed.code == 0, failed.err
     result = fairpool(home, "workload", "submit", "--gpu", "1", "-o", "json")
     assert result.code == 1 and result.json["status"] == "failed"
+
+
+def test_apply_and_rollback_show_the_change_and_each_warning_once(tmp_path: Path) -> None:
+    """Asked, the change and the warnings come before the question; with --yes, with the
+    result. Either way once."""
+    from tests.test_cli import fairpool
+
+    home = tmp_path / "home"
+    no_catch_all = "scheduling_rules: no catch-all rule"
+    one = tmp_path / "one.yaml"
+    one.write_text("resource_queues: [{name: q}]\nscheduling_rules:\n"
+                   "  - {selector: [{key: team, operator: exists}], resource_queue: q}\n")
+    two = tmp_path / "two.yaml"
+    two.write_text(one.read_text().replace("[{name: q}]", "[{name: q}, {name: r}]"))
+
+    applied = fairpool(home, "config", "apply", "-f", str(one), "--yes").ok()
+    assert applied.err.count(no_catch_all) == 1
+    assert "This changed:\n  + passthrough queue q: added\n" in applied.err
+    assert "would change" not in applied.err
+    assert "version 1 is active" in applied.out
+
+    asked = fairpool(home, "config", "apply", "-f", str(two), input="y\n").ok()
+    assert asked.err.count(no_catch_all) == 1
+    assert asked.err.count("queue 'r' is not the target of any scheduling rule") == 1
+    assert asked.err.index("This would change:\n  + passthrough queue r: added\n") \
+        < asked.err.index("Apply it as a new version?")
+    assert "This changed" not in asked.err
+    assert "version 2 is active" in asked.out
+
+    back = fairpool(home, "config", "rollback", "--version", "1", "--yes").ok()
+    assert back.err.count(no_catch_all) == 1
+    assert "This changed:\n  - queue r: removed" in back.err
+    asked_back = fairpool(home, "config", "rollback", "--version", "2", input="y\n").ok()
+    assert asked_back.err.count("queue 'r' is not the target") == 1
+    assert "This would change:\n  + passthrough queue r: added\n" in asked_back.err
+    assert "This changed" not in asked_back.err
 
 
 @pytest.mark.long

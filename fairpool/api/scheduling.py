@@ -50,7 +50,7 @@ def invalid_config(error: ConfigError) -> JSONResponse:
     status = 400 if all(issue.reference for issue in error.errors) else 422
     return JSONResponse(
         {
-            "detail": f"invalid scheduler config ({len(error.errors)} problems)",
+            "detail": error.summary,
             "field": "document",
             "errors": [issue.as_dict() for issue in error.errors],
         },

@@ -30,11 +30,18 @@ def read_config_file(path: str) -> str:
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as error:
-        raise click.ClickException(f"cannot read {path}: {error.strerror or error}") from None
+        raise click.ClickException(
+            f"cannot read {_named(path)}: {error.strerror or error}"
+        ) from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise click.ClickException(f"cannot read {path}: not UTF-8 text") from None
+        raise click.ClickException(f"cannot read {_named(path)}: not UTF-8 text") from None
+
+
+def _named(path: str) -> str:
+    """The file as messages name it."""
+    return "stdin" if path == "-" else path
 
 
 def _plural(count: int, noun: str) -> str:
@@ -97,7 +104,7 @@ def _print_invalid(path: str, error: ConfigError, output: str) -> None:
         o.dump({"valid": False, "errors": [issue.as_dict() for issue in error.errors]}, output)
     else:
         click.echo(
-            f"Error: {path} is not a valid scheduler config "
+            f"Error: {_named(path)} is not a valid scheduler config "
             f"({_plural(len(error.errors), 'problem')}):",
             err=True,
         )
@@ -106,29 +113,31 @@ def _print_invalid(path: str, error: ConfigError, output: str) -> None:
     click.get_current_context().exit(1)
 
 
-def _confirm(changes: Sequence[str], yes: bool, what: str) -> None:
+def _print_change(changes: Sequence[str], warnings: Sequence[dict[str, Any]], tense: str) -> None:
+    """A new version's warnings and what it changes (``tense``: "would change", "changed")."""
+    for issue in warnings:
+        o.declare(f"Warning: {issue['path']}: {issue['message']}")
     if changes:
-        o.declare("This would change:")
+        o.declare(f"This {tense}:")
         for line in changes:
             o.declare(f"  {line}")
     else:
         o.declare("No change from the active version (a new version is made all the same).")
-    if not yes:
-        click.confirm(f"{what}?", abort=True, err=True)
 
 
-def _print_applied(applied: dict[str, Any], output: str) -> None:
+def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> None:
+    """The applied version; its warnings and change too, unless shown before the question."""
     if output != "table":
         o.dump(applied, output)
         return
+    if not confirmed:
+        _print_change(applied["changes"], applied["warnings"], "changed")
     version = applied["version"]
     click.echo(
         f"Scheduler config version {version['version']} is active: "
         f"{_plural(version['flavors'], 'flavor')}, {_plural(version['queues'], 'queue')}, "
         f"{_plural(version['rules'], 'rule')}."
     )
-    for issue in applied["warnings"]:
-        o.declare(f"Warning: {issue['path']}: {issue['message']}")
     if applied["orphaned"]:
         o.declare(
             f"{_plural(len(applied['orphaned']), 'admitted workload')} whose queue or flavor "
@@ -157,18 +166,18 @@ def apply(path: str, yes: bool, output: str) -> None:
         _print_invalid(path, error, output)
         return
     svc = scheduling()
-    for issue in warnings(parsed):
-        o.declare(f"Warning: {issue}")
     if not yes:
         active = svc.get_config()
         current = load_config(active.as_dict()["document"]) if active else load_config("")
-        _confirm(diff_configs(current, parsed), yes, "Apply it as a new version")
+        _print_change(diff_configs(current, parsed),
+                      [issue.as_dict() for issue in warnings(parsed)], "would change")
+        click.confirm("Apply it as a new version?", abort=True, err=True)
     try:
         applied = svc.apply_config(text)
     except ConfigError as error:  # e.g. a queue whose spec differs from an earlier version
         _print_invalid(path, error, output)
         return
-    _print_applied(applied.as_dict(), output)
+    _print_applied(applied.as_dict(), output, confirmed=not yes)
 
 
 @config.command("rollback")
@@ -177,10 +186,16 @@ def apply(path: str, yes: bool, output: str) -> None:
 @o.output_option
 def rollback(version: int, yes: bool, output: str) -> None:
     """Apply an earlier version again, as a new version (history is never rewritten)."""
+    from fairpool.frontends.config import load_config, warnings
+
     svc = scheduling()
     if not yes:
-        _confirm(svc.diff_config(version), yes, f"Apply version {version} again as a new version")
-    _print_applied(svc.rollback_config(version).as_dict(), output)
+        changes = svc.diff_config(version)  # first: it names an unknown version
+        found = svc.get_config(version)
+        advisories = warnings(load_config(found.as_dict()["document"])) if found else ()
+        _print_change(changes, [issue.as_dict() for issue in advisories], "would change")
+        click.confirm(f"Apply version {version} again as a new version?", abort=True, err=True)
+    _print_applied(svc.rollback_config(version).as_dict(), output, confirmed=not yes)
 
 
 @config.command("get")

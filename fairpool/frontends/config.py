@@ -372,10 +372,14 @@ class ConfigError(FairpoolError, ValueError):
 
     def __init__(self, errors: Iterable[ConfigIssue]) -> None:
         self.errors: tuple[ConfigIssue, ...] = tuple(errors)
-        count = len(self.errors)
-        noun = "problem" if count == 1 else "problems"
         details = "; ".join(str(issue) for issue in self.errors)
-        super().__init__(f"invalid scheduler config ({count} {noun}): {details}")
+        super().__init__(f"{self.summary}: {details}")
+
+    @property
+    def summary(self) -> str:
+        """``invalid scheduler config (N problems)``, without the problems."""
+        count = len(self.errors)
+        return f"invalid scheduler config ({count} {'problem' if count == 1 else 'problems'})"
 
     def pairs(self) -> list[tuple[str, str]]:
         """``(path, message)`` for each error."""
@@ -543,7 +547,10 @@ def load_config(text: str) -> SchedulerConfig:
     """
     data, loader = _parse(text)
     config, issues = _check(data, loader.lines, loader.float_text)
-    # Duplicate keys first: the rest was checked on the value PyYAML kept (the last one).
+    # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
+    # its fields': sorted by line (stably), they come in document order. Duplicate keys
+    # first: the rest was checked on the value PyYAML kept (the last one).
+    issues.sort(key=lambda issue: issue.line or 0)
     issues = [*loader.duplicates, *issues]
     if issues or config is None:
         raise ConfigError(issues)

@@ -212,19 +212,24 @@ def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
 
 
 def _milli(resource: str, value: object) -> int:
-    """Units as written -> exact milli-units (floats through their shortest repr, as quotas)."""
-    problem = f"must be a number >= 0 with at most {QUOTA_DECIMALS} decimal places"
+    """Units as written -> exact milli-units (floats through their shortest repr, as quotas);
+    each way to fail says what is wrong, in the words the config's quotas use."""
+    field_name = f"demand.{resource}"
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise InvalidInput(f"demand.{resource}", value, problem)
+        raise InvalidInput(field_name, value, "must be a number")
     try:
         exact = Decimal(value if isinstance(value, int | Decimal) else str(value))
     except InvalidOperation:
-        raise InvalidInput(f"demand.{resource}", value, problem) from None
-    if not exact.is_finite() or exact < 0 or exact > MAX_QUOTA:
-        raise InvalidInput(f"demand.{resource}", value, f"{problem}, at most {MAX_QUOTA}")
+        raise InvalidInput(field_name, value, "must be a number") from None
+    if not exact.is_finite():
+        raise InvalidInput(field_name, value, "must be a finite number")
+    if exact < 0:
+        raise InvalidInput(field_name, value, "must be >= 0")
+    if exact > MAX_QUOTA:
+        raise InvalidInput(field_name, value, f"must be at most {MAX_QUOTA}")
     milli = exact.scaleb(QUOTA_DECIMALS)
     if milli != milli.to_integral_value():
-        raise InvalidInput(f"demand.{resource}", value, problem)
+        raise InvalidInput(field_name, value, f"must have at most {QUOTA_DECIMALS} decimal places")
     return int(milli)
 
 
