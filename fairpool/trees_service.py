@@ -47,10 +47,11 @@ from fairpool.frontends.trees import (
     PoolIntegralGuarantees,
     PoolTree,
     PoolTreeConfig,
+    canonical_tree_options,
     load_pool_tree,
     matches_tag_filter,
-    number,
     parse_resources,
+    positive,
     tree_resources,
 )
 from fairpool.store import trees as store
@@ -695,8 +696,9 @@ class TreesService:
 
     def apply_tree(self, document: str, name: str | None = None) -> AppliedTree:
         """Create or update a whole tree from YAML (``name``, ``config``, nested ``pools``):
-        pools not in the document are deleted (ephemeral pools stay). Applying the same
-        document twice changes nothing the second time."""
+        pools not in the document are deleted (ephemeral pools stay; one the document names
+        becomes a declared pool). Applying the same document twice changes nothing the
+        second time."""
         wanted = load_pool_tree(document)
         if name is not None and wanted.name != name:
             raise InvalidInput(
@@ -737,6 +739,8 @@ class TreesService:
                     continue
                 store.save_pool(conn, wanted.name, pool_name, pool.parent,
                                 pool.config.to_mapping(), now)
+                if pool_name in ephemeral:  # declared by the file: it stays
+                    store.keep_pool(conn, wanted.name, pool_name)
                 changes.append(f"{'~' if before else '+'} pool {pool_name}")
             self._check_node_membership(conn)
             self._passes(conn, [wanted.name])
@@ -753,7 +757,8 @@ class TreesService:
         """Set one tree option (YTsaurus units: milliseconds), validated with every pool."""
         with self.db.write() as conn:
             state = _State.load(conn, name)
-            config = {**state.record.config, option: _parse_value(option, value)}
+            config = {**canonical_tree_options(state.record.config),
+                      **canonical_tree_options({option: _parse_value(option, value)})}
             state.tree.with_config(PoolTreeConfig.from_mapping(config))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
@@ -952,7 +957,7 @@ class TreesService:
         for a tree. Rejected (nothing written) when a ``max_operation_count`` is reached
         anywhere up to the root of any of its trees; else pending or running in each tree,
         with the jobs that fit granted at once."""
-        weight_value = _weight(weight)
+        weight_value = positive("weight", weight)
         if isinstance(job_count, bool) or not isinstance(job_count, int) or job_count < 1:
             raise InvalidInput("job_count", job_count, "must be a positive integer")
         job = parse_resources("job_resources", dict(job_resources))
@@ -1263,13 +1268,6 @@ def _after(states: Sequence[OperationState], plan: JobPlan, now: float) -> list[
     return result
 
 
-def _weight(value: object, field: str = "weight") -> Fraction:
-    weight = number(field, value)
-    if weight <= 0:
-        raise InvalidInput(field, value, "must be positive")
-    return weight
-
-
 @dataclass(frozen=True, slots=True)
 class _TreeOptions:
     """One entry of ``scheduling_options_per_pool_tree``: what overrides the operation's
@@ -1308,7 +1306,7 @@ def _parse_tree_options(given: Mapping[str, object] | None) -> dict[str, _TreeOp
             raise InvalidInput(f"{field}.resource_limits", limits, "must be a mapping")
         parsed[str(tree)] = _TreeOptions(
             pool=pool,
-            weight=None if weight is None else _weight(weight, f"{field}.weight"),
+            weight=None if weight is None else positive(f"{field}.weight", weight),
             resource_limits=None if limits is None
             else parse_resources(f"{field}.resource_limits", dict(limits)),
         )

@@ -90,6 +90,12 @@ def test_the_issues_tour(home: Path) -> None:
           "--job-resources", '{"cpu": 65}', "--job-count", "1"),
          ("job_resources.cpu", "largest: 64")),
         (("node", "add", "bad name", "--resources", '{"cpu": 1}'), ("name", "bad name")),
+        # A number given by a flag is shown as a number, as in YAML or JSON.
+        (("pool", "create", "x", "--tree", "physical", "--weight", "0"),
+         ("weight: must be positive (got 0)",)),
+        (("operation", "start", "--tree", "physical", "--pool", "project-batch", "--user", "u",
+          "--job-resources", '{"cpu": 1}', "--job-count", "1", "--weight", "-0.5"),
+         ("weight: must be positive (got -0.5)",)),
         (("pool", "describe", "nope", "--tree", "physical"), ("no pool 'nope'",)),
         (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
           "{guarantee_type: bursty}"),
@@ -217,13 +223,15 @@ def test_an_operation_in_two_trees(tmp_path: Path) -> None:
     started = fairpool(tmp_path, "operation", "start", "--tree", "physical", "--tree", "cpus",
                        "--pool", "batch", "--user", "u", "--job-resources", '{"cpu": 1}',
                        "--job-count", "5", "--tree-options",
-                       "{cpus: {pool: research, weight: 2}}", "-o", "json").ok().json
+                       "{cpus: {pool: research, weight: 2, resource_limits: {cpu: 3}}}",
+                       "-o", "json").ok().json
     assert (started["tree"], started["pool"], started["running_jobs"]) == (
         "physical,cpus", "batch,research", 5)
     assert [(t["tree"], t["pool"], t["weight"], t["running_jobs"]) for t in started["trees"]] == [
         ("physical", "batch", "1", 2), ("cpus", "research", "2", 3)]
     table = fairpool(tmp_path, "operation", "describe", started["id"]).ok().out
-    assert "Pool trees" in table and "research" in table
+    assert "Pool trees" in table
+    assert "│ cpus     │ research │ 2      │ cpu 3           │ running │ 3 " in table, table
     before = db_dump(tmp_path)
     assert_one_error(
         fairpool(tmp_path, "operation", "start", "--tree", "physical", "--user", "u",

@@ -68,9 +68,18 @@ def test_seed_pool_example_loads_and_computes_the_seed_outcome() -> None:
     }
 
 
-def test_loading_is_idempotent_and_round_trips() -> None:
-    tree = load_pool_tree(SEED_TREE)
-    assert load_pool_tree(SEED_TREE) == tree
+@pytest.mark.parametrize("document", [
+    SEED_TREE,
+    # Options given in part: what is not given is not written back (an unset count is None,
+    # which no count option takes).
+    "name: t\npools:\n  p: {create_ephemeral_subpools: true, ephemeral_subpool_config: {mode: fifo}}\n",
+    "name: t\npools:\n  p: {ephemeral_subpool_config: {}}\n",
+    "name: t\npools:\n  p: {integral_guarantees: {guarantee_type: burst}}\n",
+], ids=["seed", "ephemeral subpool config in part", "ephemeral subpool config empty",
+        "integral guarantees in part"])
+def test_loading_is_idempotent_and_round_trips(document: str) -> None:
+    tree = load_pool_tree(document)
+    assert load_pool_tree(document) == tree
     assert load_pool_tree(yaml.safe_dump(tree.to_mapping())) == tree
 
 

@@ -186,6 +186,16 @@ def test_ephemeral_pools(seed: TreesService) -> None:
         seed.start_operation(pool="<Root>", user="erin", job_resources=CPU, job_count=1)
 
 
+def test_a_tree_option_set_by_its_alias_is_changed_by_its_name(seed: TreesService) -> None:
+    seed.set_tree("physical", "job_interrupt_timeout", "7000")  # YTsaurus's alias
+    assert seed.set_tree("physical", "allocation_preemption_timeout", "8000").config[
+        "allocation_preemption_timeout"] == 8000
+    view = seed.set_tree("physical", "max_ephemeral_pools_per_user", "2")
+    view = seed.set_tree("physical", "max_ephemeral_pool_per_user", "3")
+    assert {k: view.config[k] for k in view.config if "preemption" in k or "ephemeral" in k} == {
+        "allocation_preemption_timeout": 8000, "max_ephemeral_pool_per_user": 3}
+
+
 def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
     before = dump(seed)
     cases = [
@@ -220,6 +230,19 @@ def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> No
     ).replace("{weight: 10,", "{weight: 5,")
     assert seed.apply_tree(smaller).changes == ("- pool project-backup", "~ pool project-batch")
     assert seed.describe_pool("physical", "project-batch").config["weight"] == 5
+
+
+def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:
+    op = seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
+    assert seed.describe_pool("physical", "scratch").ephemeral
+    with_scratch = SEED_TREE + "  scratch: {weight: 2}\n"
+    assert seed.apply_tree(with_scratch).changes == ("~ pool scratch",)
+    assert seed.apply_tree(with_scratch).changes == ()
+    assert not seed.describe_pool("physical", "scratch").ephemeral
+    seed.complete_operation(op.id)
+    assert seed.describe_pool("physical", "scratch").config["weight"] == 2  # still there
+    # Not dave's ephemeral pool any more: he may have another.
+    seed.start_operation(pool="scratch2", user="dave", job_resources=CPU, job_count=1)
 
 
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:

@@ -25,8 +25,8 @@ OPERATION_COLUMNS = ("id", "tree", "pool", "user", "status", "running_jobs", "pe
 
 PLACEMENT_SHARES = ("fair_share", "usage_share", "demand_share", "dominant_resource",
                     "satisfaction", "starving")
-PLACEMENT_COLUMNS = ("tree", "pool", "weight", "status", "running_jobs", *PLACEMENT_SHARES,
-                     "reason")
+PLACEMENT_COLUMNS = ("tree", "pool", "weight", "resource_limits", "status", "running_jobs",
+                     *PLACEMENT_SHARES, "reason")
 
 tree_option = click.option("--tree", default=None,
                            help="The pool tree (default: the default_tree).")
@@ -382,8 +382,9 @@ def _print_operation(data: dict[str, Any], output: str) -> None:
         return
     keys: tuple[str, ...] = (
         "tree", "pool", "user", "status", "reason", "job_resources", "job_count", "gang",
-        "interruptible", "weight", "running_jobs", "pending_jobs", "nodes", "interrupting_jobs",
-        "preempted_jobs", *PLACEMENT_SHARES, "created_at", "started_at", "finished_at",
+        "interruptible", "weight", "resource_limits", "running_jobs", "pending_jobs", "nodes",
+        "interrupting_jobs", "preempted_jobs", *PLACEMENT_SHARES, "created_at", "started_at",
+        "finished_at",
     )
     if len(data["trees"]) > 1:  # its shares are per tree: in the table below
         keys = tuple(key for key in keys if key not in PLACEMENT_SHARES)

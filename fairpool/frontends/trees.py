@@ -128,24 +128,32 @@ def number(field_name: str, value: object) -> Fraction:
     return Fraction(decimal)
 
 
-def _positive(field_name: str, value: object) -> Fraction:
+def _shown(value: object, amount: Fraction) -> object:
+    """A number given as text (a command-line flag) shown as the number: ``(got 0)``, as
+    the same number given in YAML or JSON, not ``(got '0')``."""
+    if not isinstance(value, str):
+        return value
+    return int(amount) if amount.denominator == 1 else float(amount)
+
+
+def positive(field_name: str, value: object) -> Fraction:
     amount = number(field_name, value)
     if amount <= 0:
-        raise InvalidInput(field_name, value, "must be positive")
+        raise InvalidInput(field_name, _shown(value, amount), "must be positive")
     return amount
 
 
 def _unit_interval(field_name: str, value: object) -> Fraction:
     amount = number(field_name, value)
     if not 0 <= amount <= 1:
-        raise InvalidInput(field_name, value, "must be between 0 and 1")
+        raise InvalidInput(field_name, _shown(value, amount), "must be between 0 and 1")
     return amount
 
 
 def _at_least_one(field_name: str, value: object) -> Fraction:
     amount = number(field_name, value)
     if amount < 1:
-        raise InvalidInput(field_name, value, "must be at least 1")
+        raise InvalidInput(field_name, _shown(value, amount), "must be at least 1")
     return amount
 
 
@@ -530,11 +538,10 @@ def _plain(value: object) -> object:
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, tuple):
         return [_plain(item) for item in value]
-    if isinstance(value, EphemeralSubpoolConfig):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, PoolIntegralGuarantees):
-        # The options that differ from their defaults: what a user would have written.
-        defaults = PoolIntegralGuarantees()
+    if isinstance(value, EphemeralSubpoolConfig | PoolIntegralGuarantees):
+        # The options that differ from their defaults: what a user would have written (and
+        # what loads again: an unset count is None, which no count option takes).
+        defaults = type(value)()
         return {
             f.name: _plain(getattr(value, f.name))
             for f in fields(value)
@@ -554,7 +561,7 @@ def _integral(field_name: str, value: object) -> PoolIntegralGuarantees:
 
 
 _POOL_PARSERS: dict[str, Callable[[str, object], object]] = {
-    "weight": _positive,
+    "weight": positive,
     "strong_guarantee_resources": parse_resources,
     "resource_limits": parse_resources,
     "mode": _mode,
@@ -650,7 +657,7 @@ _TREE_PARSERS: dict[str, Callable[[str, object], object]] = {
     "preemptive_scheduling_backoff": _milliseconds,
     "fair_share_starvation_timeout": _milliseconds,
     "fair_share_starvation_tolerance": _unit_interval,
-    "preemption_satisfaction_threshold": _positive,
+    "preemption_satisfaction_threshold": positive,
     "non_preemptible_resource_usage_threshold": parse_resources,
     "allocation_preemption_timeout": _milliseconds,
     "enable_pool_starvation": _boolean,
@@ -666,6 +673,12 @@ _TREE_ALIASES = {
     "fair_share_preemption_tolerance": "fair_share_starvation_tolerance",
     "job_interrupt_timeout": "allocation_preemption_timeout",
 }
+
+
+def canonical_tree_options(raw: Mapping[str, object]) -> dict[str, object]:
+    """Tree options under their own names, not YTsaurus's aliases: one option set once by
+    an alias and again by its name is the same option, changed."""
+    return {_TREE_ALIASES.get(str(key), str(key)): value for key, value in raw.items()}
 
 
 def _check_running_within_total(field_name: str, running: int, total: int) -> None:

@@ -166,6 +166,14 @@ def save_pool(
         ))
 
 
+def keep_pool(connection: Connection, tree: str, name: str) -> None:
+    """An ephemeral pool made a declared one: it no longer goes with its last operation."""
+    table = schema.tree_pool
+    connection.execute(
+        update(table).where(table.c.tree == tree, table.c.name == name).values(ephemeral_user=None)
+    )
+
+
 def delete_pool(connection: Connection, tree: str, name: str) -> None:
     table = schema.tree_pool
     result = connection.execute(delete(table).where(table.c.tree == tree, table.c.name == name))
