@@ -528,11 +528,14 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
                     except httpx.TransportError:
                         return answers
 
-        with ThreadPoolExecutor(5) as pool:
+        with ThreadPoolExecutor(5) as pool, httpx.Client(base_url=first.url + API,
+                                                        timeout=30.0) as waiter:
             # A long-poll in flight when SIGTERM arrives is answered, then the process exits 0.
+            # Its connection is made first: made in its thread, on a loaded machine it could
+            # come after the SIGTERM below and be refused (seen once, 2026-11-27).
+            ok(waiter.get(f"/requests/{queued['id']}"))
             future = pool.submit(
-                httpx.get, f"{first.url}{API}/requests/{queued['id']}/wait",
-                params={"timeout": 30}, timeout=30.0,
+                waiter.get, f"/requests/{queued['id']}/wait", params={"timeout": 30}
             )
             storms = [pool.submit(storm) for _ in range(4)]
             time.sleep(0.5)
