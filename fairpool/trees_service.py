@@ -699,7 +699,7 @@ class TreesService:
         pools not in the document are deleted (ephemeral pools stay; one the document names
         becomes a declared pool). Applying the same document twice changes nothing the
         second time."""
-        wanted = load_pool_tree(document)
+        wanted = load_pool_tree(document, name)
         if name is not None and wanted.name != name:
             raise InvalidInput(
                 "name", wanted.name, f"the file describes another tree than {name!r}"

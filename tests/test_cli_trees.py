@@ -127,6 +127,14 @@ def test_a_whole_tree_from_yaml_is_applied_idempotently(tmp_path: Path) -> None:
     assert created["pools"] == 3 and created["default"]
     again = fairpool(tmp_path, "pool-tree", "apply", "-f", str(path)).ok()
     assert again.out.strip() == "Pool tree 'physical' is unchanged."
+    # A file without a name: `create NAME` names it; `apply` has no name to take.
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text("config: {node_tag_filter: cpu}\npools:\n  a: {weight: 2}\n")
+    named = fairpool(tmp_path, "pool-tree", "create", "cpus", "--config-file", str(unnamed),
+                     "-o", "json").ok().json
+    assert (named["name"], named["pools"]) == ("cpus", 1)
+    assert_one_error(fairpool(tmp_path, "pool-tree", "apply", "-f", str(unnamed)),
+                     "name: a tree needs a name")
 
 
 def test_a_tree_is_deleted_when_nothing_runs_in_it(tmp_path: Path) -> None:

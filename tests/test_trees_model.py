@@ -303,6 +303,11 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
             "wieght: unknown pool option; did you mean 'weight'? (got 2)",
         ),
         (
+            lambda: pool("p", ephemeral_subpool_config={"zzz": 3}),
+            "ephemeral_subpool_config.zzz: unknown ephemeral_subpool_config option; one of mode, "
+            "max_running_operation_count, max_operation_count, resource_limits (got 3)",
+        ),
+        (
             lambda: PoolTreeConfig.from_mapping({"main_resorce": "gpu"}),
             "config.main_resorce: unknown pool tree option; did you mean 'main_resource'? (got 'gpu')",
         ),

@@ -264,7 +264,10 @@ def _options(
         name = aliases.get(str(key), str(key))
         if name not in parsers:
             close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+            else:  # the names themselves, where they are few enough for one line
+                hint = f"; one of {', '.join(parsers)}" if len(parsers) <= 6 else ""
             raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
         if name in values:
             raise InvalidInput(f"{path}{key}", value, f"{name} is given twice (through an alias)")
@@ -1059,7 +1062,7 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
 # -- YAML ----------------------------------------------------------------------------------------
 
 
-def load_pool_tree(text: str) -> PoolTree:
+def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     """A whole tree from YAML::
 
         name: physical
@@ -1071,7 +1074,8 @@ def load_pool_tree(text: str) -> PoolTree:
               project-adhoc: {strong_guarantee_resources: {cpu: 80}}
 
     Every pool's options sit next to its ``pools:`` (its children). Loading the same text twice
-    gives equal trees, so an apply can diff the result against the stored tree.
+    gives equal trees, so an apply can diff the result against the stored tree. A text
+    without ``name:`` is the tree ``name``, when given.
     """
     try:
         document = yaml.safe_load(text)
@@ -1083,7 +1087,9 @@ def load_pool_tree(text: str) -> PoolTree:
         key = sorted(unknown)[0]
         raise InvalidInput(key, data[key], "unknown tree key (expected name, config, pools)")
     if "name" not in data:
-        raise InvalidInput("name", None, "a tree needs a name")
+        if name is None:
+            raise InvalidInput("name", None, "a tree needs a name")
+        data = {**data, "name": name}  # `pool-tree create NAME --config-file` names it
     config = PoolTreeConfig.from_mapping(data.get("config") or {})
     pools: list[Pool] = []
 
