@@ -345,6 +345,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "apply", "-f", "-", input=CPU_TREE)
     fp("pool-tree", "apply", "-f", "-", "-o", "json", input=CPU_TREE)        # unchanged
     fp("pool-tree", "apply", "-f", "-", input="name: cpus\npools: {a: {weight: 0}}\n")  # bad
+    fp("pool-tree", "apply", "-f", "-", input="name: cpus\npools: {a: [\n")  # YAML: many lines
     fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",
        "--job-resources", '{"cpu": 4}', "--job-count", "2", "-o", "json")
     fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",

@@ -89,6 +89,3 @@ def parse_pairs(field: str, pairs: Iterable[str]) -> dict[str, str]:
     return result
 
 
-def one_line(message: str) -> str:
-    """Messages must fit the single ``Error:`` line."""
-    return "; ".join(part.strip() for part in message.splitlines() if part.strip())

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import one_line, service
+from fairpool.cli.common import service
 from fairpool.cli.component import component
 from fairpool.cli.config import config
 from fairpool.cli.queue import queue
@@ -23,7 +23,7 @@ from fairpool.cli.run import run, server
 from fairpool.cli.token import token
 from fairpool.cli.trees import node, operation, pool, pool_tree
 from fairpool.cli.workload import workload
-from fairpool.errors import FairpoolError
+from fairpool.errors import FairpoolError, one_line
 from fairpool.integrations.zenml.cli import zenml
 
 
