@@ -96,6 +96,11 @@ def test_the_issues_tour(home: Path) -> None:
         (("operation", "start", "--tree", "physical", "--pool", "project-batch", "--user", "u",
           "--job-resources", '{"cpu": 1}', "--job-count", "1", "--weight", "-0.5"),
          ("weight: must be positive (got -0.5)",)),
+        # A negative VALUE is the value, not an option.
+        (("pool", "set", "project-batch", "--tree", "physical", "weight", "-1"),
+         ("weight: must be positive (got -1)",)),
+        (("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "-0.5"),
+         ("fair_share_starvation_tolerance: must be between 0 and 1 (got -0.5)",)),
         (("pool", "describe", "nope", "--tree", "physical"), ("no pool 'nope'",)),
         (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
           "{guarantee_type: bursty}"),

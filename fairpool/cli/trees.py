@@ -28,6 +28,9 @@ PLACEMENT_SHARES = ("fair_share", "usage_share", "demand_share", "dominant_resou
 PLACEMENT_COLUMNS = ("tree", "pool", "weight", "resource_limits", "status", "running_jobs",
                      *PLACEMENT_SHARES, "reason")
 
+#: ``pool set p weight -1``: a VALUE starting with '-' is the value, not an unknown option.
+NEGATIVE_VALUES = {"ignore_unknown_options": True}
+
 tree_option = click.option("--tree", default=None,
                            help="The pool tree (default: the default_tree).")
 
@@ -135,7 +138,7 @@ def apply_tree(path: str, output: str) -> None:
         click.echo(change)
 
 
-@pool_tree.command("set")
+@pool_tree.command("set", context_settings=NEGATIVE_VALUES)
 @click.argument("name")
 @click.argument("option")
 @click.argument("value")
@@ -251,7 +254,7 @@ def create_pool(
     _print_pool(trees().create_pool(tree, name, parent, options).as_dict(), output)
 
 
-@pool.command("set")
+@pool.command("set", context_settings=NEGATIVE_VALUES)
 @click.argument("name")
 @_tree_required
 @click.argument("option")
