@@ -35,7 +35,8 @@ def train(model: str, seconds: float) -> str:
 
 @step
 def report(results: list[str]) -> None:
-    """No resource settings: no request, runs inline in the pipeline's process."""
+    """No resource settings: a request for ``step_run: 1`` only (every step of a dynamic
+    pipeline has one), run inline in the pipeline's process."""
     for line in results:
         print(line)
 

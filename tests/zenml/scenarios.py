@@ -201,17 +201,22 @@ def setup_preemption(flavor: str = "local") -> None:
     from zenml.enums import StackComponentType
 
     client = Client()
-    if flavor != "local":
+    if flavor != "local" and flavor not in {  # a server may have it (`fairpool zenml install`)
+        f.name for f in client.get_flavors_by_type(StackComponentType.ORCHESTRATOR)
+    }:
         from fairpool.integrations.zenml import FLAVOR_SOURCE
 
         client.create_flavor(FLAVOR_SOURCE, StackComponentType.ORCHESTRATOR)
-    pool = client.create_resource_pool("gpus", {"gpu": 1})
+    # SCENARIO_POOL: on a shared server, a pool of its own.
+    pool = client.create_resource_pool(os.environ.get("SCENARIO_POOL", "gpus"), {"gpu": 1})
     artifact_store = client.active_stack.artifact_store
     stacks = {}
     for name, priority, reserved in (("low", 1, 0), ("high", 10, 1)):
+        # SCENARIO_STOP_GRACE: fairpool_local's stop_grace_seconds (a test that waits it out).
+        grace = os.environ.get("SCENARIO_STOP_GRACE")
         orchestrator = client.create_stack_component(
             name=name, flavor=flavor, component_type=StackComponentType.ORCHESTRATOR,
-            configuration={},
+            configuration={"stop_grace_seconds": float(grace)} if grace else {},
         )
         stack = client.create_stack(
             name=f"{name}-stack",

@@ -197,3 +197,48 @@ def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: 
         "train", "released", "completed"
     )
     assert request["reason"].startswith("released")
+
+
+def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML) -> None:
+    """As tests/zenml/test_orchestrator.py, but each pipeline a client of the ZenML server.
+    There ZenML's heartbeat does not interrupt the step (in process it does): the orchestrator
+    terminates it ``stop_grace_seconds`` after it became CANCELLING (5 s here); its request
+    ends ``preempted``, its step run is retried after the high step, which ran long before
+    the low step's natural end."""
+    setup = server.scenario("preempt_setup_isolated", server=True, events="setup.jsonl",
+                            extra_env={"SCENARIO_POOL": "preempt", "SCENARIO_STOP_GRACE": "5"})
+    stacks = setup["stacks"]
+    low_events = server.cwd / "low.jsonl"
+    config = shutil.copytree(server.env["ZENML_CONFIG_PATH"], server.root / "config-low")
+    low = subprocess.Popen(
+        [sys.executable, "scenarios.py", "train_long", "--server"], cwd=server.cwd,
+        env={**server.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+             "ZENML_CONFIG_PATH": str(config), "SCENARIO_EVENTS": str(low_events),
+             "SCENARIO_LONG_SECONDS": "60"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_for(low_events, "start", low)
+        high = server.scenario("train_short", server=True,
+                               extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]},
+                               events="high.jsonl")
+        low_out, _ = low.communicate(timeout=180)
+    finally:
+        if low.poll() is None:
+            low.kill()
+    assert high["error"] is None, high["log"][-3000:]
+    low_result = next(
+        json.loads(line[7:]) for line in low_out.splitlines() if line.startswith("RESULT ")
+    )
+    assert low_result["error"] is None, low_out[-4000:]
+    assert "is cancelling and still running after 5 s: terminating its process" in low_out
+    events = {(e["step"], e["at"]): e["t"] for e in low_result["events"]}
+    assert ("long#1", "end") not in events  # stopped, not run to its end
+    short = {e["at"]: e["t"] for e in high["events"]}
+    assert short["start"] < events["long#1", "start"] + 60
+    assert events["long#2", "start"] >= short["end"]
+    victims = [r for r in low_result["requests"]
+               if r["step"] == "train_retried" and r["status"] == "preempted"]
+    assert [(r["step_version"], r["step_status"]) for r in victims] == [(1, "retried")], \
+        low_result["requests"]
+    assert "(priority 10 > 1)" in victims[0]["reason"]
