@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,42 @@ class ZenML:
             f"scenario {name} printed no result (exit {done.returncode}):\n"
             f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         )
+
+    def preemption(
+        self, low: str, high: str, stacks: Mapping[str, str], *, server: bool = False,
+        low_env: Mapping[str, str] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """Scenario ``low`` in the background on the low stack; once its step has started,
+        ``high`` on the high stack. ``high``'s result (it must succeed), then ``low``'s (with
+        its process's ``pid``) and its whole output."""
+        events = self.cwd / "low.jsonl"
+        env = {**self.env, "ZENML_ACTIVE_STACK_ID": stacks["low"], "SCENARIO_EVENTS": str(events),
+               **(low_env or {})}
+        if server:  # a client config of its own: ZenML rewrites it in place (no rename)
+            env["ZENML_CONFIG_PATH"] = str(
+                shutil.copytree(self.env["ZENML_CONFIG_PATH"], self.root / "config-low")
+            )
+        process = subprocess.Popen(
+            [sys.executable, "scenarios.py", low, *(["--server"] if server else [])],
+            cwd=self.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            deadline = time.time() + 120
+            while not (events.exists() and "start" in events.read_text()):
+                assert time.time() < deadline and process.poll() is None, "low never started"
+                time.sleep(0.2)
+            high_result = self.scenario(high, server=server, events="high.jsonl",
+                                        extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]})
+            out, _ = process.communicate(timeout=180)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert high_result["error"] is None, high_result["log"][-3000:]
+        low_result: dict[str, Any] = next(
+            json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")
+        )
+        low_result["pid"] = process.pid
+        return high_result, low_result, out
 
     def cli(self, *args: str, check: bool = True, env: Mapping[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:

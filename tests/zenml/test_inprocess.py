@@ -3,7 +3,6 @@ in-process (local SQLite) store by ``enable()``."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -93,37 +92,12 @@ def test_preemption_on_the_local_orchestrator(zenml_home: ZenML) -> None:
     and its step run CANCELLING at once. The stock local orchestrator cannot interrupt an
     inline step, so the victim keeps its GPU until its step ends (never two holders of one
     GPU), is then marked preempted and its step cancelled; the preemptor runs after it."""
-    import subprocess
-    import sys
-
     setup = zenml_home.scenario("preempt_setup")
-    stacks = setup["stacks"]
-    low_events = zenml_home.cwd / "low.jsonl"
-    low = subprocess.Popen(
-        [sys.executable, "scenarios.py", "long"], cwd=zenml_home.cwd,
-        # It holds until it is being preempted: started while the high one starts, a fixed
-        # hold could end first on a slow machine, with nothing left to preempt.
-        env={**zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-             "SCENARIO_EVENTS": str(low_events), "SCENARIO_LONG_SECONDS": "120",
-             "SCENARIO_HOLD_UNTIL_PREEMPTING": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        deadline = time.time() + 120
-        while not (low_events.exists() and "start" in low_events.read_text()):
-            assert time.time() < deadline and low.poll() is None, "the long step never started"
-            time.sleep(0.2)
-        high = zenml_home.scenario(
-            "short", extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]}, events="high.jsonl"
-        )
-        low_out, _ = low.communicate(timeout=120)
-    finally:
-        if low.poll() is None:
-            low.kill()
-    assert high["error"] is None, high["log"][-3000:]
-    low_result = next(
-        __import__("json").loads(line[7:]) for line in low_out.splitlines()
-        if line.startswith("RESULT ")
+    # It holds until it is being preempted: started while the high one starts, a fixed hold
+    # could end first on a slow machine, with nothing left to preempt.
+    high, low_result, _ = zenml_home.preemption(
+        "long", "short", setup["stacks"],
+        low_env={"SCENARIO_LONG_SECONDS": "120", "SCENARIO_HOLD_UNTIL_PREEMPTING": "1"},
     )
     victim, preemptor = low_result["requests"][0], high["requests"][1]
     assert victim["status"] == "preempted"

@@ -3,10 +3,6 @@ machine. Real ZenML, two pipelines in two processes on one in-process (SQLite) s
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 from typing import Any
 
 import pytest
@@ -26,30 +22,8 @@ def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
     long before its natural end, its request ends ``preempted`` and its step run is retried;
     the high step runs as soon as the GPU is free, then the retry (a new request) runs."""
     setup = zenml_home.scenario("preempt_setup_isolated")
-    stacks = setup["stacks"]
-    low_events = zenml_home.cwd / "low.jsonl"
-    low = subprocess.Popen(
-        [sys.executable, "scenarios.py", "train_long"], cwd=zenml_home.cwd,
-        env={**zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-             "SCENARIO_EVENTS": str(low_events), "SCENARIO_LONG_SECONDS": "60"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        deadline = time.time() + 120
-        while not (low_events.exists() and "start" in low_events.read_text()):
-            assert time.time() < deadline and low.poll() is None, "the long step never started"
-            time.sleep(0.2)
-        high = zenml_home.scenario(
-            "train_short", extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]},
-            events="high.jsonl",
-        )
-        low_out, _ = low.communicate(timeout=180)
-    finally:
-        if low.poll() is None:
-            low.kill()
-    assert high["error"] is None, high["log"][-3000:]
-    low_result = next(
-        json.loads(line[7:]) for line in low_out.splitlines() if line.startswith("RESULT ")
+    high, low_result, low_out = zenml_home.preemption(
+        "train_long", "train_short", setup["stacks"], low_env={"SCENARIO_LONG_SECONDS": "60"}
     )
     assert low_result["error"] is None, low_out[-4000:]
     events = low_result["events"]
@@ -58,7 +32,7 @@ def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
     # ZenML's step heartbeat) long before its 60 s were up.
     first = at(events, "long#1", "start")
     interrupted = at(events, "long#1", "interrupted")
-    assert first["pid"] != low.pid
+    assert first["pid"] != low_result["pid"]
     assert interrupted["after"] < 30
     assert not [e for e in events if e["step"] == "long#1" and e["at"] == "end"]
     assert "is remotely stopped, interrupting main thread" in low_out

@@ -207,28 +207,9 @@ def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML
     the low step's natural end."""
     setup = server.scenario("preempt_setup_isolated", server=True, events="setup.jsonl",
                             extra_env={"SCENARIO_POOL": "preempt", "SCENARIO_STOP_GRACE": "5"})
-    stacks = setup["stacks"]
-    low_events = server.cwd / "low.jsonl"
-    config = shutil.copytree(server.env["ZENML_CONFIG_PATH"], server.root / "config-low")
-    low = subprocess.Popen(
-        [sys.executable, "scenarios.py", "train_long", "--server"], cwd=server.cwd,
-        env={**server.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-             "ZENML_CONFIG_PATH": str(config), "SCENARIO_EVENTS": str(low_events),
-             "SCENARIO_LONG_SECONDS": "60"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        wait_for(low_events, "start", low)
-        high = server.scenario("train_short", server=True,
-                               extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]},
-                               events="high.jsonl")
-        low_out, _ = low.communicate(timeout=180)
-    finally:
-        if low.poll() is None:
-            low.kill()
-    assert high["error"] is None, high["log"][-3000:]
-    low_result = next(
-        json.loads(line[7:]) for line in low_out.splitlines() if line.startswith("RESULT ")
+    high, low_result, low_out = server.preemption(
+        "train_long", "train_short", setup["stacks"], server=True,
+        low_env={"SCENARIO_LONG_SECONDS": "60"},
     )
     assert low_result["error"] is None, low_out[-4000:]
     assert "is cancelling and still running after 5 s: terminating its process" in low_out
