@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,15 @@ def home(tmp_path: Path) -> str:
     svc.attach_policy("p", "high", priority=9)
     svc.db.close()
     return str(tmp_path)
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a Python started from a terminal, also where
+    pytest was started as a background job (a shell then starts it ignoring SIGINT)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def later(seconds: float, action: object) -> threading.Thread:
@@ -213,6 +223,7 @@ def test_an_exception_in_the_block_releases_and_goes_up(home: str) -> None:
     assert client.submit({"gpu": 2}, component="low").status == "allocated"  # units back
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_while_holding_releases_and_goes_up(home: str) -> None:
     client = Client(home=home)
     with pytest.raises(KeyboardInterrupt):
@@ -221,6 +232,7 @@ def test_ctrl_c_while_holding_releases_and_goes_up(home: str) -> None:
     assert client.get(grant.id).status == "released"
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_while_waiting_cancels_the_request(home: str) -> None:
     client = Client(home=home)
     client.submit({"gpu": 2}, component="high", lease_ttl=None)
