@@ -31,7 +31,8 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(flag, dest, default=None,
                             help=f"Reserved label {flag[2:]}.")(func)
     return click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
-                        help="A custom tag (repeatable); reserved keys have their own flags.")(
+                        help="A custom tag (repeatable; a key given twice keeps its last value); "
+                        "reserved keys have their own flags.")(
         func
     )
 
