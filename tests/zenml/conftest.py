@@ -83,21 +83,27 @@ class ZenML:
             env["ZENML_CONFIG_PATH"] = str(
                 shutil.copytree(self.env["ZENML_CONFIG_PATH"], self.root / "config-low")
             )
-        process = subprocess.Popen(
-            [sys.executable, "scenarios.py", low, *(["--server"] if server else [])],
-            cwd=self.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        # Its output goes to a file: a pipe nobody reads while waiting fills (64 KiB) and
+        # blocks it.
+        log = self.cwd / "low.out"
+        with log.open("w") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "scenarios.py", low, *(["--server"] if server else [])],
+                cwd=self.cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+            )
         try:
             deadline = time.time() + 120
             while not (events.exists() and "start" in events.read_text()):
-                assert time.time() < deadline and process.poll() is None, "low never started"
+                assert time.time() < deadline and process.poll() is None, \
+                    "low never started:\n" + log.read_text()[-3000:]
                 time.sleep(0.2)
             high_result = self.scenario(high, server=server, events="high.jsonl",
                                         extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]})
-            out, _ = process.communicate(timeout=180)
+            process.wait(timeout=180)
         finally:
             if process.poll() is None:
                 process.kill()
+        out = log.read_text()
         assert high_result["error"] is None, high_result["log"][-3000:]
         low_result: dict[str, Any] = next(
             json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")

@@ -201,7 +201,8 @@ def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: 
 
 def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML) -> None:
     """As tests/zenml/test_orchestrator.py, but each pipeline a client of the ZenML server.
-    There ZenML's heartbeat does not interrupt the step (in process it does): the orchestrator
+    There ZenML's heartbeat does not interrupt the step (in process it does: a local server has
+    no authentication, and its heartbeat route then fails with a 500): the orchestrator
     terminates it ``stop_grace_seconds`` after it became CANCELLING (5 s here); its request
     ends ``preempted``, its step run is retried after the high step, which ran long before
     the low step's natural end."""
