@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Table,
+    bindparam,
+    create_engine,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 
@@ -340,10 +351,12 @@ def test_a_value_of_a_type_no_column_has_is_refused_not_guessed() -> None:
 
 @ON_POSTGRESQL
 def test_what_the_loop_sends_may_be_more_than_the_socket_takes_at_once(
-    db: Database, monkeypatch: pytest.MonkeyPatch
+    db: Database, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline is flushed in parts, the server's answers read meanwhile: 8 MiB of
-    events through a socket whose send buffer takes 64 KiB."""
+    events through a socket whose send buffer takes 64 KiB, while the server, its first
+    INSERT waiting for a lock on the table, reads none of it for a second. (Without the lock a
+    loaded machine once sent slower than the server read, and never had to wait.)"""
     waits: list[bool] = []
     ready, connect = direct._ready, db._connect_async
 
@@ -367,7 +380,16 @@ def test_what_the_loop_sends_may_be_more_than_the_socket_takes_at_once(
     def write(connection: Connection) -> None:
         Direct(insert(schema.event)).execute_many(connection, events)
 
-    asyncio.run(_collected(db, seen, write))
+    locker = create_engine(database_url)
+    try:
+        with locker.connect() as other:
+            other.exec_driver_sql("LOCK TABLE event IN SHARE MODE")
+            unlock = threading.Timer(1.0, other.commit)
+            unlock.start()
+            asyncio.run(_collected(db, seen, write))
+            unlock.join()
+    finally:
+        locker.dispose()
     with db.read() as connection:
         stored = connection.exec_driver_sql(
             "SELECT count(*), sum(length(data::text)) FROM event"
