@@ -69,6 +69,20 @@ class ZenML:
             f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         )
 
+    def background(
+        self, name: str, env: Mapping[str, str], *, server: bool = False
+    ) -> tuple[subprocess.Popen[str], Path]:
+        """Scenario ``name`` started in the background with ``env`` (all of it), its output
+        going to a file (returned): a pipe nobody reads while the test waits fills (64 KiB)
+        and blocks the pipeline."""
+        log = self.cwd / f"{name}-{time.monotonic_ns()}.out"
+        with log.open("w") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "scenarios.py", name, *(["--server"] if server else [])],
+                cwd=self.cwd, env=dict(env), stdout=sink, stderr=subprocess.STDOUT, text=True,
+            )
+        return process, log
+
     def preemption(
         self, low: str, high: str, stacks: Mapping[str, str], *, server: bool = False,
         low_env: Mapping[str, str] | None = None,
@@ -83,14 +97,7 @@ class ZenML:
             env["ZENML_CONFIG_PATH"] = str(
                 shutil.copytree(self.env["ZENML_CONFIG_PATH"], self.root / "config-low")
             )
-        # Its output goes to a file: a pipe nobody reads while waiting fills (64 KiB) and
-        # blocks it.
-        log = self.cwd / "low.out"
-        with log.open("w") as sink:
-            process = subprocess.Popen(
-                [sys.executable, "scenarios.py", low, *(["--server"] if server else [])],
-                cwd=self.cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
-            )
+        process, log = self.background(low, env, server=server)
         try:
             deadline = time.time() + 120
             while not (events.exists() and "start" in events.read_text()):

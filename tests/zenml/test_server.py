@@ -39,10 +39,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZenML]:
         home.cli("logout", "--local", check=False)
 
 
-def wait_for(path: Path, text: str, process: subprocess.Popen[str], timeout: float = 120) -> None:
+def wait_for(
+    path: Path, text: str, process: subprocess.Popen[str], log: Path, timeout: float = 120
+) -> None:
     deadline = time.time() + timeout
     while not (path.exists() and text in path.read_text()):
-        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert process.poll() is None, log.read_text()[-3000:]
         assert time.time() < deadline, f"{text!r} never appeared in {path}"
         time.sleep(0.2)
 
@@ -89,14 +91,11 @@ def test_cli_reflects_fairpools_state(server: ZenML) -> None:
                        ("second", {"SCENARIO_LONG_SECONDS": "1"})):
         events = server.cwd / f"{name}.jsonl"
         config = shutil.copytree(server.env["ZENML_CONFIG_PATH"], server.root / f"config-{name}")
-        procs.append((events, subprocess.Popen(
-            [sys.executable, "scenarios.py", "long", "--server"], cwd=server.cwd,
-            env={**server.env, "SCENARIO_EVENTS": str(events), **hold,
-                 "ZENML_CONFIG_PATH": str(config)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )))
+        procs.append((events, *server.background("long", {
+            **server.env, "SCENARIO_EVENTS": str(events), **hold, "ZENML_CONFIG_PATH": str(config)
+        }, server=True)))
         if name == "first":
-            wait_for(events, "start", procs[0][1])
+            wait_for(events, "start", *procs[0][1:])
     try:
         deadline = time.time() + 120
         while True:
@@ -123,11 +122,10 @@ def test_cli_reflects_fairpools_state(server: ZenML) -> None:
         request = server.say("resource-request", "describe", queued["id"])
         assert "pending" in request and "in use 1 of limit 1" in request
         release_first.touch()
-        for _, proc in procs:
-            out, _ = proc.communicate(timeout=180)
-            assert proc.returncode == 0, out[-3000:]
+        for _, proc, log in procs:
+            assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
-        for _, proc in procs:
+        for _, proc, _ in procs:
             if proc.poll() is None:
                 proc.kill()
     # The second started after the first ended; both released.
