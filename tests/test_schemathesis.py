@@ -8,7 +8,8 @@ Left out on purpose: ``positive_data_acceptance``. The API refuses some input th
 Schema allows, by design: the models are strict (``3.0`` is no integer), a policy's keys
 must be its pool's, and references are looked up (404) and changes checked against the
 state (409). The long-poll's ``timeout`` is capped at ``MAX_WAIT`` so that no case waits.
-The whole run takes 25-45 s here (2 cores, shared).
+Each backend's run takes 25-45 s here on a quiet machine, and up to 95 s on a slow night in a
+parallel run (2 cores, 2026-11-27).
 """
 
 from __future__ import annotations
