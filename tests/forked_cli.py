@@ -28,7 +28,7 @@ TIMEOUT = 120.0
 #: Held while a process starts or is reaped. ``Process.start`` reaps every finished child
 #: (``multiprocessing.process._cleanup``), so a start in one thread could read a child's exit
 #: status while that child's thread read it too: one of them then got EOF, and an exit status
-#: of 255 (9 in 3,000 calls from 8 threads; one failed a CI run).
+#: of 255 (5 in 1,500 of these calls from 8 threads; one failed a CI run).
 _REAPING = threading.Lock()
 
 
