@@ -317,6 +317,9 @@ def test_the_seed_examples_behave_as_the_seed_says_through_the_cli(tmp_path: Pat
     assert (research["queue"], research["priority"], research["flavors"]) == (
         "ml_training", 50, ["gpu_a100_spot"])
     assert submit("--label", "team=infra", "--gpu", "8")["queue"] == "default"
+    # A label key given twice keeps its last value (docs/config.md).
+    twice = submit("--label", "team=research", "--label", "team=infra", "--gpu", "8")
+    assert (twice["queue"], twice["labels"]) == ("default", {"team": "infra"})
 
 
 def test_the_ticks_pass_runs_only_when_a_workload_waits(sched: SchedulingService) -> None:
