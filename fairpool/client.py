@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
-from fairpool.settings import ResourceSettings
+from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class Client:
         (seconds), the units go back when no heartbeat comes for that long; ``None``: held
         until released."""
         if isinstance(settings, ResourceSettings):
-            demand = settings.requested_resources()
+            demand = request_map(settings)
             preemptible = settings.preemptible
         else:
             demand, preemptible = dict(settings), True

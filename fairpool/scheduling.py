@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.frontends import workloads as wl
 from fairpool.frontends.config import (
+    MAX_VERSION,
     ConfigError,
     ConfigIssue,
     SchedulerConfig,
@@ -27,12 +28,19 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.frontends.config_diff import diff_configs
+from fairpool.frontends.pools import validate_int
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 
 _EMPTY = SchedulerConfig()
+
+
+def _version(version: int) -> int:
+    """A version number as the API takes it: beyond 32 bits a database could not even look
+    it up."""
+    return validate_int("version", version, 1, MAX_VERSION)
 
 
 def _utcnow() -> datetime:
@@ -247,7 +255,7 @@ class SchedulingService:
     def rollback_config(self, version: int) -> Applied:
         """Apply version ``version`` again, as a new version; history is never rewritten."""
         with self.db.write() as conn:
-            old = store.get_config_version(conn, version)
+            old = store.get_config_version(conn, _version(version))
             return self._apply(conn, old.document, _parsed(old.document), old.version)
 
     def get_config(self, version: int | None = None) -> ConfigVersionView | None:
@@ -255,7 +263,8 @@ class SchedulingService:
         with self.db.read() as conn:
             active = store.active_config_version(conn)
             if version is not None:
-                return self._version_view(store.get_config_version(conn, version), active)
+                found = store.get_config_version(conn, _version(version))
+                return self._version_view(found, active)
             return None if active is None else self._version_view(active, active)
 
     def list_configs(self) -> list[ConfigVersionView]:
@@ -266,7 +275,7 @@ class SchedulingService:
     def diff_config(self, version: int) -> tuple[str, ...]:
         """What applying (rolling back to) ``version`` would change, queue by queue."""
         with self.db.read() as conn:
-            target = store.get_config_version(conn, version)
+            target = store.get_config_version(conn, _version(version))
             active = store.active_config_version(conn)
         current = _EMPTY if active is None else _parsed(active.document)
         return diff_configs(current, _parsed(target.document))

@@ -21,7 +21,9 @@ from pydantic import (
     PositiveInt,
 )
 
-__all__ = ["MEMORY_REGEX", "ByteUnit", "ResourceSettings"]
+from fairpool.errors import InvalidInput
+
+__all__ = ["MEMORY_REGEX", "ByteUnit", "ResourceSettings", "request_map"]
 
 
 class ByteUnit(Enum):
@@ -149,3 +151,15 @@ class ResourceSettings(BaseModel):
         concurrent steps; it overrides any ``step_run`` in ``pool_resources``.
         """
         return {**self.merged_requested_resources(), "step_run": 1}
+
+
+def request_map(settings: ResourceSettings) -> dict[str, int]:
+    """``settings.requested_resources()``, for fairpool's front-ends: what ZenML's validation
+    lets through but cannot count (an infinite ``cpu_count``, a ``memory`` beyond a float's
+    range) is refused naming the field, where ZenML's rounding raises ``OverflowError``."""
+    if settings.cpu_count is not None and not math.isfinite(settings.cpu_count):
+        raise InvalidInput("cpu_count", settings.cpu_count, "must be a finite number")
+    try:
+        return settings.requested_resources()
+    except OverflowError:
+        raise InvalidInput("memory", settings.memory, "is too large to count") from None

@@ -277,6 +277,22 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
     assert "Traceback" not in server.log_path.read_text()
 
 
+def test_a_url_number_out_of_bounds_is_shown_as_the_number(client: httpx.Client) -> None:
+    """A URL's values are text, but an integer or a number out of its bounds is shown as the
+    number it is, as the embedded CLI and the SDK show it (the remote CLI prints this)."""
+    for path, params, detail in (
+        ("/requests", {"limit": 0}, "limit: must be a positive integer (got 0)"),
+        ("/config", {"version": "-1"}, "version: must be a positive integer (got -1)"),
+        ("/config/versions/99999999999999999999/diff", {},
+         "version: must be at most 2147483647 (got 99999999999999999999)"),
+        ("/requests/x/wait", {"timeout": "-1.5"}, "timeout: must be >= 0 (got -1.5)"),
+        ("/requests", {"limit": "ten"}, "limit: must be an integer in decimal digits (got 'ten')"),
+    ):
+        response = client.get(path, params=params)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"] == detail
+
+
 @pytest.mark.parametrize(
     ("kinds", "bad", "at_least"),
     [

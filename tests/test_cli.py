@@ -332,6 +332,9 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     ((*CREATE_REQUEST, COMPONENT, "--memory", "1.5GB"), ("memory", "1.5GB")),
     ((*CREATE_REQUEST, COMPONENT, "--pool-resource", "tpu=x"), ("pool_resources.tpu", "'x'")),
     ((*CREATE_REQUEST, "nobody", "--gpu-count", "1"), ("nobody",)),
+    # ZenML's ResourceSettings takes these, but they count no units (its rounding overflows).
+    ((*CREATE_REQUEST, COMPONENT, "--cpu-count", "inf"), ("cpu_count: must be a finite number",)),
+    ((*CREATE_REQUEST, COMPONENT, "--memory", "1" + "0" * 400 + "PB"), ("memory: is too large",)),
     (("resource-pool", "attach-policy", POOL, "c2", "-p", "1", "-r", '{"gpu": 3}',
       "-l", '{"gpu": 2}'), ("reserved.gpu", "3", "2")),
     (("resource-pool", "attach-policy", POOL, "c2", "-p", "1", "-r", '{"tpu": 1}'),
@@ -410,12 +413,17 @@ def test_a_database_that_cannot_be_opened_is_one_error_line(
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
-    missing, bad_choice = fairpool_many(tour.home, [
+    missing, bad_choice, no_number, forever = fairpool_many(tour.home, [
         ("resource-pool", "create", "p3"),
         ("resource-pool", "requests", POOL, "--view", "sideways"),
+        # click's FloatRange lets NaN through: a deadline that never comes.
+        (*CREATE_REQUEST, COMPONENT, "--gpu-count", "1", "--wait", "--timeout", "nan"),
+        ("run", "--component", COMPONENT, "--grace", "inf", "--", "true"),
     ])
     assert missing.code == 2 and "--capacity" in missing.err
     assert bad_choice.code == 2 and "sideways" in bad_choice.err
+    assert no_number.code == 2 and "'--timeout': nan is not a finite number" in no_number.err
+    assert forever.code == 2 and "'--grace': inf is not a finite number" in forever.err
 
 
 # -- state-changing tests ----------------------------------------------------------------

@@ -149,6 +149,7 @@ def every_command(fp: Transcript) -> None:
     other = fp("resource-request", "create", "--component", "team-b", "--gpu-count", "1", "-t", "step_operator",
                "-o", "yaml")
     fp("resource-request", "create", "--component", "team-a", "--pool-resource", "gpu=x")   # invalid
+    fp("resource-request", "create", "--component", "team-a", "--cpu-count", "inf")        # invalid
     retry = fp("resource-request", "describe", b["id"], "-o", "json")["retried_as_id"]
     fp("resource-request", "describe", retry[:8], "-o", "json")                 # by id prefix
     fp("resource-request", "describe", a["id"])
@@ -234,6 +235,9 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("config", "get", "-o", "json")
     fp("config", "rollback", "--version", "1", "--yes", "-o", "json")
     fp("config", "rollback", "--version", "7", "--yes")                       # no such version
+    fp("config", "get", "--version", "0")                                     # bad value
+    fp("config", "diff", "--version", "-1")                                   # bad value
+    fp("config", "rollback", "--version", "99999999999999999999", "--yes")    # beyond 32 bits
 
 
 CPU_TREE = """
@@ -307,6 +311,8 @@ def tree_commands(fp: Transcript) -> None:
        '{"cpu": 65}', "--job-count", "1")                                     # fits no node
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 1}', "--job-count", "0")                                      # bad value
+    fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
+       '{"cpu": 1}', "--job-count", "10001")                                  # too many jobs
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 1}', "--job-count", "1", "--weight", "heavy")                 # bad value
     fp("pool-tree", "show", "physical")

@@ -5,6 +5,7 @@ database, SQLite and PostgreSQL. The routing and flavor rules themselves are tes
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -65,6 +66,15 @@ def test_versions_are_appended_and_rollback_applies_an_old_one_again(
     assert sched.diff_config(4) == ()
     with pytest.raises(NotFound, match="no scheduler config version 9"):
         sched.get_config(9)
+    # Refused as the API refuses them; beyond 32 bits SQLite could not even look one up.
+    for call, message in (
+        (lambda: sched.get_config(0), "version: must be a positive integer (got 0)"),
+        (lambda: sched.diff_config(-1), "version: must be a positive integer (got -1)"),
+        (lambda: sched.rollback_config(2**64), f"version: must be at most {2**31 - 1} (got"),
+    ):
+        with pytest.raises(InvalidInput, match=re.escape(message)):
+            call()
+    assert rows(sched, "config_version") == 4
 
 
 def test_an_invalid_config_writes_nothing(sched: SchedulingService) -> None:

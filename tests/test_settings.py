@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fairpool.settings import MEMORY_REGEX, ByteUnit, ResourceSettings
+from fairpool.errors import InvalidInput
+from fairpool.settings import MEMORY_REGEX, ByteUnit, ResourceSettings, request_map
 
 # (unit string, byte value) in ZenML's definition order.
 UNITS = [
@@ -253,6 +254,16 @@ def test_accepted_but_unmergeable(kwargs: dict[str, Any]) -> None:
     settings = ResourceSettings(**kwargs)
     with pytest.raises(OverflowError):
         settings.merged_requested_resources()
+    # fairpool's front-ends (CLI, SDK) refuse them naming the field instead.
+    with pytest.raises(InvalidInput, match=f"^{next(iter(kwargs))}: "):
+        request_map(settings)
+
+
+def test_request_map_is_the_request_zenml_sends() -> None:
+    settings = ResourceSettings(gpu_count=2, cpu_count=1.5, memory="1GiB")
+    assert request_map(settings) == settings.requested_resources() == {
+        "gpu": 2, "mcpu": 1500, "memory_mb": 1074, "step_run": 1,
+    }
 
 
 units = st.sampled_from(list(ByteUnit))

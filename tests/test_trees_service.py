@@ -215,6 +215,9 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         (lambda: seed.start_operation(pool="project-batch", user="u", job_resources=CPU,
                                       job_count=0),
          "job_count: must be a positive integer"),
+        (lambda: seed.start_operation(pool="project-batch", user="u", job_resources=CPU,
+                                      job_count=10_001),
+         "job_count: must be at most 10000 (got 10001)"),
         (lambda: seed.add_node("gpu-01", [], {"cpu": 1}), "node gpu-01 already exists"),
     ]
     for call, message in cases:

@@ -8,6 +8,7 @@ Anything else is a bug: 500.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +35,8 @@ from fairpool.frontends.pools import at_least
 log = logging.getLogger("fairpool.api")
 
 _MAX_SHOWN = 80
+#: pydantic's error kinds for a number out of its bounds.
+_BOUNDS = frozenset(("greater_than", "greater_than_equal", "less_than", "less_than_equal"))
 
 
 def error_response(
@@ -60,10 +63,11 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "required"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return "must be an integer"
-    if kind == "greater_than" and isinstance(ctx.get("gt"), int):
-        return at_least(ctx["gt"] + 1)
-    if kind == "greater_than_equal" and isinstance(ctx.get("ge"), int):
-        return at_least(ctx["ge"])
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if kind == "greater_than" and "gt" in ctx:
+        return at_least(ctx["gt"] + 1) if integer else f"must be > {ctx['gt']}"
+    if kind == "greater_than_equal" and "ge" in ctx:
+        return at_least(ctx["ge"]) if integer else f"must be >= {ctx['ge']}"
     if kind == "less_than_equal" and "le" in ctx:
         return f"must be at most {ctx['le']}"
     if kind == "string_too_short" and ctx.get("min_length") == 1:
@@ -93,12 +97,15 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
     if field is None and isinstance(first.get("input"), bytes | bytearray):
         # FastAPI hands the body over unparsed when it is not declared as JSON.
         return error_response(415, "request body must be JSON (Content-Type: application/json)")
-    message = _message(
-        kind, first.get("ctx") or {}, first.get("input"), str(first.get("msg", "invalid value"))
-    )
+    value = first.get("input")
+    if loc[:1] in (("query",), ("path",)) and kind in _BOUNDS and isinstance(value, str):
+        # A number in a URL (``UrlInt``, ``UrlNumber``: written as JSON writes it) out of its
+        # bounds: worded and shown as the number it is, as the CLI and the SDK show it.
+        value = json.loads(value)
+    message = _message(kind, first.get("ctx") or {}, value, str(first.get("msg", "invalid value")))
     detail = f"{field or 'request body'}: {message}"
     if kind != "missing" and "input" in first:
-        detail += f" (got {_shown(first['input'])})"
+        detail += f" (got {_shown(value)})"
     if len(errors) > 1:
         detail += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return error_response(422, detail, field)

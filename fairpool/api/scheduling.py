@@ -15,7 +15,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name, QueryText, UrlInt
-from fairpool.frontends.config import MAX_PRIORITY, ConfigError, load_config, warnings
+from fairpool.frontends.config import (
+    MAX_PRIORITY,
+    MAX_VERSION,
+    ConfigError,
+    load_config,
+    warnings,
+)
 from fairpool.scheduling import SchedulingService
 
 #: Characters of a config document (seed configs are a few KB), and the body limit of the
@@ -87,7 +93,7 @@ def scheduling_router(
 
     @router.get("/config", tags=["scheduler config"])
     def get_config(
-        version: Annotated[UrlInt, Query(ge=1, le=2**31 - 1)] | None = None,
+        version: Annotated[UrlInt, Query(ge=1, le=MAX_VERSION)] | None = None,
     ) -> JSONResponse:
         """A version (default: the active one); 404 before the first apply."""
         found = scheduling.get_config(version)
@@ -104,14 +110,14 @@ def scheduling_router(
         return JSONResponse({"items": [v.as_dict() for v in scheduling.list_configs()]})
 
     @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
-    def diff_config(version: Annotated[UrlInt, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+    def diff_config(version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)]) -> JSONResponse:
         """What applying ``version`` again would change, queue by queue."""
         return JSONResponse({"version": version,
                              "changes": list(scheduling.diff_config(version))})
 
     @router.post("/config/versions/{version}/rollback", status_code=201,
                  tags=["scheduler config"])
-    def rollback_config(version: Annotated[UrlInt, Path(ge=1, le=2**31 - 1)]) -> JSONResponse:
+    def rollback_config(version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)]) -> JSONResponse:
         """Apply ``version`` again, as a new version."""
         return JSONResponse(scheduling.rollback_config(version).as_dict(), status_code=201)
 

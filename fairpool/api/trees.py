@@ -23,15 +23,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
 from fairpool.frontends.names import MAX_NAME
-from fairpool.trees_service import TreesService
+from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 
 #: Characters of a whole-tree YAML document (``pool-tree apply``), and the body limit of the
 #: route that takes one: JSON may spell each character as a 12-byte surrogate-pair escape.
 MAX_TREE_DOCUMENT = 60_000
 MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
-#: Jobs of one operation over HTTP: every pass (each command, each reconciler tick) plans and
-#: stores each job, so one request must not be able to stall the server (100k jobs: ~5 s).
-MAX_JOB_COUNT = 10_000
 #: Trees of one operation (YTsaurus pool_trees).
 MAX_POOL_TREES = 16
 #: Tags of one node, and entries of any list or mapping inside an option value.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,17 @@ if TYPE_CHECKING:
     from fairpool.scheduling import SchedulingService
     from fairpool.service import Service
     from fairpool.trees_service import TreesService
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds from ``min`` up: click's ``FloatRange`` lets NaN through (it
+    compares false with any bound), and a deadline NaN or infinitely far never comes."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{seconds} is not a finite number of seconds.", param, ctx)
+        return seconds
 
 
 def service(ctx: click.Context | None = None) -> Service | RemoteService:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import parse_pairs, service
+from fairpool.cli.common import Seconds, parse_pairs, service
 from fairpool.errors import Conflict
 from fairpool.views import COMPONENT_TYPES, RequestView
 
@@ -145,7 +145,7 @@ def request_fields(
     labels: tuple[str, ...],
 ) -> dict[str, Any]:
     """The service's ``create_request`` arguments from ``request_options``."""
-    from fairpool.settings import ResourceSettings
+    from fairpool.settings import ResourceSettings, request_map
 
     # model_validate: pydantic checks and converts the KEY=N strings (and names the bad one).
     settings = ResourceSettings.model_validate({
@@ -158,7 +158,7 @@ def request_fields(
     return {
         "component": component,
         "component_type": component_type,
-        "demand": settings.requested_resources(),
+        "demand": request_map(settings),
         "preemptible": settings.preemptible,
         "max_retries": max_retries,
         "labels": parse_pairs("labels", labels),
@@ -173,7 +173,7 @@ def request_fields(
 @click.option("--wait", is_flag=True, default=False,
               help="Reconcile and wait until the request is no longer queued; interrupted "
               "(Ctrl-C, SIGTERM), cancel it.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=Seconds(min=0), default=None,
               help="With --wait: give up after this many seconds (exit code 2).")
 @o.output_option
 def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str,

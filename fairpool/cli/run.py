@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import service
+from fairpool.cli.common import Seconds, service
 from fairpool.cli.resource_request import (
     EXIT_TIMEOUT,
     queue_summary,
@@ -36,9 +36,9 @@ from fairpool.views import RequestView
 @click.option("--lease-ttl", type=click.IntRange(min=1), default=DEFAULT_LEASE_TTL,
               show_default=True,
               help="Seconds the units stay held if fairpool stops hearing from this command.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=Seconds(min=0), default=None,
               help="Give up waiting for units after this many seconds (exit code 2).")
-@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--grace", type=Seconds(min=0), default=10.0, show_default=True,
               help="On preemption: seconds between SIGTERM and SIGKILL.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str, ...],
@@ -187,7 +187,7 @@ def _exit_code(code: int) -> int:
 @click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
               help="postgresql+psycopg://... or sqlite:///PATH (default: the embedded store "
               "under --home).")
-@click.option("--tick", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+@click.option("--tick", type=Seconds(min=0.05), default=1.0, show_default=True,
               help="Seconds between reconcile passes (lease expiry, timeouts).")
 @click.option("--auth/--no-auth", default=None,
               help="Require API tokens (`fairpool token create`). Default: only when --host is "

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_NAME",
     "MAX_PRIORITY",
     "MAX_QUOTA",
+    "MAX_VERSION",
     "RESERVED_LABEL_KEYS",
     "ROOT",
     "ConfigError",
@@ -111,6 +112,8 @@ class OnViolation(StrEnum):
 MAX_QUOTA: Final = 10**12
 #: Priorities are 32-bit signed integers in Kueue (``WorkloadPriorityClass.value``).
 MAX_PRIORITY: Final = 2**31 - 1
+#: Config versions are numbered from 1 and stored as 32-bit integers.
+MAX_VERSION: Final = 2**31 - 1
 #: At most this many values inside one ``advanced_instance_config`` (guards alias bombs).
 MAX_OPAQUE_VALUES: Final = 100_000
 #: Decimal places allowed in ``nominal_quota``; milli-units are then exact.
