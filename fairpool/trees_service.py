@@ -611,7 +611,7 @@ def _parse_value(field: str, text: str) -> object:
     ``{cpu: 100}``, ``true``)."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # PyYAML composes nested values recursively
         raise InvalidInput(field, text, "not a valid value") from None
 
 

@@ -254,6 +254,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": 0, "wait": 1}}, 422, "wait"),
         ("GET", "/config/versions", {"params": {"version": 1}}, 422, "version"),
         ("GET", "/pool-trees", {"params": {"x": ""}}, 422, "x"),
+        # Nested past Python's recursion limit (PyYAML composes recursively): a 500 until
+        # the service refused it.
+        ("POST", "/pool-trees/apply", {"json": {"document": "[" * 1000}}, 422, "tree"),
         ("GET", "/pools/err-gpus/requests", {"params": {"view": "some"}}, 422, "view"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": -1}}, 422, "timeout"),
         ("GET", f"/requests/{held['id']}/wait", {"params": {"timeout": "nan"}}, 422, "timeout"),

@@ -219,6 +219,11 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
                                       job_count=10_001),
          "job_count: must be at most 10000 (got 10001)"),
         (lambda: seed.add_node("gpu-01", [], {"cpu": 1}), "node gpu-01 already exists"),
+        # PyYAML composes recursively: nesting past Python's recursion limit is invalid YAML.
+        (lambda: seed.apply_tree("name: t\npools: " + "{p: {pools: " * 300 + "{}" + "}}" * 300),
+         "tree: is not valid YAML: nested too deeply"),
+        (lambda: seed.set_pool("physical", "project-batch", "weight", "[" * 5000),
+         "weight: not a valid value"),
     ]
     for call, message in cases:
         with pytest.raises((InvalidInput, Conflict), match=re.escape(message)):

@@ -1062,6 +1062,17 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
 # -- YAML ----------------------------------------------------------------------------------------
 
 
+def load_yaml(field_name: str, text: str) -> object:
+    """``text`` as YAML; an error names ``field_name``. Nesting deep enough to exhaust Python's
+    recursion (PyYAML composes recursively) is refused like any invalid YAML."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InvalidInput(field_name, "<yaml>", f"is not valid YAML: {error}") from None
+    except RecursionError:
+        raise InvalidInput(field_name, "<yaml>", "is not valid YAML: nested too deeply") from None
+
+
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     """A whole tree from YAML::
 
@@ -1077,11 +1088,7 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     gives equal trees, so an apply can diff the result against the stored tree. A text
     without ``name:`` is the tree ``name``, when given.
     """
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise InvalidInput("tree", "<yaml>", f"is not valid YAML: {error}") from None
-    data = _mapping("tree", document)
+    data = _mapping("tree", load_yaml("tree", text))
     unknown = set(data) - {"name", "config", "pools"}
     if unknown:
         key = sorted(unknown)[0]
