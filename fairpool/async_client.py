@@ -30,7 +30,7 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from fairpool.client import Client, Preempted, WaitTimeout, not_granted
 from fairpool.errors import Conflict, FairpoolError
-from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
+from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
 
@@ -93,6 +93,7 @@ class AsyncClient:
 
     async def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Until the request leaves the queue (or ``timeout`` seconds pass)."""
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = WAIT_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
@@ -125,11 +126,12 @@ class AsyncClient:
         exception or a cancellation too). As a decorator of an ``async def``: the same around
         each call, run again on the retry attempt after a preemption while ``max_retries``
         allows."""
+        interval, timeout = holding(lease_ttl, timeout)
         submit = functools.partial(
             self.submit, settings, component=component, component_type=component_type,
             max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
         )
-        return AsyncAcquire(self, submit, heartbeat_interval(lease_ttl), timeout)
+        return AsyncAcquire(self, submit, interval, timeout)
 
 
 class AsyncGrant:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
+from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
@@ -279,6 +279,7 @@ class Client:
 
     def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Block until the request leaves the queue (or ``timeout`` seconds pass)."""
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
@@ -326,11 +327,12 @@ class Client:
         timeout: float | None = None,
     ) -> _Acquire:
         """Submit, wait, hold with heartbeats, release on exit (exceptions and Ctrl-C too)."""
+        interval, timeout = holding(lease_ttl, timeout)
         request = functools.partial(
             self.submit, settings, component=component, component_type=component_type,
             max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
         )
-        return _Acquire(self, request, lease_ttl, timeout)
+        return _Acquire(self, request, interval, timeout)
 
 
 class _Acquire:
@@ -340,12 +342,12 @@ class _Acquire:
         self,
         client: Client,
         submit: Callable[[], RequestView],
-        lease_ttl: int,
+        interval: float,
         timeout: float | None,
     ) -> None:
         self._client = client
         self._submit = submit
-        self._interval = heartbeat_interval(lease_ttl)
+        self._interval = interval
         self._timeout = timeout
         self._grant: Grant | None = None
 

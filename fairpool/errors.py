@@ -52,6 +52,25 @@ def one_of(field: str, value: str, choices: Iterable[str]) -> str:
     return value
 
 
+def validate_int(field: str, value: object, low: int, high: int) -> int:
+    """An integer from ``low`` to ``high``; refused in the words the API's checks use
+    (``fairpool.api.errors``), so that a command says the same embedded and remote."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, value, "must be an integer")
+    if value < low:
+        raise InvalidInput(field, value, at_least(low))
+    if value > high:
+        raise InvalidInput(field, value, f"must be at most {high}")
+    return value
+
+
+def at_least(low: int) -> str:
+    """How a check words an integer's lower bound."""
+    return {0: "must be a non-negative integer", 1: "must be a positive integer"}.get(
+        low, f"must be at least {low}"
+    )
+
+
 class Conflict(FairpoolError):
     """The request is valid but the current state forbids it (e.g. live allocations)."""
 

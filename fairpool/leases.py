@@ -1,13 +1,42 @@
 """A holder's lease: how long its units stay granted without a heartbeat, and how often the
-SDK (sync and asyncio) and ``fairpool run`` send one. No imports: the CLI loads it."""
+SDK (sync and asyncio) and ``fairpool run`` send one. Light imports: the CLI loads it."""
 
 from __future__ import annotations
 
+import math
+
+from fairpool.errors import InvalidInput, validate_int
+
 #: Seconds a held allocation survives without a heartbeat.
 DEFAULT_LEASE_TTL = 60
+#: The longest lease a request may ask for (30 days).
+MAX_LEASE_TTL = 30 * 24 * 3600
 
 
 def heartbeat_interval(lease_ttl: float) -> float:
     """Seconds between heartbeats: a third of the lease, so that two may be lost before it
     expires (a preemption is heard within one interval); at least 0.2."""
     return max(lease_ttl / 3, 0.2)
+
+
+def holding(lease_ttl: object, timeout: object) -> tuple[float, float | None]:
+    """An ``acquire``'s heartbeat interval and wait timeout, checked before it submits (in
+    the service's words), so that a bad one leaves nothing behind."""
+    ttl = validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
+    return heartbeat_interval(ttl), wait_timeout(timeout)
+
+
+def wait_timeout(timeout: object) -> float | None:
+    """A wait's ``timeout``: None (no limit), or a finite number of seconds >= 0. NaN would be
+    a deadline that never comes, and the wait's loop would spin."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise InvalidInput("timeout", timeout, "must be a number of seconds")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond a float
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput("timeout", timeout, "must be a finite number of seconds >= 0")
+    return seconds

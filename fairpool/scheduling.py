@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
 from fairpool.frontends import workloads as wl
 from fairpool.frontends.config import (
     MAX_VERSION,
@@ -28,7 +28,6 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.frontends.config_diff import diff_configs
-from fairpool.frontends.pools import validate_int
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database

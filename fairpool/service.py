@@ -29,9 +29,10 @@ from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of
+from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of, validate_int
 from fairpool.frontends import pools as frontend
 from fairpool.group_commit import GroupCommit, Pending
+from fairpool.leases import MAX_LEASE_TTL
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
@@ -60,7 +61,6 @@ from fairpool.views import (
 )
 
 MAX_RETRIES = 1000
-MAX_LEASE_TTL = 30 * 24 * 3600
 
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
 #: this many extra passes.
@@ -597,9 +597,9 @@ class Service:
         kind = _component_type(component_type)
         frontend.validate_addressed_name("component", component)
         amounts = frontend.validate_demand(demand or {})
-        frontend.validate_int("max_retries", max_retries, 0, MAX_RETRIES)
+        validate_int("max_retries", max_retries, 0, MAX_RETRIES)
         if lease_ttl is not None:
-            frontend.validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
+            validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
         for key, value in (labels or {}).items():
             frontend.validate_name("labels key", key)
             if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:

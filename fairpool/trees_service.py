@@ -39,8 +39,7 @@ from fairpool.engine.jobs import (
     plan_jobs,
 )
 from fairpool.engine.piecewise import ZERO
-from fairpool.errors import Conflict, InvalidInput, NotFound
-from fairpool.frontends.pools import validate_int
+from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
 from fairpool.frontends.trees import (
     ClusterNode,
     Pool,

@@ -115,6 +115,15 @@ def test_timeout_and_cancellation_cancel_the_queued_request(target: dict[str, st
                 await waiting
             statuses = [r.status for r in await client.list_requests(component="a-time-low")]
             assert statuses == ["cancelled", "cancelled"]
+            # A NaN timeout would be a deadline that never comes (the loop spun); refused
+            # before anything is sent, as a bad lease is.
+            with pytest.raises(InvalidInput, match="timeout: must be a finite number"):
+                await client.wait(raised.value.request.id, float("nan"))
+            with pytest.raises(InvalidInput, match="timeout: must be a finite number"):
+                client.acquire({"gpu": 1}, component="a-time-low", timeout=float("nan"))
+            with pytest.raises(InvalidInput, match="lease_ttl: must be an integer"):
+                client.acquire({"gpu": 1}, component="a-time-low", lease_ttl=None)  # type: ignore[arg-type]
+            assert len(await client.list_requests(component="a-time-low")) == 2
 
     run(main())
 

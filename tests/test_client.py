@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -9,11 +10,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fairpool import Client, ResourceSettings
 from fairpool.client import Preempted, Rejected, WaitTimeout
+from fairpool.errors import InvalidInput
 from fairpool.service import open_service
 
 
@@ -80,6 +83,37 @@ def test_timeout_cancels_the_waiting_request(home: str) -> None:
         with client.acquire({"gpu": 1}, component="low", timeout=0.5):
             pytest.fail("never granted")
     assert client.get(raised.value.request.id).status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        # NaN: a deadline that never comes, and the wait loop spun (~300 calls a second).
+        (lambda c, q: c.wait(q, timeout=float("nan")), "timeout: must be a finite number"),
+        (lambda c, q: c.wait(q, timeout=2**1100), "timeout: must be a finite number"),
+        (lambda c, q: c.wait(q, timeout="1"), "timeout: must be a number of seconds"),
+        (lambda c, q: c.wait(q, timeout=-1), "timeout: must be a finite number of seconds >= 0"),
+        # Refused before submitting: they used to fail after it, leaving a request behind.
+        (lambda c, q: c.acquire({"gpu": 1}, component="low", timeout=float("inf")),
+         "timeout: must be a finite number"),
+        (lambda c, q: c.acquire({"gpu": 1}, component="low", lease_ttl=None),
+         "lease_ttl: must be an integer (got None)"),
+        (lambda c, q: c.acquire({"gpu": 1}, component="low", lease_ttl=0),
+         "lease_ttl: must be a positive integer (got 0)"),
+    ],
+    ids=["wait-nan", "wait-huge", "wait-text", "wait-negative", "acquire-inf", "ttl-none",
+         "ttl-zero"],
+)
+def test_bad_waits_and_holds_are_refused_before_anything_is_sent(
+    home: str, call: Any, message: str
+) -> None:
+    client = Client(home=home)
+    client.submit({"gpu": 2}, component="high")
+    queued = client.submit({"gpu": 1}, component="low").id
+    before = len(client.list_requests())
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        call(client, queued)
+    assert len(client.list_requests()) == before
 
 
 def test_preemption_reaches_the_holder_within_a_heartbeat(home: str) -> None:

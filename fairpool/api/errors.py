@@ -28,9 +28,9 @@ from fairpool.errors import (
     FairpoolError,
     InvalidInput,
     NotFound,
+    at_least,
     one_line,
 )
-from fairpool.frontends.pools import at_least
 
 log = logging.getLogger("fairpool.api")
 

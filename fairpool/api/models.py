@@ -23,7 +23,8 @@ from pydantic import (
 
 from fairpool.frontends.names import MAX_NAME
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_PRIORITY
-from fairpool.service import MAX_LEASE_TTL, MAX_RETRIES
+from fairpool.leases import MAX_LEASE_TTL
+from fairpool.service import MAX_RETRIES
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, validate_int
 from fairpool.frontends.names import MAX_NAME, SLASH_REASON
 from fairpool.store.records import Policy, Pool
 
@@ -84,25 +84,6 @@ def validate_addressed_name(field: str, value: object) -> str:
     if "/" in name:
         raise InvalidInput(field, value, f"must not contain {SLASH_REASON}")
     return name
-
-
-def validate_int(field: str, value: object, low: int, high: int) -> int:
-    """An integer from ``low`` to ``high``; refused in the words the API's checks use
-    (``api.errors``), so that a command says the same embedded and remote."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(field, value, "must be an integer")
-    if value < low:
-        raise InvalidInput(field, value, at_least(low))
-    if value > high:
-        raise InvalidInput(field, value, f"must be at most {high}")
-    return value
-
-
-def at_least(low: int) -> str:
-    """How a check words an integer's lower bound."""
-    return {0: "must be a non-negative integer", 1: "must be a positive integer"}.get(
-        low, f"must be at least {low}"
-    )
 
 
 def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict[str, int]:
