@@ -404,7 +404,13 @@ def _server_url(url: str) -> str:
 
 def _segment(name: str) -> str:
     """A name as one path segment: ``?``, ``#``, ``%`` in it reach the server as such, and so
-    does a name of dots, which HTTP clients would otherwise resolve as ``.`` and ``..``."""
+    does a name of dots, which HTTP clients would otherwise resolve as ``.`` and ``..``. No
+    name or id is empty or holds a ``/``, and the server could not tell such a segment from
+    another route (it decodes ``%2F`` before routing): not found, without asking."""
+    if not isinstance(name, str):
+        raise InvalidInput("ref", name, "must be a name or id (a string)")
+    if not name or "/" in name:
+        raise NotFound(f"nothing is named {name!r}: names and ids are never empty and hold no /")
     segment = quote(name, safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment
 

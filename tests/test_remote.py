@@ -467,6 +467,25 @@ def test_fairpool_run_through_the_server(server: ApiServer) -> None:
         assert "gpu requested 2 > capacity 1" in err
 
 
+def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path: Path) -> None:
+    """An empty ref made "/pools/", which the server redirected (307) to "/pools": the SDK
+    then took the redirect's body for a pool, and a delete of it for a success. A "/" in a
+    ref reached another route (the server decodes "%2F" before routing)."""
+    with running(ApiServer(tmp_path / "server.log", home=tmp_path / "home")) as (server,):
+        setup_pool(server.url, "seg", ["seg-orch"], {"gpu": 1})
+        with Client(url=server.url, home=str(tmp_path / "unused")) as client:
+            for ref in ("", "a/b", "/"):
+                for call in (client.get, client.get_pool, client.delete_pool, client.delete,
+                             client.scheduling.get_workload, client.trees.delete_tree,
+                             client.trees.show_tree, lambda r: client.detach_policy("seg", r)):
+                    with pytest.raises(NotFound, match="names and ids are never empty"):
+                        call(ref)
+            assert [p.name for p in client.list_pools()] == ["seg"]
+        for path in ("/pools/", "/requests/", "/pool-trees/"):
+            assert httpx.get(server.url + API + path).status_code == 404
+            assert httpx.delete(server.url + API + path).status_code in (404, 405)
+
+
 def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     listing = fairpool_cli(url, "resource-pool", "list")

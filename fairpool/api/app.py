@@ -307,6 +307,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         responses=_ERRORS,
         docs_url=None,
         redoc_url=None,
+        # No 307 from "/pools/" to "/pools": a client asking for the pool named "" would
+        # follow it (or take it for an answer) and get the list instead of a 404.
+        redirect_slashes=False,
     )
     app.state.api = api
     install_error_handlers(app)
