@@ -218,6 +218,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/requests", {"content": iter([b"[" * 40_000, b"]" * 40_000]), "headers": json_headers}, 413, None),
         ("POST", "/pools", {"json": {"name": "err-gpus", "capacity": {"gpu": 1}}}, 409, None),
         ("POST", "/pools", {"json": {"name": "new", "capacity": {}}}, 422, "capacity"),
+        # A key, not a value, is wrong: named as the service names it (was "capacity..[key]").
+        ("POST", "/pools", {"json": {"name": "new", "capacity": {"": 1}}}, 422, "capacity key"),
+        ("POST", "/requests", {"json": {**request, "labels": {"a\x00": "v"}}}, 422, "labels key"),
         ("POST", "/pools", {"json": {"name": "new", "capacity": {"gpu": 1}, "extra": 1}}, 422, "extra"),
         ("POST", "/pools", {"json": {"name": 5, "capacity": {"gpu": 1}}}, 422, "name"),
         ("POST", "/pools", {"json": {"name": "", "capacity": {"gpu": 1}}}, 422, "name"),

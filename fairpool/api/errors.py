@@ -93,6 +93,8 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
     path = [str(part) for part in loc[1:]] if loc and loc[0] in (
         "body", "query", "path", "header", "cookie"
     ) else [str(part) for part in loc]
+    if path[-1:] == ["[key]"]:  # a mapping's key, not its value: named as the service does
+        path = [*path[:-3], f"{path[-3]} key"] if len(path) >= 3 else ["key"]
     field = ".".join(path) or None
     if field is None and isinstance(first.get("input"), bytes | bytearray):
         # FastAPI hands the body over unparsed when it is not declared as JSON.
