@@ -31,6 +31,7 @@ from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
 from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of, validate_int
 from fairpool.frontends import pools as frontend
+from fairpool.frontends.names import MAX_LABELS, check_key_count
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.leases import MAX_LEASE_TTL
 from fairpool.store import repo
@@ -600,6 +601,7 @@ class Service:
         validate_int("max_retries", max_retries, 0, MAX_RETRIES)
         if lease_ttl is not None:
             validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
+        check_key_count("labels", labels or {}, MAX_LABELS)
         for key, value in (labels or {}).items():
             frontend.validate_name("labels key", key)
             if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:

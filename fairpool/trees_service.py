@@ -40,6 +40,7 @@ from fairpool.engine.jobs import (
 )
 from fairpool.engine.piecewise import ZERO
 from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
+from fairpool.frontends.pools import validate_name
 from fairpool.frontends.trees import (
     ClusterNode,
     Pool,
@@ -963,6 +964,7 @@ class TreesService:
         for a tree. Rejected (nothing written) when a ``max_operation_count`` is reached
         anywhere up to the root of any of its trees; else pending or running in each tree,
         with the jobs that fit granted at once."""
+        validate_name("user", user)
         weight_value = positive("weight", weight)
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
         job = parse_resources("job_resources", dict(job_resources))

@@ -150,6 +150,11 @@ def every_command(fp: Transcript) -> None:
                "-o", "yaml")
     fp("resource-request", "create", "--component", "team-a", "--pool-resource", "gpu=x")   # invalid
     fp("resource-request", "create", "--component", "team-a", "--cpu-count", "inf")        # invalid
+    # The API's limits are the service's: what the embedded CLI writes may be served later.
+    fp("resource-pool", "create", "wide", "-c", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
+    fp("resource-pool", "create", "p" * 256, "-c", '{"gpu": 1}')                # name too long
+    fp("resource-request", "create", "--component", "team-a", "--gpu-count", "1",
+       *SIXTY_FIVE_LABELS)                                                        # too many labels
     retry = fp("resource-request", "describe", b["id"], "-o", "json")["retried_as_id"]
     fp("resource-request", "describe", retry[:8], "-o", "json")                 # by id prefix
     fp("resource-request", "describe", a["id"])
@@ -215,6 +220,7 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "submit", *research, "--priority", "101")                  # rule rejects
     fp("workload", "submit", "--label", "instance-type=x")                    # reserved key
     fp("workload", "submit", "--market-type", "CHEAP")                        # invalid value
+    fp("workload", "submit", "--gpu", "1", *SIXTY_FIVE_LABELS)                 # too many labels
     fp("workload", "list", "-o", "json")
     fp("workload", "list", "--status", "queued")
     fp("workload", "describe", low["id"])
@@ -238,6 +244,10 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("config", "get", "--version", "0")                                     # bad value
     fp("config", "diff", "--version", "-1")                                   # bad value
     fp("config", "rollback", "--version", "99999999999999999999", "--yes")    # beyond 32 bits
+
+
+SIXTY_FIVE_KEYS = {f"k{i}": 1 for i in range(65)}
+SIXTY_FIVE_LABELS = [f"--label=k{i}=v" for i in range(65)]
 
 
 CPU_TREE = """
@@ -264,6 +274,8 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "add", "cpu-01", "--tags", "cpu", "--resources", '{"cpu": 16}', "-o", "yaml")
     fp("node", "add", "bad", "--resources", '{"cpu": -1}')                   # bad value
     fp("node", "add", "bad", "--resources", '{"memory": "lots"}')            # bad value
+    fp("node", "add", "bad", "--resources", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
+    fp("node", "add", "n" * 256, "--resources", '{"cpu": 1}')                 # name too long
     fp("pool-tree", "create", "physical", "--node-tag-filter", "gpu", "--main-resource", "cpu",
        "-o", "json")
     fp("pool-tree", "create", "physical")                                     # exists: conflict
@@ -313,6 +325,8 @@ def tree_commands(fp: Transcript) -> None:
        '{"cpu": 1}', "--job-count", "0")                                      # bad value
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 1}', "--job-count", "10001")                                  # too many jobs
+    fp("operation", "start", "--pool", "project-batch", "--user", "", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1")                                      # no user
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 1}', "--job-count", "1", "--weight", "heavy")                 # bad value
     fp("pool-tree", "show", "physical")

@@ -70,6 +70,10 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return at_least(ctx["ge"]) if integer else f"must be >= {ctx['ge']}"
     if kind == "less_than_equal" and "le" in ctx:
         return f"must be at most {ctx['le']}"
+    if kind == "string_too_long" and "max_length" in ctx:
+        return f"must be at most {ctx['max_length']} characters"
+    if kind == "too_long" and ctx.get("field_type") == "Dictionary" and "max_length" in ctx:
+        return f"must have at most {ctx['max_length']} keys"
     if kind == "string_too_short" and ctx.get("min_length") == 1:
         return "must be a non-empty string"
     if kind == "string_pattern_mismatch":
@@ -105,6 +109,10 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
         # bounds: worded and shown as the number it is, as the CLI and the SDK show it.
         value = json.loads(value)
     message = _message(kind, first.get("ctx") or {}, value, str(first.get("msg", "invalid value")))
+    if kind == "string_too_long" and isinstance(value, str):
+        value = value[:20] + "..."  # shown as the service shows it
+    elif kind == "too_long" and isinstance(value, Mapping):
+        value = len(value)
     detail = f"{field or 'request body'}: {message}"
     if kind != "missing" and "input" in first:
         detail += f" (got {_shown(value)})"

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import MAX_LABELS, Key, LabelValue, Name, QueryText, UrlInt
+from fairpool.api.models import Key, LabelValue, Name, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_PRIORITY,
     MAX_VERSION,
@@ -22,6 +22,7 @@ from fairpool.frontends.config import (
     load_config,
     warnings,
 )
+from fairpool.frontends.names import MAX_LABELS
 from fairpool.scheduling import SchedulingService
 
 #: Characters of a config document (seed configs are a few KB), and the body limit of the

@@ -21,8 +21,8 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import MAX_KEYS, NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
-from fairpool.frontends.names import MAX_NAME
+from fairpool.api.models import NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
+from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 
 #: Characters of a whole-tree YAML document (``pool-tree apply``), and the body limit of the

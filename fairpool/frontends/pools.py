@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput, validate_int
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON
+from fairpool.frontends.names import MAX_KEYS, MAX_NAME, SLASH_REASON, check_key_count
 from fairpool.store.records import Policy, Pool
 
 #: Keys ZenML treats as unbounded when a pool has no row for them; every other absent key
@@ -87,6 +87,7 @@ def validate_addressed_name(field: str, value: object) -> str:
 
 
 def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict[str, int]:
+    check_key_count(field, raw, MAX_KEYS)
     amounts: dict[str, int] = {}
     for key, value in raw.items():
         validate_name(f"{field} key", key)

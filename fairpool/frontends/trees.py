@@ -48,6 +48,7 @@ from fairpool.engine.fairshare import (
     TreeSnapshot,
 )
 from fairpool.errors import InvalidInput
+from fairpool.frontends.names import MAX_KEYS, MAX_NAME, check_key_count
 
 __all__ = [
     "ROOT",
@@ -166,6 +167,8 @@ def _boolean(field_name: str, value: object) -> bool:
 def _name(field_name: str, value: object) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise InvalidInput(field_name, value, f"must match {NAME_PATTERN.pattern}")
+    if len(value) > MAX_NAME:  # as every name (the API's paths, the store's columns)
+        raise InvalidInput(field_name, value[:20] + "...", f"must be at most {MAX_NAME} characters")
     return value
 
 
@@ -194,7 +197,9 @@ def parse_resources(field_name: str, value: object) -> dict[str, int]:
     """A resource dictionary: non-negative integers; ``memory`` (bytes) may also be written with
     a unit, ``"512GiB"`` or ``"4G"``."""
     resources: dict[str, int] = {}
-    for key, amount in _mapping(field_name, value).items():
+    given = _mapping(field_name, value)
+    check_key_count(field_name, given, MAX_KEYS)
+    for key, amount in given.items():
         path = f"{field_name}.{key}"
         _resource_key(f"{field_name} key", key)
         if key == "memory" and isinstance(amount, str):

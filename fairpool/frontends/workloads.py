@@ -73,6 +73,7 @@ from fairpool.frontends.config import (
     ResourceQueue,
     SchedulerConfig,
 )
+from fairpool.frontends.names import MAX_LABELS, check_key_count
 from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS
 
 __all__ = [
@@ -148,6 +149,7 @@ def validate_workload(
     ``"1.25"``), at most 3 decimals; it is stored as exact milli-units.
     """
     ident = _text("id", workload_id)
+    check_key_count("labels", labels or {}, MAX_LABELS)
     merged: dict[str, str] = {}
     for key, value in (labels or {}).items():
         name = _text("labels", key)
