@@ -7,6 +7,7 @@ the SDK work identically embedded or remote. Errors come back as the same except
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -256,6 +257,12 @@ class RemoteService:
         (its database busy or away); and whether an earlier attempt may have been carried
         out although its answer was lost (the connection broke after the request was sent,
         or the database failed at a COMMIT that may have taken effect)."""
+        if "json" in kwargs:
+            # NaN and infinities written as JavaScript writes them, which the server reads, so
+            # that it refuses them naming the field as the service does embedded (httpx would
+            # not send them); ASCII escapes, so that a lone surrogate reaches the server's check.
+            kwargs["content"] = json.dumps(kwargs.pop("json"), allow_nan=True)
+            kwargs["headers"] = {"content-type": "application/json"}
         delay = 0.2
         maybe_done = False
         for attempt in range(_ATTEMPTS):

@@ -328,6 +328,8 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("resource-pool", "create", "p2", "-c", '{"gpu": "x"}'), ("capacity.gpu", "'x'")),
     (("resource-pool", "create", "p2", "-c", "gpu=8"), ("capacity", "gpu=8", "mapping")),
     (("resource-pool", "create", "p2", "-c", '{"gpu": [8'), ("capacity", '{"gpu": [8')),
+    (("resource-pool", "create", "p2", "-c", "[" * 2000 + "]" * 2000),
+     ("capacity: nested too deeply",)),  # JSON's and YAML's parsers recurse per level
     (("resource-pool", "update", POOL, "-c", '{"gpu": -1}'), ("capacity.gpu", "-1")),
     ((*CREATE_REQUEST, COMPONENT, "--memory", "1.5GB"), ("memory", "1.5GB")),
     ((*CREATE_REQUEST, COMPONENT, "--pool-resource", "tpu=x"), ("pool_resources.tpu", "'x'")),

@@ -76,14 +76,17 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        parsed: Any = json.loads(text)
-    except ValueError:
-        import yaml
-
         try:
-            parsed = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise InvalidInput(field, text, "not valid JSON or YAML") from None
+            parsed: Any = json.loads(text)
+        except ValueError:
+            import yaml
+
+            try:
+                parsed = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise InvalidInput(field, text, "not valid JSON or YAML") from None
+    except RecursionError:  # both parsers recurse per level
+        raise InvalidInput(field, text[:20] + "...", "nested too deeply") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
     return parsed
