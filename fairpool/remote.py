@@ -381,7 +381,8 @@ class RemoteScheduling:
         return Answer(self._call("GET", f"/workloads/{_segment(ref)}"))
 
     def list_workloads(self, status: str | None = None, queue: str | None = None) -> list[Answer]:
-        params = {key: value for key, value in (("status", status), ("queue", queue)) if value}
+        params = {key: value for key, value in (("status", status), ("queue", queue))
+                  if value is not None}
         return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
 
     def release_workload(self, ref: str) -> Answer:

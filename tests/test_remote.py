@@ -225,6 +225,7 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "submit", "--gpu", "1", *SIXTY_FIVE_LABELS)                 # too many labels
     fp("workload", "list", "-o", "json")
     fp("workload", "list", "--status", "queued")
+    fp("workload", "list", "--status", "")                                    # invalid, not all
     fp("workload", "describe", low["id"])
     fp("workload", "describe", ids[0][:8], "-o", "json")
     fp("workload", "release", ids[0], "-o", "json")
