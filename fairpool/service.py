@@ -382,6 +382,7 @@ class Service:
     ) -> PoolView:
         frontend.validate_addressed_name("name", name)
         amounts = frontend.validate_capacity(capacity)
+        frontend.validate_description(description)
 
         def change(tx: _Tx) -> Answer[PoolView]:
             conn = tx.conn
@@ -398,6 +399,8 @@ class Service:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
+        frontend.validate_description(description)
+
         def change(tx: _Tx) -> Answer[PoolView]:
             conn = tx.conn
             pool = repo.get_pool(conn, ref)

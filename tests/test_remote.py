@@ -153,6 +153,7 @@ def every_command(fp: Transcript) -> None:
     # The API's limits are the service's: what the embedded CLI writes may be served later.
     fp("resource-pool", "create", "wide", "-c", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
     fp("resource-pool", "create", "p" * 256, "-c", '{"gpu": 1}')                # name too long
+    fp("resource-pool", "create", "wordy", "-c", '{"gpu": 1}', "-d", "d" * 4097)  # too long
     fp("resource-pool", "create", "nan", "-c", '{"gpu": NaN}')              # sent as JSON can't
     fp("resource-pool", "create", "deep", "-c", "[" * 2000 + "]" * 2000)     # nested too deeply
     fp("resource-request", "create", "--component", "team-a", "--gpu-count", "1",
@@ -719,6 +720,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("create_pool invalid", lambda: client.create_pool("bad", {"gpu": -1}))
     # httpx sends no NaN; the remote SDK writes it as JavaScript does, for the server to refuse.
     step("create_pool NaN", lambda: client.create_pool("bad", {"gpu": float("nan")}))
+    step("create_pool, description not text",
+         lambda: client.create_pool("bad", {"gpu": 1}, description=5))  # type: ignore[arg-type]
     step("update_pool", lambda: client.update_pool("sdk", {"gpu": 3}, description="more"))
     step("update_pool unknown", lambda: client.update_pool("nope", {"gpu": 3}))
     step("attach_policy low", lambda: client.attach_policy("sdk", "sdk-low", priority=1, limit={"gpu": 3}))
@@ -794,6 +797,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("create_pool again", "Conflict: a resource pool named `sdk` already exists"),
         ("create_pool invalid", "InvalidInput: capacity.gpu"),
         ("create_pool NaN", "InvalidInput: capacity.gpu: must be an integer (got nan)"),
+        ("create_pool, description not text", "InvalidInput: description: must be a string"),
         ("update_pool unknown", "NotFound: "),
         ("attach_policy unknown key", "InvalidInput: reserved.tpu"),
         ("submit invalid", "InvalidInput: "),

@@ -63,6 +63,8 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "required"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return "must be an integer"
+    if kind == "string_type":
+        return "must be a string"
     integer = isinstance(value, int) and not isinstance(value, bool)
     if kind == "greater_than" and "gt" in ctx:
         return at_least(ctx["gt"] + 1) if integer else f"must be > {ctx['gt']}"

@@ -22,14 +22,13 @@ from pydantic import (
 )
 
 from fairpool.frontends.names import MAX_KEYS, MAX_LABELS, MAX_NAME
-from fairpool.frontends.pools import MAX_AMOUNT, MAX_PRIORITY
+from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY
 from fairpool.leases import MAX_LEASE_TTL
 from fairpool.service import MAX_RETRIES
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
 MAX_LABEL_VALUE = 1024
-MAX_DESCRIPTION = 4096
 
 
 def text(value: str) -> str:

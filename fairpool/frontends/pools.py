@@ -78,6 +78,24 @@ def validate_name(field: str, value: object) -> str:
     return value
 
 
+#: A pool's description: free text, up to a page of notes.
+MAX_DESCRIPTION = 4096
+
+
+def validate_description(value: object) -> str | None:
+    """None (none, or unchanged) or text up to ``MAX_DESCRIPTION`` characters, no NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput("description", value, "must be a string")
+    if len(value) > MAX_DESCRIPTION:
+        raise InvalidInput("description", value[:20] + "...",
+                           f"must be at most {MAX_DESCRIPTION} characters")
+    if "\x00" in value:
+        raise InvalidInput("description", value, "must not contain NUL characters")
+    return value
+
+
 def validate_addressed_name(field: str, value: object) -> str:
     """A pool's or component's name: ``validate_name``'s, without "/" (``SLASH_REASON``)."""
     name = validate_name(field, value)
