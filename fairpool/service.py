@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
@@ -446,6 +446,7 @@ class Service:
             return [self._pool_view_of(state, entries, pool) for pool in _by_name(state.pools)]
 
     def pool_requests(self, ref: str, view: PoolRequestView = "all") -> list[RequestView]:
+        one_of("view", view, get_args(PoolRequestView))  # a typo must not list nothing
         detail = self.get_pool(ref)
         rows: list[RequestView] = []
         if view in ("active", "all"):

@@ -283,6 +283,25 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
     assert "Traceback" not in server.log_path.read_text()
 
 
+def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
+    client: httpx.Client,
+) -> None:
+    """pydantic fails such a value once per member, located at (field, member): it was
+    "resources.cpu.int: ... (and 2 more errors)". Now the field, in the service's words."""
+    for path, body, detail in (
+        ("/nodes", {"name": "u1", "resources": {"cpu": True}},
+         "resources.cpu: must be an integer (got True)"),
+        ("/pool-trees", {"name": "u1", "config": {"node_tag_filter": "f" * 2000}},
+         "config.node_tag_filter: must be at most 1024 characters (got 'ffffffffffffffffffff...')"),
+        # Not a union: two fields, each its own error.
+        ("/pools", {"name": "u1", "capacity": {"gpu": -1, "tpu": -1}},
+         "capacity.gpu: must be a positive integer (got -1) (and 1 more error)"),
+    ):
+        response = client.post(path, json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"] == detail
+
+
 def test_a_url_number_out_of_bounds_is_shown_as_the_number(client: httpx.Client) -> None:
     """A URL's values are text, but an integer or a number out of its bounds is shown as the
     number it is, as the embedded CLI and the SDK show it (the remote CLI prints this)."""

@@ -279,6 +279,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "add", "bad", "--resources", '{"cpu": -1}')                   # bad value
     fp("node", "add", "bad", "--resources", '{"memory": "lots"}')            # bad value
     fp("node", "add", "bad", "--resources", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
+    fp("node", "add", "bad", "--resources", '{"cpu": true}')                 # no union member
     fp("node", "add", "n" * 256, "--resources", '{"cpu": 1}')                 # name too long
     fp("pool-tree", "create", "physical", "--node-tag-filter", "gpu", "--main-resource", "cpu",
        "-o", "json")
@@ -733,6 +734,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     queued = step("submit queued", lambda: client.submit({"gpu": 2}, component="sdk-low", lease_ttl=None))
     step("submit rejected", lambda: client.submit({"gpu": 9}, component="sdk-low"))
     step("submit invalid", lambda: client.submit({"gpu": 0}, component="sdk-low"))
+    step("submit bad component type",
+         lambda: client.submit({"gpu": 1}, component="sdk-low", component_type="deployer"))
     step("get by prefix", lambda: client.get(queued.id[:8]))
     step("get by an ambiguous prefix", lambda: ambiguous(client, held.id, queued.id))
     step("list_requests queued", lambda: client.list_requests(status="queued", pool="sdk"))
@@ -742,6 +745,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("list_components bad type", lambda: client.list_components("robot"))
     step("list_policies empty type", lambda: client.list_policies(component_type=""))
     step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
+    step("pool_requests bad view",
+         lambda: client.pool_requests("sdk", "actives"))  # type: ignore[arg-type]
     step("get_pool", lambda: client.get_pool("sdk"))
     step("list_pools", client.list_pools)
     # Names that read otherwise in a URL address their own pool and policy, never "sdk"'s.
@@ -797,6 +802,9 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("create_pool again", "Conflict: a resource pool named `sdk` already exists"),
         ("create_pool invalid", "InvalidInput: capacity.gpu"),
         ("create_pool NaN", "InvalidInput: capacity.gpu: must be an integer (got nan)"),
+        ("pool_requests bad view", "InvalidInput: view: must be one of queued, active, all"),
+        ("submit bad component type",
+         "InvalidInput: component_type: must be one of orchestrator, step_operator"),
         ("create_pool, description not text", "InvalidInput: description: must be a string"),
         ("update_pool unknown", "NotFound: "),
         ("attach_policy unknown key", "InvalidInput: reserved.tpu"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,6 +66,9 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "must be an integer"
     if kind == "string_type":
         return "must be a string"
+    if kind == "literal_error" and isinstance(ctx.get("expected"), str):
+        choices = re.findall(r"'([^']*)'", ctx["expected"])  # "'a', 'b' or 'c'"
+        return f"must be one of {', '.join(choices)}"
     integer = isinstance(value, int) and not isinstance(value, bool)
     if kind == "greater_than" and "gt" in ctx:
         return at_least(ctx["gt"] + 1) if integer else f"must be > {ctx['gt']}"
@@ -85,11 +89,34 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
     return default.removeprefix("Value error, ")
 
 
+#: How pydantic names a union's member in an error's location: "int", "constrained-str",
+#: "function-after[text(), constrained-str]".
+_MEMBER = re.compile(r"int|float|str|bool|none|constrained-[\w-]+|[\w-]+\[.*\]")
+
+
+def _union_as_one(errors: Sequence[Any]) -> Mapping[str, Any] | None:
+    """A value no member of a union takes fails once per member, each located at (field,
+    member): one error for the field instead, as the service words it: a text's own
+    problem (too long) if it is text, else the first member's ("must be an integer")."""
+    locs = [tuple(error.get("loc", ())) for error in errors]
+    head = locs[0][:-1]
+    if len(errors) < 2 or len(head) < 2 or any(
+        loc[:-1] != head or not _MEMBER.fullmatch(str(loc[-1])) for loc in locs
+    ):
+        return None
+    kinds = [str(error.get("type", "")) for error in errors]
+    text = (e for e, k in zip(errors, kinds, strict=True) if k.startswith("string_")
+            and k != "string_type")
+    return {**next(text, errors[0]), "loc": head}
+
+
 def validation_error(errors: Sequence[Any]) -> JSONResponse:
     """The first error, in the service's own style: ``field: problem (got value)``."""
     if not errors:
         return error_response(422, "invalid request")
-    first: Mapping[str, Any] = errors[0]
+    first: Mapping[str, Any] = _union_as_one(errors) or errors[0]
+    if first is not errors[0]:
+        errors = [first]
     loc = tuple(first.get("loc", ()))
     kind = first.get("type", "")
     if kind == "json_invalid":
