@@ -16,6 +16,11 @@ def one_line(text: str) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
+def clipped(text: str) -> str:
+    """A long value as an error line shows it: its first 20 characters."""
+    return text[:20] + "..."
+
+
 class FairpoolError(Exception):
     """Base class: the message is the whole line shown to the user."""
 

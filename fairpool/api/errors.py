@@ -30,6 +30,7 @@ from fairpool.errors import (
     InvalidInput,
     NotFound,
     at_least,
+    clipped,
     one_line,
 )
 
@@ -139,7 +140,7 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
         value = json.loads(value)
     message = _message(kind, first.get("ctx") or {}, value, str(first.get("msg", "invalid value")))
     if kind == "string_too_long" and isinstance(value, str):
-        value = value[:20] + "..."  # shown as the service shows it
+        value = clipped(value)  # shown as the service shows it
     elif kind == "too_long" and isinstance(value, Mapping):
         value = len(value)
     detail = f"{field or 'request body'}: {message}"

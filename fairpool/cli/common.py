@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool import backends
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, clipped
 
 if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
@@ -86,7 +86,7 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
             except yaml.YAMLError:
                 raise InvalidInput(field, text, "not valid JSON or YAML") from None
     except RecursionError:  # both parsers recurse per level
-        raise InvalidInput(field, text[:20] + "...", "nested too deeply") from None
+        raise InvalidInput(field, clipped(text), "nested too deeply") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
     return parsed

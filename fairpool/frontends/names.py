@@ -1,5 +1,5 @@
-"""What every front-end allows in a name. A module of its own, light (no engine, no YAML), so
-that each front-end and the API's models share one rule."""
+"""What every front-end allows in a name, and how many keys a mapping may hold. A module of its
+own, light (no engine, no YAML), so that each front-end and the API's models share one rule."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
-from fairpool.errors import InvalidInput, validate_int
+from fairpool.errors import InvalidInput, clipped, validate_int
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, SLASH_REASON, check_key_count
 from fairpool.store.records import Policy, Pool
 
@@ -72,7 +72,7 @@ def validate_name(field: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, value, "must be a non-empty string")
     if len(value) > MAX_NAME:
-        raise InvalidInput(field, value[:20] + "...", f"must be at most {MAX_NAME} characters")
+        raise InvalidInput(field, clipped(value), f"must be at most {MAX_NAME} characters")
     if "\x00" in value:
         raise InvalidInput(field, value, "must not contain NUL characters")
     return value
@@ -89,7 +89,7 @@ def validate_description(value: object) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput("description", value, "must be a string")
     if len(value) > MAX_DESCRIPTION:
-        raise InvalidInput("description", value[:20] + "...",
+        raise InvalidInput("description", clipped(value),
                            f"must be at most {MAX_DESCRIPTION} characters")
     if "\x00" in value:
         raise InvalidInput("description", value, "must not contain NUL characters")

@@ -47,7 +47,7 @@ from fairpool.engine.fairshare import (
     StarvationSettings,
     TreeSnapshot,
 )
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, clipped
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, check_key_count
 
 __all__ = [
@@ -116,7 +116,7 @@ def number(field_name: str, value: object) -> Fraction:
         raise InvalidInput(field_name, value, "must be a number")
     text = repr(value) if isinstance(value, float) else value
     if isinstance(text, str) and len(text) > 64:
-        raise InvalidInput(field_name, text[:20] + "...", "must be a number")
+        raise InvalidInput(field_name, clipped(text), "must be a number")
     try:
         decimal = Decimal(text)
     except InvalidOperation:
@@ -168,7 +168,7 @@ def _name(field_name: str, value: object) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise InvalidInput(field_name, value, f"must match {NAME_PATTERN.pattern}")
     if len(value) > MAX_NAME:  # as every name (the API's paths, the store's columns)
-        raise InvalidInput(field_name, value[:20] + "...", f"must be at most {MAX_NAME} characters")
+        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_NAME} characters")
     return value
 
 

@@ -57,7 +57,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, clipped
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -207,7 +207,7 @@ def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not allow_empty):
         raise InvalidInput(field_name, value, "must be a non-empty string")
     if len(value) > MAX_NAME:
-        raise InvalidInput(field_name, value[:20] + "...", f"must be at most {MAX_NAME} characters")
+        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_NAME} characters")
     if "\x00" in value:
         raise InvalidInput(field_name, value, "must not contain NUL characters")
     return value
