@@ -71,8 +71,13 @@ def validate_name(field: str, value: object) -> str:
     """A name or key: non-empty text up to MAX_NAME characters, no NUL."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, value, "must be a non-empty string")
-    if len(value) > MAX_NAME:
-        raise InvalidInput(field, clipped(value), f"must be at most {MAX_NAME} characters")
+    return bounded_text(field, value, MAX_NAME)
+
+
+def bounded_text(field: str, value: str, most: int) -> str:
+    """Text every backend stores as it is: at most ``most`` characters, no NUL."""
+    if len(value) > most:
+        raise InvalidInput(field, clipped(value), f"must be at most {most} characters")
     if "\x00" in value:
         raise InvalidInput(field, value, "must not contain NUL characters")
     return value
@@ -88,12 +93,7 @@ def validate_description(value: object) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidInput("description", value, "must be a string")
-    if len(value) > MAX_DESCRIPTION:
-        raise InvalidInput("description", clipped(value),
-                           f"must be at most {MAX_DESCRIPTION} characters")
-    if "\x00" in value:
-        raise InvalidInput("description", value, "must not contain NUL characters")
-    return value
+    return bounded_text("description", value, MAX_DESCRIPTION)
 
 
 def validate_addressed_name(field: str, value: object) -> str:

@@ -57,7 +57,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, clipped
+from fairpool.errors import InvalidInput
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -74,7 +74,7 @@ from fairpool.frontends.config import (
     SchedulerConfig,
 )
 from fairpool.frontends.names import MAX_LABELS, check_key_count
-from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS
+from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS, bounded_text
 
 __all__ = [
     "MARKET_TYPES",
@@ -206,11 +206,7 @@ def validate_workload(
 def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not allow_empty):
         raise InvalidInput(field_name, value, "must be a non-empty string")
-    if len(value) > MAX_NAME:
-        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_NAME} characters")
-    if "\x00" in value:
-        raise InvalidInput(field_name, value, "must not contain NUL characters")
-    return value
+    return bounded_text(field_name, value, MAX_NAME)
 
 
 def _milli(resource: str, value: object) -> int:
