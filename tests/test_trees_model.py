@@ -222,6 +222,7 @@ def test_aliases_and_units() -> None:
         ("gpu", {"gpu", "a100"}, True),
         ("gpu & !a100", {"gpu", "a100"}, False),
         ("gpu & (a100 | h100)", {"gpu", "h100"}, True),
+        ("!" * 63 + "(gpu)", {"gpu"}, False),  # as deep as a formula may nest
         ("cpu | gpu", {"ssd"}, False),
     ],
 )
@@ -351,6 +352,10 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
         (
             lambda: PoolTreeConfig.from_mapping({"node_tag_filter": "gpu &"}),
             "config.node_tag_filter: ends too early (got 'gpu &')",
+        ),
+        (  # the parser recurses: deeper, 1,024 characters would exhaust the stack
+            lambda: PoolTreeConfig.from_mapping({"node_tag_filter": "!" * 64 + "(" * 1 + "a)"}),
+            "config.node_tag_filter: nests ! and ( deeper than 64 (got '!!!!!!!!!!!!!!!!!!!!...')",
         ),
         (
             lambda: build(pool("p", config_presets=["missing"])),

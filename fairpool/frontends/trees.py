@@ -290,6 +290,9 @@ class _TagFilterParser:
     the empty filter selects every node."""
 
     TOKEN = re.compile(r"\s*(?:([&|!()])|([-_a-zA-Z0-9:./]+))")
+    #: Parentheses and negations nested deeper are refused: the parser recurses, and a
+    #: formula's 1,024 characters would otherwise exhaust Python's stack.
+    MAX_DEPTH = 64
 
     def __init__(self, text: str, field_name: str, tags: frozenset[str] = frozenset()) -> None:
         self.text, self.field_name, self.tags = text, field_name, tags
@@ -302,6 +305,7 @@ class _TagFilterParser:
             self.tokens.append(match[1] or match[2])
             position = match.end()
         self.index = 0
+        self.depth = 0
 
     def parse(self) -> bool:
         if not self.tokens:
@@ -339,16 +343,23 @@ class _TagFilterParser:
 
     def _not(self) -> bool:
         token = self._next()
-        if token == "!":
-            return not self._not()
-        if token == "(":
-            result = self._or()
-            if self._next() != ")":
-                raise InvalidInput(self.field_name, self.text, "missing ')'")
+        if token in "!(":
+            self.depth += 1
+            if self.depth > self.MAX_DEPTH:
+                raise InvalidInput(self.field_name, clipped(self.text),
+                                   f"nests ! and ( deeper than {self.MAX_DEPTH}")
+            result = not self._not() if token == "!" else self._group()
+            self.depth -= 1
             return result
         if token in "&|)":
             raise InvalidInput(self.field_name, self.text, f"unexpected {token!r}")
         return token in self.tags
+
+    def _group(self) -> bool:
+        result = self._or()
+        if self._next() != ")":
+            raise InvalidInput(self.field_name, self.text, "missing ')'")
+        return result
 
 
 def matches_tag_filter(tag_filter: str, tags: Iterable[str]) -> bool:
