@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-import yaml
 from sqlalchemy import Connection
 
 from fairpool.engine.fairshare import (
@@ -55,6 +54,7 @@ from fairpool.frontends.trees import (
     positive,
     tree_resources,
 )
+from fairpool.frontends.yaml_text import load_yaml
 from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.store.tree_records import (
@@ -606,15 +606,6 @@ def _cluster_node(record: NodeRecord) -> ClusterNode:
     return ClusterNode(record.name, frozenset(record.tags), record.resources)
 
 
-def _parse_value(field: str, text: str) -> object:
-    """A value from the command line: YAML scalars and flow mappings (``10``, ``fifo``,
-    ``{cpu: 100}``, ``true``)."""
-    try:
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError):  # PyYAML composes nested values recursively
-        raise InvalidInput(field, text, "not a valid value") from None
-
-
 # -- the service -------------------------------------------------------------------------------
 
 
@@ -711,7 +702,8 @@ class TreesService:
             raise InvalidInput(
                 "name", wanted.name, f"the file describes another tree than {name!r}"
             )
-        raw = yaml.safe_load(document)
+        raw = load_yaml("tree", document)
+        assert isinstance(raw, dict)  # load_pool_tree took it as a mapping
         config = dict(raw.get("config") or {})
         changes: list[str] = []
         with self.db.write() as conn:
@@ -765,7 +757,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, name)
             config = {**canonical_tree_options(state.record.config),
-                      **canonical_tree_options({option: _parse_value(option, value)})}
+                      **canonical_tree_options({option: load_yaml(option, value, value)})}
             state.tree.with_config(PoolTreeConfig.from_mapping(config))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
@@ -863,7 +855,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, tree)
             pool = self._own_pool(state, name)
-            parsed = _parse_value(option, value)
+            parsed = load_yaml(option, value, value)
             if option == "parent":
                 parent = None if parsed in (None, ROOT) else str(parsed)
                 changed = replace(pool, parent=parent)

@@ -260,6 +260,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         # Nested past Python's recursion limit (PyYAML composes recursively): a 500 until
         # the service refused it.
         ("POST", "/pool-trees/apply", {"json": {"document": "[" * 1000}}, 422, "tree"),
+        # A scalar PyYAML's constructors cannot build (a ValueError, not a YAMLError): a 500.
+        ("POST", "/pool-trees/apply", {"json": {
+            "document": "name: u3\nconfig: {max_operation_count: 2024-13-45}"}}, 422, "tree"),
         # So did the tag formula's parser, within the 1,024 characters a value may have.
         ("POST", "/pool-trees", {"json": {"name": "u2", "config": {
             "node_tag_filter": "(" * 400 + "gpu" + ")" * 400}}}, 422, "config.node_tag_filter"),

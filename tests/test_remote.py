@@ -364,6 +364,8 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "abort", "ffffffff")                                      # not found
     fp("pool-tree", "set", "physical", "fair_share_starvation_timeout", "1000", "-o", "json")
     fp("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "2")  # bad value
+    fp("pool-tree", "set", "physical", "max_operation_count", "2024-13-45")    # a 500 remotely
+    fp("pool-tree", "set", "physical", "node_tag_filter", "(" * 100 + "a" + ")" * 100)  # so was this
     fp("pool-tree", "set", "nope", "main_resource", "gpu")                    # unknown tree
     fp("pool-tree", "reconcile", "physical")
     fp("pool-tree", "reconcile", "-o", "json")                                # the default tree

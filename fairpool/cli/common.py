@@ -76,17 +76,13 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        try:
-            parsed: Any = json.loads(text)
-        except ValueError:
-            import yaml
-
-            try:
-                parsed = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise InvalidInput(field, text, "not valid JSON or YAML") from None
-    except RecursionError:  # both parsers recurse per level
+        parsed: Any = json.loads(text)
+    except RecursionError:  # it recurses per level (so does YAML's)
         raise InvalidInput(field, clipped(text), "nested too deeply") from None
+    except ValueError:
+        from fairpool.frontends.yaml_text import load_yaml
+
+        parsed = load_yaml(field, text, text)
     if not isinstance(parsed, dict):
         raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
     return parsed

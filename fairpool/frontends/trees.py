@@ -32,8 +32,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-import yaml
-
 from fairpool.engine.fairshare import (
     ROOT,
     FifoSortParameter,
@@ -49,6 +47,7 @@ from fairpool.engine.fairshare import (
 )
 from fairpool.errors import InvalidInput, clipped
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, check_key_count
+from fairpool.frontends.yaml_text import load_yaml
 
 __all__ = [
     "ROOT",
@@ -1073,20 +1072,6 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
             for key, amount in node.resources.items():
                 totals[key] = totals.get(key, 0) + amount
     return totals
-
-
-# -- YAML ----------------------------------------------------------------------------------------
-
-
-def load_yaml(field_name: str, text: str) -> object:
-    """``text`` as YAML; an error names ``field_name``. Nesting deep enough to exhaust Python's
-    recursion (PyYAML composes recursively) is refused like any invalid YAML."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise InvalidInput(field_name, "<yaml>", f"is not valid YAML: {error}") from None
-    except RecursionError:
-        raise InvalidInput(field_name, "<yaml>", "is not valid YAML: nested too deeply") from None
 
 
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
