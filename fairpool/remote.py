@@ -26,6 +26,7 @@ from fairpool.errors import (
     Unreachable,
     one_of,
 )
+from fairpool.frontends.names import check_unicode
 from fairpool.ids import new_id
 from fairpool.views import (
     COMPONENT_TYPES,
@@ -263,6 +264,9 @@ class RemoteService:
             # not send them); ASCII escapes, so that a lone surrogate reaches the server's check.
             kwargs["content"] = json.dumps(kwargs.pop("json"), allow_nan=True)
             kwargs["headers"] = {"content-type": "application/json"}
+        for name, value in (kwargs.get("params") or {}).items():
+            if isinstance(value, str):  # a lone surrogate: no URL carries one
+                check_unicode(name, value)
         delay = 0.2
         maybe_done = False
         for attempt in range(_ATTEMPTS):
@@ -419,7 +423,7 @@ def _segment(name: str) -> str:
         raise InvalidInput("ref", name, "must be a name or id (a string)")
     if not name or "/" in name:
         raise NotFound(f"nothing is named {name!r}: names and ids are never empty and hold no /")
-    segment = quote(name, safe="")
+    segment = quote(check_unicode("ref", name), safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment
 
 

@@ -28,6 +28,7 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.frontends.config_diff import diff_configs
+from fairpool.frontends.pools import validate_filter
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database
@@ -379,7 +380,7 @@ class SchedulingService:
                     "status", status, f"must be one of {', '.join(s.value for s in WorkloadStatus)}"
                 ) from None
         with self.db.read() as conn:
-            found = store.list_workloads(conn, statuses, queue)
+            found = store.list_workloads(conn, statuses, validate_filter("queue", queue))
             live = _Live.load(conn)
         outcome = live.outcome(self.clock()) if live.waiting else None
         return [self._view(w, outcome) for w in found]

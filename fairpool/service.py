@@ -31,7 +31,12 @@ from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
 from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of, validate_int
 from fairpool.frontends import pools as frontend
-from fairpool.frontends.names import MAX_LABELS, check_key_count
+from fairpool.frontends.names import (
+    MAX_LABEL_VALUE,
+    MAX_LABELS,
+    bounded_text,
+    check_key_count,
+)
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.leases import MAX_LEASE_TTL
 from fairpool.store import repo
@@ -62,6 +67,8 @@ from fairpool.views import (
 )
 
 MAX_RETRIES = 1000
+#: Characters of a request's idempotency key (the remote client sends a fresh id with each create).
+MAX_IDEMPOTENCY_KEY = 64
 
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
 #: this many extra passes.
@@ -546,6 +553,8 @@ class Service:
         component_type: str | None = None,
     ) -> list[PolicyView]:
         kind = _component_type(component_type) if component_type is not None else None
+        frontend.validate_filter("component", component)
+        frontend.validate_filter("pool", pool_ref)
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool_ref).id if pool_ref else None
@@ -608,12 +617,12 @@ class Service:
         check_key_count("labels", labels or {}, MAX_LABELS)
         for key, value in (labels or {}).items():
             frontend.validate_name("labels key", key)
-            if not isinstance(value, str) or len(value) > 1024 or "\x00" in value:
-                raise InvalidInput(f"labels.{key}", value, "must be text up to 1024 characters")
+            if not isinstance(value, str):
+                raise InvalidInput(f"labels.{key}", value, "must be a string")
+            bounded_text(f"labels.{key}", value, MAX_LABEL_VALUE)
         if idempotency_key is not None:
             frontend.validate_name("idempotency_key", idempotency_key)
-            if len(idempotency_key) > 64:
-                raise InvalidInput("idempotency_key", idempotency_key, "at most 64 characters")
+            bounded_text("idempotency_key", idempotency_key, MAX_IDEMPOTENCY_KEY)
 
         def change(tx: _Tx) -> Answer[RequestView]:
             conn = tx.conn
@@ -693,6 +702,8 @@ class Service:
     ) -> list[RequestView]:
         if status is not None:
             one_of("status", status, REQUEST_STATUSES)
+        frontend.validate_filter("component", component)
+        frontend.validate_filter("pool", pool)
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool else None

@@ -39,7 +39,8 @@ from fairpool.engine.jobs import (
 )
 from fairpool.engine.piecewise import ZERO
 from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
-from fairpool.frontends.pools import validate_name
+from fairpool.frontends.names import MAX_NAME, bounded_text
+from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
     ClusterNode,
     Pool,
@@ -72,6 +73,8 @@ from fairpool.store.tree_records import (
 #: (100k jobs: ~5 s a pass). The same for the embedded CLI as over HTTP: a store it wrote
 #: may be served later.
 MAX_JOB_COUNT = 10_000
+#: Characters of one option's value as the command line gives it (``pool set``).
+MAX_OPTION_TEXT = 4096
 
 
 def _utcnow() -> datetime:
@@ -602,6 +605,12 @@ def _job_in(job: Mapping[str, int], total: Mapping[str, int]) -> dict[str, int]:
     return {key: amount for key, amount in job.items() if key != "user_slots" or key in total}
 
 
+def _option_value(option: str, text: str) -> object:
+    """An option's value from its command-line text (``10``, ``{cpu: 100}``), as YAML."""
+    bounded_text("option", option, MAX_NAME)
+    return load_yaml(option, bounded_text("value", text, MAX_OPTION_TEXT), text)
+
+
 def _cluster_node(record: NodeRecord) -> ClusterNode:
     return ClusterNode(record.name, frozenset(record.tags), record.resources)
 
@@ -757,7 +766,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, name)
             config = {**canonical_tree_options(state.record.config),
-                      **canonical_tree_options({option: load_yaml(option, value, value)})}
+                      **canonical_tree_options({option: _option_value(option, value)})}
             state.tree.with_config(PoolTreeConfig.from_mapping(config))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
@@ -855,7 +864,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, tree)
             pool = self._own_pool(state, name)
-            parsed = load_yaml(option, value, value)
+            parsed = _option_value(option, value)
             if option == "parent":
                 parent = None if parsed in (None, ROOT) else str(parsed)
                 changed = replace(pool, parent=parent)
@@ -1052,7 +1061,7 @@ class TreesService:
                 raise InvalidInput("status", status, "must be one of "
                                    + ", ".join(s.value for s in OperationStatus)) from None
         with self.db.read() as conn:
-            found = store.list_operations(conn, tree, statuses)
+            found = store.list_operations(conn, validate_filter("tree", tree), statuses)
             return [self._operation_view(conn, op, {}, shares=False) for op in found]
 
     def complete_operation(self, ref: str) -> OperationView:

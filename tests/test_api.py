@@ -213,6 +213,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/requests", {"json": {**request, "component": "nobody"}}, 404, None),
         ("POST", "/requests", {"content": b'{"component": "err-orch", ', "headers": json_headers}, 400, None),
         ("POST", "/requests", {"content": b"\xff\xfe", "headers": json_headers}, 400, None),
+        # A lone surrogate in a field the service checks: it reached the store (a 500).
+        ("POST", "/workloads", {"content": b'{"instance_type": "\\udcff"}', "headers": json_headers},
+         422, "instance-type"),
         ("POST", "/requests", {"content": json.dumps(request).encode()}, 415, None),
         ("POST", "/requests", {"json": big}, 413, None),
         ("POST", "/requests", {"content": iter([b"[" * 40_000, b"]" * 40_000]), "headers": json_headers}, 413, None),

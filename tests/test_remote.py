@@ -153,6 +153,8 @@ def every_command(fp: Transcript) -> None:
     # The API's limits are the service's: what the embedded CLI writes may be served later.
     fp("resource-pool", "create", "wide", "-c", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
     fp("resource-pool", "create", "p" * 256, "-c", '{"gpu": 1}')                # name too long
+    fp("resource-pool", "create", " ", "-c", '{"gpu": 1}')                      # only whitespace
+    fp("resource-request", "list", "--component", "c" * 256)                    # no such name
     fp("resource-pool", "create", "wordy", "-c", '{"gpu": 1}', "-d", "d" * 4097)  # too long
     fp("resource-pool", "create", "nan", "-c", '{"gpu": NaN}')              # sent as JSON can't
     fp("resource-pool", "create", "deep", "-c", "[" * 2000 + "]" * 2000)     # nested too deeply
@@ -227,6 +229,12 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "list", "-o", "json")
     fp("workload", "list", "--status", "queued")
     fp("workload", "list", "--status", "")                                    # invalid, not all
+    # The API's limits and words are the service's (each of these differed).
+    fp("workload", "submit", "--instance-type", " ")                         # only whitespace
+    fp("workload", "submit", "--priority", "-1")                             # below 0
+    fp("workload", "list", "--queue", "q" * 256)                             # no name that long
+    fp("workload", "submit", "--workload-type", "\udcff")                    # bytes not UTF-8
+    fp("config", "apply", "-f", "-", "--yes", input="#" * 60_001)            # document too long
     fp("workload", "describe", low["id"])
     fp("workload", "describe", ids[0][:8], "-o", "json")
     fp("workload", "release", ids[0], "-o", "json")
@@ -281,6 +289,8 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "add", "bad", "--resources", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
     fp("node", "add", "bad", "--resources", '{"cpu": true}')                 # no union member
     fp("node", "add", "n" * 256, "--resources", '{"cpu": 1}')                 # name too long
+    fp("node", "add", "bad", "--tags", "t" * 256, "--resources", '{"cpu": 1}')  # tag too long
+    fp("node", "add", "bad", "--tags", ",".join(SIXTY_FIVE_KEYS), "--resources", '{"cpu": 1}')
     fp("pool-tree", "create", "physical", "--node-tag-filter", "gpu", "--main-resource", "cpu",
        "-o", "json")
     fp("pool-tree", "create", "physical")                                     # exists: conflict
@@ -373,6 +383,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "apply", "-f", "-", "-o", "json", input=CPU_TREE)        # unchanged
     fp("pool-tree", "apply", "-f", "-", input="name: cpus\npools: {a: {weight: 0}}\n")  # bad
     fp("pool-tree", "apply", "-f", "-", input="name: cpus\npools: {a: [\n")  # YAML: many lines
+    fp("pool-tree", "apply", "-f", "-", input="name: cpus\n" + "#" * 60_000)  # too long
     fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",
        "--job-resources", '{"cpu": 4}', "--job-count", "2", "-o", "json")
     fp("operation", "start", "--tree", "cpus", "--pool", "nightly", "--user", "erin",
@@ -440,7 +451,8 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     assert [(op["status"], op["running_jobs"]) for op in started] == [
         ("running", 100), ("running", 0), ("running", 3), ("running", 2)]
     applies = [s.code for s in embedded.steps if s.args[:2] == ("config", "apply")]
-    assert applies == [1, 0, 1, 1, 0]  # aborted, confirmed, shape error, reference error, --yes
+    # aborted, confirmed, shape error, reference error, --yes, too long
+    assert applies == [1, 0, 1, 1, 0, 1]
     reasons = [str(s.stdout.get("reason")) for s in embedded.steps
                if s.args[:2] == ("workload", "submit") and isinstance(s.stdout, dict)]
     assert any("preempting" in reason for reason in reasons)

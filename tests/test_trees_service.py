@@ -222,16 +222,20 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         # PyYAML composes recursively: nesting past Python's recursion limit is invalid YAML.
         (lambda: seed.apply_tree("name: t\npools: " + "{p: {pools: " * 300 + "{}" + "}}" * 300),
          "tree: is not valid YAML: nested too deeply"),
-        (lambda: seed.set_pool("physical", "project-batch", "weight", "[" * 5000),
+        (lambda: seed.set_pool("physical", "project-batch", "weight", "[" * 2000),
          "weight: is not valid YAML: nested too deeply"),
+        (lambda: seed.set_pool("physical", "project-batch", "weight", "[" * 5000),
+         "value: must be at most 4096 characters (got '[[[[[[[[[[[[[[[[[[[[...')"),
+        (lambda: seed.apply_tree("#" * 60_001),
+         "tree: must be at most 60000 characters (got '####################...')"),
         (lambda: seed.set_pool("physical", "project-batch", "weight", "[1"),
          "weight: is not valid YAML: while parsing a flow sequence"),
         # Scalars PyYAML's constructors cannot build raise ValueError, not YAMLError.
         (lambda: seed.set_tree("physical", "max_operation_count", "2024-13-45"),
          "max_operation_count: is not valid YAML: month must be in 1..12 (got '2024-13-45')"),
-        (lambda: seed.set_pool("physical", "project-batch", "max_operation_count", "1" * 5000),
-         "max_operation_count: is not valid YAML: Exceeds the limit (4300 digits) for integer "
-         "string conversion: value has 5000 digits (got '1111"),
+        (lambda: seed.apply_tree("name: t\nconfig: {max_operation_count: " + "1" * 5000 + "}"),
+         "tree: is not valid YAML: Exceeds the limit (4300 digits) for integer "
+         "string conversion: value has 5000 digits (got '<yaml>')"),
         (lambda: seed.apply_tree("name: t\nconfig: {max_operation_count: 2024-13-45}"),
          "tree: is not valid YAML: month must be in 1..12 (got '<yaml>')"),
     ]

@@ -67,6 +67,8 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "must be an integer"
     if kind == "string_type":
         return "must be a string"
+    if kind == "string_unicode":  # a lone surrogate, as the service words it
+        return "must be valid Unicode text"
     if kind == "literal_error" and isinstance(ctx.get("expected"), str):
         choices = re.findall(r"'([^']*)'", ctx["expected"])  # "'a', 'b' or 'c'"
         return f"must be one of {', '.join(choices)}"
@@ -79,14 +81,15 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return f"must be at most {ctx['le']}"
     if kind == "string_too_long" and "max_length" in ctx:
         return f"must be at most {ctx['max_length']} characters"
-    if kind == "too_long" and ctx.get("field_type") == "Dictionary" and "max_length" in ctx:
-        return f"must have at most {ctx['max_length']} keys"
+    if kind == "too_long" and "max_length" in ctx:
+        unit = "keys" if ctx.get("field_type") == "Dictionary" else "items"
+        return f"must have at most {ctx['max_length']} {unit}"
     if kind == "string_too_short" and ctx.get("min_length") == 1:
         return "must be a non-empty string"
     if kind == "string_pattern_mismatch":
         if isinstance(value, str) and "\x00" in value:
             return "must not contain NUL characters"
-        return "must not be empty or only whitespace"
+        return "must be a non-empty string"  # NAME_PATTERN: only whitespace
     return default.removeprefix("Value error, ")
 
 
@@ -141,7 +144,7 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
     message = _message(kind, first.get("ctx") or {}, value, str(first.get("msg", "invalid value")))
     if kind == "string_too_long" and isinstance(value, str):
         value = clipped(value)  # shown as the service shows it
-    elif kind == "too_long" and isinstance(value, Mapping):
+    elif kind == "too_long" and isinstance(value, Mapping | list):
         value = len(value)
     detail = f"{field or 'request body'}: {message}"
     if kind != "missing" and "input" in first:

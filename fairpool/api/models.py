@@ -21,14 +21,13 @@ from pydantic import (
     StringConstraints,
 )
 
-from fairpool.frontends.names import MAX_KEYS, MAX_LABELS, MAX_NAME
+from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY
 from fairpool.leases import MAX_LEASE_TTL
-from fairpool.service import MAX_RETRIES
+from fairpool.service import MAX_IDEMPOTENCY_KEY, MAX_RETRIES
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
-MAX_LABEL_VALUE = 1024
 
 
 def text(value: str) -> str:
@@ -135,7 +134,7 @@ class RequestCreate(Strict):
     )
     idempotency_key: Annotated[
         str,
-        StringConstraints(min_length=1, max_length=64, pattern=TEXT_PATTERN),
+        StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, pattern=TEXT_PATTERN),
         AfterValidator(text),
     ] | None = (
         Field(

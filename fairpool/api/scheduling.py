@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.models import Key, LabelValue, Name, QueryText, UrlInt
 from fairpool.frontends.config import (
+    MAX_DOCUMENT,
     MAX_PRIORITY,
     MAX_VERSION,
     ConfigError,
@@ -25,11 +26,9 @@ from fairpool.frontends.config import (
 from fairpool.frontends.names import MAX_LABELS
 from fairpool.scheduling import SchedulingService
 
-#: Characters of a config document (seed configs are a few KB), and the body limit of the
-#: routes that take one: JSON may spell each character as a 12-byte surrogate-pair escape.
-MAX_DOCUMENT = 60_000
+#: The body limit of the routes that take a config document: JSON may spell each of its
+#: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_DOCUMENT_BODY = 12 * MAX_DOCUMENT + 1024
-Document = Annotated[str, StringConstraints(max_length=MAX_DOCUMENT)]
 WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
 Demand = int | float | Annotated[str, StringConstraints(max_length=40)]
 
@@ -37,17 +36,19 @@ Demand = int | float | Annotated[str, StringConstraints(max_length=40)]
 class ConfigBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     #: The YAML document, as a user writes it in a file.
-    document: Document
+    document: str
 
 
 class WorkloadBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     labels: Annotated[dict[Key, LabelValue], Field(max_length=MAX_LABELS)] = {}
-    instance_type: Name | None = None
-    accelerator_type: Name | None = None
-    market_type: Name | None = None
-    cloud_resource_id: Name | None = None
-    workload_type: Name | None = None
+    # Reserved labels: the service checks them and names each by its label key
+    # (``instance-type``), as the embedded CLI and SDK do.
+    instance_type: str | None = None
+    accelerator_type: str | None = None
+    market_type: str | None = None
+    cloud_resource_id: str | None = None
+    workload_type: str | None = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     demand: Annotated[dict[Key, Demand], Field(max_length=8)] = {}
 

@@ -23,16 +23,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from fairpool.api.models import NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
-from fairpool.trees_service import MAX_JOB_COUNT, TreesService
+from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
+from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
 
-#: Characters of a whole-tree YAML document (``pool-tree apply``), and the body limit of the
-#: route that takes one: JSON may spell each character as a 12-byte surrogate-pair escape.
-MAX_TREE_DOCUMENT = 60_000
+#: The body limit of the route that takes a whole-tree document: JSON may spell each of its
+#: characters (``MAX_TREE_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
 #: Trees of one operation (YTsaurus pool_trees).
 MAX_POOL_TREES = 16
-#: Tags of one node, and entries of any list or mapping inside an option value.
-MAX_TAGS = 64
+#: Entries of any list or mapping inside an option value.
 MAX_ITEMS = 64
 #: Text inside option values (tag filters, modes, names, sizes such as "512GiB").
 MAX_VALUE_TEXT = 1024
@@ -66,11 +65,7 @@ Weight = int | Annotated[float, Field(allow_inf_nan=False)] | Annotated[
 ]
 #: The text of one option value, as the command line gives it (parsed as YAML).
 OptionText = Annotated[
-    str, StringConstraints(max_length=4096, pattern=TEXT_PATTERN), AfterValidator(text)
-]
-Document = Annotated[
-    str, StringConstraints(max_length=MAX_TREE_DOCUMENT, pattern=TEXT_PATTERN),
-    AfterValidator(text),
+    str, StringConstraints(max_length=MAX_OPTION_TEXT, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
 
 TreeName = Annotated[
@@ -99,7 +94,8 @@ class Strict(BaseModel):
 
 class NodeCreate(Strict):
     name: Name
-    tags: Annotated[list[Text], Field(max_length=MAX_TAGS)] = Field(
+    # What a tag must look like (its characters, its length): the service says.
+    tags: Annotated[list[str], Field(max_length=MAX_TAGS)] = Field(
         default_factory=list, description="For trees' node_tag_filter, e.g. [\"gpu\", \"a100\"]."
     )
     resources: Resources = Field(
@@ -116,7 +112,7 @@ class TreeCreate(Strict):
 
 
 class TreeApply(Strict):
-    document: Document = Field(description="A whole tree as YAML: name, config, pools.")
+    document: str = Field(description="A whole tree as YAML: name, config, pools.")
     name: Name | None = Field(
         default=None, description="Refuse the document unless it describes this tree."
     )

@@ -23,7 +23,8 @@ from fairpool.cli.run import run, server
 from fairpool.cli.token import token
 from fairpool.cli.trees import node, operation, pool, pool_tree
 from fairpool.cli.workload import workload
-from fairpool.errors import FairpoolError, one_line
+from fairpool.errors import FairpoolError, InvalidInput, one_line
+from fairpool.frontends.names import check_unicode
 from fairpool.integrations.zenml.cli import zenml
 
 
@@ -44,6 +45,16 @@ def error_message(error: Exception) -> str:
 
 class FairpoolGroup(click.Group):
     """The root group: turns expected errors into click's ``Error:`` line (exit code 1)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Bytes that are not UTF-8 reach us as lone surrogates, which neither a store nor a
+        # URL takes: refused here once, for every argument and option alike.
+        for arg in args:
+            try:
+                check_unicode("argument", arg)
+            except InvalidInput as error:
+                raise click.ClickException(str(error)) from None
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

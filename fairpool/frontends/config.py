@@ -40,6 +40,7 @@ from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 from fairpool.frontends.names import MAX_NAME, SLASH_REASON
 
 __all__ = [
+    "MAX_DOCUMENT",
     "MAX_NAME",
     "MAX_PRIORITY",
     "MAX_QUOTA",
@@ -114,6 +115,8 @@ MAX_QUOTA: Final = 10**12
 MAX_PRIORITY: Final = 2**31 - 1
 #: Config versions are numbered from 1 and stored as 32-bit integers.
 MAX_VERSION: Final = 2**31 - 1
+#: Characters of one document: seed configs are a few KB; a stored version stays bounded.
+MAX_DOCUMENT: Final = 60_000
 #: At most this many values inside one ``advanced_instance_config`` (guards alias bombs).
 MAX_OPAQUE_VALUES: Final = 100_000
 #: Decimal places allowed in ``nominal_quota``; milli-units are then exact.
@@ -548,6 +551,10 @@ def load_config(text: str) -> SchedulerConfig:
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
     one holding only comments, ``null`` or ``{}`` is the empty config.
     """
+    if len(text) > MAX_DOCUMENT:
+        raise ConfigError([ConfigIssue(
+            ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
+        )])
     data, loader = _parse(text)
     config, issues = _check(data, loader.lines, loader.float_text)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after

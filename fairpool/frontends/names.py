@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Final
 
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, clipped
 
 #: What every backend can store (PostgreSQL's name columns are VARCHAR(255)).
 MAX_NAME: Final = 255
@@ -14,6 +14,29 @@ MAX_NAME: Final = 255
 #: pass plans and a row holds stays bounded, embedded as over HTTP.
 MAX_KEYS: Final = 64
 MAX_LABELS: Final = 64
+#: Characters of a request's label value.
+MAX_LABEL_VALUE: Final = 1024
+
+
+def bounded_text(field: str, value: str, most: int) -> str:
+    """Text every backend stores as it is: at most ``most`` characters, no NUL, no lone
+    surrogate (what a command line makes of bytes that are not UTF-8)."""
+    if len(value) > most:
+        raise InvalidInput(field, clipped(value), f"must be at most {most} characters")
+    if "\x00" in value:
+        raise InvalidInput(field, value, "must not contain NUL characters")
+    return check_unicode(field, value)
+
+
+def check_unicode(field: str, value: str) -> str:
+    """``value`` unless it holds a lone surrogate, which no backend stores and no URL carries
+    (what Python makes of command-line bytes that are not UTF-8)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(field, value, "must be valid Unicode text") from None
+    return value
 
 
 def check_key_count(field: str, mapping: Sized, most: int) -> None:

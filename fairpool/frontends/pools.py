@@ -10,8 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
-from fairpool.errors import InvalidInput, clipped, validate_int
-from fairpool.frontends.names import MAX_KEYS, MAX_NAME, SLASH_REASON, check_key_count
+from fairpool.errors import InvalidInput, validate_int
+from fairpool.frontends.names import (
+    MAX_KEYS,
+    MAX_NAME,
+    SLASH_REASON,
+    bounded_text,
+    check_key_count,
+)
 from fairpool.store.records import Policy, Pool
 
 #: Keys ZenML treats as unbounded when a pool has no row for them; every other absent key
@@ -74,13 +80,10 @@ def validate_name(field: str, value: object) -> str:
     return bounded_text(field, value, MAX_NAME)
 
 
-def bounded_text(field: str, value: str, most: int) -> str:
-    """Text every backend stores as it is: at most ``most`` characters, no NUL."""
-    if len(value) > most:
-        raise InvalidInput(field, clipped(value), f"must be at most {most} characters")
-    if "\x00" in value:
-        raise InvalidInput(field, value, "must not contain NUL characters")
-    return value
+def validate_filter(field: str, value: str | None) -> str | None:
+    """A list's filter as the API's query takes one: text no longer than a name (empty
+    allowed), so that a filter no name could match is refused embedded as over HTTP."""
+    return value if value is None else bounded_text(field, value, MAX_NAME)
 
 
 #: A pool's description: free text, up to a page of notes.

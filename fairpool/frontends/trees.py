@@ -46,7 +46,7 @@ from fairpool.engine.fairshare import (
     TreeSnapshot,
 )
 from fairpool.errors import InvalidInput, clipped
-from fairpool.frontends.names import MAX_KEYS, MAX_NAME, check_key_count
+from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
 __all__ = [
@@ -76,6 +76,10 @@ NAME_PATTERN = re.compile(r"[-_a-zA-Z0-9:]+")
 EPHEMERAL_DELIMITER = "$"
 RESOURCE_KEY_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 TAG_PATTERN = re.compile(r"[-_a-zA-Z0-9:./]+")
+#: Characters of a whole-tree document (``pool-tree apply``).
+MAX_TREE_DOCUMENT = 60_000
+#: Tags of one node, each as long as a name at most.
+MAX_TAGS = 64
 MAX_AMOUNT = 10**18
 
 _MEMORY_UNITS = {
@@ -374,8 +378,13 @@ class ClusterNode:
     @classmethod
     def create(cls, name: str, tags: Iterable[str], resources: object) -> ClusterNode:
         """A validated node (the CLI's ``node add``)."""
+        given = list(tags)
+        if len(given) > MAX_TAGS:
+            raise InvalidInput("tags", len(given), f"must have at most {MAX_TAGS} items")
         checked = []
-        for tag in tags:
+        for tag in given:
+            if len(tag) > MAX_NAME:
+                raise InvalidInput("tags", clipped(tag), f"must be at most {MAX_NAME} characters")
             if not TAG_PATTERN.fullmatch(tag):
                 raise InvalidInput("tags", tag, f"must match {TAG_PATTERN.pattern}")
             checked.append(tag)
@@ -1089,7 +1098,7 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     gives equal trees, so an apply can diff the result against the stored tree. A text
     without ``name:`` is the tree ``name``, when given.
     """
-    data = _mapping("tree", load_yaml("tree", text))
+    data = _mapping("tree", load_yaml("tree", bounded_text("tree", text, MAX_TREE_DOCUMENT)))
     unknown = set(data) - {"name", "config", "pools"}
     if unknown:
         key = sorted(unknown)[0]

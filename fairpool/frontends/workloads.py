@@ -57,7 +57,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -73,8 +73,8 @@ from fairpool.frontends.config import (
     ResourceQueue,
     SchedulerConfig,
 )
-from fairpool.frontends.names import MAX_LABELS, check_key_count
-from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS, bounded_text
+from fairpool.frontends.names import MAX_LABELS, bounded_text, check_key_count
+from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS
 
 __all__ = [
     "MARKET_TYPES",
@@ -152,7 +152,7 @@ def validate_workload(
     check_key_count("labels", labels or {}, MAX_LABELS)
     merged: dict[str, str] = {}
     for key, value in (labels or {}).items():
-        name = _text("labels", key)
+        name = _text("labels key", key)
         if name in RESERVED_LABEL_KEYS:
             raise InvalidInput(
                 f"labels.{name}", value,
@@ -175,11 +175,7 @@ def validate_workload(
         if key in allowed and text not in allowed[key]:
             raise InvalidInput(key, value, f"must be one of {', '.join(allowed[key])}")
         merged[key] = text
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int)
-        or not 0 <= priority <= MAX_PRIORITY
-    ):
-        raise InvalidInput("priority", priority, f"must be an integer from 0 to {MAX_PRIORITY}")
+    requested = None if priority is None else validate_int("priority", priority, 0, MAX_PRIORITY)
     amounts: dict[str, int] = {}
     for key, value in (demand or {}).items():
         if key not in _RESOURCES:
@@ -197,14 +193,14 @@ def validate_workload(
     return Workload(
         id=ident,
         labels=MappingProxyType(merged),
-        priority=priority,
+        priority=requested,
         demand=MappingProxyType(amounts),
         submitted_at=float(submitted_at),
     )
 
 
 def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not allow_empty):
+    if not isinstance(value, str) or (not value.strip() and not allow_empty):
         raise InvalidInput(field_name, value, "must be a non-empty string")
     return bounded_text(field_name, value, MAX_NAME)
 
