@@ -266,6 +266,10 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         # A scalar PyYAML's constructors cannot build (a ValueError, not a YAMLError): a 500.
         ("POST", "/pool-trees/apply", {"json": {
             "document": "name: u3\nconfig: {max_operation_count: 2024-13-45}"}}, 422, "tree"),
+        # A lone surrogate a YAML escape makes, in the field an error names: its answer
+        # could not be encoded (a 500). Escaped, as a terminal shows it.
+        ("POST", "/pool-trees/apply", {"json": {
+            "document": 'name: u5\npools: {"p\\uD800": {}}\n'}}, 422, "pools.p\\ud800"),
         # So did the tag formula's parser, within the 1,024 characters a value may have.
         ("POST", "/pool-trees", {"json": {"name": "u2", "config": {
             "node_tag_filter": "(" * 400 + "gpu" + ")" * 400}}}, 422, "config.node_tag_filter"),

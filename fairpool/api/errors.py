@@ -48,8 +48,15 @@ def error_response(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     return JSONResponse(
-        {"detail": one_line(detail), "field": field}, status_code=status, headers=headers
+        {"detail": _encodable(one_line(detail)), "field": field and _encodable(field)},
+        status_code=status, headers=headers,
     )
+
+
+def _encodable(text: str) -> str:
+    """``text`` with a lone surrogate (a name's ``\\ud800`` in a YAML document) escaped as a
+    terminal shows it: the answer is UTF-8, which cannot hold one."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _shown(value: object) -> str:
