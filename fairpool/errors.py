@@ -18,7 +18,7 @@ def one_line(text: str) -> str:
 
 def clipped(text: str) -> str:
     """A long value as an error line shows it: its first 20 characters."""
-    return text[:20] + "..."
+    return text if len(text) <= 20 else text[:20] + "..."
 
 
 class FairpoolError(Exception):

@@ -21,7 +21,7 @@ from pydantic import (
     PositiveInt,
 )
 
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, clipped
 
 __all__ = ["MEMORY_REGEX", "ByteUnit", "ResourceSettings", "request_map"]
 
@@ -155,11 +155,16 @@ class ResourceSettings(BaseModel):
 
 def request_map(settings: ResourceSettings) -> dict[str, int]:
     """``settings.requested_resources()``, for fairpool's front-ends: what ZenML's validation
-    lets through but cannot count (an infinite ``cpu_count``, a ``memory`` beyond a float's
-    range) is refused naming the field, where ZenML's rounding raises ``OverflowError``."""
-    if settings.cpu_count is not None and not math.isfinite(settings.cpu_count):
-        raise InvalidInput("cpu_count", settings.cpu_count, "must be a finite number")
+    lets through but cannot count (an infinite ``cpu_count``, or one whose millis are, a
+    ``memory`` beyond a float's range or of more digits than Python reads) is refused naming
+    the field, where ZenML's rounding raises ``OverflowError`` and ``int`` ``ValueError``."""
+    if settings.cpu_count is not None:
+        if not math.isfinite(settings.cpu_count):
+            raise InvalidInput("cpu_count", settings.cpu_count, "must be a finite number")
+        if not math.isfinite(settings.cpu_count * 1000):
+            raise InvalidInput("cpu_count", settings.cpu_count, "is too large to count")
     try:
         return settings.requested_resources()
-    except OverflowError:
-        raise InvalidInput("memory", settings.memory, "is too large to count") from None
+    except (OverflowError, ValueError):
+        raise InvalidInput("memory", clipped(settings.memory or ""),
+                           "is too large to count") from None

@@ -340,6 +340,8 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     ((*CREATE_REQUEST, "nobody", "--gpu-count", "1"), ("nobody",)),
     # ZenML's ResourceSettings takes these, but they count no units (its rounding overflows).
     ((*CREATE_REQUEST, COMPONENT, "--cpu-count", "inf"), ("cpu_count: must be a finite number",)),
+    ((*CREATE_REQUEST, COMPONENT, "--cpu-count", "1e308"), ("cpu_count: is too large to count",)),
+    ((*CREATE_REQUEST, COMPONENT, "--memory", "9" * 5000 + "GiB"), ("memory: is too large to count",)),
     ((*CREATE_REQUEST, COMPONENT, "--memory", "1" + "0" * 400 + "PB"), ("memory: is too large",)),
     (("resource-pool", "attach-policy", POOL, "c2", "-p", "1", "-r", '{"gpu": 3}',
       "-l", '{"gpu": 2}'), ("reserved.gpu", "3", "2")),

@@ -247,12 +247,14 @@ def test_empty(kwargs: dict[str, Any], empty: bool) -> None:
     "kwargs",
     [
         pytest.param({"cpu_count": float("inf")}, id="infinite-cpu"),
+        pytest.param({"cpu_count": 1e308}, id="cpu-millis-overflow"),  # was blamed on memory
         pytest.param({"memory": "1" + "0" * 400 + "PB"}, id="memory-overflows-float"),
+        pytest.param({"memory": "9" * 5000 + "GiB"}, id="memory-past-int-digits"),  # ValueError
     ],
 )
 def test_accepted_but_unmergeable(kwargs: dict[str, Any]) -> None:
     settings = ResourceSettings(**kwargs)
-    with pytest.raises(OverflowError):
+    with pytest.raises((OverflowError, ValueError)):
         settings.merged_requested_resources()
     # fairpool's front-ends (CLI, SDK) refuse them naming the field instead.
     with pytest.raises(InvalidInput, match=f"^{next(iter(kwargs))}: "):

@@ -335,6 +335,11 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
             lambda: pool("p", resource_limits={"memory": "lots"}),
             "resource_limits.memory: must be bytes or a size such as 512GiB (got 'lots')",
         ),
+        (  # int() reads at most 4,300 digits: a nameless ValueError, an HTTP 500
+            lambda: pool("p", resource_limits={"memory": "9" * 5000 + "GiB"}),
+            "resource_limits.memory: must be between 0 and 1000000000000000000 "
+            "(got '99999999999999999999...')",
+        ),
         (
             lambda: pool("p", fair_share_starvation_tolerance=1.5),
             "fair_share_starvation_tolerance: must be between 0 and 1 (got 1.5)",

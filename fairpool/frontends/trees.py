@@ -209,6 +209,8 @@ def parse_resources(field_name: str, value: object) -> dict[str, int]:
             match = _MEMORY.fullmatch(amount)
             if match is None:
                 raise InvalidInput(path, amount, "must be bytes or a size such as 512GiB")
+            if len(match[1]) > 30:  # beyond any amount, and int() reads at most 4,300 digits
+                raise InvalidInput(path, clipped(amount), f"must be between 0 and {MAX_AMOUNT}")
             amount = int(match[1]) * _MEMORY_UNITS[match[2]]
         resources[key] = _integer(path, amount)
     return resources
