@@ -335,6 +335,26 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
             lambda: pool("p", resource_limits={"memory": "lots"}),
             "resource_limits.memory: must be bytes or a size such as 512GiB (got 'lots')",
         ),
+        (  # the fair-share pass recurses per level: ~975 levels were an HTTP 500
+            lambda: build(*(pool(f"p{i}", f"p{i - 1}" if i else None) for i in range(33))),
+            "pool p32: parent: nests the pool deeper than 32 levels below the root (got 'p31')",
+        ),
+        (  # an alias repeats a subtree (and its names) without its text: refused at once,
+            # before a walk that doubles with each line (here 2**40 pools)
+            lambda: load_pool_tree("name: t\npools:\n  a0: &n0 {}\n" + "".join(
+                f"  a{k}: &n{k} {{pools: {{x{k}: *n{k - 1}, y{k}: *n{k - 1}}}}}\n"
+                for k in range(1, 41))),
+            "pools.a2.pools.x2.pools.x1: pool names must be unique in tree 't' (got 'x1')",
+        ),
+        (
+            lambda: load_pool_tree("name: t\npools: " + "".join(
+                f"{{p{i}: {{pools: " for i in range(32)) + "{q: {}}" + "}}" * 32),
+            "pools.p0.pools.p1.pools.p2.pools.p3.pools.p4.pools.p5.pools.p6.pools.p7.pools.p8."
+            "pools.p9.pools.p10.pools.p11.pools.p12.pools.p13.pools.p14.pools.p15.pools.p16."
+            "pools.p17.pools.p18.pools.p19.pools.p20.pools.p21.pools.p22.pools.p23.pools.p24."
+            "pools.p25.pools.p26.pools.p27.pools.p28.pools.p29.pools.p30.pools.p31.pools.q: "
+            "nests the pool deeper than 32 levels below the root (got 'q')",
+        ),
         (  # int() reads at most 4,300 digits: a nameless ValueError, an HTTP 500
             lambda: pool("p", resource_limits={"memory": "9" * 5000 + "GiB"}),
             "resource_limits.memory: must be between 0 and 1000000000000000000 "

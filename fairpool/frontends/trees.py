@@ -76,6 +76,10 @@ NAME_PATTERN = re.compile(r"[-_a-zA-Z0-9:]+")
 EPHEMERAL_DELIMITER = "$"
 RESOURCE_KEY_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 TAG_PATTERN = re.compile(r"[-_a-zA-Z0-9:./]+")
+#: Levels of pools below the root: the fair-share pass recurses once per level, and no
+#: organisation's tree is near this deep.
+MAX_POOL_DEPTH = 32
+_TOO_DEEP = f"nests the pool deeper than {MAX_POOL_DEPTH} levels below the root"
 #: Characters of a whole-tree document (``pool-tree apply``).
 MAX_TREE_DOCUMENT = 60_000
 #: Tags of one node, each as long as a name at most.
@@ -772,8 +776,13 @@ class PoolTree:
             by_name[pool.name] = pool
         order = _topological(by_name)
         effective: dict[str, EffectivePool] = {}
+        depth: dict[str | None, int] = {None: 0}
         for pool_name in order:
-            effective[pool_name] = _resolve(by_name[pool_name], config, effective)
+            pool = by_name[pool_name]
+            depth[pool_name] = depth[pool.parent] + 1
+            if depth[pool_name] > MAX_POOL_DEPTH:
+                raise InvalidInput(f"pool {pool_name}: parent", pool.parent, _TOO_DEEP)
+            effective[pool_name] = _resolve(pool, config, effective)
         tree = cls(name, config, MappingProxyType(by_name), MappingProxyType(effective))
         tree._check_guarantees()
         return tree
@@ -1110,20 +1119,25 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
             raise InvalidInput("name", None, "a tree needs a name")
         data = {**data, "name": name}  # `pool-tree create NAME --config-file` names it
     config = PoolTreeConfig.from_mapping(data.get("config") or {})
-    pools: list[Pool] = []
+    pools: dict[str, Pool] = {}
 
-    def collect(raw: object, parent: str | None, path: str) -> None:
+    # Checked while walking, not after: a YAML alias repeats a subtree without its text, so a
+    # few lines could otherwise make this walk (and Python's stack) exponentially long.
+    def collect(raw: object, parent: str | None, path: str, depth: int) -> None:
         for name, body in _mapping(path.rstrip(".") or "pools", raw or {}).items():
+            if name in pools:
+                raise InvalidInput(f"{path}{name}", name,
+                                   f"pool names must be unique in tree {data['name']!r}")
+            if depth > MAX_POOL_DEPTH:
+                raise InvalidInput(f"{path}{name}", name, _TOO_DEEP)
             options = dict(_mapping(f"{path}{name}", body or {}))
             children = options.pop("pools", None)
-            pools.append(
-                Pool(
-                    _name(f"{path}{name}", name),
-                    parent,
-                    PoolConfig.from_mapping(options, f"{path}{name}."),
-                )
+            pools[name] = Pool(
+                _name(f"{path}{name}", name),
+                parent,
+                PoolConfig.from_mapping(options, f"{path}{name}."),
             )
-            collect(children, name, f"{path}{name}.pools.")
+            collect(children, name, f"{path}{name}.pools.", depth + 1)
 
-    collect(data.get("pools"), None, "pools.")
-    return PoolTree.build(str(data["name"]), config, pools)
+    collect(data.get("pools"), None, "pools.", 1)
+    return PoolTree.build(str(data["name"]), config, pools.values())
