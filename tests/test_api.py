@@ -325,6 +325,11 @@ def test_a_url_number_out_of_bounds_is_shown_as_the_number(client: httpx.Client)
          "version: must be at most 2147483647 (got 99999999999999999999)"),
         ("/requests/x/wait", {"timeout": "-1.5"}, "timeout: must be >= 0 (got -1.5)"),
         ("/requests", {"limit": "ten"}, "limit: must be an integer in decimal digits (got 'ten')"),
+        # Past Python's 4,300 digits, and past a float's range: pydantic's words were its own.
+        ("/requests", {"offset": "9" * 5000},
+         "offset: is too large to read (got '99999999999999999999...')"),
+        ("/requests/x/wait", {"timeout": "9" * 400},
+         "timeout: must be a finite number (got '99999999999999999999...')"),
     ):
         response = client.get(path, params=params)
         assert response.status_code == 422, response.text

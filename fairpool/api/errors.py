@@ -60,6 +60,8 @@ def _encodable(text: str) -> str:
 
 
 def _shown(value: object) -> str:
+    if isinstance(value, str) and len(value) > _MAX_SHOWN:
+        value = clipped(value)  # as the service shows a long value
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
@@ -72,6 +74,10 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "required"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return "must be an integer"
+    if kind == "int_parsing_size":  # more digits than Python reads (4,300)
+        return "is too large to read"
+    if kind == "finite_number":  # NaN, or digits enough to overflow a float
+        return "must be a finite number"
     if kind == "string_type":
         return "must be a string"
     if kind == "string_unicode":  # a lone surrogate, as the service words it
