@@ -101,6 +101,9 @@ def _same_as_keyed(made: Request, key: str, asked: Mapping[str, object]) -> None
         "token": made.created_by_token_id,
     }
     differs = [field for field, value in asked.items() if had[field] != value]
+    if "token" in differs:  # another caller's request: nothing about it is told
+        raise Conflict(f"idempotency_key {key!r} is taken by a request another token made; "
+                       "use a key of your own")
     if differs:
         raise Conflict(
             f"idempotency_key {key!r} already made request `{made.id}`, which asked otherwise "

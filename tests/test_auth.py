@@ -145,6 +145,15 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
                    "must be 'Bearer <token>'")
         assert_401(anonymous.get("/pools", headers={"Authorization": "Bearer"}),
                    "must be 'Bearer <token>'")
+        # A body that is not JSON: FastAPI parses it before the route's auth runs (it was 400
+        # to anyone, an admin route's to a submitter too).
+        garbage = {"content": b"{", "headers": {"content-type": "application/json"}}
+        assert_401(anonymous.post("/pools", **garbage), "missing API token")
+        with world.client("a") as submitter:
+            assert_403(submitter.post("/pools", **garbage), "needs an admin token")
+            assert submitter.post("/requests/nope/heartbeat", **garbage).status_code == 404
+        with world.client("admin") as admin:
+            assert admin.post("/pools", **garbage).status_code == 400
         forged = world.tokens["admin"][:-4] + "AAAA"
         assert_401(anonymous.get("/pools", headers={"Authorization": f"Bearer {forged}"}),
                    "invalid API token")
@@ -279,6 +288,43 @@ def test_submitters_see_and_touch_only_their_own_requests(world: World, pools: s
 
         # The admin may act on anyone's request.
         assert ok(admin.post(f"/requests/{rid}/release"))["status"] == "released"
+
+
+def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: World) -> None:
+    """Nor that an id exists: not the request that preempted its own, nor the one another
+    token made under an idempotency key it repeats."""
+    service = world.service()
+    try:
+        _, low = service.create_token("submitter", ["c-low"])
+        _, high = service.create_token("submitter", ["c-high"])
+    finally:
+        service.close()
+    url = world.server.url + PREFIX
+    with world.client("admin") as admin, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {low}"}) as x, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {high}"}) as y:
+        ok(admin.post("/pools", json={"name": "one-gpu", "capacity": {"gpu": 1}}), 201)
+        for component, priority in (("c-low", 1), ("c-high", 10)):
+            ok(admin.post("/pools/one-gpu/policies",
+                          json={"component": component, "priority": priority}), 201)
+        held = ok(x.post("/requests", json={"component": "c-low", "resources": {"gpu": 1},
+                                            "idempotency_key": "shared-key"}), 201)
+        winner = ok(y.post("/requests", json={"component": "c-high", "resources": {"gpu": 1}}),
+                    201)
+        assert winner["status"] == "allocated"
+        rid = held["id"]
+        for answer in (ok(x.get(f"/requests/{rid}")), ok(x.get(f"/requests/{rid}/wait")),
+                       ok(x.post(f"/requests/{rid}/heartbeat")),
+                       *[r for r in ok(x.get("/requests"))["items"] if r["id"] == rid]):
+            assert answer["status"] == "preempted" and answer["preempted_by_id"] is None
+            assert answer["status_reason"] == ("preempted by another request on pool one-gpu "
+                                                "(priority 10 > 1)")
+            assert winner["id"] not in json.dumps(answer)
+        assert ok(admin.get(f"/requests/{rid}"))["preempted_by_id"] == winner["id"]
+        taken = y.post("/requests", json={"component": "c-high", "resources": {"gpu": 1},
+                                          "idempotency_key": "shared-key"})
+        assert taken.status_code == 409 and rid not in taken.text, taken.text
+        assert "taken by a request another token made" in taken.json()["detail"]
 
 
 def test_id_prefixes_resolve_among_ones_own_requests(world: World, pools: str) -> None:

@@ -385,4 +385,12 @@ def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Servi
                        rf"`{first.id}`, which asked otherwise \(resources, lease_ttl\)"):
         svc.create_request("orch", demand=demand(gpu_count=2), idempotency_key="k-1",
                            lease_ttl=30)
+    # Another token's key: its request is not named, nor what differs (with auth on, a
+    # submitter learns nothing of others' requests).
+    token, _ = svc.create_token("submitter", ["orch"])
+    with pytest.raises(Conflict) as taken:
+        svc.create_request("orch", demand=demand(gpu_count=1), idempotency_key="k-1",
+                           created_by=token.id)
+    assert str(taken.value) == ("idempotency_key 'k-1' is taken by a request another token "
+                                "made; use a key of your own")
     assert len(svc.list_requests()) == 2

@@ -25,7 +25,14 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fairpool.api.auth import Auth, Caller, owner_of_new_request, visible_pool, visible_requests
+from fairpool.api.auth import (
+    Auth,
+    Caller,
+    owner_of_new_request,
+    shown,
+    visible_pool,
+    visible_requests,
+)
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
 from fairpool.api.docs_pages import serve_docs
 from fairpool.api.errors import (
@@ -58,6 +65,7 @@ from fairpool.frontends.names import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import trees as tree_store
+from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
 from fairpool.views import PassSummary, RequestView
 
@@ -329,6 +337,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     # -- requests ----------------------------------------------------------------------
     # First: a route is found by trying the routes in order, and these are the busy ones.
 
+    async def _own(caller: ApiToken | None, view: RequestView) -> JSONResponse:
+        """The caller's request answered as ``shown`` to it (a read only for a submitter's
+        preempted request)."""
+        if caller is not None and view.preempted_by_id is not None:
+            view = await run_in_threadpool(shown, tokens, caller, view)
+        return _json(view.as_dict())
+
     @route("POST", "/requests", status_code=201, tags=["requests"])
     async def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
         """Submit a request; the answer carries the decision already made: allocated, queued
@@ -363,13 +378,14 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         return _json(_page(rows, len(views), limit, offset))
 
     @route("GET", "/requests/{ref}", tags=["requests"])
-    def get_request(ref: Ref) -> JSONResponse:
+    def get_request(ref: Ref, caller: Caller) -> JSONResponse:
         """One request: status, reason, pool, and per pool its queue position and reason."""
-        return _json(service.get_request(ref).as_dict())
+        return _json(shown(tokens, caller, service.get_request(ref)).as_dict())
 
     @route("GET", "/requests/{ref}/wait", tags=["requests"])
     async def wait_request(
         ref: Ref,
+        caller: Caller,
         timeout: Annotated[
             UrlNumber,
             Query(
@@ -395,25 +411,25 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
                 view = await api.until_decided(watch, request_id, deadline)
         if view is None:  # still queued: the whole view, with its queue positions
             view = await run_in_threadpool(service.get_request, request_id)
-        return _json(view.as_dict())
+        return await _own(caller, view)
 
     @route("POST", "/requests/{ref}/heartbeat", tags=["requests"])
-    async def heartbeat(ref: Ref) -> JSONResponse:
+    async def heartbeat(ref: Ref, caller: Caller) -> JSONResponse:
         """The holder is alive: renew the lease. Answers with the request in any status, so a
         holder learns of a preemption at its next heartbeat."""
-        return _json((await api.write(service.heartbeat, ref)).as_dict())
+        return await _own(caller, await api.write(service.heartbeat, ref))
 
     @route("POST", "/requests/{ref}/release", tags=["requests"])
-    async def release(ref: Ref) -> JSONResponse:
+    async def release(ref: Ref, caller: Caller) -> JSONResponse:
         """The work finished: the units go back to the pool."""
-        return _json((await api.write(service.release_request, ref)).as_dict())
+        return await _own(caller, await api.write(service.release_request, ref))
 
     @route("POST", "/requests/{ref}/cancel", tags=["requests"])
-    async def cancel(ref: Ref) -> JSONResponse:
+    async def cancel(ref: Ref, caller: Caller) -> JSONResponse:
         """Withdraw a queued or allocated request."""
         view = await api.write(service.cancel_request, ref)
         api.notifier.notify([view.id])  # it may have left the queue: wake its long-polls
-        return _json(view.as_dict())
+        return await _own(caller, view)
 
     @route("DELETE", "/requests/{ref}", status_code=204, tags=["requests"])
     def delete_request(ref: Ref) -> Response:

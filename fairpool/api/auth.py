@@ -228,11 +228,24 @@ def owner_of_new_request(caller: ApiToken | None, component: str) -> str | None:
 def visible_requests(
     auth: Auth, caller: ApiToken | None, views: list[RequestView]
 ) -> list[RequestView]:
-    """All of ``views`` for an admin (or without auth); a submitter's own only."""
+    """All of ``views`` for an admin (or without auth); a submitter's own only, each as
+    ``shown`` to it."""
     if caller is None or caller.role is TokenRole.ADMIN or not views:
         return views
     own = auth.own_request_ids(caller, [v.id for v in views])
-    return [v for v in views if v.id in own]
+    return [shown(auth, caller, v) for v in views if v.id in own]
+
+
+def shown(auth: Auth, caller: ApiToken | None, view: RequestView) -> RequestView:
+    """The caller's own request as it may see it: a submitter learns nothing of others'
+    requests, so one that preempted it is not named unless it is its own too."""
+    preemptor = view.preempted_by_id
+    if (caller is None or caller.role is TokenRole.ADMIN or preemptor is None
+            or auth.own_request_ids(caller, [preemptor])):
+        return view
+    reason = view.status_reason and view.status_reason.replace(
+        f"request {preemptor}", "another request")
+    return replace(view, preempted_by_id=None, status_reason=reason)
 
 
 def visible_pool(auth: Auth, caller: ApiToken | None, pool: PoolView) -> PoolView:

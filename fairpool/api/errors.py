@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fairpool.api.auth import authorize
 from fairpool.errors import (
     Conflict,
     FairpoolError,
@@ -198,8 +199,18 @@ def _query_names(route: APIRoute) -> frozenset[str]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        if any(error.get("type") == "json_invalid" for error in exc.errors()):
+            # FastAPI parses a body before the route's dependencies run: the caller's token
+            # is checked all the same, so that a missing or bad one is 401 (a submitter on
+            # an admin route 403) whatever the body.
+            try:
+                await authorize(request)
+            except HTTPException as refused:
+                return await on_http(request, refused)
+            except FairpoolError as refused:  # its own request's ref: not found
+                return await on_fairpool(request, refused)
         return validation_error(exc.errors())
 
     async def on_fairpool(_: Request, exc: Exception) -> JSONResponse:
