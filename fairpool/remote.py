@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 class RemoteService:
     def __init__(self, url: str, token: str | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {_token(token)}"} if token else {}
         # Reads may long-poll for up to a minute.
         self.http = httpx.Client(
             base_url=_server_url(url) + "/api/v1",
@@ -412,6 +413,21 @@ def _server_url(url: str) -> str:
         raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
                            "http://127.0.0.1:8600")
     return url.rstrip("/")
+
+
+def _token(token: str) -> str:
+    """``token`` without the whitespace around it (a file's newline), checked at once: httpx
+    refuses a header of other characters only when sending, which would read as an outage
+    and print the secret."""
+    token = token.strip()
+    if not _TOKEN.fullmatch(token):
+        raise InvalidInput.from_message(
+            "token", "token (FAIRPOOL_TOKEN): must be printable ASCII without spaces, as "
+            "`fairpool token create` prints it (the value is a secret: not shown)")
+    return token
+
+
+_TOKEN = re.compile(r"[!-~]+")
 
 
 def _segment(name: str) -> str:

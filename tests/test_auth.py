@@ -370,9 +370,14 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
          ("resource-request", "release", held["id"])),
         ({**remote, "FAIRPOOL_TOKEN": world.tokens["a"]},
          ("resource-request", "release", held["id"][:8])),
+        # A token read from a file keeps its newline: fine. One that cannot be a header was
+        # an "unreachable server" after 5 s of retries, printing the secret.
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["admin"] + "\r\n"}, ("resource-pool", "list")),
+        ({**remote, "FAIRPOOL_TOKEN": world.tokens["admin"].replace("_", " é", 1)},
+         ("resource-pool", "list")),
     ]
     with ThreadPoolExecutor(len(calls)) as workers:
-        created, refused, anonymous, listed, as_b, as_a = workers.map(
+        created, refused, anonymous, listed, as_b, as_a, from_file, garbled = workers.map(
             lambda call: fairpool(world.store, *call[1], **call[0]), calls
         )
     assert created.returncode == 0, created.stderr
@@ -384,6 +389,10 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
     assert listed.returncode == 0 and "shared" in {p["name"] for p in json.loads(listed.stdout)["items"]}
     assert as_b.returncode == 1 and f"no request '{held['id']}'" in as_b.stderr
     assert as_a.returncode == 0, as_a.stderr
+    assert from_file.returncode == 0 and "shared" in from_file.stdout, from_file.stderr
+    assert garbled.returncode == 1 and garbled.stderr.startswith(
+        "Error: token (FAIRPOOL_TOKEN): must be printable ASCII without spaces")
+    assert world.tokens["admin"][4:] not in garbled.stderr
     with world.client("admin") as admin:
         assert ok(admin.get(f"/requests/{held['id']}"))["status"] == "released"
 
@@ -413,6 +422,16 @@ def test_no_auth_on_a_public_host_is_refused_by_the_cli(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "refusing to serve 0.0.0.0 without auth" in result.stderr
     assert "--insecure" in result.stderr
+
+
+@pytest.mark.parametrize("args", [("token", "list"), ("server", "--port", "1")])
+def test_a_database_url_that_is_none_is_one_error_line(tmp_path: Path, args: tuple[str, ...]
+                                                       ) -> None:
+    """SQLAlchemy's ArgumentError was a traceback."""
+    result = fairpool({"FAIRPOOL_HOME": str(tmp_path)}, *args, "--database-url", "bogus")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == ("Error: database-url: is not a database URL: use sqlite:///PATH "
+                             "or postgresql://USER@HOST/DATABASE (got 'bogus')\n")
 
 
 def test_every_api_route_has_a_rule(tmp_path: Path) -> None:

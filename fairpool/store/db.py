@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 import platformdirs
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 if TYPE_CHECKING:
     from alembic.config import Config
 from sqlalchemy.engine import make_url
 
-from fairpool.errors import Unreachable, WouldWait
+from fairpool.errors import InvalidInput, Unreachable, WouldWait
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
@@ -213,7 +213,11 @@ class Database:
 
         ``url``: ``sqlite:///<path>`` or ``postgresql[+psycopg]://<user>@<host>/<database>``.
         """
-        parsed = make_url(url)
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise InvalidInput("database-url", url, "is not a database URL: use "
+                               "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
         backend = parsed.get_backend_name()
         if backend == "sqlite":
             if parsed.database not in (None, "", ":memory:"):
