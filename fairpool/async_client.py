@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -177,7 +178,17 @@ class AsyncAcquire:
 
     async def __aenter__(self) -> AsyncGrant:
         client = self._client
-        request = await self._submit()
+        submitting = asyncio.ensure_future(self._submit())
+        try:
+            request = await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            # The submit goes on without us (in a thread): the request it makes is withdrawn,
+            # or it would get units nobody uses until its lease ends.
+            with contextlib.suppress(Exception):
+                made = await submitting
+                if made.status in ("queued", "allocated"):
+                    await client.cancel(made.id)
+            raise
         try:
             if request.status == "queued":
                 request = await client.wait(request.id, self._timeout)
@@ -229,6 +240,12 @@ class AsyncAcquire:
     def __call__(
         self, function: Callable[P, Coroutine[Any, Any, T]]
     ) -> Callable[P, Coroutine[Any, Any, T]]:
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(
+                f"AsyncClient.acquire() decorates an async def (not {function!r}): the units "
+                "are held while its coroutine runs; use Client.acquire() for a plain function"
+            )
+
         @functools.wraps(function)
         async def run(*args: P.args, **kwargs: P.kwargs) -> T:
             submit = self._submit

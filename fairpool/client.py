@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import _thread
 import functools
+import inspect
 import os
 import signal
 import threading
@@ -358,27 +359,33 @@ class _Acquire:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         grant, self._grant = self._grant, None
         assert grant is not None
-        try:
-            lost = grant.finish()
-        except KeyboardInterrupt:
-            # The heartbeat's interrupt landed while we were already leaving.
-            lost = grant.lost
-        if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
-            raise not_granted(lost) from None
+        _finish(grant, kind)
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
+        if (inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function)
+                or inspect.isasyncgenfunction(function)):
+            # Called, such a function only makes an object: the units would be given back
+            # before its body ran.
+            raise TypeError(
+                f"Client.acquire() decorates a plain function (not {function!r}): use "
+                "AsyncClient.acquire() for an async def, `with client.acquire(...)` inside a "
+                "generator"
+            )
+
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
             request = self._submit()
             while True:
-                self._grant = self._start(request)
+                # Its own grant per call: the function may run in several threads at once,
+                # or call itself.
+                grant = self._start(request)
                 try:
                     try:
                         result = function(*args, **kwargs)
                     except BaseException as error:
-                        self.__exit__(type(error))
+                        _finish(grant, type(error))
                         raise
-                    self.__exit__(None)
+                    _finish(grant, None)
                     return result
                 except Preempted as preempted:
                     # The server queued a retry attempt when max_retries allowed one.
@@ -406,6 +413,18 @@ class _Acquire:
         if request.status != "allocated":
             raise not_granted(request)
         return Grant(self._client, request, self._interval)
+
+
+def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
+    """Release ``grant`` as its block ends (by ``kind``, or normally); a grant lost on the way
+    (preempted, expired) raises unless the block raised already."""
+    try:
+        lost = grant.finish()
+    except KeyboardInterrupt:
+        # The heartbeat's interrupt landed while we were already leaving.
+        lost = grant.lost
+    if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
+        raise not_granted(lost) from None
 
 
 #: Set just before a grant's heartbeat sends SIGINT to the main thread.

@@ -252,3 +252,26 @@ def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -
             assert [(r.attempt, r.status) for r in attempts] == [(1, "preempted"), (2, "released")]
 
     run(main())
+
+
+def test_a_cancellation_during_the_submit_withdraws_the_request_it_makes(
+    target: dict[str, str],
+) -> None:
+    """The submit runs in a thread, which a cancellation does not stop: the request it made
+    stayed queued, was allocated to nobody and held its units until its lease ended."""
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-sub", 1)
+            await client.submit({"gpu": 1}, component="a-sub-high", lease_ttl=None)
+            acquiring = asyncio.create_task(
+                client.acquire({"gpu": 1}, component="a-sub-low").__aenter__())
+            await asyncio.sleep(0)  # the submit is on its way
+            acquiring.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await acquiring
+            assert [r.status for r in await client.list_requests(component="a-sub-low")] == [
+                "cancelled"]
+            with pytest.raises(TypeError, match="decorates an async def"):
+                client.acquire({"gpu": 1}, component="a-sub-low")(lambda: None)  # type: ignore[arg-type]
+
+    run(main())

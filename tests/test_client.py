@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,42 @@ def test_ctrl_c_while_waiting_cancels_the_request(home: str) -> None:
         with client.acquire({"gpu": 1}, component="low", timeout=30):
             pytest.fail("never granted")
     assert [r.status for r in client.list_requests(component="low")] == ["cancelled"]
+
+
+def test_the_decorator_holds_a_grant_per_call_in_threads_and_recursion(home: str) -> None:
+    """It kept one grant for every call: two at once overwrote each other's, one call raised
+    a bare AssertionError and the other's units stayed held (heartbeats and all)."""
+    client = Client(home=home)
+    both_in = threading.Barrier(2, timeout=30)
+
+    @client.acquire({"gpu": 1}, component="low", lease_ttl=60)
+    def step(depth: int = 0) -> str:
+        if depth == 0:
+            both_in.wait()  # each thread holds one of the two units here
+            return "done"
+        return step(depth - 1)  # nested: needs the second unit while holding the first
+
+    with ThreadPoolExecutor(2) as workers:
+        assert list(workers.map(lambda _: step(), range(2))) == ["done", "done"]
+    both_in.reset()
+    threading.Thread(target=both_in.wait, daemon=True).start()  # the inner call's partner
+    assert step(1) == "done"
+    assert all(r.status == "released" for r in client.list_requests(component="low"))
+    assert len(client.list_requests(component="low")) == 4
+
+
+def test_the_decorator_refuses_what_would_run_after_it_let_go(home: str) -> None:
+    """A generator or an async def only makes an object when called: the units went back
+    before its body ran."""
+    client = Client(home=home)
+
+    def generator() -> Iterator[int]:
+        yield 1
+
+    async def coroutine() -> None:
+        return None
+
+    for function in (generator, coroutine):
+        with pytest.raises(TypeError, match="decorates a plain function"):
+            client.acquire({"gpu": 1}, component="low")(function)  # type: ignore[arg-type]
+    assert client.list_requests() == []
