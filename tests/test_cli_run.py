@@ -91,6 +91,21 @@ def test_preempted_command_is_terminated_and_rerun_on_its_retry(tmp_path: Path) 
     assert "allocated" not in events
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="adopts orphans by prctl")
+def test_what_the_command_leaves_running_is_stopped_with_it(tmp_path: Path) -> None:
+    """A shell script's background step outlived the script (orphaned to init), running on
+    units given back; on preemption, next to the retry attempt."""
+    setup(tmp_path)
+    pid_file = tmp_path / "pid"
+    result = fairpool(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--grace", "2",
+                      "--", "sh", "-c", f"sleep 60 & echo $! > {pid_file}; exit 4")
+    assert result.code == 4, result
+    assert "Stopped 1 process the command left running" in result.err
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists()  # stopped, and reaped before run exited
+    assert statuses(tmp_path) == [("low", "released", 1)]
+
+
 def start(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``fairpool ARGS`` started, not waited for."""
     return subprocess.Popen(

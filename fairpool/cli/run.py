@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -53,6 +55,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     """
     svc = service()
     request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
+    _adopt_orphans()
     while True:
         data = wait_or_cancel(request, timeout)
         if data["status"] == "queued":
@@ -95,6 +98,7 @@ def _run_once(
         "FAIRPOOL_POOL": request.pool or "",
         "FAIRPOOL_RESOURCES": json.dumps(request.resources, sort_keys=True),
     }
+    others = _children()  # ours before the command: not its leftovers
     try:
         child = subprocess.Popen(command, env=env, preexec_fn=_dies_with(os.getpid()))
     except OSError as error:
@@ -130,6 +134,10 @@ def _run_once(
         _stop(child, grace)
         raise
     finally:
+        left = _stop_leftovers(others | {child.pid}, grace)
+        if left:
+            o.declare(f"Stopped {left} process{'es' if left > 1 else ''} the command left "
+                      "running: its units are given back")
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -159,8 +167,55 @@ def _dies_with(parent: int) -> Callable[[], None] | None:
     return die_with_parent
 
 
-#: prctl(2): the signal this process gets when its parent dies.
+#: prctl(2): the signal this process gets when its parent dies; and orphans of its
+#: descendants become its children (not init's).
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _adopt_orphans() -> None:
+    """Linux: what the command starts and leaves behind when it ends (a shell script's
+    ``sleep``, a daemon) becomes our child, so that ``_stop_leftovers`` finds it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _children() -> set[int]:
+    """Our live child processes (Linux; elsewhere none are known)."""
+    me, found = os.getpid(), set[int]()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    # The name may hold spaces and parentheses: the fields after its last ")".
+                    state, ppid = stat.read().rpartition(")")[2].split()[:2]
+            except (OSError, ValueError):
+                continue  # ended meanwhile
+            if int(ppid) == me and state != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def _stop_leftovers(ours: set[int], grace: float) -> int:
+    """Stop the processes the command left running once it ended (SIGTERM, then SIGKILL
+    after ``grace``): they would go on using units given back. How many there were."""
+    deadline, stopped = time.monotonic() + grace, set[int]()
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:  # reap the ones that ended
+                pass
+        left = _children() - ours
+        if not left:
+            return len(stopped)
+        late = time.monotonic() >= deadline
+        for pid in left:
+            if late or pid not in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+            stopped.add(pid)
+        time.sleep(0.05)
 
 
 def _stop(child: subprocess.Popen[bytes], grace: float) -> int:
