@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +31,12 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from fairpool.client import Client, Preempted, WaitTimeout, not_granted
-from fairpool.errors import Conflict, FairpoolError
+from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -222,6 +225,8 @@ class AsyncAcquire:
                 await self._client.release(grant.id)
             except Conflict:  # preempted, expired or released between two heartbeats
                 grant.lost = await self._client.get(grant.id)
+            except Unreachable as error:  # the block's work is done; the lease gives back
+                log.warning("%s; the units go back when the lease expires", error)
         lost = grant.lost
         if lost is None:
             return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import _thread
 import functools
 import inspect
+import logging
 import os
 import signal
 import threading
@@ -31,6 +32,8 @@ from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteTrees
@@ -136,6 +139,10 @@ class Grant:
             except Conflict:
                 # Preempted, expired or released between two heartbeats.
                 self.lost = self._client.get(self.request.id)
+            except Unreachable as error:
+                # The block's work is done: not lost for want of a release the lease makes
+                # anyway (as ``fairpool run`` goes on).
+                log.warning("%s; the units go back when the lease expires", error)
         return self.lost
 
     def _beat(self, interval: float) -> None:

@@ -584,6 +584,29 @@ def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(
             client.wait(left.id, 60)
 
 
+def test_a_block_that_ends_while_the_server_is_down_keeps_its_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its work is done; only the release cannot be sent, and the lease gives the units back
+    anyway: a warning, as ``fairpool run`` gives, not ``Unreachable`` in place of the result."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "store")
+    monkeypatch.setattr("fairpool.remote._ATTEMPTS", 2)  # give up the release sooner
+    with running(server), Client(url=server.url) as client:
+        setup_pool(server.url, "down-gpus", ["down-orch"], {"gpu": 1})
+
+        @client.acquire({"gpu": 1}, component="down-orch", lease_ttl=60)
+        def work() -> str:
+            server.kill()
+            return "result"
+
+        with caplog.at_level("WARNING", logger="fairpool.client"):
+            assert work() == "result"
+        assert "the units go back when the lease expires" in caplog.text
+        server.start()
+        [held] = client.list_requests(component="down-orch")
+        assert held.status == "allocated" and held.lease_ttl == 60  # until its lease ends
+
+
 # -- the SDK with Client(url=...) --------------------------------------------------------------
 
 @pytest.fixture
