@@ -232,16 +232,24 @@ def visible_requests(
     ``shown`` to it."""
     if caller is None or caller.role is TokenRole.ADMIN or not views:
         return views
-    own = auth.own_request_ids(caller, [v.id for v in views])
-    return [shown(auth, caller, v) for v in views if v.id in own]
+    # One read for the requests and the ones that preempted them.
+    asked = [v.id for v in views] + [v.preempted_by_id for v in views if v.preempted_by_id]
+    own = auth.own_request_ids(caller, asked)
+    return [_without_others(v, own) for v in views if v.id in own]
 
 
 def shown(auth: Auth, caller: ApiToken | None, view: RequestView) -> RequestView:
-    """The caller's own request as it may see it: a submitter learns nothing of others'
-    requests, so one that preempted it is not named unless it is its own too."""
+    """The caller's own request as it may see it (``_without_others``)."""
+    if caller is None or caller.role is TokenRole.ADMIN or view.preempted_by_id is None:
+        return view
+    return _without_others(view, auth.own_request_ids(caller, [view.preempted_by_id]))
+
+
+def _without_others(view: RequestView, own: set[str]) -> RequestView:
+    """A submitter learns nothing of others' requests: one that preempted ``view`` is not
+    named unless it is among ``own`` too."""
     preemptor = view.preempted_by_id
-    if (caller is None or caller.role is TokenRole.ADMIN or preemptor is None
-            or auth.own_request_ids(caller, [preemptor])):
+    if preemptor is None or preemptor in own:
         return view
     reason = view.status_reason and view.status_reason.replace(
         f"request {preemptor}", "another request")
