@@ -263,7 +263,7 @@ class RemoteService:
             # NaN and infinities written as JavaScript writes them, which the server reads, so
             # that it refuses them naming the field as the service does embedded (httpx would
             # not send them); ASCII escapes, so that a lone surrogate reaches the server's check.
-            kwargs["content"] = json.dumps(kwargs.pop("json"), allow_nan=True)
+            kwargs["content"] = json.dumps(_text_keys(kwargs.pop("json")), allow_nan=True)
             kwargs["headers"] = {"content-type": "application/json"}
         for name, value in (kwargs.get("params") or {}).items():
             if isinstance(value, str):  # a lone surrogate: no URL carries one
@@ -413,6 +413,21 @@ def _server_url(url: str) -> str:
         raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
                            "http://127.0.0.1:8600")
     return url.rstrip("/")
+
+
+def _text_keys(body: Any, field: str = "") -> Any:
+    """``body``, refused (as the service refuses it embedded) if a mapping in it has a key
+    that is not a string: JSON would write ``{5: 1}`` as ``{"5": 1}``, another ask."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if not isinstance(key, str):
+                raise InvalidInput(f"{field} key" if field else "key", key,
+                                   "must be a non-empty string")
+            _text_keys(value, f"{field}.{key}" if field else key)
+    elif isinstance(body, list | tuple):
+        for item in body:
+            _text_keys(item, field)
+    return body
 
 
 def _token(token: str) -> str:

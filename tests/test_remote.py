@@ -758,6 +758,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("create_pool invalid", lambda: client.create_pool("bad", {"gpu": -1}))
     # httpx sends no NaN; the remote SDK writes it as JavaScript does, for the server to refuse.
     step("create_pool NaN", lambda: client.create_pool("bad", {"gpu": float("nan")}))
+    # JSON would write the key 5 as "5": remotely another ask, accepted (then unplaceable).
+    step("create_pool, a key not text", lambda: client.create_pool("bad", {5: 1}))  # type: ignore[dict-item]
     step("create_pool, description not text",
          lambda: client.create_pool("bad", {"gpu": 1}, description=5))  # type: ignore[arg-type]
     step("update_pool", lambda: client.update_pool("sdk", {"gpu": 3}, description="more"))
