@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from fairpool.api.models import TEXT_PATTERN
-from fairpool.frontends.names import MAX_NAME
+from fairpool.frontends.names import MAX_NAME, is_unicode
 from fairpool.store import repo
 from fairpool.store.records import ApiToken, TokenRole
 from fairpool.views import PoolView, RequestView
@@ -274,13 +274,7 @@ def label(token: ApiToken) -> str:
 
 def _valid_ref(ref: str) -> bool:
     """What the endpoints' ``Ref`` accepts (and a database can store)."""
-    if not 1 <= len(ref) <= MAX_NAME or not _REF.fullmatch(ref):
-        return False
-    try:
-        ref.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return 1 <= len(ref) <= MAX_NAME and bool(_REF.fullmatch(ref)) and is_unicode(ref)
 
 
 def _unauthorized(detail: str, *, invalid: bool = False) -> HTTPException:

@@ -21,7 +21,13 @@ from pydantic import (
     StringConstraints,
 )
 
-from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME
+from fairpool.frontends.names import (
+    MAX_KEYS,
+    MAX_LABEL_VALUE,
+    MAX_LABELS,
+    MAX_NAME,
+    is_unicode,
+)
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY
 from fairpool.leases import MAX_LEASE_TTL
 from fairpool.service import MAX_IDEMPOTENCY_KEY, MAX_RETRIES
@@ -34,10 +40,8 @@ def text(value: str) -> str:
     """Text every database stores as it is: no NUL characters, no lone surrogates."""
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text") from None
+    if not is_unicode(value):
+        raise ValueError("must be valid Unicode text")
     return value
 
 

@@ -37,7 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode
 
 __all__ = [
     "MAX_DOCUMENT",
@@ -1402,9 +1402,7 @@ def _text_problem(value: str) -> str | None:
     """Text every store and every JSON encoder accepts: no NUL, no lone surrogate."""
     if "\x00" in value:
         return "must not contain NUL characters"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_unicode(value):
         return "must be valid Unicode text (got a lone surrogate)"
     return None
 

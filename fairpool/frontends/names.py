@@ -29,14 +29,22 @@ def bounded_text(field: str, value: str, most: int) -> str:
 
 
 def check_unicode(field: str, value: str) -> str:
-    """``value`` unless it holds a lone surrogate, which no backend stores and no URL carries
-    (what Python makes of command-line bytes that are not UTF-8)."""
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInput(field, value, "must be valid Unicode text") from None
+    """``value`` unless it holds a lone surrogate (``is_unicode``)."""
+    if not is_unicode(value):
+        raise InvalidInput(field, value, "must be valid Unicode text")
     return value
+
+
+def is_unicode(value: str) -> bool:
+    """Whether ``value`` holds no lone surrogate, which no backend stores, no URL carries and
+    no JSON answer encodes (what Python makes of command-line bytes that are not UTF-8)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_key_count(field: str, mapping: Sized, most: int) -> None:
