@@ -31,6 +31,17 @@ class NotFound(FairpoolError, LookupError):
     def __str__(self) -> str:  # LookupError would otherwise repr-quote a lone argument
         return str(self.args[0]) if self.args else ""
 
+    @classmethod
+    def of(cls, what: str, ref: object, where: str = "") -> NotFound:
+        """The one wording, which the remote client also gives for a ref it cannot send:
+        ``no pool 'x'``, ``no pool 'x' in tree t``."""
+        return cls(f"no {what} {ref!r}{where}")
+
+    @classmethod
+    def of_policy(cls, kind: str, component: str, pool: str) -> NotFound:
+        """ZenML's words for a policy that is not there."""
+        return cls(f"No policy found for {kind} `{component}` in resource pool `{pool}`")
+
 
 class InvalidInput(FairpoolError, ValueError):
     """Bad input; the message names the field and the value."""

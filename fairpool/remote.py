@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -87,19 +87,19 @@ class RemoteService:
     ) -> PoolView:
         body = {"capacity": dict(capacity) if capacity is not None else None,
                 "description": description}
-        return PoolView.from_dict(self._call("PATCH", f"/pools/{_segment(ref)}", json=body))
+        return PoolView.from_dict(self._call("PATCH", f"/pools/{_segment(ref, 'pool')}", json=body))
 
     def delete_pool(self, ref: str) -> None:
-        self._call("DELETE", f"/pools/{_segment(ref)}")
+        self._call("DELETE", f"/pools/{_segment(ref, 'pool')}")
 
     def get_pool(self, ref: str) -> PoolView:
-        return PoolView.from_dict(self._call("GET", f"/pools/{_segment(ref)}"))
+        return PoolView.from_dict(self._call("GET", f"/pools/{_segment(ref, 'pool')}"))
 
     def list_pools(self) -> list[PoolView]:
         return [PoolView.from_dict(p) for p in self._call("GET", "/pools")["items"]]
 
     def pool_requests(self, ref: str, view: str = "all") -> list[RequestView]:
-        page = self._call("GET", f"/pools/{_segment(ref)}/requests", params={"view": view})
+        page = self._call("GET", f"/pools/{_segment(ref, 'pool')}/requests", params={"view": view})
         return [RequestView.from_dict(r) for r in page["items"]]
 
     # -- policies ----------------------------------------------------------------------
@@ -116,13 +116,19 @@ class RemoteService:
         body = {"component": component, "component_type": component_type,
                 "priority": priority, "reserved": dict(reserved or {}),
                 "limit": dict(limit or {})}
-        path = f"/pools/{_segment(pool_ref)}/policies"
+        path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
         return PolicyView.from_dict(self._call("POST", path, json=body))
 
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
-        path = f"/pools/{_segment(pool_ref)}/policies/{_segment(component)}"
+        pool = _segment(pool_ref, "pool")
+
+        def missing(name: str) -> NotFound:  # the pool is looked up first, as the service does
+            kind = one_of("component_type", component_type, COMPONENT_TYPES)
+            return NotFound.of_policy(kind, name, self._call("GET", f"/pools/{pool}")["name"])
+
+        path = f"/pools/{pool}/policies/{_segment(component, missing)}"
         self._call("DELETE", path, params={"component_type": component_type})
 
     def list_policies(
@@ -168,7 +174,8 @@ class RemoteService:
         return self._hear(RequestView.from_dict(self._call("POST", "/requests", json=body)))
 
     def get_request(self, ref: str) -> RequestView:
-        return self._hear(RequestView.from_dict(self._call("GET", f"/requests/{_segment(ref)}")))
+        path = f"/requests/{_segment(ref, 'request')}"
+        return self._hear(RequestView.from_dict(self._call("GET", path)))
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
@@ -193,9 +200,10 @@ class RemoteService:
         while True:
             left = max(0.0, deadline - time.monotonic())
             try:
-                request = RequestView.from_dict(self._call(
-                    "GET", f"/requests/{_segment(ref)}/wait", params={"timeout": min(left, 60.0)}
-                ))
+                path = f"/requests/{_segment(ref, 'request')}/wait"
+                request = RequestView.from_dict(
+                    self._call("GET", path, params={"timeout": min(left, 60.0)})
+                )
             except Unreachable as error:
                 return self._unheard(ref, error)
             if self._unreachable_since is not None:
@@ -232,7 +240,8 @@ class RemoteService:
         return last
 
     def heartbeat(self, ref: str) -> RequestView:
-        return RequestView.from_dict(self._call("POST", f"/requests/{_segment(ref)}/heartbeat"))
+        path = f"/requests/{_segment(ref, 'request')}/heartbeat"
+        return RequestView.from_dict(self._call("POST", path))
 
     def release_request(self, ref: str) -> RequestView:
         return self._finish(ref, "release", "released")
@@ -241,7 +250,7 @@ class RemoteService:
         return self._finish(ref, "cancel", "cancelled")
 
     def delete_request(self, ref: str) -> None:
-        response, maybe_done = self._send("DELETE", f"/requests/{_segment(ref)}")
+        response, maybe_done = self._send("DELETE", f"/requests/{_segment(ref, 'request')}")
         if maybe_done and response.status_code == 404:
             return  # the lost attempt deleted it
         _answer(response)
@@ -295,7 +304,7 @@ class RemoteService:
     def _finish(self, ref: str, action: str, status: str) -> RequestView:
         """Release or cancel. When the answer to an earlier attempt was lost, that attempt may
         have done it: the retry's conflict then only means it is done already."""
-        response, maybe_done = self._send("POST", f"/requests/{_segment(ref)}/{action}")
+        response, maybe_done = self._send("POST", f"/requests/{_segment(ref, 'request')}/{action}")
         if maybe_done and response.status_code == 409:
             current = self.get_request(ref)
             if current.status == status:
@@ -383,7 +392,7 @@ class RemoteScheduling:
         return Answer(self._call("POST", "/workloads", json=fields))
 
     def get_workload(self, ref: str) -> Answer:
-        return Answer(self._call("GET", f"/workloads/{_segment(ref)}"))
+        return Answer(self._call("GET", f"/workloads/{_segment(ref, 'workload')}"))
 
     def list_workloads(self, status: str | None = None, queue: str | None = None) -> list[Answer]:
         params = {key: value for key, value in (("status", status), ("queue", queue))
@@ -391,16 +400,16 @@ class RemoteScheduling:
         return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
 
     def release_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{_segment(ref)}/release"))
+        return Answer(self._call("POST", f"/workloads/{_segment(ref, 'workload')}/release"))
 
     def cancel_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{_segment(ref)}/cancel"))
+        return Answer(self._call("POST", f"/workloads/{_segment(ref, 'workload')}/cancel"))
 
     def list_queues(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/queues")["items"]]
 
     def describe_queue(self, name: str) -> Answer:
-        return Answer(self._call("GET", f"/queues/{_segment(name)}"))
+        return Answer(self._call("GET", f"/queues/{_segment(name, 'resource queue')}"))
 
 
 def _server_url(url: str) -> str:
@@ -445,15 +454,16 @@ def _token(token: str) -> str:
 _TOKEN = re.compile(r"[!-~]+")
 
 
-def _segment(name: str) -> str:
+def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:
     """A name as one path segment: ``?``, ``#``, ``%`` in it reach the server as such, and so
     does a name of dots, which HTTP clients would otherwise resolve as ``.`` and ``..``. No
     name or id is empty or holds a ``/``, and the server could not tell such a segment from
-    another route (it decodes ``%2F`` before routing): not found, without asking."""
+    another route (it decodes ``%2F`` before routing): not found, in the service's words,
+    without asking for it (``missing``: what the name names, or the error for it)."""
     if not isinstance(name, str):
         raise InvalidInput("ref", name, "must be a name or id (a string)")
     if not name or "/" in name:
-        raise NotFound(f"nothing is named {name!r}: names and ids are never empty and hold no /")
+        raise NotFound.of(missing, name) if isinstance(missing, str) else missing(name)
     segment = quote(check_unicode("ref", name), safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment
 
@@ -489,7 +499,7 @@ class RemoteTrees:
         return [Answer(item) for item in self._call("GET", "/nodes")["items"]]
 
     def remove_node(self, name: str) -> None:
-        self._call("DELETE", f"/nodes/{_segment(name)}")
+        self._call("DELETE", f"/nodes/{_segment(name, 'node')}")
 
     # -- trees -------------------------------------------------------------------------------
 
@@ -503,13 +513,13 @@ class RemoteTrees:
 
     def set_tree(self, name: str, option: str, value: str) -> Answer:
         body = {"option": option, "value": value}
-        return Answer(self._call("PATCH", f"/pool-trees/{_segment(name)}", json=body))
+        return Answer(self._call("PATCH", f"/pool-trees/{_segment(name, 'pool tree')}", json=body))
 
     def delete_tree(self, name: str) -> None:
-        self._call("DELETE", f"/pool-trees/{_segment(name)}")
+        self._call("DELETE", f"/pool-trees/{_segment(name, 'pool tree')}")
 
     def show_tree(self, name: str | None = None) -> Answer:
-        return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name))}"))
+        return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name), 'pool tree')}"))
 
     def list_trees(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/pool-trees")["items"]]
@@ -522,7 +532,7 @@ class RemoteTrees:
         return None if found is None else str(found)
 
     def reconcile(self, name: str | None = None) -> Answer:
-        tree = _segment(self._tree(name))
+        tree = _segment(self._tree(name), "pool tree")
         return Answer(self._call("POST", f"/pool-trees/{tree}/reconcile"))
 
     # -- pools -------------------------------------------------------------------------------
@@ -532,19 +542,27 @@ class RemoteTrees:
         options: Mapping[str, object] | None = None,
     ) -> Answer:
         body = {"name": name, "parent": parent, "config": dict(options or {})}
-        return Answer(self._call("POST", f"/pool-trees/{_segment(tree)}/pools", json=body))
+        path = f"/pool-trees/{_segment(tree, 'pool tree')}/pools"
+        return Answer(self._call("POST", path, json=body))
 
     def set_pool(self, tree: str, name: str, option: str, value: str) -> Answer:
         body = {"option": option, "value": value}
-        path = f"/pool-trees/{_segment(tree)}/pools/{_segment(name)}"
-        return Answer(self._call("PATCH", path, json=body))
+        return Answer(self._call("PATCH", self._pool_path(tree, name), json=body))
 
     def describe_pool(self, tree: str | None, name: str) -> Answer:
-        path = f"/pool-trees/{_segment(self._tree(tree))}/pools/{_segment(name)}"
-        return Answer(self._call("GET", path))
+        return Answer(self._call("GET", self._pool_path(self._tree(tree), name)))
 
     def delete_pool(self, tree: str, name: str) -> None:
-        self._call("DELETE", f"/pool-trees/{_segment(tree)}/pools/{_segment(name)}")
+        self._call("DELETE", self._pool_path(tree, name))
+
+    def _pool_path(self, tree: str, name: str) -> str:
+        path = f"/pool-trees/{_segment(tree, 'pool tree')}"
+
+        def missing(name: str) -> NotFound:  # the tree is looked up first, as the service does
+            self._call("GET", path)
+            return NotFound.of("pool", name, f" in tree {tree}")
+
+        return f"{path}/pools/{_segment(name, missing)}"
 
     # -- operations --------------------------------------------------------------------------
 
@@ -573,7 +591,7 @@ class RemoteTrees:
         return Answer(self._call("POST", "/operations", json=body))
 
     def describe_operation(self, ref: str) -> Answer:
-        return Answer(self._call("GET", f"/operations/{_segment(ref)}"))
+        return Answer(self._call("GET", f"/operations/{_segment(ref, 'operation')}"))
 
     def list_operations(self, tree: str | None = None, status: str | None = None) -> list[Answer]:
         params = {key: value for key, value in (("tree", tree), ("status", status))
@@ -581,7 +599,7 @@ class RemoteTrees:
         return [Answer(item) for item in self._call("GET", "/operations", params=params)["items"]]
 
     def complete_operation(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/operations/{_segment(ref)}/complete"))
+        return Answer(self._call("POST", f"/operations/{_segment(ref, 'operation')}/complete"))
 
     def abort_operation(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/operations/{_segment(ref)}/abort"))
+        return Answer(self._call("POST", f"/operations/{_segment(ref, 'operation')}/abort"))

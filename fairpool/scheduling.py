@@ -442,7 +442,7 @@ class SchedulingService:
         for view in self.list_queues():
             if view.name == name:
                 return view
-        raise NotFound(f"no resource queue named `{name}` in the active scheduler config")
+        raise NotFound.of("resource queue", name)
 
     # -- the pass ----------------------------------------------------------------------------
 

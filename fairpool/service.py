@@ -532,9 +532,7 @@ class Service:
                 None,
             )
             if policy is None:
-                raise NotFound(
-                    f"No policy found for {kind} `{component}` in resource pool `{pool.name}`"
-                )
+                raise NotFound.of_policy(kind, component, pool.name)
             live = [
                 a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id
             ]

@@ -482,7 +482,7 @@ class _State:
     def load(cls, conn: Connection, name: str) -> _State:
         record = store.find_tree(conn, name)
         if record is None:
-            raise NotFound(f"no pool tree {name!r}")
+            raise NotFound.of("pool tree", name)
         pools = store.list_pools(conn, name)
         tree = PoolTree.build(
             name,
@@ -802,7 +802,7 @@ class TreesService:
                 return store.default_tree(conn)
         with self.db.write() as conn:
             if store.find_tree(conn, name) is None:
-                raise NotFound(f"no pool tree {name!r}")
+                raise NotFound.of("pool tree", name)
             store.set_default_tree(conn, name)
             return name
 
@@ -897,7 +897,7 @@ class TreesService:
     def _own_pool(state: _State, name: str) -> Pool:
         pool = state.tree.pools.get(name)
         if pool is None:
-            raise NotFound(f"no pool {name!r} in tree {state.tree.name}")
+            raise NotFound.of("pool", name, f" in tree {state.tree.name}")
         return pool
 
     def _pool_view(self, conn: Connection, tree: str, name: str) -> PoolView:

@@ -503,20 +503,43 @@ def test_fairpool_run_through_the_server(server: ApiServer) -> None:
 def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path: Path) -> None:
     """An empty ref made "/pools/", which the server redirected (307) to "/pools": the SDK
     then took the redirect's body for a pool, and a delete of it for a success. A "/" in a
-    ref reached another route (the server decodes "%2F" before routing)."""
+    ref reached another route (the server decodes "%2F" before routing). Such a ref is not
+    found without asking, in the words the embedded store has for it."""
+
+    def calls(client: Client) -> list[Callable[[str], object]]:
+        trees = client.trees
+        return [
+            client.get, client.get_pool, client.delete_pool, client.delete, client.release,
+            client.scheduling.get_workload, client.scheduling.describe_queue,
+            trees.delete_tree, trees.show_tree, trees.remove_node, trees.describe_operation,
+            lambda r: client.detach_policy("seg", r), lambda r: client.detach_policy("no", r),
+            lambda r: trees.describe_pool("t", r), lambda r: trees.delete_pool("no", r),
+            lambda r: trees.create_pool(r, "p"),
+        ]
+
+    def errors(client: Client) -> list[str]:
+        client.create_pool("seg", {"gpu": 1})
+        client.trees.create_tree("t")
+        found = []
+        for ref in ("", "a/b", "/"):
+            for call in calls(client):
+                with pytest.raises(NotFound) as error:
+                    call(ref)
+                found.append(str(error.value))
+        return found
+
     with running(ApiServer(tmp_path / "server.log", home=tmp_path / "home")) as (server,):
-        setup_pool(server.url, "seg", ["seg-orch"], {"gpu": 1})
         with Client(url=server.url, home=str(tmp_path / "unused")) as client:
-            for ref in ("", "a/b", "/"):
-                for call in (client.get, client.get_pool, client.delete_pool, client.delete,
-                             client.scheduling.get_workload, client.trees.delete_tree,
-                             client.trees.show_tree, lambda r: client.detach_policy("seg", r)):
-                    with pytest.raises(NotFound, match="names and ids are never empty"):
-                        call(ref)
+            remote = errors(client)
             assert [p.name for p in client.list_pools()] == ["seg"]
         for path in ("/pools/", "/requests/", "/pool-trees/"):
             assert httpx.get(server.url + API + path).status_code == 404
             assert httpx.delete(server.url + API + path).status_code in (404, 405)
+    with Client(home=str(tmp_path / "embedded")) as client:
+        embedded = errors(client)
+    assert remote == embedded
+    assert "No policy found for orchestrator `a/b` in resource pool `seg`" in remote
+    assert {"no pool tree 'no'", "no pool '/' in tree t", "no resource queue ''"} <= set(remote)
 
 
 def test_an_unreachable_server_is_one_error_line_naming_it() -> None:

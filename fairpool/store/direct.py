@@ -57,7 +57,7 @@ class DeferredWriteFailed(Exception):
 
 def check_found(rowcount: int, what: str, id_: str) -> None:
     if rowcount == 0:
-        raise NotFound(f"no {what} {id_!r}")
+        raise NotFound.of(what, id_)
 
 
 def _checked(sql: str) -> str:

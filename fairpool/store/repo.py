@@ -78,7 +78,7 @@ def resolve_id(
             return matches[0]
         if matches:
             raise AmbiguousReference.of(what, ref)
-    raise NotFound(f"no {what} {ref!r}")
+    raise NotFound.of(what, ref)
 
 
 # Updates by id run on the DBAPI cursor; the SET clause comes from the parameters' names.
@@ -353,7 +353,7 @@ def insert_policy(
 def get_policy(connection: Connection, policy_id: str) -> Policy:
     policies = _policies(connection, _policy_statements(schema.policy.c.id == policy_id))
     if not policies:
-        raise NotFound(f"no policy {policy_id!r}")
+        raise NotFound.of("policy", policy_id)
     return policies[0]
 
 

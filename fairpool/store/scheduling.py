@@ -147,4 +147,4 @@ def update_workload(connection: Connection, workload_id: str, now: datetime, **v
         update(table).where(table.c.id == workload_id).values(updated_at=as_utc(now), **values)
     )
     if result.rowcount == 0:
-        raise NotFound(f"no workload {workload_id!r}")
+        raise NotFound.of("workload", workload_id)

@@ -308,7 +308,7 @@ def update_operation(
         update(table).where(table.c.id == operation_id).values(updated_at=as_utc(now), **values)
     )
     if result.rowcount == 0:
-        raise NotFound(f"no operation {operation_id!r}")
+        raise NotFound.of("operation", operation_id)
 
 
 def update_placement(
