@@ -124,10 +124,10 @@ def assert_401(response: httpx.Response, needle: str) -> None:
     assert body["field"] is None and needle in body["detail"], body
 
 
-def assert_403(response: httpx.Response, *needles: str) -> None:
+def assert_403(response: httpx.Response, *needles: str, field: str | None = None) -> None:
     assert response.status_code == 403, response.text
     body = response.json()
-    assert body["field"] is None
+    assert body["field"] == field
     for needle in needles:
         assert needle in body["detail"], body
 
@@ -231,7 +231,7 @@ def test_submitter_creates_for_its_components_only_and_cannot_write_pools(
         mine = ok(a.post("/requests", json={"component": "c-a", "resources": {"gpu": 1}}), 201)
         assert mine["status"] == "allocated"
         assert_403(a.post("/requests", json={"component": "c-b", "resources": {"gpu": 1}}),
-                   "component `c-b`", "allows `c-a`", "team-a")
+                   "component `c-b`", "allows `c-a`", "team-a", field="component")
         # Reads of pools, policies and components are allowed.
         assert [p["name"] for p in ok(a.get("/pools"))["items"]] == ["shared"]
         assert ok(a.get(f"/pools/{pools}"))["name"] == pools

@@ -206,6 +206,14 @@ def _authorize(auth: Auth, request: Request) -> ApiToken:
     return token
 
 
+class Forbidden(HTTPException):
+    """403 for a value the caller's token does not allow: the answer names its field."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(403, detail)
+        self.field = field
+
+
 #: The caller's token in an endpoint (None when auth is off).
 Caller = Annotated[ApiToken | None, Depends(authorize)]
 
@@ -217,8 +225,8 @@ def owner_of_new_request(caller: ApiToken | None, component: str) -> str | None:
         return None
     if caller.role is TokenRole.SUBMITTER and component not in caller.components:
         allowed = ", ".join(f"`{c}`" for c in caller.components)
-        raise HTTPException(
-            403,
+        raise Forbidden(
+            "component",
             f"{label(caller)} may not create requests for component `{component}`; "
             f"it allows {allowed}",
         )

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fairpool.api.auth import authorize
+from fairpool.api.auth import Forbidden, authorize
 from fairpool.errors import (
     Conflict,
     FairpoolError,
@@ -228,7 +228,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             # Starlette names the methods of the first route on the path only.
             headers["Allow"] = ", ".join(_allowed_methods(request))
-        return error_response(exc.status_code, str(exc.detail), headers=headers)
+        field = exc.field if isinstance(exc, Forbidden) else None
+        return error_response(exc.status_code, str(exc.detail), field, headers=headers)
 
     async def on_database(_: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable: %s", one_line(str(exc))[:300])
