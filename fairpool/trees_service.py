@@ -982,10 +982,11 @@ class TreesService:
             if not any(job.values()):
                 raise InvalidInput("job_resources", dict(job_resources), "must ask for something")
             placements = []
+            asked = user if pool is None else pool  # "" is no pool's name, not "none given"
             for name in names:
                 given = options.get(name, _TreeOptions())
                 leaf, state = self._operation_pool(
-                    conn, states[name], given.pool or pool or user, user, now
+                    conn, states[name], asked if given.pool is None else given.pool, user, now
                 )
                 _check_some_node_fits(state, _job_in(job, state.total))
                 _check_operation_count(conn, state, leaf)
@@ -1023,17 +1024,14 @@ class TreesService:
                                    f"{tree.name} (forbid_immediate_operations); use one of "
                                    "its subpools")
             return pool, state
-        parent = None if config.default_parent_pool == ROOT else config.default_parent_pool
-        if parent is not None and parent not in tree.pools:
-            raise InvalidInput("default_parent_pool", parent, f"no such pool in tree {tree.name}")
+        ephemeral = tree.ephemeral_pool(pool)
         owned = sum(1 for owner in state.ephemeral_users.values() if owner == user)
         if owned >= config.max_ephemeral_pool_per_user:
             raise InvalidInput("pool", pool, f"no such pool in tree {tree.name}, and user {user} "
                                f"already has {owned} ephemeral pools there "
                                "(max_ephemeral_pool_per_user "
                                f"{config.max_ephemeral_pool_per_user})")
-        return pool, self._add_ephemeral(conn, state, Pool(pool, parent, PoolConfig(), True),
-                                         user, now)
+        return pool, self._add_ephemeral(conn, state, ephemeral, user, now)
 
     @staticmethod
     def _add_ephemeral(

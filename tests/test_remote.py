@@ -307,6 +307,11 @@ def tree_commands(fp: Transcript) -> None:
        "--strong-guarantee", '{"cpu": 81}')                                  # > the parent's rest
     fp("pool", "create", "orphan", "--tree", "physical", "--parent", "nope")  # unknown parent
     fp("pool", "create", "x", "--tree", "nope")                               # unknown tree
+    fp("pool", "create", "", "--tree", "physical")                            # no name
+    fp("pool", "create", "x", "--tree", "physical", "--parent", "")           # no parent name
+    fp("pool", "create", "p" * 256, "--tree", "physical")                     # name too long
+    fp("pool-tree", "create", "")                                             # no name
+    fp("pool-tree", "default", "")                                            # unknown tree
     fp("pool", "set", "project-batch", "--tree", "physical", "weight", "10", "-o", "json")
     fp("pool", "set", "project-batch", "--tree", "physical", "wieght", "10")  # unknown option
     fp("pool", "set", "project-batch", "--tree", "physical", "weight", "0")   # bad value
@@ -342,6 +347,10 @@ def tree_commands(fp: Transcript) -> None:
        '{"cpu": 1}', "--job-count", "10001")                                  # too many jobs
     fp("operation", "start", "--pool", "project-batch", "--user", "", "--job-resources",
        '{"cpu": 1}', "--job-count", "1")                                      # no user
+    fp("operation", "start", "--pool", "", "--user", "u", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1")                                      # no pool name
+    fp("operation", "start", "--user", "u$v", "--job-resources",
+       '{"cpu": 1}', "--job-count", "1")                                      # not a pool name
     fp("operation", "start", "--pool", "project-batch", "--user", "u", "--job-resources",
        '{"cpu": 1}', "--job-count", "1", "--weight", "heavy")                 # bad value
     fp("pool-tree", "show", "physical")

@@ -219,6 +219,18 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
                                       job_count=10_001),
          "job_count: must be at most 10000 (got 10001)"),
         (lambda: seed.add_node("gpu-01", [], {"cpu": 1}), "node gpu-01 already exists"),
+        # A pool an operation makes is named as one creates: "a$b" would read as pool a's
+        # ephemeral subpool for user b; "" is no name, not "none given" (then: the user).
+        (lambda: seed.start_operation(user="a$b", job_resources=CPU, job_count=1),
+         "pool: must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
+        (lambda: seed.start_operation(pool="project-adhoc$b", user="b", job_resources=CPU,
+                                      job_count=1),
+         "pool: must match [-_a-zA-Z0-9:]+ (got 'project-adhoc$b')"),
+        (lambda: seed.start_operation(pool="", user="u", job_resources=CPU, job_count=1),
+         "pool: must match [-_a-zA-Z0-9:]+ (got '')"),
+        (lambda: seed.start_operation(user="u", job_resources=CPU, job_count=1,
+                                      tree_options={"physical": {"pool": "x$y"}}),
+         "pool: must match [-_a-zA-Z0-9:]+ (got 'x$y')"),
         # PyYAML composes recursively: nesting past Python's recursion limit is invalid YAML.
         (lambda: seed.apply_tree("name: t\npools: " + "{p: {pools: " * 300 + "{}" + "}}" * 300),
          "tree: is not valid YAML: nested too deeply"),

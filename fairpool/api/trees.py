@@ -21,7 +21,7 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import NAME_PATTERN, TEXT_PATTERN, Name, QueryText, text
+from fairpool.api.models import NAME_PATTERN, TEXT_PATTERN, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
@@ -43,6 +43,10 @@ Text = Annotated[
     StringConstraints(max_length=MAX_VALUE_TEXT, pattern=TEXT_PATTERN),
     AfterValidator(text),
 ]
+#: A name in a body (a node's, a tree's, a pool's, a user's): the service checks what it
+#: must look like and names the field as the command line does (``pool``, not the body's
+#: ``name``); the body's size bounds its length.
+BodyName = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(text)]
 OptionKey = Annotated[
     str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
@@ -93,7 +97,7 @@ class Strict(BaseModel):
 
 
 class NodeCreate(Strict):
-    name: Name
+    name: BodyName
     # What a tag must look like (its characters, its length): the service says.
     tags: Annotated[list[str], Field(max_length=MAX_TAGS)] = Field(
         default_factory=list, description="For trees' node_tag_filter, e.g. [\"gpu\", \"a100\"]."
@@ -104,7 +108,7 @@ class NodeCreate(Strict):
 
 
 class TreeCreate(Strict):
-    name: Name
+    name: BodyName
     config: Options = Field(
         default_factory=dict,
         description="Tree options by their YTsaurus names; durations in milliseconds.",
@@ -113,7 +117,7 @@ class TreeCreate(Strict):
 
 class TreeApply(Strict):
     document: str = Field(description="A whole tree as YAML: name, config, pools.")
-    name: Name | None = Field(
+    name: BodyName | None = Field(
         default=None, description="Refuse the document unless it describes this tree."
     )
 
@@ -126,25 +130,25 @@ class OptionSet(Strict):
 
 
 class DefaultTree(Strict):
-    name: Name
+    name: BodyName
 
 
 class TreePoolCreate(Strict):
-    name: Name
-    parent: Name | None = Field(default=None, description="Default: the tree's root.")
+    name: BodyName
+    parent: BodyName | None = Field(default=None, description="Default: the tree's root.")
     config: Options = Field(default_factory=dict,
                             description="Pool attributes by their YTsaurus names.")
 
 
 class OperationStart(Strict):
-    user: Name
+    user: BodyName
     job_resources: Resources = Field(description="One job's resources.")
     job_count: Annotated[int, Field(ge=1, le=MAX_JOB_COUNT)]
-    pool_trees: Annotated[list[Name], Field(max_length=MAX_POOL_TREES)] = Field(
+    pool_trees: Annotated[list[BodyName], Field(max_length=MAX_POOL_TREES)] = Field(
         default_factory=list,
         description="The trees it runs in (YTsaurus pool_trees). Default: the default_tree.",
     )
-    pool: Name | None = Field(default=None, description="Its pool in each tree. Default: the "
+    pool: BodyName | None = Field(default=None, description="Its pool in each tree. Default: the "
                               "user's name (an ephemeral pool).")
     weight: Weight = 1
     gang: bool = False

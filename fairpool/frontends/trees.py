@@ -819,6 +819,18 @@ class PoolTree:
     def with_config(self, config: PoolTreeConfig) -> PoolTree:
         return PoolTree.build(self.name, config, self.pools.values())
 
+    def ephemeral_pool(self, name: str) -> Pool:
+        """The pool made for an operation whose pool does not exist: under the tree's
+        default_parent_pool. Named as a pool one creates: a ``$`` in it would read as
+        another pool's ephemeral subpool (``pool$user``)."""
+        _name("pool", name)
+        parent = self.config.default_parent_pool
+        if parent == ROOT:
+            return Pool(name, None, PoolConfig(), True)
+        if parent not in self.pools:
+            raise InvalidInput("default_parent_pool", parent, f"no such pool in tree {self.name}")
+        return Pool(name, parent, PoolConfig(), True)
+
     def ephemeral_subpool(self, pool: str, user: str) -> Pool:
         """The ``pool$user`` subpool a ``create_ephemeral_subpools`` pool starts operations in,
         configured from its ``ephemeral_subpool_config``."""
