@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import BACKENDS, Backend
 from tests.servers import running, server_on
@@ -283,3 +284,15 @@ def test_integral_guarantees_are_set_and_shown(tmp_path: Path) -> None:
     b = next(e for e in tree["elements"] if e["name"] == "B")
     assert b["integral"]["integral_guarantee_type"] == "burst"
     assert next(e for e in tree["elements"] if e["name"] == "W")["integral"] is None
+
+
+def test_yaml_output_writes_each_mapping_in_full(tmp_path: Path) -> None:
+    """An operation's first tree shares its detailed shares with the operation: YAML without
+    aliases (&id001 / *id001), as the remote CLI prints it from JSON."""
+    fairpool(tmp_path, "node", "add", "n", "--resources", '{"cpu": 8}').ok()
+    fairpool(tmp_path, "pool-tree", "create", "t").ok()
+    op = fairpool(tmp_path, "operation", "start", "--user", "u", "--job-resources",
+                  '{"cpu": 1}', "--job-count", "2", "-o", "yaml").ok()
+    assert "&id" not in op.out and "*id" not in op.out
+    started = yaml.safe_load(op.out)
+    assert started["trees"][0]["detailed"] == started["detailed"]

@@ -94,9 +94,19 @@ def dump(data: Any, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        import yaml
+        click.echo(_yaml(data), nl=False)
 
-        click.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), nl=False)
+
+def _yaml(data: Any) -> str:
+    import yaml
+
+    # A mapping shared by two fields (an operation's first tree and the operation itself) would
+    # be written once and aliased (&id001 / *id001); the remote CLI, reading JSON, has copies.
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
 
 def page(items: Sequence[Row]) -> dict[str, Any]:
