@@ -8,6 +8,7 @@ test runs servers of its own.
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
@@ -309,8 +310,14 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
         # Not a union: two fields, each its own error.
         ("/pools", {"name": "u1", "capacity": {"gpu": -1, "tpu": -1}},
          "capacity.gpu: must be a positive integer (got -1) (and 1 more error)"),
+        # JSON's Infinity, which Python writes for inf: the weight's own words, not an
+        # integer's (the union's first member), as the command line says it.
+        ("/operations", {"user": "u1", "job_resources": {"cpu": 1}, "job_count": 1,
+                         "weight": math.inf},
+         "weight: must be a finite number between 1e-30 and 1e30 in magnitude (or 0) (got inf)"),
     ):
-        response = client.post(path, json=body)
+        response = client.post(path, content=json.dumps(body),
+                               headers={"content-type": "application/json"})
         assert response.status_code == 422, response.text
         assert response.json()["detail"] == detail
 

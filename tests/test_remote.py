@@ -310,6 +310,10 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool", "create", "", "--tree", "physical")                            # no name
     fp("pool", "create", "x", "--tree", "physical", "--parent", "")           # no parent name
     fp("pool", "create", "p" * 256, "--tree", "physical")                     # name too long
+    fp("pool", "create", "x", "--tree", "physical", "--config", '{"weight": 1e309}')  # infinite
+    fp("pool-tree", "create", "x", "--config", "{fair_share_starvation_timeout: .inf}")
+    fp("pool", "create", "x", "--tree", "physical", "--config",
+       "{strong_guarantee_resources: {cpu: .nan}}")                           # not a number
     fp("pool-tree", "create", "")                                             # no name
     fp("pool-tree", "default", "")                                            # unknown tree
     fp("pool", "set", "project-batch", "--tree", "physical", "weight", "10", "-o", "json")
@@ -326,7 +330,7 @@ def tree_commands(fp: Transcript) -> None:
     adhoc = fp("operation", "start", "--pool", "project-adhoc", "--user", "bob",
                "--job-resources", '{"cpu": 1}', "--job-count", "10", "-o", "json")
     fp("operation", "start", "--user", "carol", "--job-resources", '{"cpu": 2}',
-       "--job-count", "1")                                                    # ephemeral pool
+       "--job-count", "1", "-o", "yaml")                                      # ephemeral pool
     fp("operation", "start", "--pool", "project-batch", "--user", "dan", "--job-resources",
        '{"cpu": 1}', "--job-count", "1", "--interruptible")                  # interruptible
     both = fp("operation", "start", "--tree", "physical", "--tree", "cpus", "--pool",
@@ -458,7 +462,7 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     started = [s.stdout for s in embedded.steps
                if s.args[:2] == ("operation", "start") and isinstance(s.stdout, dict)]
     assert [(op["status"], op["running_jobs"]) for op in started] == [
-        ("running", 100), ("running", 0), ("running", 3), ("running", 2)]
+        ("running", 100), ("running", 0), ("running", 0), ("running", 3), ("running", 2)]
     applies = [s.code for s in embedded.steps if s.args[:2] == ("config", "apply")]
     # aborted, confirmed, shape error, reference error, --yes, too long
     assert applies == [1, 0, 1, 1, 0, 1]

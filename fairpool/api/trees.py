@@ -50,8 +50,10 @@ BodyName = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidato
 OptionKey = Annotated[
     str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
-Number = int | Annotated[float, Field(allow_inf_nan=False)]
-Scalar = bool | Number | Text | None
+#: An option's number (a weight too) may be infinite or NaN here: the service refuses it in
+#: the words of the option's own check ("weight: must be a finite number ..."), as the
+#: command line does.
+Scalar = bool | int | float | Text | None
 #: Option values nest at most five levels (``pool_config_presets`` → a preset →
 #: ``ephemeral_subpool_config`` → ``resource_limits`` → an amount, or
 #: ``offloading_settings`` → a tree → ``pool``).
@@ -64,7 +66,7 @@ Options = Annotated[dict[OptionKey, Value5], Field(max_length=MAX_KEYS)]
 #: A resource amount: an integer, or for ``memory`` a size such as "512GiB".
 Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text
 Resources = Annotated[dict[OptionKey, Amount], Field(max_length=MAX_KEYS)]
-Weight = int | Annotated[float, Field(allow_inf_nan=False)] | Annotated[
+Weight = int | float | Annotated[
     str, StringConstraints(max_length=64, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
 #: The text of one option value, as the command line gives it (parsed as YAML).
