@@ -417,9 +417,17 @@ class Service:
             now = self.clock()
             if capacity is not None:
                 new_capacity = frontend.apply_capacity_update(pool.capacity, capacity)
-                frontend.check_reserved_total(
-                    new_capacity, repo.list_policies(conn, pool_id=pool.id), pool.name
-                )
+                policies = repo.list_policies(conn, pool_id=pool.id)
+                frontend.check_reserved_total(new_capacity, policies, pool.name)
+                # Policy keys must be pool keys: a removed key leaves its policies too (a
+                # reserve on it was refused above), or adding it back would revive old limits.
+                for policy in policies:
+                    if not (policy.reserved.keys() | policy.limit.keys()) <= new_capacity.keys():
+                        repo.update_policy(
+                            conn, policy.id, now,
+                            reserved=_only(policy.reserved, new_capacity),
+                            limit=_only(policy.limit, new_capacity),
+                        )
                 repo.set_pool_capacity(conn, pool.id, new_capacity, now)
             if description is not None:
                 repo.update_pool_description(conn, pool.id, description, now)
@@ -1474,6 +1482,10 @@ def _component_type(value: str) -> ComponentType:
 
 def _by_name(pools: Mapping[str, Pool]) -> list[Pool]:
     return sorted(pools.values(), key=lambda p: p.name)
+
+
+def _only(amounts: Mapping[str, int], keys: Mapping[str, int]) -> dict[str, int]:
+    return {key: amount for key, amount in amounts.items() if key in keys}
 
 
 def _ids(ids: Iterable[str]) -> str:

@@ -238,6 +238,25 @@ def test_capacity_update_zero_removes_a_key(svc: Service) -> None:
     assert svc.update_pool("p", capacity={"tpu": 0}).capacity == {"gpu": 2}
 
 
+def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Service) -> None:
+    """Policy keys must be pool keys, on every pool update: a limit on a removed key was
+    kept, and came back into force when the key was added again."""
+    svc.create_pool("p", {"gpu": 2, "tpu": 4})
+    svc.attach_policy("p", "orch", reserved={"gpu": 1}, limit={"gpu": 2, "tpu": 1})
+    svc.attach_policy("p", "other", reserved={"tpu": 2})
+    with pytest.raises(InvalidInput, match="reserved totals on pool 'p' would exceed its capacity 0"):
+        svc.update_pool("p", capacity={"tpu": 0})
+    assert {(v.component, v.limit.get("tpu")) for v in svc.list_policies("p")} == {
+        ("orch", 1), ("other", None)}
+    svc.detach_policy("p", "other")
+    svc.update_pool("p", capacity={"tpu": 0})
+    [orch] = svc.list_policies("p")
+    assert (orch.reserved, orch.limit) == ({"gpu": 1}, {"gpu": 2})
+    svc.update_pool("p", capacity={"tpu": 4})
+    request = svc.create_request("orch", demand=demand(gpu_count=1, resources={"tpu": 3}))
+    assert request.status == "allocated"
+
+
 def test_references_by_name_prefix_and_id(svc: Service) -> None:
     pool = svc.create_pool("p", {"gpu": 2})
     assert svc.get_pool(pool.id).name == "p"
