@@ -611,6 +611,15 @@ def _option_value(option: str, text: str) -> object:
     return load_yaml(option, bounded_text("value", text, MAX_OPTION_TEXT), text)
 
 
+def _declared_parent(state: _State, parent: str | None) -> None:
+    """A declared pool never sits under an ephemeral one (YTsaurus keeps those out of
+    Cypress): the ephemeral pool goes with its last operation, which its child would stop."""
+    if parent in state.ephemeral_users:
+        raise InvalidInput("parent", parent, f"is user {state.ephemeral_users[parent]}'s "
+                           "ephemeral pool, gone with its last operation; name it in the "
+                           "tree's document (pool-tree apply) to keep it")
+
+
 def _cluster_node(record: NodeRecord) -> ClusterNode:
     return ClusterNode(record.name, frozenset(record.tags), record.resources)
 
@@ -854,6 +863,7 @@ class TreesService:
             state = _State.load(conn, tree)
             if name in state.tree.pools:
                 raise Conflict(f"pool {name} already exists in tree {tree}")
+            _declared_parent(state, parent)
             state.tree.with_pool(Pool(name, parent, config))
             store.save_pool(conn, tree, name, parent, config.to_mapping(), self.clock())
             self._passes(conn, [tree])
@@ -867,6 +877,7 @@ class TreesService:
             parsed = _option_value(option, value)
             if option == "parent":
                 parent = None if parsed in (None, ROOT) else str(parsed)
+                _declared_parent(state, parent)
                 changed = replace(pool, parent=parent)
             else:
                 given = PoolConfig.from_mapping({option: parsed})

@@ -170,6 +170,12 @@ def test_ephemeral_pools(seed: TreesService) -> None:
     op = seed.start_operation(user="dave", job_resources=CPU, job_count=1)
     assert op.pool == "dave"
     assert seed.describe_pool("physical", "dave").ephemeral
+    # A declared child would keep it past its last operation, counted against dave's max.
+    under_it = "parent: is user dave's ephemeral pool, gone with its last operation"
+    with pytest.raises(InvalidInput, match=under_it):
+        seed.create_pool("physical", "sub", parent="dave")
+    with pytest.raises(InvalidInput, match=under_it):
+        seed.set_pool("physical", "project-batch", "parent", "dave")
     with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pools there"):
         seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
     seed.complete_operation(op.id)
