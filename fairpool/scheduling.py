@@ -297,7 +297,8 @@ class SchedulingService:
             diff_configs(before.config, config),
             orphaned,
             tuple(i for i, d in outcome.decisions.items() if d.status is wl.Status.ADMITTED),
-            tuple(i for i, d in outcome.decisions.items() if d.status is wl.Status.REJECTED),
+            tuple(i for i, d in outcome.decisions.items()
+                  if d.status in (wl.Status.REJECTED, wl.Status.FAILED)),
         )
 
     @staticmethod
@@ -471,9 +472,8 @@ class SchedulingService:
                 assert decision.admission is not None
                 values.update(status=WorkloadStatus.ADMITTED, admitted_at=now,
                               flavors=list(decision.admission.flavors))
-            elif decision.status is wl.Status.REJECTED:
-                failed = decision.route.failure is not None
-                values["status"] = WorkloadStatus.FAILED if failed else WorkloadStatus.REJECTED
+            elif decision.status in (wl.Status.REJECTED, wl.Status.FAILED):
+                values["status"] = WorkloadStatus(decision.status.value)
             elif all(getattr(workload, key) == value for key, value in values.items()):
                 continue  # still queued for the same reason: a long idle queue costs no writes
             store.update_workload(conn, workload_id, now, **values)

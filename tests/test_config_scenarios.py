@@ -109,7 +109,7 @@ def summary(outcome: Outcome, workload_id: str) -> str:
         return f"admitted {where} p{decision.admission.priority}"
     if decision.status is Status.QUEUED:
         return f"queued {decision.queue} #{decision.position}"
-    return "rejected"
+    return decision.status.value  # rejected, or failed: no rule routes it
 
 
 def config(text: str) -> str:
@@ -370,7 +370,7 @@ CASES = [
     Case(
         "routing: no rule matches -> the workload fails, with every rule's reason",
         SELECTIVE, [wl("w", tags={"team": "c"})],
-        {"w": "rejected"},
+        {"w": "failed"},
         says={"w": "scheduling_rules[1]: selector: workload-type is not set (exists)"},
     ),
     Case(

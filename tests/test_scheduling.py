@@ -147,6 +147,9 @@ def test_routing_fails_a_workload_no_rule_takes(sched: SchedulingService) -> Non
         "  - {selector: [{key: team, operator: in, values: [a]}], resource_queue: q,\n"
         "     priority_policy: {min: 0, max: 10, on_violation: reject}}\n"
     )
+    # explain says what submit will do (it said "rejected").
+    explained = sched.explain(labels={"team": "b"})
+    assert (explained.status, explained.reason) == ("failed", "no scheduling rule matched")
     failed = sched.submit_workload(labels={"team": "b"})
     assert failed.status == "failed" and "no scheduling rule matched" in (failed.reason or "")
     refused = sched.submit_workload(labels={"team": "a"}, priority=11)

@@ -517,6 +517,8 @@ class Status(StrEnum):
     ADMITTED = "admitted"
     QUEUED = "queued"
     REJECTED = "rejected"
+    #: No rule routes it (seed 004: "a workload matching no rule is failed").
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -618,7 +620,7 @@ def compile_snapshot(
         path = route(config, workload)
         if path.failure is not None:
             decided[workload.id] = Decision(
-                workload.id, Status.REJECTED, path, path.failure, path.notes()
+                workload.id, Status.FAILED, path, path.failure, path.notes()
             )
             continue
         if path.queue is None:
