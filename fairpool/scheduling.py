@@ -453,21 +453,25 @@ class SchedulingService:
         outcome = live.outcome(now)
         version = None if live.version is None else live.version.version
         waiting = {w.id: w for w in live.waiting}
-        for eviction in outcome.evictions:
-            running = next(w for w in live.running if w.id == eviction.workload_id)
-            store.update_workload(
-                conn, running.id, now, status=WorkloadStatus.QUEUED,
-                status_reason=eviction.reason + "; requeued", admitted_at=None,
-                preemptions=running.preemptions + 1,
-            )
+        running = {w.id: w for w in live.running}
+        # Preempted: requeued, without the flavors it no longer holds, and decided again in
+        # the same pass (``wl.schedule``); one admitted earlier in the pass never ran.
+        evicted = {e.workload_id: e for e in outcome.evictions if e.workload_id in running}
         for workload_id, decision in outcome.decisions.items():
-            workload = waiting[workload_id]
+            workload = waiting.get(workload_id) or running[workload_id]
             values: dict[str, Any] = {
                 "queue": decision.route.queue,
                 "priority": decision.route.priority,
                 "config_version": version,
                 "status_reason": decision.reason,
             }
+            if workload_id in evicted:
+                values.update(status=WorkloadStatus.QUEUED, admitted_at=None, flavors=[],
+                              preemptions=workload.preemptions + 1,
+                              status_reason=_requeued(evicted[workload_id], decision.reason))
+            elif (workload.status_reason or "").endswith(_requeued(None, decision.reason)):
+                # Still waiting for the reason it had once preempted: it says so until then.
+                values["status_reason"] = workload.status_reason
             if decision.status is wl.Status.ADMITTED:
                 assert decision.admission is not None
                 values.update(status=WorkloadStatus.ADMITTED, admitted_at=now,
@@ -500,6 +504,11 @@ class SchedulingService:
             position=decision.position if queued and decision is not None else None,
             notes=decision.notes if decision is not None else (),
         )
+
+
+def _requeued(eviction: wl.Eviction | None, reason: str) -> str:
+    """A preempted workload's reason: why, then what it got once requeued."""
+    return f"{'' if eviction is None else eviction.reason}; requeued: {reason}"
 
 
 def _validate(

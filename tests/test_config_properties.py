@@ -201,19 +201,15 @@ def simulate(config: SchedulerConfig, ops: list[Submit | Release]) -> Iterator[P
             del running[sorted(running)[op.pick % len(running)]]
         before = list(running.values())
         outcome = schedule(config, waiting, before, now)
-        evicted = {e.workload_id for e in outcome.evictions}
-        # Evicted workloads are queued again, with their original submission time.
-        requeued = [running.pop(v).workload for v in sorted(evicted)]
-        admitted = {w.id: w for w in waiting}
-        for decision in outcome.decisions.values():
+        # Decided: every waiting workload, and every running one preempted (then requeued,
+        # with its original submission time, and decided again in the same pass).
+        known = {r.workload.id: r.workload for r in before} | {w.id: w for w in waiting}
+        for workload_id, decision in outcome.decisions.items():
+            running.pop(workload_id, None)
             if decision.admission is not None:
-                running[decision.workload_id] = RunningWorkload(
-                    admitted[decision.workload_id], decision.admission
-                )
-        waiting = [
-            w for w in waiting if outcome.decisions[w.id].status is Status.QUEUED
-        ] + requeued
-        yield Pass(list(admitted.values()), before, outcome, list(running.values()))
+                running[workload_id] = RunningWorkload(known[workload_id], decision.admission)
+        yield Pass(waiting, before, outcome, list(running.values()))
+        waiting = [known[i] for i, d in outcome.decisions.items() if d.status is Status.QUEUED]
 
 
 @settings(max_examples=150, deadline=None)
@@ -267,7 +263,7 @@ def test_admitted_flavors_match_labels_and_every_decision_has_a_reason(
 ) -> None:
     config, ops = scenario
     for step in simulate(config, ops):
-        labels = {w.id: w.labels for w in step.waiting}
+        labels = {w.id: w.labels for w in [*step.waiting, *(r.workload for r in step.running)]}
         for decision in step.outcome.decisions.values():
             assert decision.reason
             assert (decision.position is not None) == (decision.status is Status.QUEUED)
@@ -294,3 +290,26 @@ def test_outcome_is_a_pure_function_of_the_input_whatever_its_order(
         shuffled = schedule(config, waiting, running, now)
         assert dict(shuffled.decisions) == dict(first.decisions)
         assert sorted(map(repr, shuffled.evictions)) == sorted(map(repr, first.evictions))
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCENARIOS)
+def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]]
+) -> None:
+    """Every preempted workload is decided again in its pass; so a pass at the same moment
+    over what the first left admits and preempts nothing (the preempted waited for it, quota
+    idle), and every waiting workload keeps its decision."""
+    config, ops = scenario
+    for index, step in enumerate(simulate(config, ops)):
+        assert {e.workload_id for e in step.outcome.evictions} <= step.outcome.decisions.keys()
+        now = 10.0 * index
+        queued = [w for w in [*step.waiting, *(r.workload for r in step.running)]
+                  if (d := step.outcome.decisions.get(w.id)) and d.status is Status.QUEUED]
+        again = schedule(config, queued, step.after, now)
+        assert again.evictions == ()
+        assert {i: d.status for i, d in again.decisions.items()} == {
+            w.id: Status.QUEUED for w in queued}
+        assert {i: (d.reason, d.position) for i, d in again.decisions.items()} == {
+            w.id: (step.outcome.decisions[w.id].reason, step.outcome.decisions[w.id].position)
+            for w in queued}

@@ -8,7 +8,7 @@ exactly the outcomes the seed states; then one case per routing, flavor and pree
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -52,7 +52,9 @@ def wl(
 def run(
     workload: Workload, queue: str | None, *flavors: str, priority: int = 0, at: float = 0.0
 ) -> RunningWorkload:
-    return RunningWorkload(workload, Admission(queue, flavors, priority, at))
+    """Running at the priority it asked for: preempted, it is routed at that priority again."""
+    return RunningWorkload(replace(workload, priority=priority),
+                           Admission(queue, flavors, priority, at))
 
 
 RESEARCH = {"team": "research"}
@@ -262,7 +264,7 @@ CASES = [
     Case(
         "complete: lower_priority preempts the most recently admitted lower-priority workload",
         COMPLETE_EXAMPLE, [spot("hi", priority=90)],
-        {"hi": "admitted ml_training/gpu_a100_spot p90"},
+        {"hi": "admitted ml_training/gpu_a100_spot p90", "r7": "queued ml_training #1"},
         running=full_ml_training(priority=10),
         evicted={"r7": "hi"},
         says={"hi": "preempting r7"},
@@ -276,7 +278,7 @@ CASES = [
     Case(
         "complete: victims lowest priority first, then most recently admitted",
         COMPLETE_EXAMPLE, [spot("hi", priority=50)],
-        {"hi": "admitted ml_training/gpu_a100_spot p50"},
+        {"hi": "admitted ml_training/gpu_a100_spot p50", "r1": "queued ml_training #1"},
         running=[
             *(run(spot(f"r{i}"), "ml_training", "gpu_a100_spot", priority=p, at=i)
               for i, p in enumerate([5, 5, 20, 20, 20, 20, 20, 20])),
@@ -288,7 +290,7 @@ CASES = [
     Case(
         "complete: a victim that turns out unnecessary is given back (minimal set)",
         COMPLETE_EXAMPLE, [spot("hi", priority=50, gpu=32)],
-        {"hi": "admitted ml_training/gpu_a100_spot p50"},
+        {"hi": "admitted ml_training/gpu_a100_spot p50", "big": "queued ml_training #1"},
         running=[
             run(spot("keep", gpu=24), "ml_training", "gpu_a100_spot", priority=60, at=0),
             run(spot("big", gpu=32), "ml_training", "gpu_a100_spot", priority=10, at=1),
@@ -499,10 +501,35 @@ CASES = [
     Case(
         "preemption: lower_priority takes the same queue's lower-priority workload",
         TWO_QUEUES, [wl("hi", priority=100, tags={"team": "a"}, gpu=8)],
-        {"hi": "admitted qa/a p100"},
+        {"hi": "admitted qa/a p100", "lo": "queued qa #1"},
         running=[run(wl("other", gpu=8), "qb", "a", priority=0),
-                 run(wl("lo", gpu=8), "qa", "a", priority=1)],
+                 run(wl("lo", tags={"team": "a"}, gpu=8), "qa", "a", priority=1)],
         evicted={"lo": "hi"},
+    ),
+    Case(
+        "preemption: the preempted are tried again in the same pass: one fits another flavor",
+        config("""
+            resource_flavors:
+              - name: spot
+                selector: [{ key: market-type, operator: in, values: [SPOT] }]
+              - { name: any }
+            resource_queues:
+              - name: q
+                preemption: { within_resource_queue: lower_priority }
+                resource_groups:
+                  - covered_resources: [gpu]
+                    flavors:
+                      - { name: spot, resources: [{ name: gpu, nominal_quota: 2 }] }
+                      - { name: any, resources: [{ name: gpu, nominal_quota: 1 }] }
+            scheduling_rules:
+              - resource_queue: q
+        """),
+        [wl("hi", priority=5, market="SPOT", gpu=2)],
+        # Both go for hi; then 'two' (priority 2) takes any's one GPU before 'one'.
+        {"hi": "admitted q/spot p5", "two": "admitted q/any p2", "one": "queued q #1"},
+        running=[run(wl("one", market="SPOT", gpu=1), "q", "spot", priority=1, at=0),
+                 run(wl("two", market="SPOT", gpu=1), "q", "spot", priority=2, at=1)],
+        evicted={"one": "hi", "two": "hi"},
     ),
     Case(
         "preemption: not when another flavor has room",
@@ -526,7 +553,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_scenario(case: Case) -> None:
     outcome = schedule(load_config(case.config), case.waiting, case.running, NOW)
-    assert list(outcome.decisions) == [w.id for w in case.waiting]
+    # The waiting in order, then the preempted: what they got once requeued.
+    assert list(outcome.decisions) == [w.id for w in case.waiting] + list(case.evicted)
     assert {w: summary(outcome, w) for w in outcome.decisions} == case.expect
     assert {e.workload_id: e.preemptor_id for e in outcome.evictions} == case.evicted
     for workload_id, text in case.says.items():

@@ -173,6 +173,46 @@ def test_lower_priority_workloads_are_preempted_and_requeued(sched: SchedulingSe
     assert sched.get_workload(low[0].id).status == "admitted"
 
 
+SPOT_THEN_ANY = """
+resource_flavors:
+  - {name: spot, selector: [{key: market-type, operator: in, values: [SPOT]}]}
+  - {name: any}
+resource_queues:
+  - name: q
+    preemption: {within_resource_queue: lower_priority}
+    resource_groups:
+      - covered_resources: [gpu]
+        flavors:
+          - {name: spot, resources: [{name: gpu, nominal_quota: 2}]}
+          - {name: any, resources: [{name: gpu, nominal_quota: 1}]}
+scheduling_rules: [{resource_queue: q}]
+"""
+
+
+def test_the_preempted_are_decided_again_in_the_same_pass(sched: SchedulingService) -> None:
+    """One that fits another flavor is admitted there at once (it waited, with quota idle,
+    until the next pass: embedded, the next command; served, the tick), and a second pass
+    changes nothing."""
+    sched.apply_config(SPOT_THEN_ANY)
+    one, two = (sched.submit_workload(priority=p, market_type="SPOT", demand={"gpu": 1})
+                for p in (1, 2))
+    high = sched.submit_workload(priority=5, market_type="SPOT", demand={"gpu": 2})
+    assert (high.status, high.flavors) == ("admitted", ("spot",))
+    moved, waits = sched.get_workload(two.id), sched.get_workload(one.id)
+    assert (moved.status, moved.flavors, moved.preemptions) == ("admitted", ("any",), 1)
+    assert moved.reason == (f"preempted by workload {high.id} in queue q (priority 5 > 2); "
+                            "requeued: admitted to queue q with flavor any at priority 2")
+    assert (waits.status, waits.position, waits.preemptions) == ("queued", 1, 1)
+    assert waits.reason == (
+        f"preempted by workload {high.id} in queue q (priority 5 > 1); requeued: queued in "
+        "queue q: flavor spot: gpu requested 1, free 0 of nominal_quota 2")
+    before = sched.list_workloads()
+    sched.reconcile()
+    assert sched.list_workloads() == before
+    # Cancelled, it shows no flavor: it holds none since it was preempted.
+    assert sched.cancel_workload(one.id).flavors == ()
+
+
 def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
     sched: SchedulingService,
 ) -> None:

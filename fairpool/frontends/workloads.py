@@ -662,7 +662,8 @@ def compile_snapshot(
 
 @dataclass(frozen=True)
 class Outcome:
-    #: Every waiting workload, in the order given.
+    #: Every waiting workload, in the order given; then (``schedule``) every running workload
+    #: preempted in the pass: what it got once requeued.
     decisions: Mapping[str, Decision]
     evictions: tuple[Eviction, ...] = ()
 
@@ -804,9 +805,42 @@ def schedule(
     running: Sequence[RunningWorkload],
     now: float,
 ) -> Outcome:
-    """One pass: compile, run the engine, read its plan back."""
-    compiled = compile_snapshot(config, waiting, running, now)
-    return decide(compiled, reconcile(compiled.snapshot))
+    """One pass: compile, run the engine, read its plan back; until no workload is preempted.
+
+    A preempted workload is requeued, and tried again in the same pass: another flavor may
+    have room for it (seed 004: the first flavor whose selector matches and has quota), and
+    the pass's answer must not change when the next pass runs with nothing new. Each round
+    takes the workloads still waiting plus those just preempted, against what runs after the
+    round before; a workload's decision is its last round's."""
+    decisions: dict[str, Decision] = {}
+    evictions: list[Eviction] = []
+    # Only a strictly higher priority preempts, so rounds end; the bound is a guard, past
+    # which the preempted wait for the next pass.
+    rounds = len(waiting) + len(running) + 1
+    while True:
+        compiled = compile_snapshot(config, waiting, running, now)
+        outcome = decide(compiled, reconcile(compiled.snapshot))
+        decisions.update(outcome.decisions)
+        evictions += outcome.evictions
+        if not outcome.evictions:
+            return Outcome(decisions, tuple(evictions))
+        evicted = {e.workload_id: e for e in outcome.evictions}
+        requeued = [r.workload for r in running if r.workload.id in evicted]
+        rounds -= 1
+        if rounds == 0:
+            for workload in requeued:
+                decisions[workload.id] = Decision(
+                    workload.id, Status.QUEUED, route(config, workload),
+                    evicted[workload.id].reason + "; requeued",
+                )
+            return Outcome(decisions, tuple(evictions))
+        admitted = [
+            RunningWorkload(w, d.admission) for w in waiting
+            if (d := outcome.decisions[w.id]).admission is not None
+        ]
+        running = [r for r in running if r.workload.id not in evicted] + admitted
+        waiting = [w for w in waiting if outcome.decisions[w.id].status is Status.QUEUED]
+        waiting += requeued
 
 
 def explain(
