@@ -1069,8 +1069,11 @@ class TreesService:
             except ValueError:
                 raise InvalidInput("status", status, "must be one of "
                                    + ", ".join(s.value for s in OperationStatus)) from None
+        validate_filter("tree", tree)
         with self.db.read() as conn:
-            found = store.list_operations(conn, validate_filter("tree", tree), statuses)
+            if tree is not None and store.find_tree(conn, tree) is None:
+                raise NotFound.of("pool tree", tree)  # not an empty list: a typo is said
+            found = store.list_operations(conn, tree, statuses)
             return [self._operation_view(conn, op, {}, shares=False) for op in found]
 
     def complete_operation(self, ref: str) -> OperationView:

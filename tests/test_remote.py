@@ -377,6 +377,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "list")
     fp("operation", "list", "--tree", "physical", "--status", "running", "-o", "json")
     fp("operation", "list", "--status", "bogus")                              # bad value
+    fp("operation", "list", "--tree", "nope")                                 # unknown tree
     fp("node", "list", "-o", "json")
     fp("node", "list")
     fp("node", "remove", "gpu-01")                                            # runs jobs

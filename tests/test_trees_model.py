@@ -284,6 +284,16 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
             ),
             "config.max_running_operation_count: must not exceed max_operation_count 5 (got 10)",
         ),
+        (
+            # The option set is at fault, not the default it conflicts with (it was blamed).
+            lambda: PoolTreeConfig.from_mapping({"max_operation_count_per_pool": 0}),
+            "config.max_operation_count_per_pool: must be at least "
+            "max_running_operation_count_per_pool 50 (got 0)",
+        ),
+        (
+            lambda: pool("p", ephemeral_subpool_config=5),
+            "ephemeral_subpool_config: must be a mapping (got 5)",
+        ),
         (lambda: pool("p", weight=0), "weight: must be positive (got 0)"),
         (lambda: pool("p", weight=-2.5), "weight: must be positive (got -2.5)"),
         (
@@ -314,6 +324,11 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
         ),
         (lambda: build(pool("a$b")), "pool: must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
         (lambda: build(pool(ROOT)), "pool: is the root's reserved name (got '<Root>')"),
+        (
+            lambda: build(pool("f", mode="fifo", create_ephemeral_subpools=True)),
+            "pool f: create_ephemeral_subpools: a fifo pool holds operations only, not "
+            "subpools (got True)",
+        ),
         (
             lambda: build(pool("f", mode="fifo"), pool("c", "f")),
             "pool c: parent: is a fifo pool, which holds operations only (got 'f')",

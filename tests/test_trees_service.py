@@ -285,6 +285,12 @@ def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> 
     seed.start_operation(pool="scratch2", user="dave", job_resources=CPU, job_count=1)
 
 
+def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:
+    with pytest.raises(NotFound, match="no pool tree 'nope'"):
+        seed.list_operations(tree="nope")
+    assert seed.list_operations(tree="physical") == []
+
+
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
     op = seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
     with pytest.raises(Conflict, match="node gpu-01 runs 1 jobs"):

@@ -274,7 +274,7 @@ def _options(
 ) -> dict[str, Any]:
     """Parses a mapping of options: canonical names, aliases, unknown names rejected."""
     values: dict[str, Any] = {}
-    for key, value in _mapping(path or what, raw).items():
+    for key, value in _mapping(path.rstrip(".") or what, raw).items():
         name = aliases.get(str(key), str(key))
         if name not in parsers:
             close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
@@ -644,17 +644,18 @@ class PoolTreeConfig:
 
     @classmethod
     def from_mapping(cls, raw: object, path: str = "config.") -> PoolTreeConfig:
-        config = cls(**_options(cls, raw, path, _TREE_PARSERS, _TREE_ALIASES, "pool tree"))
-        _check_running_within_total(
-            f"{path}max_running_operation_count",
-            config.max_running_operation_count,
-            config.max_operation_count,
-        )
-        _check_running_within_total(
-            f"{path}max_running_operation_count_per_pool",
-            config.max_running_operation_count_per_pool,
-            config.max_operation_count_per_pool,
-        )
+        given = _options(cls, raw, path, _TREE_PARSERS, _TREE_ALIASES, "pool tree")
+        config = cls(**given)
+        for suffix in ("", "_per_pool"):
+            running, total = f"max_running_operation_count{suffix}", f"max_operation_count{suffix}"
+            if getattr(config, running) <= getattr(config, total):
+                continue
+            # The option given is at fault: a total set below the default running count.
+            if total in given and running not in given:
+                raise InvalidInput(f"{path}{total}", getattr(config, total),
+                                   f"must be at least {running} {getattr(config, running)}")
+            raise InvalidInput(f"{path}{running}", getattr(config, running),
+                               f"must not exceed {total} {getattr(config, total)}")
         return config
 
 
@@ -714,9 +715,6 @@ def canonical_tree_options(raw: Mapping[str, object]) -> dict[str, object]:
     return {_TREE_ALIASES.get(str(key), str(key)): value for key, value in raw.items()}
 
 
-def _check_running_within_total(field_name: str, running: int, total: int) -> None:
-    if running > total:
-        raise InvalidInput(field_name, running, f"must not exceed max_operation_count {total}")
 
 
 # -- pools and trees ---------------------------------------------------------------------------
@@ -1035,6 +1033,10 @@ def _resolve(
     config = config.updated(pool.config)
     parent = resolved[pool.parent] if pool.parent is not None else None
     mode = config.mode or SchedulingMode.FAIR_SHARE
+    if mode is SchedulingMode.FIFO and config.create_ephemeral_subpools:
+        # Each operation would make a subpool it cannot hold: every start would fail.
+        raise InvalidInput(f"pool {pool.name}: create_ephemeral_subpools", True,
+                           "a fifo pool holds operations only, not subpools")
     if parent is not None and parent.mode is SchedulingMode.FIFO:
         raise InvalidInput(
             f"pool {pool.name}: parent", pool.parent, "is a fifo pool, which holds operations only"
@@ -1052,9 +1054,9 @@ def _resolve(
     if config.max_running_operation_count is not None and config.max_operation_count is not None:
         # Like YTsaurus, only two explicit values are compared: a default never makes a pool
         # invalid (oversubscription is allowed; the lower limit simply binds first).
-        _check_running_within_total(
-            f"pool {pool.name}: max_running_operation_count", max_running, max_operations
-        )
+        if max_running > max_operations:
+            raise InvalidInput(f"pool {pool.name}: max_running_operation_count", max_running,
+                               f"must not exceed max_operation_count {max_operations}")
     if config.weight is not None and config.weight <= 0:
         # Pools built in code skip the option parser, which checks this too.
         raise InvalidInput(f"pool {pool.name}: weight", config.weight, "must be positive")
