@@ -306,6 +306,9 @@ def test_apply_and_rollback_show_the_change_and_each_warning_once(tmp_path: Path
     from tests.test_cli import fairpool
 
     home = tmp_path / "home"
+    # No version yet: an empty config changes nothing, but there is no "active version".
+    empty = fairpool(home, "config", "apply", "-f", "-", "--yes", input="").ok()
+    assert "No change from the config in force" in empty.err
     no_catch_all = "scheduling_rules: no catch-all rule"
     one = tmp_path / "one.yaml"
     one.write_text("resource_queues: [{name: q}]\nscheduling_rules:\n"
@@ -317,7 +320,7 @@ def test_apply_and_rollback_show_the_change_and_each_warning_once(tmp_path: Path
     assert applied.err.count(no_catch_all) == 1
     assert "This changed:\n  + passthrough queue q: added\n" in applied.err
     assert "would change" not in applied.err
-    assert "version 1 is active" in applied.out
+    assert "version 2 is active" in applied.out
 
     asked = fairpool(home, "config", "apply", "-f", str(two), input="y\n").ok()
     assert asked.err.count(no_catch_all) == 1
@@ -325,12 +328,12 @@ def test_apply_and_rollback_show_the_change_and_each_warning_once(tmp_path: Path
     assert asked.err.index("This would change:\n  + passthrough queue r: added\n") \
         < asked.err.index("Apply it as a new version?")
     assert "This changed" not in asked.err
-    assert "version 2 is active" in asked.out
+    assert "version 3 is active" in asked.out
 
-    back = fairpool(home, "config", "rollback", "--version", "1", "--yes").ok()
+    back = fairpool(home, "config", "rollback", "--version", "2", "--yes").ok()
     assert back.err.count(no_catch_all) == 1
     assert "This changed:\n  - queue r: removed" in back.err
-    asked_back = fairpool(home, "config", "rollback", "--version", "2", input="y\n").ok()
+    asked_back = fairpool(home, "config", "rollback", "--version", "3", input="y\n").ok()
     assert asked_back.err.count("queue 'r' is not the target") == 1
     assert "This would change:\n  + passthrough queue r: added\n" in asked_back.err
     assert "This changed" not in asked_back.err

@@ -122,7 +122,8 @@ def _print_change(changes: Sequence[str], warnings: Sequence[dict[str, Any]], te
         for line in changes:
             o.declare(f"  {line}")
     else:
-        o.declare("No change from the active version (a new version is made all the same).")
+        # Before any version, the config in force is the empty one (not an active version).
+        o.declare("No change from the config in force (a new version is made all the same).")
 
 
 def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> None:
