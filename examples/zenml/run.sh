@@ -15,6 +15,7 @@ case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 export PATH="$VENV/bin:$PATH"
 
 ZENML_CONFIG_PATH="$(mktemp -d)"
+WATCH_CONFIG_PATH="$(mktemp -d)"
 export ZENML_CONFIG_PATH
 export ZENML_ANALYTICS_OPT_IN=false ZENML_AUTO_OPEN_DASHBOARD=false
 export ZENML_LOGGING_COLORS_DISABLED=true ZENML_ENABLE_RICH_TRACEBACK=false COLUMNS=160
@@ -23,7 +24,7 @@ PIPELINE_PID=
 cleanup() {
     [ -n "$PIPELINE_PID" ] && kill "$PIPELINE_PID" 2>/dev/null || true
     zenml logout --local >/dev/null 2>&1 || true
-    rm -rf "$ZENML_CONFIG_PATH"
+    rm -rf "$ZENML_CONFIG_PATH" "$WATCH_CONFIG_PATH"
 }
 trap cleanup EXIT
 
@@ -38,11 +39,15 @@ run zenml stack register fairpool-demo -o fairpool -a default --set
 run zenml resource-pool create training-gpus --capacity '{"gpu": 2}'
 run zenml resource-pool attach-policy training-gpus fairpool -p 10 -r '{"gpu": 2}' -l '{"gpu": 2}'
 
+# watch.py gets a client config of its own, copied now that it names the server and stack:
+# ZenML rewrites config.yaml in place (no atomic rename), so a process starting while the
+# pipeline's writes it can read it empty and fall back to a local SQLite store, for good.
+cp "$ZENML_CONFIG_PATH"/*.yaml "$WATCH_CONFIG_PATH"/
 LOG="$ZENML_CONFIG_PATH/pipeline.log"
 echo "\$ python examples/zenml/pipeline.py --models small,medium,large --seconds 10   (log: below)"
 python examples/zenml/pipeline.py --models small,medium,large --seconds 10 >"$LOG" 2>&1 &
 PIPELINE_PID=$!
-python examples/zenml/watch.py training-gpus --timeout 300
+ZENML_CONFIG_PATH="$WATCH_CONFIG_PATH" python examples/zenml/watch.py training-gpus --timeout 300
 status=0
 wait "$PIPELINE_PID" || status=$?
 PIPELINE_PID=

@@ -182,6 +182,16 @@ def train_short() -> None:
     train("short", 0.5)
 
 
+@pipeline(dynamic=True, enable_cache=False)
+def one_waits() -> None:
+    """Two steps on a 1-GPU policy: the one granted first records the other queued."""
+    seconds = float(os.environ.get("SCENARIO_LONG_SECONDS", "5"))
+    a = hold.submit("a", seconds, 1, id="a")
+    b = hold.submit("b", seconds, 1, id="b")
+    a.result()
+    b.result()
+
+
 def setup(capacity: int, reserved: int, limit: int, priority: int = 10) -> None:
     client = Client()
     pool = client.create_resource_pool("gpus", {"gpu": capacity})
@@ -231,6 +241,44 @@ def setup_preemption(flavor: str = "local") -> None:
             reserved={"gpu": reserved}, limit={"gpu": 1},
         )
     print("STACKS " + json.dumps(stacks), flush=True)
+
+
+def delete_preemptor() -> None:
+    """Once a request is being preempted and its preemptor waits for it (pending), deletes the
+    preemptor as ``zenml resource-request delete`` does."""
+    deadline = time.time() + 120
+    while True:
+        found = {r.status: r for r in requests()}
+        if {ResourceRequestStatus.PREEMPTING, ResourceRequestStatus.PENDING} <= found.keys():
+            break
+        if time.time() > deadline:
+            raise TimeoutError("no request was ever preempted")
+        time.sleep(0.2)
+    preemptor = found[ResourceRequestStatus.PENDING]
+    record(step="delete", at="found", preemptor=str(preemptor.id),
+           victim=str(found[ResourceRequestStatus.PREEMPTING].id))
+    Client().zen_store.delete_resource_request(preemptor.id)
+
+
+def delete_orphan() -> None:
+    """Once a request is granted while its step run is still queued (its pipeline's process
+    was killed while it waited), deletes it by hand; records the pool's occupancy around."""
+    from zenml.enums import ExecutionStatus
+
+    deadline = time.time() + 120
+    while not (orphans := [
+        r for r in requests() if r.status == ResourceRequestStatus.ALLOCATED
+        and r.step_run is not None and r.step_run.status == ExecutionStatus.QUEUED
+    ]):
+        if time.time() > deadline:
+            raise TimeoutError("no request was granted to a step that waits no more")
+        time.sleep(0.5)
+    [orphan] = orphans
+    pool = Client().get_resource_pool("gpus")
+    record(step="orphan", at="granted", id=str(orphan.id), occupied=pool.occupied_resources)
+    Client().zen_store.delete_resource_request(orphan.id)
+    pool = Client().get_resource_pool("gpus")
+    record(step="orphan", at="deleted", occupied=pool.occupied_resources)
 
 
 def run(pipeline_fn: Any) -> str | None:
@@ -286,6 +334,12 @@ def main() -> None:
         setup_preemption()
     elif scenario == "preempt_setup_isolated":
         setup_preemption("fairpool_local")
+    elif scenario == "one_waits":
+        error = run(one_waits)
+    elif scenario == "delete_orphan":
+        error = run(delete_orphan)
+    elif scenario == "delete_preemptor":
+        error = run(delete_preemptor)
     elif scenario in ("long", "short"):
         # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
         error = run(long_one if scenario == "long" else short_one)

@@ -3,6 +3,8 @@ in-process (local SQLite) store by ``enable()``."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -110,3 +112,47 @@ def test_preemption_on_the_local_orchestrator(zenml_home: ZenML) -> None:
     short_start, _ = interval(high["events"], "short")
     assert short_start >= long_end
     assert "Cancelling steps can not be transitioned" in (low_result["error"] or "")
+
+
+def test_deleting_a_waiting_preemptor_leaves_its_victim_preempting(zenml_home: ZenML) -> None:
+    """`zenml resource-request delete` of a preemptor that waits for its victim: the delete
+    works (it once failed with "badly formed hexadecimal UUID string"), the victim stays
+    preempting, keeping its GPU until its step ends, and is then preempted; the deleted
+    preemptor's step fails."""
+    stacks = zenml_home.scenario("preempt_setup")["stacks"]
+    release, low_events = zenml_home.cwd / "release-long", zenml_home.cwd / "low.jsonl"
+    low, low_log = zenml_home.background("long", {
+        **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+        "SCENARIO_EVENTS": str(low_events), "SCENARIO_LONG_SECONDS": "300",
+        "SCENARIO_HOLD_UNTIL": str(release),
+    })
+    high = None
+    try:
+        deadline = time.time() + 120
+        while not (low_events.exists() and "start" in low_events.read_text()):
+            assert time.time() < deadline and low.poll() is None, low_log.read_text()[-3000:]
+            time.sleep(0.2)
+        high, high_log = zenml_home.background("short", {
+            **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["high"],
+            "SCENARIO_EVENTS": str(zenml_home.cwd / "high.jsonl"),
+        })
+        deleted = zenml_home.scenario("delete_preemptor", events="delete.jsonl")
+        release.touch()
+        assert high.wait(timeout=180) == 0, high_log.read_text()[-3000:]
+        assert low.wait(timeout=180) == 0, low_log.read_text()[-3000:]
+    finally:
+        for process in (low, high):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert deleted["error"] is None, deleted["log"][-3000:]
+    [found] = deleted["events"]
+    # Right after the delete: the preemptor is gone, the victim still preempting.
+    assert [(r["id"], r["status"]) for r in deleted["requests"]] == [
+        (found["victim"], "preempting")
+    ]
+    assert "someone deleted the resource request" in high_log.read_text()
+    low_result = next(json.loads(line[7:]) for line in low_log.read_text().splitlines()
+                      if line.startswith("RESULT "))
+    [victim] = low_result["requests"]
+    assert (victim["status"], victim["step_status"]) == ("preempted", "cancelled")
+    assert victim["reason"].startswith(f"preempted by request {found['preemptor']} on pool gpus")

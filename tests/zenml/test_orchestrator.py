@@ -3,6 +3,9 @@ machine. Real ZenML, two pipelines in two processes on one in-process (SQLite) s
 
 from __future__ import annotations
 
+import json
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -55,3 +58,37 @@ def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
     assert sorted((r["status"], r["step_status"], r["step_version"]) for r in others) == [
         ("released", "completed", 1), ("released", "completed", 2)
     ], low_result["requests"]
+
+
+def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
+    zenml_home: ZenML,
+) -> None:
+    """docs/zenml.md, Missing: no liveness for a waiting step. The pipeline's process is
+    killed (SIGTERM: no atexit) while one step runs in its own process and another waits; the
+    running step ends and releases, the waiting one's request is then granted with nobody to
+    run it, and holds its GPU until deleted by hand."""
+    stacks = zenml_home.scenario("preempt_setup_isolated")["stacks"]
+    events = zenml_home.cwd / "killed.jsonl"
+    pipeline, log = zenml_home.background("one_waits", {
+        **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+        "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "5",
+    })
+    try:
+        deadline = time.time() + 120
+        while not (events.exists() and "saw_queue" in events.read_text()):
+            assert time.time() < deadline and pipeline.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        pipeline.send_signal(signal.SIGTERM)
+        assert pipeline.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+    result = zenml_home.scenario("delete_orphan", events="orphan.jsonl")
+    assert result["error"] is None, result["log"][-3000:]
+    granted, deleted = result["events"]
+    assert (granted["occupied"], deleted["occupied"]) == ({"gpu": 1}, {"gpu": 0})
+    ran = [json.loads(line)["step"] for line in events.read_text().splitlines()]
+    assert [(r["status"], r["step_status"]) for r in result["requests"]] == [
+        ("released", "completed")
+    ], result["requests"]  # the step that ran; the other's request is gone
+    assert len(set(ran)) == 1  # the other step never ran

@@ -226,3 +226,27 @@ def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML
     assert [(r["step_version"], r["step_status"]) for r in victims] == [(1, "retried")], \
         low_result["requests"]
     assert "(priority 10 > 1)" in victims[0]["reason"]
+
+
+def test_removing_a_pool_key_removes_it_from_the_pools_policies(server: ZenML) -> None:
+    """As fairpool's own service (docs/semantics.md): removing a key (capacity 0) is refused
+    while a policy reserves some of it, and otherwise removes it from the pool's policies; a
+    limit on it was kept, to come back into force when the key was added again."""
+    server.cli("orchestrator", "register", "kp2-orch", "-f", "local")
+    server.cli("resource-pool", "create", "kp2", "--capacity", '{"gpu": 2, "tpu": 2}')
+    server.cli("resource-pool", "attach-policy", "kp2", "kp2-orch",
+               "-p", "1", "-r", '{"tpu": 1}', "-l", '{"gpu": 2, "tpu": 2}')
+    refused = server.cli("resource-pool", "update", "kp2", "--capacity", '{"tpu": 0}',
+                         check=False)
+    assert "reserved totals on pool 'kp2' would exceed its capacity 0" in " ".join(
+        (refused.stdout + refused.stderr).split()
+    )
+    server.cli("resource-pool", "detach-policy", "kp2", "kp2-orch")
+    server.cli("resource-pool", "attach-policy", "kp2", "kp2-orch",
+               "-p", "1", "-r", '{"gpu": 1}', "-l", '{"gpu": 2, "tpu": 1}')
+    server.cli("resource-pool", "update", "kp2", "--capacity", '{"tpu": 0}')
+    pool = next(p for p in server.cli_json("resource-pool", "list")["items"]
+                if p["name"] == "kp2")
+    assert pool["capacity"] == {"gpu": 2}
+    [policy] = server.cli_json("resource-pool", "list-policies", "kp2")["items"]
+    assert (policy["reserved"], policy["limit"]) == ({"gpu": 1}, {"gpu": 2})

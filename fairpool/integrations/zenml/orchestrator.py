@@ -152,7 +152,8 @@ def _terminate(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 @atexit.register
 def _terminate_leftovers() -> None:
-    """A pipeline process that exits (Ctrl-C, a crash) takes its step processes with it."""
+    """A pipeline process that exits normally (its end, an exception, Ctrl-C) takes its step
+    processes with it; one killed by a signal (SIGTERM, SIGKILL) runs no atexit hook."""
     with _LOCK:
         leftovers = [entry.process for entry in _PROCESSES.values()]
     for process in leftovers:

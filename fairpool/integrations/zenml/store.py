@@ -153,6 +153,11 @@ def _demand(request: ResourceRequestSchema) -> dict[str, int]:
     return {r.key: r.amount for r in request.requested_resources}
 
 
+def _component_id(request: ResourceRequestSchema) -> str:
+    """'' once ZenML deleted the request's component (SET NULL): no policy names it."""
+    return "" if request.component_id is None else str(request.component_id)
+
+
 @dataclass
 class _State:
     """ZenML's rows for one pass, and the engine's snapshot built from them."""
@@ -210,7 +215,7 @@ class _State:
             if request is None:
                 continue  # its request ended without releasing: nothing to charge
             pool_id = str(allocation.pool_id)
-            owner = by_pool_component.get((pool_id, str(request.component_id)))
+            owner = by_pool_component.get((pool_id, _component_id(request)))
             # A detached policy's allocation still takes units from its pool.
             leaf = owner.id if owner is not None else pool_id
             placement = Placement(
@@ -242,7 +247,7 @@ class _State:
             if request.status != ResourceRequestStatus.PENDING or request_id in awaiting:
                 continue
             demand = _demand(request)
-            component_id = str(request.component_id)
+            component_id = _component_id(request)
             shape = (component_id, tuple(sorted(demand.items())))
             placements = interned.get(shape)
             if placements is None:
@@ -375,20 +380,21 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             if request.status_reason != message:
                 request.status_reason = message
                 session.add(request)
-        # Requests waiting for their victims keep their queue rows.
+        # Requests waiting for their victims keep their queue rows. A victim whose preemptor
+        # was deleted has none (ZenML's SET NULL): it stays preempting until its step ends.
         for request in state.requests.values():
-            if request.status == ResourceRequestStatus.PREEMPTING:
-                initiator = str(request.preemption_initiated_by_id)
+            initiator = request.preemption_initiated_by_id
+            if request.status == ResourceRequestStatus.PREEMPTING and initiator is not None:
                 for queue_row in self._queue_rows(session, initiator):
-                    queued[(str(queue_row.pool_id), initiator)] = queue_row.priority
+                    queued[(str(queue_row.pool_id), str(initiator))] = queue_row.priority
         self._write_queue(session, queued, state)
 
     @staticmethod
-    def _queue_rows(session: Session, request_id: str) -> list[ResourcePoolQueueSchema]:
+    def _queue_rows(session: Session, request_id: UUID) -> list[ResourcePoolQueueSchema]:
         return list(
             session.exec(
                 select(ResourcePoolQueueSchema).where(
-                    ResourcePoolQueueSchema.request_id == UUID(request_id)
+                    ResourcePoolQueueSchema.request_id == request_id
                 )
             ).all()
         )
@@ -455,7 +461,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
         if allocation is not None and allocation.released_at is None:
             allocation.released_at = now
             session.add(allocation)
-        for row in self._queue_rows(session, str(request.id)):
+        for row in self._queue_rows(session, request.id):
             session.delete(row)
         request.status = status.value
         request.status_reason = reason
@@ -585,6 +591,16 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                         schema.name,
                     )
                 )
+                # Policy keys must be pool keys, as in fairpool's service: a removed key leaves
+                # the policies too (a reserve on it was refused above), or adding it back would
+                # revive their old limits on it.
+                for policy in schema.policies:
+                    stale = [r for r in policy.resources if r.key not in capacity]
+                    for policy_row in stale:
+                        session.delete(policy_row)
+                    if stale:
+                        policy.updated = utc_now()
+                        session.add(policy)
                 rows = {r.key: r for r in schema.resources}
                 for key, row in rows.items():
                     if key not in capacity:
