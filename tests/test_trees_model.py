@@ -295,6 +295,16 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
             "ephemeral_subpool_config: must be a mapping (got 5)",
         ),
         (lambda: pool("p", weight=0), "weight: must be positive (got 0)"),
+        # A weight's bounds do not offer 0, which it refuses.
+        (
+            lambda: pool("p", weight=float("inf")),
+            "weight: must be a finite number between 1e-30 and 1e30 in magnitude (got inf)",
+        ),
+        (
+            lambda: PoolTreeConfig.from_mapping({"fair_share_starvation_tolerance": 1e-31}),
+            "config.fair_share_starvation_tolerance: must be a finite number between 1e-30 and "
+            "1e30 in magnitude (or 0) (got 1e-31)",
+        ),
         (lambda: pool("p", weight=-2.5), "weight: must be positive (got -2.5)"),
         (
             lambda: build(Pool("p", None, PoolConfig(weight=F(0)))),

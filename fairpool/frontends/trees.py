@@ -117,8 +117,9 @@ def _milliseconds(field_name: str, value: object) -> int:
 MAX_EXPONENT = 30
 
 
-def number(field_name: str, value: object) -> Fraction:
-    """An exact rational from an int, a float (its shortest decimal form) or a decimal string."""
+def number(field_name: str, value: object, zero: bool = True) -> Fraction:
+    """An exact rational from an int, a float (its shortest decimal form) or a decimal string;
+    ``zero``: whether the field takes 0, which its bounds' words then say."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidInput(field_name, value, "must be a number")
     text = repr(value) if isinstance(value, float) else value
@@ -131,7 +132,7 @@ def number(field_name: str, value: object) -> Fraction:
     if not decimal.is_finite() or (decimal and abs(decimal.adjusted()) > MAX_EXPONENT):
         raise InvalidInput(
             field_name, value, f"must be a finite number between 1e-{MAX_EXPONENT} and "
-            f"1e{MAX_EXPONENT} in magnitude (or 0)"
+            f"1e{MAX_EXPONENT} in magnitude{' (or 0)' if zero else ''}"
         )
     return Fraction(decimal)
 
@@ -145,7 +146,7 @@ def _shown(value: object, amount: Fraction) -> object:
 
 
 def positive(field_name: str, value: object) -> Fraction:
-    amount = number(field_name, value)
+    amount = number(field_name, value, zero=False)
     if amount <= 0:
         raise InvalidInput(field_name, _shown(value, amount), "must be positive")
     return amount
