@@ -214,6 +214,25 @@ TWO_GROUPS = config("""
 """)
 
 
+#: A preempted workload's second chance: spot (selected by market-type) is full, any has room.
+SPOT_THEN_ANY = config("""
+    resource_flavors:
+      - name: spot
+        selector: [{ key: market-type, operator: in, values: [SPOT] }]
+      - { name: any }
+    resource_queues:
+      - name: q
+        preemption: { within_resource_queue: lower_priority }
+        resource_groups:
+          - covered_resources: [gpu]
+            flavors:
+              - { name: spot, resources: [{ name: gpu, nominal_quota: 2 }] }
+              - { name: any, resources: [{ name: gpu, nominal_quota: 1 }] }
+    scheduling_rules:
+      - resource_queue: q
+""")
+
+
 CASES = [
     # -- seed: the complete example ---------------------------------------------------------
     Case(
@@ -508,22 +527,7 @@ CASES = [
     ),
     Case(
         "preemption: the preempted are tried again in the same pass: one fits another flavor",
-        config("""
-            resource_flavors:
-              - name: spot
-                selector: [{ key: market-type, operator: in, values: [SPOT] }]
-              - { name: any }
-            resource_queues:
-              - name: q
-                preemption: { within_resource_queue: lower_priority }
-                resource_groups:
-                  - covered_resources: [gpu]
-                    flavors:
-                      - { name: spot, resources: [{ name: gpu, nominal_quota: 2 }] }
-                      - { name: any, resources: [{ name: gpu, nominal_quota: 1 }] }
-            scheduling_rules:
-              - resource_queue: q
-        """),
+        SPOT_THEN_ANY,
         [wl("hi", priority=5, market="SPOT", gpu=2)],
         # Both go for hi; then 'two' (priority 2) takes any's one GPU before 'one'.
         {"hi": "admitted q/spot p5", "two": "admitted q/any p2", "one": "queued q #1"},

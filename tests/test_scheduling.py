@@ -18,6 +18,7 @@ from fairpool.frontends.config import ConfigError
 from fairpool.scheduling import SchedulingService
 from fairpool.store import schema
 from fairpool.store.db import Database
+from tests.test_config_scenarios import SPOT_THEN_ANY
 from tests.test_service import Clock
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
@@ -172,21 +173,6 @@ def test_lower_priority_workloads_are_preempted_and_requeued(sched: SchedulingSe
     assert high.id in (victim.reason or "")
     assert sched.get_workload(low[0].id).status == "admitted"
 
-
-SPOT_THEN_ANY = """
-resource_flavors:
-  - {name: spot, selector: [{key: market-type, operator: in, values: [SPOT]}]}
-  - {name: any}
-resource_queues:
-  - name: q
-    preemption: {within_resource_queue: lower_priority}
-    resource_groups:
-      - covered_resources: [gpu]
-        flavors:
-          - {name: spot, resources: [{name: gpu, nominal_quota: 2}]}
-          - {name: any, resources: [{name: gpu, nominal_quota: 1}]}
-scheduling_rules: [{resource_queue: q}]
-"""
 
 
 def test_the_preempted_are_decided_again_in_the_same_pass(sched: SchedulingService) -> None:
