@@ -501,3 +501,26 @@ def test_identical_waiters_get_consecutive_positions_in_time_order() -> None:
     order = sorted(entries, key=lambda r: entries[r][0].position)
     assert order == ["b-5", "a-4", "b-3", "a-2", "b-1", "a-0"]
     assert [entries[r][0].position for r in order] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("now", [10.0, 10_000.0], ids=["parked", "holding units"])
+def test_a_waiter_ahead_of_a_preemptor_gets_the_units_the_preemption_freed_beyond_its_need(
+    now: float,
+) -> None:
+    # x (priority 50) needs tpu, which v holds within its reserved: x cannot preempt v and
+    # waits (parked; or, waiting past backfill_after, holding units). y (priority 20) preempts
+    # v for a GPU, freeing v's tpu too: x, ahead of y in the queue, fits now and is served in
+    # the same pass (it was left waiting, in no queue, until the next pass).
+    world = (
+        World().pool("P", {"gpu": 4, "tpu": 2})
+        .policy("v", "P", 1, {"tpu": 2})
+        .policy("x", "P", 50).policy("y", "P", 20)
+        .run("v-1", "v", "P", {"gpu": 4, "tpu": 2}, 1.0)
+        .wait("x-1", "x", {"tpu": 1}, at=2.0)
+        .wait("y-1", "y", {"gpu": 1}, at=3.0)
+    )
+    world.now = now
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "v-1": "preempted:priority", "x-1": "allocated:P", "y-1": "allocated:P"}
+    assert plan.waiting == ()

@@ -21,19 +21,18 @@ Order of work (see docs/semantics.md for the rules in prose):
 Identical requests form a class; each (class, placement) is a run in time order, merged with
 the other runs by a heap. When a run's head waits, the whole run is parked: within a pass only
 a preemption frees units, so until one happens under the same root every later member would
-wait too. A preemption puts the parked runs back from that point on. A pass where nothing fits
+wait too. A preemption puts the parked runs back, ahead of it or not. A pass where nothing fits
 costs a few operations per run, not per request; waiting requests are explained with the
 pass's final state.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fairpool.engine.model import (
     Allocation,
@@ -56,8 +55,46 @@ Delta = dict[str, dict[str, int]]
 
 
 def reconcile(snapshot: Snapshot) -> Plan:
-    """Decide grants, preemptions, rejections and waits for one pass."""
-    return _Pass(snapshot).run()
+    """Decide grants, preemptions, rejections and waits for one pass.
+
+    A preemption frees units that a waiter tried earlier in the pass may fit (one that held
+    units for itself, past its queue's ``backfill_after``). So while a round preempts, the
+    pass goes on with another round over what it left, its grants kept (never victims: their
+    own victims would be wasted); the plans add up. A second pass with nothing new then
+    changes nothing. Every round that preempts grants its preemptor, so rounds end."""
+    grants: list[Grant] = []
+    preemptions: list[Preemption] = []
+    rejections: list[Rejection] = []
+    kept: frozenset[str] = frozenset()
+    while True:
+        plan = _Pass(snapshot, kept).run()
+        grants += plan.grants
+        preemptions += plan.preemptions
+        rejections += plan.rejections
+        if not plan.preemptions:
+            return Plan(
+                tuple(sorted(grants, key=lambda g: g.request_id)), tuple(preemptions),
+                tuple(rejections), plan.waiting,
+            )
+        snapshot = _after(snapshot, plan)
+        kept |= {g.request_id for g in plan.grants}
+
+
+def _after(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """What a round leaves: its victims gone, its grants running, the rest still queued."""
+    by_id = {r.id: r for r in snapshot.queue}
+    victims = {p.victim_id for p in plan.preemptions}
+    done = {g.request_id for g in plan.grants} | {r.request_id for r in plan.rejections}
+    granted = tuple(
+        Allocation(g.request_id, by_id[g.request_id].placements[g.placement_index],
+                   snapshot.now, by_id[g.request_id].preemptible)
+        for g in plan.grants
+    )
+    return replace(
+        snapshot,
+        allocations=(*(a for a in snapshot.allocations if a.request_id not in victims), *granted),
+        queue=tuple(r for r in snapshot.queue if r.id not in done),
+    )
 
 
 class _Forest:
@@ -166,8 +203,10 @@ class _Class:
 
 
 class _Pass:
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, kept: frozenset[str] = frozenset()) -> None:
         self.snapshot = snapshot
+        #: Granted by an earlier round of this pass: not victims, as this round's grants.
+        self.kept = kept
         self.forest = _Forest(snapshot.nodes)
         self.usage: dict[str, dict[str, int]] = defaultdict(dict)
         self.np_usage: dict[str, dict[str, int]] = defaultdict(dict)
@@ -334,6 +373,7 @@ class _Pass:
                 if (
                     (reclaim or victim.placement.priority < placement.priority)
                     and victim.request_id not in self.granted_now
+                    and victim.request_id not in self.kept
                     and keys & _charged_keys(victim.placement)
                 ):
                     candidates[victim.request_id] = victim
@@ -411,7 +451,7 @@ class _Pass:
             if reason is None:
                 cls.granted += 1
                 if len(self.preemptions) > preempted:
-                    self._unpark(heap, root, entry)
+                    self._unpark(heap, root)
                 self._push(heap, number, index, pos + 1, share)
                 continue
             queue = self.forest.nodes[placement.queue]
@@ -443,17 +483,12 @@ class _Pass:
         waiting = (*self.groups, *ineligible)
         return Plan(grants, tuple(self.preemptions), tuple(rejections), waiting)
 
-    def _unpark(self, heap: list[_HeapEntry], root: str, entry: _HeapEntry) -> None:
-        """Units were freed under ``root`` while serving ``entry``: parked members ahead of it
-        waited for their recorded reason; the rest go back on the heap to be tried again."""
-        for number, index, pos, share, rank, reason in self.parked.pop(root, []):
-            cls = self.classes[number]
-            if (share, rank) < entry[:2]:
-                end = len(cls.members)
-            else:
-                end = bisect.bisect_left(cls.keys, (entry[2], entry[3]), pos)
-            self._wait(number, index, pos, end, reason, (share, rank))
-            self._push(heap, number, index, end, share)
+    def _unpark(self, heap: list[_HeapEntry], root: str) -> None:
+        """Units were freed under ``root`` (a preemption): the runs parked there go back on
+        the heap from where they stopped, those ranked ahead of the preemptor too, since the
+        victims may free more than it takes. Preemptions are finite, so unparking ends."""
+        for number, index, pos, share, _, _ in self.parked.pop(root, []):
+            self._push(heap, number, index, pos, share)
 
     def _wait(
         self,
