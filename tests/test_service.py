@@ -257,6 +257,18 @@ def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Ser
     assert request.status == "allocated"
 
 
+def test_every_request_is_one_step_run_however_its_map_is_given(svc: Service) -> None:
+    """A pool's step_run caps concurrent steps; a plain map (SDK, API) was not counted."""
+    svc.create_pool("p", {"gpu": 8, "step_run": 1})
+    svc.attach_policy("p", "orch")
+    first = svc.create_request("orch", demand={"gpu": 1})
+    assert (first.status, first.resources) == ("allocated", {"gpu": 1, "step_run": 1})
+    assert svc.create_request("orch", demand={"gpu": 1}).status == "queued"
+    with pytest.raises(InvalidInput, match="resources.step_run: must be 1: a request is one "
+                                           r"step run \(got 5\)"):
+        svc.create_request("orch", demand={"gpu": 1, "step_run": 5})
+
+
 def test_references_by_name_prefix_and_id(svc: Service) -> None:
     pool = svc.create_pool("p", {"gpu": 2})
     assert svc.get_pool(pool.id).name == "p"

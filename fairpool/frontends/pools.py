@@ -124,10 +124,15 @@ def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict
 
 
 def validate_demand(raw: Mapping[str, object]) -> dict[str, int]:
-    """A request's units: positive integers, at least one key."""
+    """A request's units: positive integers, at least one key; and ``step_run: 1``, which
+    ZenML's server adds to every request, so that a pool's ``step_run`` caps its concurrent
+    steps whatever sends them (a plain mapping from the SDK or the API went uncounted)."""
     demand = _amounts("resources", raw, allow_zero=False)
     if not demand:
         raise InvalidInput("resources", dict(raw), "a request must ask for at least one key")
+    if demand.setdefault("step_run", 1) != 1:
+        raise InvalidInput("resources.step_run", demand["step_run"],
+                           "must be 1: a request is one step run")
     return demand
 
 
