@@ -431,7 +431,7 @@ class Service:
                 repo.set_pool_capacity(conn, pool.id, new_capacity, now)
             if description is not None:
                 repo.update_pool_description(conn, pool.id, description, now)
-            return lambda tx, _: self._pool_view(tx.conn, pool.id)
+            return lambda tx, _: self._pool_view(tx.conn, pool.id, detail=True)
 
         return self._write(change)
 

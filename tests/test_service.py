@@ -235,7 +235,13 @@ def test_growing_a_pool_admits_and_shrinking_rejects_what_can_never_fit(svc: Ser
 
 def test_capacity_update_zero_removes_a_key(svc: Service) -> None:
     svc.create_pool("p", {"gpu": 2, "tpu": 4})
-    assert svc.update_pool("p", capacity={"tpu": 0}).capacity == {"gpu": 2}
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand={"gpu": 2})
+    updated = svc.update_pool("p", capacity={"tpu": 0})
+    assert updated.capacity == {"gpu": 2}
+    # The pool as describe shows it (its policies and requests were left out, shown empty).
+    assert updated == svc.get_pool("p")
+    assert [r.id for r in updated.active_requests] == [held.id]
 
 
 def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Service) -> None:
