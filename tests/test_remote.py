@@ -158,6 +158,15 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "create", "wordy", "-c", '{"gpu": 1}', "-d", "d" * 4097)  # too long
     fp("resource-pool", "create", "nan", "-c", '{"gpu": NaN}')              # sent as JSON can't
     fp("resource-pool", "create", "deep", "-c", "[" * 2000 + "]" * 2000)     # nested too deeply
+    fp("resource-pool", "create", "none", "-c", "{}")                          # no key
+    # Refs that name nothing: not found, in the store's words (the API took them as bad input).
+    for ref in (" ", "r" * 300):
+        fp("resource-request", "describe", ref)
+        fp("resource-pool", "describe", ref)
+        fp("workload", "describe", ref)
+        fp("operation", "describe", ref)
+        fp("pool-tree", "show", ref)
+        fp("node", "remove", ref)
     fp("resource-request", "create", "--component", "team-a", "--gpu-count", "1",
        *SIXTY_FIVE_LABELS)                                                        # too many labels
     retry = fp("resource-request", "describe", b["id"], "-o", "json")["retried_as_id"]

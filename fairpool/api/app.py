@@ -20,7 +20,6 @@ import orjson
 from fastapi import Depends, FastAPI, Path, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.types import DecoratedCallable
-from pydantic import AfterValidator, StringConstraints
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,9 +43,9 @@ from fairpool.api.errors import (
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
     MAX_BODY_BYTES,
-    TEXT_PATTERN,
     ComponentType,
     ErrorBody,
+    PathText,
     PolicyCreate,
     PoolCreate,
     PoolUpdate,
@@ -54,14 +53,12 @@ from fairpool.api.models import (
     RequestCreate,
     UrlInt,
     UrlNumber,
-    text,
 )
 from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
 from fairpool.errors import Later, NotFound, WouldWait, one_line
-from fairpool.frontends.names import MAX_NAME
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import trees as tree_store
@@ -88,12 +85,7 @@ MAX_PAGE_SIZE = 10_000
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-Ref = Annotated[
-    str,
-    Path(description="Name, id or unique id prefix."),
-    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=TEXT_PATTERN),
-    AfterValidator(text),
-]
+Ref = Annotated[PathText, Path(description="Name, id or unique id prefix.")]
 Status = Literal["queued", "allocated", "released", "rejected", "preempted", "cancelled"]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

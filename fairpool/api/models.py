@@ -77,6 +77,12 @@ Name = Annotated[
     AfterValidator(text),
 ]
 Key = Name
+#: A name or id in a URL's path: only looked up, so any text a path segment carries; one that
+#: names nothing (blank, longer than any name) is not found, in the service's words, as the
+#: embedded store answers it.
+PathText = Annotated[
+    str, StringConstraints(min_length=1, pattern=TEXT_PATTERN), AfterValidator(text)
+]
 Description = Annotated[
     str, StringConstraints(max_length=MAX_DESCRIPTION, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
@@ -91,7 +97,8 @@ QueryText = Annotated[
 Positive = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
 #: Capacity updates (0 removes a key), reserved and limit: non-negative.
 NonNegative = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
-PositiveAmounts = Annotated[dict[Key, Positive], Field(min_length=1, max_length=MAX_KEYS)]
+#: At least one key, as the service says it (in its words, the same embedded).
+PositiveAmounts = Annotated[dict[Key, Positive], Field(max_length=MAX_KEYS)]
 Amounts = Annotated[dict[Key, NonNegative], Field(max_length=MAX_KEYS)]
 ComponentType = Literal["orchestrator", "step_operator"]
 

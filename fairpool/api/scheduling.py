@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import Key, LabelValue, Name, QueryText, UrlInt
+from fairpool.api.models import Key, LabelValue, PathText, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
     MAX_PRIORITY,
@@ -145,16 +145,16 @@ def scheduling_router(
         return JSONResponse({"items": [v.as_dict() for v in views]})
 
     @router.get("/workloads/{ref}", tags=["workloads"])
-    def get_workload(ref: Name) -> JSONResponse:
+    def get_workload(ref: PathText) -> JSONResponse:
         return JSONResponse(scheduling.get_workload(ref).as_dict())
 
     @router.post("/workloads/{ref}/release", tags=["workloads"])
-    def release_workload(ref: Name) -> JSONResponse:
+    def release_workload(ref: PathText) -> JSONResponse:
         """The workload ended: its quota is free again."""
         return JSONResponse(scheduling.release_workload(ref).as_dict())
 
     @router.post("/workloads/{ref}/cancel", tags=["workloads"])
-    def cancel_workload(ref: Name) -> JSONResponse:
+    def cancel_workload(ref: PathText) -> JSONResponse:
         return JSONResponse(scheduling.cancel_workload(ref).as_dict())
 
     @router.get("/queues", tags=["queues"])
@@ -163,7 +163,7 @@ def scheduling_router(
         return JSONResponse({"items": [q.as_dict() for q in scheduling.list_queues()]})
 
     @router.get("/queues/{name}", tags=["queues"])
-    def describe_queue(name: Name) -> JSONResponse:
+    def describe_queue(name: PathText) -> JSONResponse:
         return JSONResponse(scheduling.describe_queue(name).as_dict())
 
     return router

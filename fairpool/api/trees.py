@@ -21,7 +21,7 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.models import NAME_PATTERN, TEXT_PATTERN, QueryText, text
+from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
@@ -74,24 +74,9 @@ OptionText = Annotated[
     str, StringConstraints(max_length=MAX_OPTION_TEXT, pattern=TEXT_PATTERN), AfterValidator(text)
 ]
 
-TreeName = Annotated[
-    str,
-    Path(description="The pool tree's name."),
-    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
-    AfterValidator(text),
-]
-PathName = Annotated[
-    str,
-    Path(description="A node's or pool's name."),
-    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
-    AfterValidator(text),
-]
-OperationRef = Annotated[
-    str,
-    Path(description="Operation id or unique id prefix."),
-    StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN),
-    AfterValidator(text),
-]
+TreeName = Annotated[PathText, Path(description="The pool tree's name.")]
+PathName = Annotated[PathText, Path(description="A node's or pool's name.")]
+OperationRef = Annotated[PathText, Path(description="Operation id or unique id prefix.")]
 
 
 class Strict(BaseModel):
