@@ -144,6 +144,8 @@ class Applied:
     #: Waiting workloads whose decision changed in the pass that followed.
     admitted: tuple[str, ...]
     failed: tuple[str, ...]
+    #: Running workloads that pass preempted (each one's view says what it got once requeued).
+    preempted: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +155,7 @@ class Applied:
             "orphaned": list(self.orphaned),
             "admitted": list(self.admitted),
             "failed": list(self.failed),
+            "preempted": list(self.preempted),
         }
 
 
@@ -291,14 +294,18 @@ class SchedulingService:
             w.id for w in before.running
             if w.queue is not None and wl.admitted_queue(config, _running(w).admission) is None
         )
+        waited = [w.id for w in before.waiting]
+        ran = {w.id for w in before.running}
         return Applied(
             self._version_view(version, version),
             tuple(warnings(config)),
             diff_configs(before.config, config),
             orphaned,
-            tuple(i for i, d in outcome.decisions.items() if d.status is wl.Status.ADMITTED),
-            tuple(i for i, d in outcome.decisions.items()
-                  if d.status in (wl.Status.REJECTED, wl.Status.FAILED)),
+            tuple(i for i in waited if outcome.decisions[i].status is wl.Status.ADMITTED),
+            tuple(i for i in waited
+                  if outcome.decisions[i].status in (wl.Status.REJECTED, wl.Status.FAILED)),
+            tuple(dict.fromkeys(e.workload_id for e in outcome.evictions
+                                if e.workload_id in ran)),
         )
 
     @staticmethod
@@ -481,6 +488,10 @@ class SchedulingService:
             elif all(getattr(workload, key) == value for key, value in values.items()):
                 continue  # still queued for the same reason: a long idle queue costs no writes
             store.update_workload(conn, workload_id, now, **values)
+        for workload_id, priority in outcome.repriced.items():
+            if workload_id not in outcome.decisions:  # still running, at its rule's priority now
+                store.update_workload(conn, workload_id, now, priority=priority,
+                                      config_version=version)
         return outcome
 
     def _view(self, workload: Workload, outcome: wl.Outcome | None) -> WorkloadView:

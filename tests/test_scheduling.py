@@ -199,6 +199,50 @@ def test_the_preempted_are_decided_again_in_the_same_pass(sched: SchedulingServi
     assert sched.cancel_workload(one.id).flavors == ()
 
 
+def test_a_running_workload_competes_at_the_priority_the_config_in_force_gives_it(
+    sched: SchedulingService,
+) -> None:
+    """Admitted at its rule's 10, which is now 50: a 30 does not preempt it (it was
+    preempted, then routed again at 50 and admitted in its place: restarted for nothing)."""
+    config = ("resource_flavors: [{name: x}]\n"
+              "resource_queues: [{name: q, preemption: {within_resource_queue: lower_priority},\n"
+              "  resource_groups: [{covered_resources: [gpu],\n"
+              "    flavors: [{name: x, resources: [{name: gpu, nominal_quota: 8}]}]}]}]\n"
+              "scheduling_rules: [{resource_queue: q, priority_policy: {default: %d}}]\n")
+    sched.apply_config(config % 10)
+    running = sched.submit_workload(demand={"gpu": 8})
+    assert (running.status, running.priority) == ("admitted", 10)
+    sched.apply_config(config % 50)
+    assert sched.get_workload(running.id).priority == 50  # as the pass of the apply found it
+    waiting = sched.submit_workload(priority=30, demand={"gpu": 8})
+    assert waiting.status == "queued"
+    kept = sched.get_workload(running.id)
+    assert (kept.status, kept.preemptions, kept.admitted_at) == (
+        "admitted", 0, running.admitted_at)
+
+
+def test_an_apply_names_the_running_workloads_its_pass_preempted(
+    sched: SchedulingService,
+) -> None:
+    """They were listed as queued workloads failed under it, or not at all."""
+    queue = ("resource_flavors: [{name: x}]\n"
+             "resource_queues: [{name: q, preemption: {within_resource_queue: lower_priority},\n"
+             "  resource_groups: [{covered_resources: [gpu],\n"
+             "    flavors: [{name: x, resources: [{name: gpu, nominal_quota: 8}]}]}]}]\n")
+    b_rule = ("  - {selector: [{key: team, operator: in, values: [b]}], resource_queue: q,\n"
+              "     priority_policy: {default: %d}}\n")
+    sched.apply_config(queue + "scheduling_rules:\n" + b_rule % 5 +
+                       "  - {selector: [{key: team, operator: in, values: [a]}], "
+                       "resource_queue: q, priority_policy: {default: 10}}\n")
+    a = sched.submit_workload(labels={"team": "a"}, demand={"gpu": 8})
+    b = sched.submit_workload(labels={"team": "b"}, demand={"gpu": 8})
+    assert (a.status, b.status) == ("admitted", "queued")
+    # No rule for team a any more: preempted by b, a is routed again and fails.
+    applied = sched.apply_config(queue + "scheduling_rules:\n" + b_rule % 50)
+    assert (applied.admitted, applied.failed, applied.preempted) == ((b.id,), (), (a.id,))
+    assert sched.get_workload(a.id).status == "failed"
+
+
 def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
     sched: SchedulingService,
 ) -> None:

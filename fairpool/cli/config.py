@@ -148,6 +148,9 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
     for key, verb in (("admitted", "admitted"), ("failed", "rejected or failed")):
         if applied[key]:
             o.declare(f"{_plural(len(applied[key]), 'queued workload')} {verb} under it.")
+    if applied["preempted"]:
+        o.declare(f"{_plural(len(applied['preempted']), 'running workload')} preempted under "
+                  "it: " + ", ".join(applied["preempted"]))
 
 
 @config.command("apply")

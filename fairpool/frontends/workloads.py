@@ -586,6 +586,8 @@ class Compiled:
     admissions: Mapping[str, Admission]
     #: Waiting workload ids in the order given (the order of ``Outcome.decisions``).
     order: tuple[str, ...]
+    #: Running workloads whose rule now gives another priority: the one they compete at.
+    repriced: Mapping[str, int] = field(default_factory=dict)
 
 
 def compile_snapshot(
@@ -599,6 +601,7 @@ def compile_snapshot(
     allocations: list[Allocation] = []
     orphans: list[str] = []
     admissions: dict[str, Admission] = {}
+    repriced: dict[str, int] = {}
     for item in running:
         queue = admitted_queue(config, item.admission)
         if queue is None:
@@ -606,6 +609,12 @@ def compile_snapshot(
                 orphans.append(item.workload.id)
             continue
         admission = item.admission
+        # It competes at the priority the config in force gives it, as it would waiting: one
+        # admitted at 10 whose rule now says 50 is not preempted by a 30 it would then preempt.
+        path = route(config, item.workload)
+        if path.queue == admission.queue and path.priority != admission.priority:
+            admission = replace(admission, priority=path.priority)
+            repriced[item.workload.id] = path.priority
         admissions[item.workload.id] = admission
         placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
         allocations.append(Allocation(item.workload.id, placement, admission.admitted_at))
@@ -653,7 +662,7 @@ def compile_snapshot(
     snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests))
     return Compiled(
         snapshot, candidates, decided, tuple(orphans), admissions,
-        tuple(w.id for w in waiting),
+        tuple(w.id for w in waiting), repriced,
     )
 
 
@@ -666,6 +675,8 @@ class Outcome:
     #: preempted in the pass: what it got once requeued.
     decisions: Mapping[str, Decision]
     evictions: tuple[Eviction, ...] = ()
+    #: Running workloads whose rule now gives another priority: the one they compete at.
+    repriced: Mapping[str, int] = field(default_factory=dict)
 
 
 def decide(compiled: Compiled, plan: Plan) -> Outcome:
@@ -736,7 +747,9 @@ def decide(compiled: Compiled, plan: Plan) -> Outcome:
             _notes(candidate, texts),
         )
     _number_queues(compiled, decisions)
-    return Outcome({i: decisions[i] for i in compiled.order}, tuple(evictions))
+    return Outcome(
+        {i: decisions[i] for i in compiled.order}, tuple(evictions), compiled.repriced
+    )
 
 
 def _notes(candidate: Candidate, flavor_notes: Iterable[str]) -> tuple[str, ...]:
@@ -814,6 +827,7 @@ def schedule(
     round before; a workload's decision is its last round's."""
     decisions: dict[str, Decision] = {}
     evictions: list[Eviction] = []
+    repriced: dict[str, int] = {}
     # Only a strictly higher priority preempts, so rounds end; the bound is a guard, past
     # which the preempted wait for the next pass.
     rounds = len(waiting) + len(running) + 1
@@ -822,8 +836,9 @@ def schedule(
         outcome = decide(compiled, reconcile(compiled.snapshot))
         decisions.update(outcome.decisions)
         evictions += outcome.evictions
+        repriced.update(outcome.repriced)
         if not outcome.evictions:
-            return Outcome(decisions, tuple(evictions))
+            return Outcome(decisions, tuple(evictions), repriced)
         evicted = {e.workload_id: e for e in outcome.evictions}
         requeued = [r.workload for r in running if r.workload.id in evicted]
         rounds -= 1
@@ -833,7 +848,7 @@ def schedule(
                     workload.id, Status.QUEUED, route(config, workload),
                     evicted[workload.id].reason + "; requeued",
                 )
-            return Outcome(decisions, tuple(evictions))
+            return Outcome(decisions, tuple(evictions), repriced)
         admitted = [
             RunningWorkload(w, d.admission) for w in waiting
             if (d := outcome.decisions[w.id]).admission is not None
