@@ -78,6 +78,8 @@ class WorkloadView:
     finished_at: datetime | None
     config_version: int | None
     preemptions: int
+    #: When it was last preempted and queued again; it waits from then.
+    requeued_at: datetime | None = None
     #: Queued: 1 = next in its queue (priority, then FIFO); None otherwise.
     position: int | None = None
     #: Why earlier rules and other flavors did not apply, one line each.
@@ -85,7 +87,7 @@ class WorkloadView:
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("submitted_at", "admitted_at", "finished_at"):
+        for key in ("submitted_at", "admitted_at", "finished_at", "requeued_at"):
             data[key] = _iso(data[key])
         data["flavors"] = list(self.flavors)
         data["notes"] = list(self.notes)
@@ -228,7 +230,7 @@ def _pure(workload: Workload) -> wl.Workload:
         labels=workload.labels,
         priority=workload.requested_priority,
         demand=workload.demand,
-        submitted_at=workload.submitted_at.timestamp(),
+        submitted_at=(workload.requeued_at or workload.submitted_at).timestamp(),
     )
 
 
@@ -474,7 +476,7 @@ class SchedulingService:
             }
             if workload_id in evicted:
                 values.update(status=WorkloadStatus.QUEUED, admitted_at=None, flavors=[],
-                              preemptions=workload.preemptions + 1,
+                              preemptions=workload.preemptions + 1, requeued_at=now,
                               status_reason=_requeued(evicted[workload_id], decision.reason))
             elif (workload.status_reason or "").endswith(_requeued(None, decision.reason)):
                 # Still waiting for the reason it had once preempted: it says so until then.
@@ -512,6 +514,7 @@ class SchedulingService:
             finished_at=workload.finished_at,
             config_version=workload.config_version,
             preemptions=workload.preemptions,
+            requeued_at=workload.requeued_at,
             position=decision.position if queued and decision is not None else None,
             notes=decision.notes if decision is not None else (),
         )

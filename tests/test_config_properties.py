@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -202,8 +202,10 @@ def simulate(config: SchedulerConfig, ops: list[Submit | Release]) -> Iterator[P
         before = list(running.values())
         outcome = schedule(config, waiting, before, now)
         # Decided: every waiting workload, and every running one preempted (then requeued,
-        # with its original submission time, and decided again in the same pass).
-        known = {r.workload.id: r.workload for r in before} | {w.id: w for w in waiting}
+        # waiting from now, and decided again in the same pass).
+        evicted = {e.workload_id for e in outcome.evictions}
+        known = {r.workload.id: replace(r.workload, submitted_at=now) for r in before
+                 if r.workload.id in evicted} | {w.id: w for w in waiting}
         for workload_id, decision in outcome.decisions.items():
             running.pop(workload_id, None)
             if decision.admission is not None:
@@ -302,9 +304,11 @@ def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
     idle), and every waiting workload keeps its decision."""
     config, ops = scenario
     for index, step in enumerate(simulate(config, ops)):
-        assert {e.workload_id for e in step.outcome.evictions} <= step.outcome.decisions.keys()
+        evicted = {e.workload_id for e in step.outcome.evictions}
+        assert evicted <= step.outcome.decisions.keys()
         now = 10.0 * index
-        queued = [w for w in [*step.waiting, *(r.workload for r in step.running)]
+        queued = [w if w.id not in evicted else replace(w, submitted_at=now)
+                  for w in [*step.waiting, *(r.workload for r in step.running)]
                   if (d := step.outcome.decisions.get(w.id)) and d.status is Status.QUEUED]
         again = schedule(config, queued, step.after, now)
         assert again.evictions == ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -219,6 +220,32 @@ def test_a_running_workload_competes_at_the_priority_the_config_in_force_gives_i
     kept = sched.get_workload(running.id)
     assert (kept.status, kept.preemptions, kept.admitted_at) == (
         "admitted", 0, running.admitted_at)
+
+
+def test_a_preempted_workload_waits_from_its_requeue_not_its_submission(
+    sched: SchedulingService,
+) -> None:
+    """Counted from its submission, one that had run past backfill_after (300 s) held the
+    free quota back from a smaller workload the moment it was requeued."""
+    clock = sched.clock
+    assert isinstance(clock, Clock)
+    sched.apply_config(
+        "resource_flavors: [{name: x}]\n"
+        "resource_queues: [{name: q, preemption: {within_resource_queue: lower_priority},\n"
+        "  resource_groups: [{covered_resources: [gpu],\n"
+        "    flavors: [{name: x, resources: [{name: gpu, nominal_quota: 8}]}]}]}]\n"
+        "scheduling_rules: [{resource_queue: q}]\n")
+    big = sched.submit_workload(priority=10, demand={"gpu": 6})
+    other = sched.submit_workload(priority=50, demand={"gpu": 2})
+    clock.now += timedelta(seconds=1000)
+    sched.submit_workload(priority=20, demand={"gpu": 6})  # preempts big
+    assert sched.get_workload(big.id).status == "queued"
+    clock.now += timedelta(seconds=1)
+    small = sched.submit_workload(priority=10, demand={"gpu": 2})
+    assert small.status == "queued"
+    clock.now += timedelta(seconds=1)
+    sched.release_workload(other.id)
+    assert sched.get_workload(small.id).status == "admitted"
 
 
 def test_an_apply_names_the_running_workloads_its_pass_preempted(

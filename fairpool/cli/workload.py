@@ -65,6 +65,7 @@ def print_workload(data: dict[str, Any], output: str) -> None:
         ("preemptions", data["preemptions"]),
         ("config_version", data["config_version"]),
         ("submitted_at", data["submitted_at"]),
+        ("requeued_at", data["requeued_at"]),
         ("admitted_at", data["admitted_at"]),
         ("finished_at", data["finished_at"]),
     ])

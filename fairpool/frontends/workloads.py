@@ -125,7 +125,9 @@ class Workload:
     #: Exact milli-units per resource (``gpu``, ``cpu``, ``memory_gb``, ``tpu``); only
     #: positive amounts are kept.
     demand: Mapping[str, int] = field(hash=False)
-    #: Queue order (FIFO among equal priorities) is measured from here (seconds, any epoch).
+    #: Queue order (FIFO among equal priorities) and waiting time are measured from here
+    #: (seconds, any epoch): its submission, or its last requeue after a preemption (as
+    #: Kueue's default requeuing timestamp, its eviction).
     submitted_at: float
 
 
@@ -840,7 +842,8 @@ def schedule(
         if not outcome.evictions:
             return Outcome(decisions, tuple(evictions), repriced)
         evicted = {e.workload_id: e for e in outcome.evictions}
-        requeued = [r.workload for r in running if r.workload.id in evicted]
+        requeued = [replace(r.workload, submitted_at=now) for r in running
+                    if r.workload.id in evicted]
         rounds -= 1
         if rounds == 0:
             for workload in requeued:

@@ -332,6 +332,8 @@ class Workload:
     finished_at: datetime | None
     #: How many times it was preempted and requeued.
     preemptions: int
+    #: When it was last preempted and queued again (None: never): it waits from then.
+    requeued_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Workload:
@@ -351,4 +353,5 @@ class Workload:
             admitted_at=row["admitted_at"],
             finished_at=row["finished_at"],
             preemptions=row["preemptions"],
+            requeued_at=row["requeued_at"],
         )

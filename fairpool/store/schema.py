@@ -342,6 +342,8 @@ workload = Table(
     _time("admitted_at", nullable=True),
     _time("finished_at", nullable=True),
     Column("preemptions", Integer, nullable=False, server_default=text("0")),
+    # When it was last preempted and queued again: it waits from then (NULL: never).
+    _time("requeued_at", nullable=True),
     CheckConstraint(_one_of("status", WorkloadStatus), name="status"),
     *(CheckConstraint(f"{key} >= 0", name=f"{key}_non_negative") for key in WORKLOAD_RESOURCES),
     CheckConstraint("requested_priority IS NULL OR requested_priority >= 0",
