@@ -1199,14 +1199,16 @@ class Service:
             summary.rejected.append(request.id)
         # Only a changed reason is written, so a long idle queue costs no writes.
         granted = {g.request_id for g in plan.grants}
-        reasons: dict[str, list[str]] = defaultdict(list)
+        reasons: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for group in plan.waiting:
             if group.eligible:
                 for _, request_id in group.members:
                     if request_id not in granted:
-                        reasons[request_id].append(group.reason.message)
+                        reasons[request_id].append((group.placement_index, group.reason.message))
         for request_id, messages in reasons.items():
-            message = "waiting: " + "; ".join(messages)
+            # In placement order (its pools by policy priority), not the order the pass
+            # emitted them in, which a preemption earlier in the pass changes.
+            message = "waiting: " + "; ".join(text for _, text in sorted(messages))
             request = state.queued[request_id]
             if request.status_reason != message:
                 if request_id not in tx.unwritten:  # else its row is written with it

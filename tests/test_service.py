@@ -275,6 +275,27 @@ def test_every_request_is_one_step_run_however_its_map_is_given(svc: Service) ->
         svc.create_request("orch", demand={"gpu": 1, "step_run": 5})
 
 
+def test_a_waiting_reason_names_its_pools_in_one_order_whatever_the_pass_did(
+    svc: Service,
+) -> None:
+    """Its pools in placement order: a preemption earlier in a pass turned them around
+    until the next pass (embedded and served differed a while)."""
+    for pool in ("eu-west", "eu-north"):
+        svc.create_pool(pool, {"gpu": 4})
+        svc.attach_policy(pool, "low", priority=1)
+    svc.attach_policy("eu-west", "orch", priority=100)
+    svc.attach_policy("eu-north", "orch", priority=50)
+    for component in ("orch", "low", "low", "orch"):
+        svc.create_request(component, demand={"gpu": 2})
+    waiting = svc.create_request("low", demand={"gpu": 2})
+    assert waiting.status == "queued"
+    svc.create_request("orch", demand={"gpu": 2})  # preempts on eu-north
+    reason = svc.get_request(waiting.id).status_reason or ""
+    assert reason.index("pool eu-north") < reason.index("pool eu-west"), reason
+    svc.reconcile()
+    assert svc.get_request(waiting.id).status_reason == reason
+
+
 def test_references_by_name_prefix_and_id(svc: Service) -> None:
     pool = svc.create_pool("p", {"gpu": 2})
     assert svc.get_pool(pool.id).name == "p"
