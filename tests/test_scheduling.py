@@ -287,6 +287,11 @@ def test_bad_workloads_are_refused_before_anything_is_written(sched: SchedulingS
         sched.submit_workload(labels={"instance-type": "m5.2xlarge"})
     with pytest.raises(InvalidInput, match=r"demand\.gpu"):
         sched.submit_workload(demand={"gpu": "0.0001"})
+    # Text is a plain decimal; Decimal alone took these (and -0 made a demand of nothing).
+    for text in ("1_000", "+1", " 1", "\u0663", "\uff11", "-0"):
+        with pytest.raises(InvalidInput, match=r"demand\.gpu: must be (a number|>= 0)"):
+            sched.submit_workload(demand={"gpu": text})
+    assert sched.explain(demand={"gpu": "1e1"}).status == "admitted"  # an exponent is a number
     with pytest.raises(InvalidInput, match="status"):
         sched.list_workloads(status="bogus")
     assert rows(sched, "workload") == 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -207,11 +208,18 @@ def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     return bounded_text(field_name, value, MAX_NAME)
 
 
+_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?", re.ASCII)
+
+
 def _milli(resource: str, value: object) -> int:
     """Units as written -> exact milli-units (floats through their shortest repr, as quotas);
     each way to fail says what is wrong, in the words the config's quotas use."""
     field_name = f"demand.{resource}"
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise InvalidInput(field_name, value, "must be a number")
+    # Text is a plain decimal: Decimal alone takes "1_000", "+1", " 1" and other scripts'
+    # decimal digits (Arabic-Indic, full-width), none of which a user means as a count.
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
         raise InvalidInput(field_name, value, "must be a number")
     try:
         exact = Decimal(value if isinstance(value, int | Decimal) else str(value))
@@ -219,7 +227,7 @@ def _milli(resource: str, value: object) -> int:
         raise InvalidInput(field_name, value, "must be a number") from None
     if not exact.is_finite():
         raise InvalidInput(field_name, value, "must be a finite number")
-    if exact < 0:
+    if exact.is_signed():  # -0 too: it would be a demand of nothing, asked as negative
         raise InvalidInput(field_name, value, "must be >= 0")
     if exact > MAX_QUOTA:
         raise InvalidInput(field_name, value, f"must be at most {MAX_QUOTA}")
