@@ -418,9 +418,17 @@ class Service:
             if capacity is not None:
                 new_capacity = frontend.apply_capacity_update(pool.capacity, capacity)
                 policies = repo.list_policies(conn, pool_id=pool.id)
+                for policy in policies:  # a reserve on a removed key: say whose, and how
+                    for key in sorted(policy.reserved.keys() - new_capacity.keys()):
+                        if policy.reserved[key]:
+                            owner = repo.get_component(conn, policy.component_id)
+                            raise InvalidInput(
+                                f"capacity.{key}", 0, f"policy {owner.name} on pool "
+                                f"{pool.name!r} reserves {policy.reserved[key]} {key}: detach "
+                                "it, or attach it again without that reserve, first")
                 frontend.check_reserved_total(new_capacity, policies, pool.name)
-                # Policy keys must be pool keys: a removed key leaves its policies too (a
-                # reserve on it was refused above), or adding it back would revive old limits.
+                # Policy keys must be pool keys: a removed key leaves its policies too, or
+                # adding it back would revive their old limits.
                 for policy in policies:
                     if not (policy.reserved.keys() | policy.limit.keys()) <= new_capacity.keys():
                         repo.update_policy(
