@@ -432,6 +432,11 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
     assert bad_choice.code == 2 and "sideways" in bad_choice.err
     assert no_number.code == 2 and "'--timeout': nan is not a finite number" in no_number.err
     assert forever.code == 2 and "'--grace': inf is not a finite number" in forever.err
+    # One line each, saying where to look (click printed a usage block above it).
+    for result in (missing, bad_choice, no_number, forever):
+        assert len(result.err.strip().splitlines()) == 1, result.err
+    assert missing.err == ("Error: Missing option '--capacity' / '-c'. "
+                           "(see 'fairpool resource-pool create -h')\n")
 
 
 # -- state-changing tests ----------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from fairpool.cli import output as o
 from fairpool.cli.common import service
@@ -43,6 +44,20 @@ def error_message(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
+class UsageLine(click.ClickException):
+    """A usage error (a missing option, a value its type refuses) on one ``Error:`` line,
+    with where to look, in place of click's usage block; exit code 2, as click's."""
+
+    exit_code = 2
+
+    @classmethod
+    def of(cls, error: click.UsageError) -> click.UsageError | UsageLine:
+        if isinstance(error, NoArgsIsHelpError):  # a group given no command: its help
+            return error
+        path = error.ctx.command_path if error.ctx is not None else "fairpool"
+        return cls(f"{error.format_message()} (see '{path} -h')")
+
+
 class FairpoolGroup(click.Group):
     """The root group: turns expected errors into click's ``Error:`` line (exit code 1)."""
 
@@ -54,11 +69,16 @@ class FairpoolGroup(click.Group):
                 check_unicode("argument", arg)
             except InvalidInput as error:
                 raise click.ClickException(str(error)) from None
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            raise UsageLine.of(error) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:
+            raise UsageLine.of(error) from None
         # OSError: e.g. --home names a file, or a directory we may not write to.
         except (FairpoolError, LookupError, ValueError, OSError) as error:
             raise click.ClickException(one_line(error_message(error))) from error
