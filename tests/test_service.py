@@ -147,7 +147,7 @@ def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Servic
         (lambda s: s.create_pool("q", {}), "capacity"),
         (lambda s: s.create_pool("", {"gpu": 1}), "name"),
         (lambda s: s.update_pool("p", capacity={"gpu": -1}), "capacity.gpu"),
-        (lambda s: s.update_pool("p", capacity={"gpu": 0}), "reserved.gpu"),
+        (lambda s: s.update_pool("p", capacity={"gpu": 0}), "capacity.gpu"),  # reserved: kept
         (lambda s: s.update_pool("p", capacity={"gpu": 3}), "reserved.gpu"),
         (lambda s: s.attach_policy("p", "x", priority=-1), "priority"),
         (lambda s: s.attach_policy("p", "x", reserved={"npu": 1}), "reserved.npu"),
