@@ -147,6 +147,10 @@ def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Servic
         (lambda s: s.create_pool("q", {}), "capacity"),
         (lambda s: s.create_pool("", {"gpu": 1}), "name"),
         (lambda s: s.update_pool("p", capacity={"gpu": -1}), "capacity.gpu"),
+        (lambda s: s.update_pool("p", capacity={}), "capacity"),  # changes nothing
+        (lambda s: s.update_pool("p", capacity={"npu": 0}), "capacity.npu"),  # no such key
+        (lambda s: s.create_pool("q", {"gpu": 1, "gpu ": 2}), "capacity key"),  # a second gpu
+        (lambda s: s.create_request("orch", demand={" gpu": 1}), "resources key"),
         (lambda s: s.update_pool("p", capacity={"gpu": 0}), "capacity.gpu"),  # reserved: kept
         (lambda s: s.update_pool("p", capacity={"gpu": 3}), "reserved.gpu"),
         (lambda s: s.attach_policy("p", "x", priority=-1), "priority"),

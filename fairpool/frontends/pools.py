@@ -112,6 +112,8 @@ def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict
     amounts: dict[str, int] = {}
     for key, value in raw.items():
         validate_name(f"{field} key", key)
+        if key != key.strip():  # "gpu " beside "gpu" would be a second key
+            raise InvalidInput(f"{field} key", key, "must not begin or end with whitespace")
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInput(f"{field}.{key}", value, "must be an integer")
         if value < 0 or (value == 0 and not allow_zero):
@@ -145,11 +147,18 @@ def validate_capacity(raw: Mapping[str, object]) -> dict[str, int]:
 
 
 def apply_capacity_update(current: Mapping[str, int], raw: Mapping[str, object]) -> dict[str, int]:
-    """Capacity on pool update: values replace, 0 removes a key; a pool keeps at least one."""
+    """Capacity on pool update: values replace, 0 removes a key; a pool keeps at least one.
+    An update that changes nothing is refused: it was answered "Updated"."""
     capacity = dict(current)
-    for key, value in _amounts("capacity", raw, allow_zero=True).items():
+    changes = _amounts("capacity", raw, allow_zero=True)
+    if not changes:
+        raise InvalidInput("capacity", dict(raw), "names no key to change")
+    for key, value in changes.items():
         if value == 0:
-            capacity.pop(key, None)
+            if key not in capacity:
+                raise InvalidInput(f"capacity.{key}", value, "is no key of the pool (keys: "
+                                   f"{', '.join(sorted(current))}); 0 removes a key")
+            del capacity[key]
         else:
             capacity[key] = value
     if not capacity:
