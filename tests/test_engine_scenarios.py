@@ -443,7 +443,9 @@ def test_small_requests_pass_a_blocked_one_until_it_has_waited_too_long() -> Non
     assert outcome(plan, late.snapshot()) == {"big": "waiting", "small": "waiting"}
     holding = {r: entries[0] for r, entries in queue_entries(plan).items()}
     assert holding["big"].holding
-    assert "held for an older request" in holding["small"].reason.message
+    # Free as in unused (it said "free 0 of 4, 4 held": the holder's demand, not what was free).
+    assert holding["small"].reason.message == (
+        "pool p: gpu requested 1, free 2 of 4, held for an older request")
 
 
 def test_guaranteed_waiter_is_served_before_a_higher_priority_borrower() -> None:

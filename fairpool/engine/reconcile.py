@@ -301,10 +301,12 @@ class _Pass:
                 cap = node.cap(key)
                 taken = in_use + held.get(key, 0)
                 if cap is not None and taken + amount > cap:
-                    note = f", {held[key]} held for an older request" if held.get(key) else ""
+                    # Free as in unused; the hold (up to the holder's whole demand, so that
+                    # units a preemption frees go to it too) is said apart.
+                    note = ", held for an older request" if held.get(key) else ""
                     failures.append(Reason(
                         Check.CAPACITY, node.name, key, amount, cap, taken,
-                        f"{node.name}: {key} requested {amount}, free {max(cap - taken, 0)} "
+                        f"{node.name}: {key} requested {amount}, free {max(cap - in_use, 0)} "
                         f"of {cap}{note}",
                     ))
         return failures
