@@ -348,7 +348,14 @@ def _answer(response: httpx.Response) -> Any:
 
 
 class Answer(dict[str, Any]):
-    """A JSON object from the server, with the ``as_dict()`` the local views have."""
+    """A JSON object from the server, with the ``as_dict()`` the local views have, and their
+    fields as attributes (``w.status`` as embedded; times stay ISO text, lists lists)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self)

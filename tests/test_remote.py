@@ -668,6 +668,15 @@ def later(seconds: float, action: Callable[[], object]) -> threading.Timer:
     return timer
 
 
+def test_remote_answers_have_the_views_fields_as_attributes(client: Client) -> None:
+    """``w.status`` as embedded (remote answers were dicts only: code written against one
+    mode broke on the other)."""
+    workload = client.scheduling.submit_workload(demand={"gpu": "1"})
+    assert workload.status == workload["status"] and workload.id == workload.as_dict()["id"]
+    with pytest.raises(AttributeError):
+        _ = workload.no_such_field
+
+
 def test_sdk_acquire_holds_then_releases(server: ApiServer, client: Client) -> None:
     setup_pool(server.url, "sdk-gpus", ["sdk-orch"], {"gpu": 2})
     with client.acquire(ResourceSettings(gpu_count=2, memory="1GiB"), component="sdk-orch") as grant:
