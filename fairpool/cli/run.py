@@ -240,8 +240,8 @@ def _exit_code(code: int) -> int:
               help="Interface to bind; the default serves this machine only.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8600, show_default=True)
 @click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
-              help="postgresql+psycopg://... or sqlite:///PATH (default: the embedded store "
-              "under --home).")
+              help="postgresql+psycopg://... or sqlite:///PATH (env FAIRPOOL_DATABASE_URL; "
+              "default: the embedded store under --home).")
 @click.option("--tick", type=Seconds(min=0.05), default=1.0, show_default=True,
               help="Seconds between reconcile passes (lease expiry, timeouts).")
 @click.option("--auth/--no-auth", default=None,
