@@ -42,6 +42,7 @@ from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
 from fairpool.frontends.names import MAX_NAME, bounded_text
 from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
+    EPHEMERAL_DELIMITER,
     ClusterNode,
     Pool,
     PoolConfig,
@@ -687,8 +688,11 @@ class TreesService:
         return views
 
     def _check_node_membership(self, conn: Connection) -> None:
-        """A node belongs to at most one tree (YTsaurus keeps trees' nodes disjoint)."""
+        """A node belongs to at most one tree (YTsaurus keeps trees' nodes disjoint), and
+        to the tree of the jobs it runs: a filter that let go of a node with jobs on it let
+        another tree place jobs there too, past the node's resources."""
         trees = [(t.name, PoolTreeConfig.from_mapping(t.config)) for t in store.list_trees(conn)]
+        jobs = store.live_job_trees(conn)
         for node in store.list_nodes(conn):
             member = [name for name, config in trees
                       if matches_tag_filter(config.node_tag_filter, node.tags)]
@@ -698,6 +702,13 @@ class TreesService:
                     f"node would belong to trees {' and '.join(member)}; make the trees' "
                     "filters select disjoint nodes",
                 )
+            for tree, count in sorted(jobs.get(node.name, {}).items()):
+                if tree not in member:
+                    raise Conflict(
+                        f"node {node.name} runs {count} jobs of tree {tree}, whose "
+                        "node_tag_filter would no longer select it: complete or abort their "
+                        "operations first"
+                    )
 
     # -- trees -------------------------------------------------------------------------------
 
@@ -876,6 +887,9 @@ class TreesService:
             pool = self._own_pool(state, name)
             parsed = _option_value(option, value)
             if option == "parent":
+                if name in state.ephemeral_users:  # pool$user out of its pool would escape it
+                    raise InvalidInput("parent", parsed, f"pool {name} is ephemeral: it stays "
+                                       "where its operations made it")
                 parent = None if parsed in (None, ROOT) else str(parsed)
                 _declared_parent(state, parent)
                 changed = replace(pool, parent=parent)
@@ -1036,7 +1050,10 @@ class TreesService:
                                    "its subpools")
             return pool, state
         ephemeral = tree.ephemeral_pool(pool)
-        owned = sum(1 for owner in state.ephemeral_users.values() if owner == user)
+        # Pools made under default_parent_pool, as YTsaurus counts them: a pool$user subpool
+        # of a create_ephemeral_subpools pool is not one (it took the user's only one).
+        owned = sum(1 for name, owner in state.ephemeral_users.items()
+                    if owner == user and EPHEMERAL_DELIMITER not in name)
         if owned >= config.max_ephemeral_pool_per_user:
             raise InvalidInput("pool", pool, f"no such pool in tree {tree.name}, and user {user} "
                                f"already has {owned} ephemeral pools there "

@@ -297,6 +297,8 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "add", "bad", "--resources", '{"memory": "lots"}')            # bad value
     fp("node", "add", "bad", "--resources", json.dumps(SIXTY_FIVE_KEYS))     # too many keys
     fp("node", "add", "bad", "--resources", '{"cpu": true}')                 # no union member
+    fp("node", "add", "bad", "--resources", "{cpu:3,memory:2GiB}")           # keys, no values
+    fp("node", "add", "bad", "--resources", '{"cpu": 1, "bad key": null}')   # a key's words first
     fp("node", "add", "n" * 256, "--resources", '{"cpu": 1}')                 # name too long
     fp("node", "add", "bad", "--tags", "t" * 256, "--resources", '{"cpu": 1}')  # tag too long
     fp("node", "add", "bad", "--tags", ",".join(SIXTY_FIVE_KEYS), "--resources", '{"cpu": 1}')

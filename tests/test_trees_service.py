@@ -285,6 +285,53 @@ def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> 
     seed.start_operation(pool="scratch2", user="dave", job_resources=CPU, job_count=1)
 
 
+def test_a_filter_that_lets_go_of_a_node_running_the_trees_jobs_is_refused(
+    trees: TreesService,
+) -> None:
+    """ta let go of n1 with 5 jobs on it; tb took n1 and placed 10 more: 15 cpu on 10."""
+    trees.add_node("n1", ["a"], {"cpu": 10})
+    trees.add_node("n2", ["b"], {"cpu": 10})
+    trees.create_tree("ta", {"node_tag_filter": "a"})
+    trees.create_tree("tb", {"node_tag_filter": "b"})
+    op = trees.start_operation(trees=["ta"], pool="x", user="u", job_resources={"cpu": 1},
+                               job_count=5)
+    with pytest.raises(Conflict, match="node n1 runs 5 jobs of tree ta, whose node_tag_filter "
+                                       "would no longer select it"):
+        trees.set_tree("ta", "node_tag_filter", "zz")
+    assert trees.show_tree("ta").config["node_tag_filter"] == "a"
+    trees.complete_operation(op.id)
+    trees.set_tree("ta", "node_tag_filter", "zz")  # nothing runs there now
+
+
+def test_operations_in_the_root_when_the_tree_allows_them(trees: TreesService) -> None:
+    """A KeyError in the starvation settings (a 500 remotely)."""
+    trees.add_node("n1", [], {"cpu": 10})
+    trees.create_tree("t", {"forbid_immediate_operations_in_root": False})
+    op = trees.start_operation(pool="<Root>", user="z", job_resources={"cpu": 1}, job_count=1)
+    assert (op.pool, op.running_jobs) == ("<Root>", 1)
+
+
+def test_ephemeral_pool_rules_as_ytsaurus(trees: TreesService) -> None:
+    trees.add_node("n1", [], {"cpu": 10})
+    trees.create_tree("t", {"default_parent_pool": "gone"})
+    trees.create_pool("t", "E", options={"create_ephemeral_subpools": True})
+    trees.create_pool("t", "R")
+    # A default_parent_pool naming no pool is the root (every new pool failed on it).
+    first = trees.start_operation(pool="E", user="u", job_resources={"cpu": 1}, job_count=1)
+    assert first.pool == "E$u"
+    # A pool$user subpool is not one of the user's ephemeral pools (it took the only one).
+    second = trees.start_operation(pool="mine", user="u", job_resources={"cpu": 1}, job_count=1)
+    assert trees.describe_pool("t", "mine").parent is None
+    # Neither moves: pool$user out of E would escape E's config.
+    for ephemeral in (first.pool, second.pool):
+        with pytest.raises(InvalidInput, match=r"parent: pool .* is ephemeral"):
+            trees.set_pool("t", ephemeral, "parent", "R")
+    # offloading_settings loads again as it was written (it was flattened to {tree: pool}).
+    trees.set_pool("t", "R", "offloading_settings", "{t: {pool: E}}")
+    assert trees.describe_pool("t", "R").config["offloading_settings"] == {"t": {"pool": "E"}}
+    trees.create_pool("t", "S", options={"offloading_settings": {"t": {"pool": "R"}}})
+
+
 def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:
     with pytest.raises(NotFound, match="no pool tree 'nope'"):
         seed.list_operations(tree="nope")

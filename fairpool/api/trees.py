@@ -63,8 +63,9 @@ Value3 = Value1 | Annotated[dict[OptionKey, Value2], Field(max_length=MAX_ITEMS)
 Value4 = Value1 | Annotated[dict[OptionKey, Value3], Field(max_length=MAX_ITEMS)]
 Value5 = Value1 | Annotated[dict[OptionKey, Value4], Field(max_length=MAX_ITEMS)]
 Options = Annotated[dict[OptionKey, Value5], Field(max_length=MAX_KEYS)]
-#: A resource amount: an integer, or for ``memory`` a size such as "512GiB".
-Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text
+#: A resource amount: an integer, or for ``memory`` a size such as "512GiB"; None too, for
+#: the service to refuse after the key (``{cpu:1}`` in YAML is the key "cpu:1", no value).
+Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text | None
 Resources = Annotated[dict[OptionKey, Amount], Field(max_length=MAX_KEYS)]
 Weight = int | float | Annotated[
     str, StringConstraints(max_length=64, pattern=TEXT_PATTERN), AfterValidator(text)

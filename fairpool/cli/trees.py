@@ -355,7 +355,7 @@ def describe_operation(operation_id: str, output: str) -> None:
 
 
 @operation.command("list")
-@tree_option
+@click.option("--tree", default=None, help="Only operations in this pool tree (default: all).")
 @click.option("--status", default=None, help="Only operations with this status.")
 @o.output_option
 def list_operations(tree: str | None, status: str | None, output: str) -> None:

@@ -1288,6 +1288,9 @@ def compute_fair_share(
     pool_settings: dict[str, StarvationSettings] = {
         pool.name: pool.starvation for pool in snapshot.pools
     }
+    # An operation started in the root itself (forbid_immediate_operations_in_root off)
+    # starves by the tree's options.
+    pool_settings.setdefault(ROOT, snapshot.starvation)
     resources = update.resources
     dens = update.dens
     no_limits = update.unlimited[0]

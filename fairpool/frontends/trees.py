@@ -245,15 +245,16 @@ def _names(field_name: str, value: object) -> tuple[str, ...]:
     return tuple(_name(field_name, item) for item in value)
 
 
-def _offloading_settings(field_name: str, value: object) -> Mapping[str, str]:
-    """``{<tree>: {pool: <pool>}}``: kept and shown; offloading itself is not implemented."""
-    settings: dict[str, str] = {}
+def _offloading_settings(field_name: str, value: object) -> Mapping[str, Mapping[str, str]]:
+    """``{<tree>: {pool: <pool>}}``: kept and shown; offloading itself is not implemented.
+    Kept in that shape, which ``to_mapping`` writes back (a flat {tree: pool} did not load)."""
+    settings: dict[str, Mapping[str, str]] = {}
     for tree, target in _mapping(field_name, value).items():
         target_map = _mapping(f"{field_name}.{tree}", target)
         if set(target_map) != {"pool"}:
             raise InvalidInput(f"{field_name}.{tree}", dict(target_map), "must be {pool: <name>}")
-        settings[_name(f"{field_name} tree", tree)] = _name(
-            f"{field_name}.{tree}.pool", target_map["pool"]
+        settings[_name(f"{field_name} tree", tree)] = MappingProxyType(
+            {"pool": _name(f"{field_name}.{tree}.pool", target_map["pool"])}
         )
     return MappingProxyType(settings)
 
@@ -524,7 +525,7 @@ class PoolConfig:
     forbid_immediate_operations: bool | None = None
     create_ephemeral_subpools: bool | None = None
     ephemeral_subpool_config: EphemeralSubpoolConfig | None = None
-    offloading_settings: Mapping[str, str] = field(default_factory=dict)
+    offloading_settings: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     config_presets: tuple[str, ...] = ()
     #: Inherited starvation options (YTsaurus pool preemption settings).
     fair_share_starvation_timeout: int | None = None
@@ -824,10 +825,10 @@ class PoolTree:
         another pool's ephemeral subpool (``pool$user``)."""
         _name("pool", name)
         parent = self.config.default_parent_pool
-        if parent == ROOT:
+        # One that names no pool (never made, or deleted since) means the root, as in
+        # YTsaurus: every operation into a new pool failed, on an option the user never gave.
+        if parent == ROOT or parent not in self.pools:
             return Pool(name, None, PoolConfig(), True)
-        if parent not in self.pools:
-            raise InvalidInput("default_parent_pool", parent, f"no such pool in tree {self.name}")
         return Pool(name, parent, PoolConfig(), True)
 
     def ephemeral_subpool(self, pool: str, user: str) -> Pool:

@@ -375,6 +375,20 @@ def live_jobs_on(connection: Connection, node: str) -> int:
     ) or 0)
 
 
+def live_job_trees(connection: Connection) -> dict[str, dict[str, int]]:
+    """Per node, per tree: the jobs holding units there."""
+    table = schema.tree_job
+    rows = connection.execute(
+        select(table.c.node, table.c.tree, func.count())
+        .where(table.c.status.in_(LIVE_JOBS))
+        .group_by(table.c.node, table.c.tree)
+    )
+    found: dict[str, dict[str, int]] = {}
+    for node, tree, count in rows:
+        found.setdefault(node, {})[tree] = int(count)
+    return found
+
+
 def preempt_job(
     connection: Connection,
     job_id: str,
