@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -119,12 +120,13 @@ def apply(world: World, snapshot: Snapshot, plan: Plan) -> None:
     world.queue = [r for r in world.queue if r.id not in done]
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.one_of(worlds(), contended()))
-def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, object]]]) -> None:
-    world, ops = case
+def passes(
+    world: World, ops: list[tuple[str, object]], step: float
+) -> Iterator[tuple[Snapshot, Plan]]:
+    """Each op (a release, a submit) ``step`` seconds after the last, then a pass: its
+    snapshot and plan, for the caller to apply."""
     for op, arg in ops:
-        world.now += 10.0
+        world.now += step
         if op == "release":
             if world.running:
                 world.running.pop(int(arg) % len(world.running))  # type: ignore[call-overload]
@@ -132,7 +134,14 @@ def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, obj
             request_id, component, amounts, preemptible, _ = arg  # type: ignore[misc]
             world.wait(request_id, component, amounts, at=world.now, preemptible=preemptible)
         snapshot = world.snapshot()
-        plan = reconcile(snapshot)
+        yield snapshot, reconcile(snapshot)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(worlds(), contended()))
+def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, object]]]) -> None:
+    world, ops = case
+    for snapshot, plan in passes(world, ops, 10.0):
         assert reconcile(snapshot) == plan, "same snapshot, different plan"
         apply(world, snapshot, plan)
         check_invariants(world, snapshot, plan)
@@ -146,16 +155,8 @@ def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
     """Units a preemption freed are not left for the next pass: a pass at the same moment
     over what one left grants and preempts nothing, and explains every waiter the same."""
     world, ops = case
-    for op, arg in ops:
-        world.now += 100.0  # past the default backfill_after now and then: holders too
-        if op == "release":
-            if world.running:
-                world.running.pop(int(arg) % len(world.running))  # type: ignore[call-overload]
-        else:
-            request_id, component, amounts, preemptible, _ = arg  # type: ignore[misc]
-            world.wait(request_id, component, amounts, at=world.now, preemptible=preemptible)
-        snapshot = world.snapshot()
-        plan = reconcile(snapshot)
+    # 100 s apart: past the default backfill_after now and then, so holders too.
+    for snapshot, plan in passes(world, ops, 100.0):
         apply(world, snapshot, plan)
         again = reconcile(world.snapshot())
         assert (again.grants, again.preemptions) == ((), ())
