@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
@@ -612,6 +613,13 @@ def _option_value(option: str, text: str) -> object:
     return load_yaml(option, bounded_text("value", text, MAX_OPTION_TEXT), text)
 
 
+def _decimal_text(weight: Fraction) -> str:
+    """A weight as a decimal ("0.1", as given; it was shown "1/10"): it was read from one, so
+    it has an exact one; 200 digits hold any within 1e-30 to 1e30 written in 64 characters."""
+    with localcontext(prec=200):
+        return format(Decimal(weight.numerator) / weight.denominator, "f")
+
+
 def _declared_parent(state: _State, parent: str | None) -> None:
     """A declared pool never sits under an ephemeral one (YTsaurus keeps those out of
     Cypress): the ephemeral pool goes with its last operation, which its child would stop."""
@@ -1016,7 +1024,7 @@ class TreesService:
                 _check_some_node_fits(state, _job_in(job, state.total))
                 _check_operation_count(conn, state, leaf)
                 placements.append(store.Placement(
-                    name, leaf, str(given.weight or weight_value),
+                    name, leaf, _decimal_text(given.weight or weight_value),
                     limits if given.resource_limits is None else given.resource_limits,
                 ))
             operation_id = store.insert_operation(

@@ -303,6 +303,17 @@ def test_a_filter_that_lets_go_of_a_node_running_the_trees_jobs_is_refused(
     trees.set_tree("ta", "node_tag_filter", "zz")  # nothing runs there now
 
 
+def test_an_operations_weight_is_shown_as_the_decimal_it_was_given(trees: TreesService) -> None:
+    trees.add_node("n1", [], {"cpu": 10})
+    trees.create_tree("t")
+    op = trees.start_operation(user="u", job_resources={"cpu": 1}, job_count=1, weight="0.1",
+                               tree_options={"t": {"weight": 2.5}})
+    assert op.as_dict()["weight"] == "2.5"  # was "5/2"
+    plain = trees.start_operation(user="v", job_resources={"cpu": 1}, job_count=1,
+                                  weight="1e-30")
+    assert plain.as_dict()["weight"] == "0." + "0" * 29 + "1"  # was "1/10...0"
+
+
 def test_operations_in_the_root_when_the_tree_allows_them(trees: TreesService) -> None:
     """A KeyError in the starvation settings (a 500 remotely)."""
     trees.add_node("n1", [], {"cpu": 10})
