@@ -418,24 +418,15 @@ class Service:
             if capacity is not None:
                 new_capacity = frontend.apply_capacity_update(pool.capacity, capacity)
                 policies = repo.list_policies(conn, pool_id=pool.id)
-                for policy in policies:  # a reserve on a removed key: say whose, and how
-                    for key in sorted(policy.reserved.keys() - new_capacity.keys()):
-                        if policy.reserved[key]:
-                            owner = repo.get_component(conn, policy.component_id)
-                            raise InvalidInput(
-                                f"capacity.{key}", 0, f"policy {owner.name} on pool "
-                                f"{pool.name!r} reserves {policy.reserved[key]} {key}: detach "
-                                "it, or attach it again without that reserve, first")
+                frontend.check_removed_keys(
+                    new_capacity, policies, pool.name,
+                    lambda policy: repo.get_component(conn, policy.component_id).name,
+                )
                 frontend.check_reserved_total(new_capacity, policies, pool.name)
-                # Policy keys must be pool keys: a removed key leaves its policies too, or
-                # adding it back would revive their old limits.
                 for policy in policies:
-                    if not (policy.reserved.keys() | policy.limit.keys()) <= new_capacity.keys():
-                        repo.update_policy(
-                            conn, policy.id, now,
-                            reserved=_only(policy.reserved, new_capacity),
-                            limit=_only(policy.limit, new_capacity),
-                        )
+                    kept = frontend.policy_within(policy, new_capacity)
+                    if kept != (policy.reserved, policy.limit):
+                        repo.update_policy(conn, policy.id, now, reserved=kept[0], limit=kept[1])
                 repo.set_pool_capacity(conn, pool.id, new_capacity, now)
             if description is not None:
                 repo.update_pool_description(conn, pool.id, description, now)
@@ -1492,10 +1483,6 @@ def _component_type(value: str) -> ComponentType:
 
 def _by_name(pools: Mapping[str, Pool]) -> list[Pool]:
     return sorted(pools.values(), key=lambda p: p.name)
-
-
-def _only(amounts: Mapping[str, int], keys: Mapping[str, int]) -> dict[str, int]:
-    return {key: amount for key, amount in amounts.items() if key in keys}
 
 
 def _ids(ids: Iterable[str]) -> str:

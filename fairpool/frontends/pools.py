@@ -7,7 +7,7 @@ per pool its component has a policy on, highest policy priority first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput, validate_int
@@ -190,6 +190,34 @@ def validate_policy(
         if amount > ceiling:
             raise InvalidInput(f"reserved.{key}", amount, f"must be <= limit {ceiling}")
     return reserved, limit
+
+
+def check_removed_keys(
+    capacity: Mapping[str, int],
+    policies: Iterable[Policy],
+    pool_name: str,
+    owner: Callable[[Policy], str],
+) -> None:
+    """A key removed from a pool (capacity 0) that a policy reserves some of is refused,
+    naming the policy (``owner``: its component's name) and the way out."""
+    for policy in policies:
+        for key in sorted(policy.reserved.keys() - capacity.keys()):
+            if policy.reserved[key]:
+                raise InvalidInput(
+                    f"capacity.{key}", 0, f"policy {owner(policy)} on pool {pool_name!r} "
+                    f"reserves {policy.reserved[key]} {key}: detach it, or attach it again "
+                    "without that reserve, first")
+
+
+def policy_within(
+    policy: Policy, capacity: Mapping[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The policy's reserved and limit on the pool's keys only: policy keys must be pool
+    keys, so a removed key leaves its policies too (else adding it back revives old limits)."""
+    return (
+        {key: amount for key, amount in policy.reserved.items() if key in capacity},
+        {key: amount for key, amount in policy.limit.items() if key in capacity},
+    )
 
 
 def check_reserved_total(
