@@ -838,9 +838,9 @@ def schedule(
     decisions: dict[str, Decision] = {}
     evictions: list[Eviction] = []
     repriced: dict[str, int] = {}
-    # Only a strictly higher priority preempts, so rounds end; the bound is a guard, past
-    # which the preempted wait for the next pass.
-    rounds = len(waiting) + len(running) + 1
+    # Rounds end: a round admits its preemptors and removes only workloads of strictly lower
+    # priority than one of them (a workload's priority is its route's in every round), so the
+    # admitted set grows in the multiset order of priorities, over finitely many workloads.
     while True:
         compiled = compile_snapshot(config, waiting, running, now)
         outcome = decide(compiled, reconcile(compiled.snapshot))
@@ -849,17 +849,9 @@ def schedule(
         repriced.update(outcome.repriced)
         if not outcome.evictions:
             return Outcome(decisions, tuple(evictions), repriced)
-        evicted = {e.workload_id: e for e in outcome.evictions}
+        evicted = {e.workload_id for e in outcome.evictions}
         requeued = [replace(r.workload, submitted_at=now) for r in running
                     if r.workload.id in evicted]
-        rounds -= 1
-        if rounds == 0:
-            for workload in requeued:
-                decisions[workload.id] = Decision(
-                    workload.id, Status.QUEUED, route(config, workload),
-                    evicted[workload.id].reason + "; requeued",
-                )
-            return Outcome(decisions, tuple(evictions), repriced)
         admitted = [
             RunningWorkload(w, d.admission) for w in waiting
             if (d := outcome.decisions[w.id]).admission is not None
