@@ -474,6 +474,83 @@ def test_mixed_victims_hold_the_freed_part_too() -> None:
     assert done.expired == ("soft/2",) and granted(done) == {"big": 1}
 
 
+# -- limits: usage above a resource_limits (lowered, or a pool moved) -------------------------
+
+RUNNING_8 = [("n1", float(i)) for i in range(8)]
+
+LIMIT_CASES = [
+    pytest.param(
+        tree(pool("a", resource_limits={"cpu": 4}), pool("b")),
+        [op("x", "a", 8, jobs=RUNNING_8), op("y", "b", 4, start=1)],
+        ["x/7", "x/6", "x/5", "x/4"], {"y": 4},
+        "preempted to bring pool a within its resource_limits.cpu (usage 8 > limit 4)",
+        id="pool-limit-lowered: the newest go, the room goes to others",
+    ),
+    pytest.param(
+        tree(pool("a")), [op("x", "a", 8, jobs=RUNNING_8, limits={"cpu": 6})],
+        ["x/7", "x/6"], {},
+        "preempted to bring operation x within its resource_limits.cpu (usage 8 > limit 6)",
+        id="operation-limit",
+    ),
+    pytest.param(
+        tree(pool("p", resource_limits={"cpu": 5}), pool("a", "p"), pool("b", "p")),
+        [op("x", "a", 4, jobs=[("n1", float(i)) for i in (0, 2, 4, 6)]),
+         op("y", "b", 4, jobs=[("n1", float(i)) for i in (1, 3, 5, 7)], start=1)],
+        ["y/3", "x/3"], {},
+        "preempted to bring pool p within its resource_limits.cpu (usage 8 > limit 5)",
+        # x and y have a fair share of 2.5 cpu each: their third jobs are not wholly above it
+        id="an-ancestor's-limit: newest first across its pools, down to their fair shares",
+    ),
+    pytest.param(
+        tree(pool("a", resource_limits={"cpu": 4}), preemption_satisfaction_threshold="1.5"),
+        [op("x", "a", 8, jobs=RUNNING_8)], ["x/7", "x/6"], {},
+        "preempted to bring pool a within its resource_limits.cpu (usage 8 > limit 4)",
+        id="jobs-within-fair-share-times-the-threshold-stay",
+    ),
+    pytest.param(
+        tree(pool("a", resource_limits={"cpu": 4}), non_preemptible_resource_usage_threshold={"cpu": 8}),
+        [op("x", "a", 8, jobs=RUNNING_8)], [], {}, None,
+        id="non-preemptible-usage-stays",
+    ),
+    pytest.param(
+        tree(pool("a", resource_limits={"cpu": 4})),
+        [op("x", "a", 8, jobs=RUNNING_8, gang=True)], [], {}, None,
+        id="a-gang-keeps-all-its-jobs-above-its-fair-share-floor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("t", "ops", "preempted", "grants", "reason"), LIMIT_CASES)
+def test_usage_above_a_limit_loses_its_newest_preemptible_jobs(
+    t: PoolTree, ops: list[OperationState], preempted: list[str], grants: dict[str, int],
+    reason: str | None,
+) -> None:
+    result = plan(t, [node("n1", cpu=8)], ops, now=20.0)
+    assert [p.job for p in result.preemptions] == preempted
+    assert {p.preemptor for p in result.preemptions} <= {None}
+    assert result.preemptions[0].reason == reason if preempted else reason is None
+    assert granted(result) == grants
+    assert result.preempted_nodes == ()  # no preemptive scheduling: no backoff
+
+
+def test_an_interrupted_job_counts_as_gone_for_its_limit() -> None:
+    """Interrupted for a limit at 20 s (deadline 30 s): the next pass before the deadline takes
+    nothing more, and nothing starts in the pool until the units are free."""
+    t = tree(pool("a", resource_limits={"cpu": 4}), pool("b"))
+    ops = [replace(op("x", "a", 8, jobs=RUNNING_8), interruptible=True), op("y", "b", 4, start=1)]
+    first = plan(t, [node("n1", cpu=8)], ops, now=20.0)
+    assert [p.deadline for p in first.preemptions] == [30.0] * 4 and first.grants == ()
+    assert first.preemptions[0].reason == (
+        "interrupted to bring pool a within its resource_limits.cpu (usage 8 > limit 4); "
+        "allocation_preemption_timeout 10000 ms"
+    )
+    state = applied(ops, first, 20.0)
+    before = plan(t, [node("n1", cpu=8)], state, now=29.0)
+    assert before.preemptions == () and before.grants == ()
+    at_deadline = plan(t, [node("n1", cpu=8)], state, now=30.0)
+    assert len(at_deadline.expired) == 4 and granted(at_deadline) == {"y": 4}
+
+
 # -- properties ------------------------------------------------------------------------------
 
 
@@ -484,7 +561,7 @@ def worlds(draw: st.DrawFn, interruptions: bool = False) -> tuple[PoolTree, list
     the operations' other trees."""
     threshold = draw(st.sampled_from(["0.5", "1", "1.5"]))
     pools = [pool("p0", strong_guarantee_resources={"cpu": draw(st.integers(0, 4))})]
-    pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16))})]
+    pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16) | st.integers(0, 4))})]
     timeout = draw(st.sampled_from([0, 5000])) if interruptions else 10_000
     t = tree(*pools, preemption_satisfaction_threshold=threshold, fair_share_starvation_timeout=0,
              allocation_preemption_timeout=timeout)
@@ -509,7 +586,9 @@ def worlds(draw: st.DrawFn, interruptions: bool = False) -> tuple[PoolTree, list
             jobs.append((where, float(draw(st.integers(0, 9)) + j / 100)))
         if gang and jobs and len(jobs) != count:
             gang = False
-        ops.append(op(f"o{index}", draw(st.sampled_from(["p0", "p1", "p2"])), count, jobs=jobs, gang=gang, start=float(index), **job))
+        # limits below the jobs placed: as after a lowered limit
+        limits = draw(st.none() | st.fixed_dictionaries({"cpu": st.integers(0, 6)}))
+        ops.append(op(f"o{index}", draw(st.sampled_from(["p0", "p1", "p2"])), count, jobs=jobs, gang=gang, start=float(index), limits=limits, **job))
     if interruptions and ops:
         ids = [o.id for o in ops]
         for index, o in enumerate(ops):
@@ -617,6 +696,52 @@ def test_never_preempt_an_operation_at_or_below_fair_share_times_threshold(world
         before = F(o.job_resources[resource] * len(o.jobs), total[resource])
         after = F(o.job_resources[resource] * (len(o.jobs) - lost), total[resource])
         assert before > floor and after >= floor
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds(interruptions=True))
+def test_limits_preempt_only_while_exceeded_and_grants_never_exceed_them(world: World) -> None:
+    """Replayed in plan order, each preemption for a limit takes a job while its operation or
+    a pool above it is still over a resource_limits (jobs being interrupted count as gone);
+    and a grant never leaves its operation or a pool above it over a limit on the keys the
+    job uses."""
+    t, _, ops, _, _ = world
+    _, result = planned(world)
+    by_id = {o.id: o for o in ops}
+    active = {o.id: sum(1 for j in o.jobs if j.interrupt_deadline is None) for o in ops}
+
+    def scopes(o: OperationState) -> list[tuple[Mapping[str, int], set[str]]]:
+        """The operation's limits and its pools', each with the operations under it."""
+        found = [(o.resource_limits, {o.id})]
+        for name in t.ancestors(o.pool):
+            under = {x.id for x in ops if name in t.ancestors(x.pool)}
+            found.append((t.effective[name].config.resource_limits, under))
+        return found
+
+    def over(limits: Mapping[str, int], under: set[str], counts: Mapping[str, int]) -> bool:
+        usage: dict[str, int] = {}
+        for x in ops:
+            if x.id in under:
+                for key, amount in x.job_resources.items():
+                    usage[key] = usage.get(key, 0) + amount * counts[x.id]
+        return any(usage.get(key, 0) > limit for key, limit in limits.items())
+
+    taken: set[str] = set()
+    for p in result.preemptions:
+        if p.preemptor is not None:
+            continue
+        o = by_id[p.operation]
+        if not (o.gang and o.id in taken):  # a gang's jobs go together
+            assert any(over(limits, under, active) for limits, under in scopes(o)), p
+        taken.add(o.id)
+        active[o.id] -= 1
+    gone = {p.job for p in result.preemptions if p.deadline is None} | set(result.expired)
+    live = {o.id: sum(1 for j in o.jobs if j.id not in gone) + result.granted(o.id) for o in ops}
+    for grant in result.grants:
+        o = by_id[grant.operation]
+        for limits, under in scopes(o):
+            used = {key: limit for key, limit in limits.items() if o.job_resources.get(key)}
+            assert not over(used, under, live), (grant, limits)
 
 
 @settings(max_examples=100, deadline=None)

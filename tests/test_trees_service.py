@@ -303,6 +303,32 @@ def test_a_filter_that_lets_go_of_a_node_running_the_trees_jobs_is_refused(
     trees.set_tree("ta", "node_tag_filter", "zz")  # nothing runs there now
 
 
+def test_usage_above_a_lowered_limit_or_a_new_parents_is_preempted_at_once(
+    trees: TreesService,
+) -> None:
+    """YTsaurus ResourceLimitsViolated: the write that lowers a limit (or moves a pool under
+    a tighter parent) preempts the newest jobs above it; the room goes to others at once."""
+    trees.add_node("n1", [], {"cpu": 8})
+    trees.create_tree("t")
+    trees.create_pool("t", "a", options={"resource_limits": {"cpu": 8}})
+    trees.create_pool("t", "b")
+    trees.create_pool("t", "small", options={"resource_limits": {"cpu": 1}})
+    hog = trees.start_operation(pool="a", user="u", job_resources=CPU, job_count=8)
+    other = trees.start_operation(pool="b", user="v", job_resources=CPU, job_count=2)
+    assert (hog.running_jobs, other.running_jobs) == (8, 0)
+    trees.set_pool("t", "a", "resource_limits", "{cpu: 6}")
+    seen = trees.describe_operation(hog.id)
+    assert (seen.running_jobs, seen.pending_jobs, len(seen.preempted)) == (6, 2, 2)
+    assert {(j.preempted_by, j.reason) for j in seen.preempted} == {
+        (None, "preempted to bring pool a within its resource_limits.cpu (usage 8 > limit 6)"),
+        (None, "preempted to bring pool a within its resource_limits.cpu (usage 7 > limit 6)"),
+    }
+    assert seen.reason == "2 jobs pending: pool a resource_limits.cpu: usage 6 + 1 > limit 6"
+    assert trees.describe_operation(other.id).running_jobs == 2
+    trees.set_pool("t", "a", "parent", "small")
+    assert trees.describe_operation(hog.id).running_jobs == 1
+
+
 def test_an_operations_weight_is_shown_as_the_decimal_it_was_given(trees: TreesService) -> None:
     trees.add_node("n1", [], {"cpu": 10})
     trees.create_tree("t")

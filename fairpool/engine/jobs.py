@@ -11,6 +11,11 @@ Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.comput
    nothing).
 2. :func:`plan_jobs` -- with the fair share known:
 
+   * **Limits first.** A ``resource_limits`` that usage exceeds (one lowered in the config, a
+     pool moved under a tighter parent) is restored by preempting: the newest preemptible jobs
+     (as below) of the operations under it, until it holds (YTsaurus
+     ``ResourceLimitsViolated``). Jobs that are not preemptible stay, over the limit; no new
+     job starts under it until usage is back within it.
    * **Regular scheduling.** Pending jobs go to the most under-served running operation first
      (lowest usage / fair share of its dominant resource; operations with no fair share after
      every other), one job at a time, re-ranked after each grant. It is work conserving: free
@@ -164,8 +169,9 @@ class JobPreemption:
     job: str
     operation: str
     node: str
-    #: The starving operation the job made room for.
-    preemptor: str
+    #: The starving operation the job made room for; None when it went to bring usage back
+    #: within a ``resource_limits``.
+    preemptor: str | None
     reason: str
     #: None: preempted now, its units free. Else interrupted: its units are taken (and the
     #: job preempted) by the first pass at or after this moment.
@@ -700,24 +706,36 @@ class _Planner:
         preemptor: OperationState,
         victims: dict[str, list[RunningJob]],
     ) -> bool:
-        """Preempt ``job`` for ``preemptor``, or interrupt it (True): its units stay in use
-        until its deadline."""
+        """Preempt ``job`` for ``preemptor`` (see :meth:`take`)."""
         resource, fair = self.dominant(victim)
         jobs_before = self.jobs_of(victim) - self.leaving.get(victim.id, 0)
         threshold = self.tree.config.preemption_satisfaction_threshold
-        interrupt = self.interrupts(victim)
-        timeout = self.tree.config.allocation_preemption_timeout
-        reason = (
-            f"{'interrupted' if interrupt else 'preempted'} for starving operation "
-            f"{preemptor.id}: operation {victim.id} used "
+        cause = (
+            f"for starving operation {preemptor.id}: operation {victim.id} used "
             f"{_share(self.usage_share(victim, resource, jobs_before))} of {resource}, above "
             f"its fair share {_share(fair)} * preemption_satisfaction_threshold "
             f"{_share(threshold)}"
+        )
+        return self.take(victim, job, victims, preemptor.id, cause)
+
+    def take(
+        self,
+        victim: OperationState,
+        job: RunningJob,
+        victims: dict[str, list[RunningJob]],
+        preemptor: str | None,
+        cause: str,
+    ) -> bool:
+        """Preempt ``job``, or interrupt it (True): its units stay in use until its deadline."""
+        interrupt = self.interrupts(victim)
+        timeout = self.tree.config.allocation_preemption_timeout
+        reason = (
+            f"{'interrupted' if interrupt else 'preempted'} {cause}"
             + (f"; allocation_preemption_timeout {timeout} ms" if interrupt else "")
         )
         deadline = self.now + timeout / 1000 if interrupt else None
         self.preemptions.append(
-            JobPreemption(job.id, victim.id, job.node, preemptor.id, reason, deadline)
+            JobPreemption(job.id, victim.id, job.node, preemptor, reason, deadline)
         )
         victims[victim.id].remove(job)
         if interrupt:
@@ -730,9 +748,51 @@ class _Planner:
             _add(self.pool_usage[pool], victim.job_resources, -1)
         return False
 
+    # -- limits ----------------------------------------------------------------------------
+
+    def enforce_limits(self) -> None:
+        """Usage above a ``resource_limits`` loses the newest preemptible jobs under it (a
+        gang all of them) until it is within it; jobs being interrupted already count as gone,
+        so later passes do not take more for the same excess."""
+        active = {op_id: len(jobs) - self.leaving.get(op_id, 0)
+                  for op_id, jobs in self.running_jobs.items()}
+        usage: dict[str, dict[str, int]] = {}
+        for op in self.ops.values():
+            for pool in _pools_of(self.tree, op.pool):
+                _add(usage.setdefault(pool, {}), op.job_resources, active[op.id])
+
+        def violation(op: OperationState) -> str | None:
+            own = {key: amount * active[op.id] for key, amount in op.job_resources.items()}
+            found = _above(op.resource_limits, own, f"operation {op.id}")
+            for pool in _pools_of(self.tree, op.pool):
+                limits = self.tree.effective[pool].config.resource_limits
+                found = found or _above(limits, usage[pool], f"pool {pool}")
+            return found
+
+        violating = {op.id for op in self.ops.values() if active[op.id] and violation(op)}
+        if not violating:
+            return
+        victims = self.preemptible()
+        candidates = sorted(
+            ((self.ops[op_id], job) for op_id, jobs in victims.items() if op_id in violating
+             for job in jobs),
+            key=lambda pair: (pair[1].started_at, pair[1].id),
+            reverse=True,
+        )
+        for unit in _units(candidates, victims):
+            cause = violation(unit[0][0])
+            if cause is None:
+                continue
+            for op, job in unit:
+                self.take(op, job, victims, None, f"to bring {cause}")
+                active[op.id] -= 1
+                for pool in _pools_of(self.tree, op.pool):
+                    _add(usage[pool], op.job_resources, -1)
+
     # -- the pass --------------------------------------------------------------------------
 
     def run(self) -> JobPlan:
+        self.enforce_limits()
         self.reserve()
         self.schedule()
         self.preempt()
@@ -826,6 +886,16 @@ def _over(limits: Resources, usage: Mapping[str, int], demand: Resources, who: s
             return (
                 f"{who} resource_limits.{key}: usage {usage.get(key, 0)} + {wanted} > "
                 f"limit {limits[key]}"
+            )
+    return None
+
+
+def _above(limits: Resources, usage: Mapping[str, int], who: str) -> str | None:
+    for key in sorted(limits):
+        if usage.get(key, 0) > limits[key]:
+            return (
+                f"{who} within its resource_limits.{key} (usage {usage.get(key, 0)} > "
+                f"limit {limits[key]})"
             )
     return None
 

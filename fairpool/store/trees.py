@@ -392,13 +392,13 @@ def live_job_trees(connection: Connection) -> dict[str, dict[str, int]]:
 def preempt_job(
     connection: Connection,
     job_id: str,
-    preemptor: str,
+    preemptor: str | None,
     reason: str,
     now: datetime,
     deadline: datetime | None = None,
 ) -> None:
     """Preempt a running job now, or (``deadline``) interrupt it: it keeps its units until
-    then."""
+    then. ``preemptor``: the starving operation, or None for a ``resource_limits``."""
     table = schema.tree_job
     values: dict[str, Any] = {"preempted_by": preemptor, "reason": reason}
     if deadline is None:
