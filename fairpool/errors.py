@@ -21,6 +21,11 @@ def clipped(text: str) -> str:
     return text if len(text) <= 20 else text[:20] + "..."
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``: a count as a message writes it (regular plurals only)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 class FairpoolError(Exception):
     """Base class: the message is the whole line shown to the user."""
 

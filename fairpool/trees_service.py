@@ -39,7 +39,7 @@ from fairpool.engine.jobs import (
     plan_jobs,
 )
 from fairpool.engine.piecewise import ZERO
-from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
+from fairpool.errors import Conflict, InvalidInput, NotFound, counted, validate_int
 from fairpool.frontends.names import MAX_NAME, bounded_text
 from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
@@ -664,7 +664,8 @@ class TreesService:
             running = store.live_jobs_on(conn, name)
             if running:
                 raise Conflict(
-                    f"node {name} runs {running} jobs; complete or abort their operations first"
+                    f"node {name} runs {counted(running, 'job')}; complete or abort their "
+                    "operations first"
                 )
             store.delete_node(conn, name)
             self._pass_all(conn)
@@ -713,7 +714,7 @@ class TreesService:
             for tree, count in sorted(jobs.get(node.name, {}).items()):
                 if tree not in member:
                     raise Conflict(
-                        f"node {node.name} runs {count} jobs of tree {tree}, whose "
+                        f"node {node.name} runs {counted(count, 'job')} of tree {tree}, whose "
                         "node_tag_filter would no longer select it: complete or abort their "
                         "operations first"
                     )
@@ -1265,7 +1266,7 @@ class TreesService:
         for op in state.operations:
             wait = plan.waiting.get(op.id)
             reason = admission.pending.get(op.id) or (
-                f"{wait.pending_jobs} jobs pending: {wait.reason}" if wait else None
+                f"{counted(wait.pending_jobs, 'job')} pending: {wait.reason}" if wait else None
             )
             starvation = after.operations[op.id].starvation
             since = _moment(starvation.below_fair_share_since) if starvation else None

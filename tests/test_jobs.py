@@ -214,7 +214,7 @@ def test_pending_operations_are_promoted_oldest_first_while_every_level_has_a_sl
     assert admission.promoted == ("o1", "o3")
     assert admission.running == {"o1", "o3", "o5"}
     assert admission.pending == {
-        "o2": "pending: pool small runs 1 operations, its max_running_operation_count is 1",
+        "o2": "pending: pool small runs 1 operation, its max_running_operation_count is 1",
         "o4": "pending: pool root-pool runs 3 operations, its max_running_operation_count is 3",
     }
 
@@ -223,7 +223,7 @@ def test_the_trees_running_limit_holds_too() -> None:
     t = tree(A, max_running_operation_count=1, max_running_operation_count_per_pool=1)
     admission = admit_operations(t, [op("o1", "a", 1, running=False), op("o2", "a", 1, running=False, start=1)])
     assert admission.promoted == ("o1",)
-    assert "pool a runs 1 operations" in admission.pending["o2"]
+    assert "pool a runs 1 operation" in admission.pending["o2"]
 
 
 # -- starvation preemption -----------------------------------------------------------------

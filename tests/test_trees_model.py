@@ -246,6 +246,17 @@ def test_tree_capacity_sums_the_selected_nodes() -> None:
     }
 
 
+
+@pytest.mark.parametrize("resources", [{}, {"cpu": 0, "gpu": 0}])
+def test_a_node_with_no_resource_above_0_is_refused(resources: dict[str, int]) -> None:
+    """No job could ever be placed there (``node add --resources '{}'`` was taken)."""
+    with pytest.raises(InvalidInput) as raised:
+        ClusterNode.create("n1", [], resources)
+    assert str(raised.value) == (
+        f"resources: must give the node some resource above 0 (got {resources})"
+    )
+
+
 # -- validation: one failing example per rule, with its message ---------------------------------
 
 

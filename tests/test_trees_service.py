@@ -377,7 +377,7 @@ def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService)
 
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
     op = seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
-    with pytest.raises(Conflict, match="node gpu-01 runs 1 jobs"):
+    with pytest.raises(Conflict, match="node gpu-01 runs 1 job;"):
         seed.remove_node("gpu-01")
     with pytest.raises(Conflict, match="pool project-batch has 1 started operations"):
         seed.delete_pool("physical", "project-batch")

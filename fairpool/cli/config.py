@@ -15,6 +15,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import scheduling
 from fairpool.cli.workload import workload_fields, workload_options
+from fairpool.errors import counted
 
 if TYPE_CHECKING:
     from fairpool.frontends.config import ConfigError
@@ -42,10 +43,6 @@ def read_config_file(path: str) -> str:
 def _named(path: str) -> str:
     """The file as messages name it."""
     return "stdin" if path == "-" else path
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @config.command("validate")
@@ -90,8 +87,8 @@ def validate(path: str, output: str) -> None:
         )
         return
     click.echo(
-        f"Config is valid: {_plural(counts['flavors'], 'flavor')}, "
-        f"{_plural(counts['queues'], 'queue')}, {_plural(counts['rules'], 'rule')}."
+        f"Config is valid: {counted(counts['flavors'], 'flavor')}, "
+        f"{counted(counts['queues'], 'queue')}, {counted(counts['rules'], 'rule')}."
     )
     for issue in advisories:
         o.declare(f"Warning: {issue}")
@@ -105,7 +102,7 @@ def _print_invalid(path: str, error: ConfigError, output: str) -> None:
     else:
         click.echo(
             f"Error: {_named(path)} is not a valid scheduler config "
-            f"({_plural(len(error.errors), 'problem')}):",
+            f"({counted(len(error.errors), 'problem')}):",
             err=True,
         )
         for issue in error.errors:
@@ -136,20 +133,20 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
     version = applied["version"]
     click.echo(
         f"Scheduler config version {version['version']} is active: "
-        f"{_plural(version['flavors'], 'flavor')}, {_plural(version['queues'], 'queue')}, "
-        f"{_plural(version['rules'], 'rule')}."
+        f"{counted(version['flavors'], 'flavor')}, {counted(version['queues'], 'queue')}, "
+        f"{counted(version['rules'], 'rule')}."
     )
     if applied["orphaned"]:
         o.declare(
-            f"{_plural(len(applied['orphaned']), 'admitted workload')} whose queue or flavor "
+            f"{counted(len(applied['orphaned']), 'admitted workload')} whose queue or flavor "
             "this version removes keep running, charged to no quota, until they end: "
             + ", ".join(applied["orphaned"])
         )
     for key, verb in (("admitted", "admitted"), ("failed", "rejected or failed")):
         if applied[key]:
-            o.declare(f"{_plural(len(applied[key]), 'queued workload')} {verb} under it.")
+            o.declare(f"{counted(len(applied[key]), 'queued workload')} {verb} under it.")
     if applied["preempted"]:
-        o.declare(f"{_plural(len(applied['preempted']), 'running workload')} preempted under "
+        o.declare(f"{counted(len(applied['preempted']), 'running workload')} preempted under "
                   "it: " + ", ".join(applied["preempted"]))
 
 

@@ -58,6 +58,7 @@ from fairpool.engine.fairshare import (
     OperationSnapshot,
     StarvationStatus,
 )
+from fairpool.errors import counted
 from fairpool.frontends.trees import ClusterNode, PoolTree, matches_tag_filter, tree_resources
 
 Resources = Mapping[str, int]
@@ -248,13 +249,13 @@ def _running_blocker(
         limit = tree.effective[name].effective_max_running_operation_count
         if running_in.get(name, 0) >= limit:
             return (
-                f"pending: pool {name} runs {running_in.get(name, 0)} operations, its "
+                f"pending: pool {name} runs {counted(running_in.get(name, 0), 'operation')}, its "
                 f"max_running_operation_count is {limit}"
             )
     limit = tree.config.max_running_operation_count
     if tree_running >= limit:
         return (
-            f"pending: tree {tree.name} runs {tree_running} operations, its "
+            f"pending: tree {tree.name} runs {counted(tree_running, 'operation')}, its "
             f"max_running_operation_count is {limit}"
         )
     return None
@@ -501,12 +502,12 @@ class _Planner:
         count = self.pending(op)
         problem = self.limit_problem(op, count)
         if problem is not None:
-            self.waiting[op.id] = f"gang of {count} jobs: {problem}"
+            self.waiting[op.id] = f"gang of {counted(count, 'job')}: {problem}"
             return
         placed = self.place_all(op.job_resources, count)
         if len(placed) < count:
             self.waiting[op.id] = (
-                f"gang of {count} jobs: only {len(placed)} fit on the nodes of tree "
+                f"gang of {counted(count, 'job')}: only {len(placed)} fit on the nodes of tree "
                 f"{self.tree.name} now (all or nothing)"
             )
             return
@@ -635,7 +636,7 @@ class _Planner:
         count = self.pending(op)
         problem = self.limit_problem(op, count)
         if problem is not None:
-            self.waiting[op.id] = f"starving gang of {count} jobs, but {problem}"
+            self.waiting[op.id] = f"starving gang of {counted(count, 'job')}, but {problem}"
             return
         free = {name: dict(room) for name, room in self.free.items()}
         left = {victim_id: list(jobs) for victim_id, jobs in victims.items()}
@@ -647,9 +648,9 @@ class _Planner:
                 choice = self.cheapest_room(op, left, open_nodes, free)
                 if choice is None:
                     self.waiting[op.id] = (
-                        f"starving gang of {count} jobs, but only {len(placed)} fit on the "
-                        f"nodes of tree {self.tree.name} even by preempting jobs above their "
-                        "fair share (all or nothing: nothing preempted)"
+                        f"starving gang of {counted(count, 'job')}, but only {len(placed)} fit "
+                        f"on the nodes of tree {self.tree.name} even by preempting jobs above "
+                        "their fair share (all or nothing: nothing preempted)"
                     )
                     return
                 node, chosen = choice

@@ -396,11 +396,10 @@ class ClusterNode:
             if not TAG_PATTERN.fullmatch(tag):
                 raise InvalidInput("tags", tag, f"must match {TAG_PATTERN.pattern}")
             checked.append(tag)
-        return cls(
-            _name("name", name),
-            frozenset(checked),
-            MappingProxyType(parse_resources("resources", resources)),
-        )
+        amounts = parse_resources("resources", resources)
+        if not any(amounts.values()):  # no tree could place a job there
+            raise InvalidInput("resources", resources, "must give the node some resource above 0")
+        return cls(_name("name", name), frozenset(checked), MappingProxyType(amounts))
 
 
 # -- configuration objects -------------------------------------------------------------------
