@@ -101,8 +101,12 @@ class Grant:
         # A process that ignores SIGINT (a job a shell started in the background) or leaves it
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
-        # else's.
-        self._held_sigint = _HeldSigint.hold() if self._main else None
+        # else's. SIGTERM left to the OS would end the process without a release (the
+        # units idle until the lease expires): while held, it ends the block instead.
+        self._held = (
+            [h for s in (signal.SIGINT, signal.SIGTERM) if (h := _HeldSignal.hold(s))]
+            if self._main else []
+        )
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
@@ -131,8 +135,8 @@ class Grant:
                 self._stop.set()
             self._thread.join(timeout=10)
         finally:
-            if self._held_sigint is not None:
-                self._held_sigint.let_go()
+            for held in self._held:
+                held.let_go()
         if self.lost is None:
             try:
                 self._client.release(self.request.id)
@@ -406,20 +410,26 @@ class _Acquire:
     def _start(self, request: RequestView) -> Grant:
         """Wait for the request, then hold it; a request still queued on the way out
         (timeout, Ctrl-C) is cancelled so it does not get units nobody will use."""
+        main = threading.current_thread() is threading.main_thread()
+        held = _HeldSignal.hold(signal.SIGTERM) if main else None  # a SIGTERM cancels too
         try:
-            if request.status == "queued":
-                request = self._client.wait(request.id, self._timeout)
-            if request.status == "queued":
-                raise WaitTimeout(request)
-        except Unreachable:  # nothing to cancel it with; the error says what to do
-            raise
-        except BaseException:
-            if self._client.get(request.id).status == "queued":
-                self._client.cancel(request.id)
-            raise
-        if request.status != "allocated":
-            raise not_granted(request)
-        return Grant(self._client, request, self._interval)
+            try:
+                if request.status == "queued":
+                    request = self._client.wait(request.id, self._timeout)
+                if request.status == "queued":
+                    raise WaitTimeout(request)
+            except Unreachable:  # nothing to cancel it with; the error says what to do
+                raise
+            except BaseException:
+                if self._client.get(request.id).status == "queued":
+                    self._client.cancel(request.id)
+                raise
+            if request.status != "allocated":
+                raise not_granted(request)
+            return Grant(self._client, request, self._interval)
+        finally:
+            if held is not None:
+                held.let_go()
 
 
 def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
@@ -438,28 +448,32 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
 _interrupting = threading.Event()
 
 
-class _HeldSigint:
-    """SIGINT's handler while grants are held where SIGINT was ignored or left to the OS:
-    the heartbeat's interrupt raises, anyone else's SIGINT does what it did before. Shared
-    by the grants held at once (the main thread's), in whatever order they end: the last
-    to end puts the old disposition back, unless SIGINT has been given another handler
-    since."""
+class _HeldSignal:
+    """A signal's handler while grants are held in the main thread, where the program left
+    the signal to the OS (or ignored SIGINT). SIGINT: the heartbeat's interrupt raises, anyone
+    else's SIGINT does what it did before. SIGTERM: ``SystemExit(143)`` (128 + SIGTERM, the
+    status a shell shows for it), so the blocks end and release on the way out. Shared by the
+    grants held at once, in whatever order they end: the last to end puts the old
+    disposition back, unless the signal has been given another handler since."""
 
-    def __init__(self, before: Any) -> None:
+    def __init__(self, signum: int, before: Any) -> None:
+        self.signum = signum
         self.before = before
         self.holders = 0
 
     @classmethod
-    def hold(cls) -> _HeldSigint | None:
-        """In the main thread, as a grant starts: the handler it shares, installed if need
-        be; None where Python handles SIGINT already."""
-        current = signal.getsignal(signal.SIGINT)
+    def hold(cls, signum: int) -> _HeldSignal | None:
+        """As a grant starts: the handler it shares, installed if need be; None where
+        Python handles the signal already (or the program ignores SIGTERM)."""
+        current = signal.getsignal(signum)
+        taken = (signal.SIG_IGN, signal.SIG_DFL) if signum == signal.SIGINT else (signal.SIG_DFL,)
         if isinstance(current, cls):
             held = current
-        elif current in (signal.SIG_IGN, signal.SIG_DFL):
-            held = cls(current)
-            _interrupting.clear()
-            signal.signal(signal.SIGINT, held)
+        elif current in taken:
+            held = cls(signum, current)
+            if signum == signal.SIGINT:
+                _interrupting.clear()
+            signal.signal(signum, held)
         else:
             return None
         held.holders += 1
@@ -468,17 +482,19 @@ class _HeldSigint:
     def let_go(self) -> None:
         """As a grant ends."""
         self.holders -= 1
-        still_ours = signal.getsignal(signal.SIGINT) is self
+        still_ours = signal.getsignal(self.signum) is self
         if self.holders == 0 and still_ours:
-            signal.signal(signal.SIGINT, self.before)
+            signal.signal(self.signum, self.before)
 
     def __call__(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM:
+            raise SystemExit(128 + signum)
         if _interrupting.is_set():
             _interrupting.clear()
             raise KeyboardInterrupt
         if self.before is signal.SIG_DFL:  # what the OS would have done: end the process
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGINT)
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
 
 def _interrupt_main() -> None:
@@ -488,7 +504,7 @@ def _interrupt_main() -> None:
     main = threading.main_thread().ident
     handler = signal.getsignal(signal.SIGINT)
     if main is not None and hasattr(signal, "pthread_kill") and callable(handler):
-        if isinstance(handler, _HeldSigint):
+        if isinstance(handler, _HeldSignal):
             _interrupting.set()
         signal.pthread_kill(main, signal.SIGINT)
     else:  # no pthread_kill (Windows): raised at the next bytecode

@@ -232,6 +232,42 @@ def test_a_sigint_handler_installed_while_held_is_left_in_place(home: str) -> No
         signal.signal(signal.SIGINT, old)
 
 
+TERMINATED = """
+import sys, time
+from fairpool import Client
+home, gpus = sys.argv[1:]
+with Client(home=home).acquire({"gpu": int(gpus)}, component="low", timeout=60):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_sigterm_ends_the_block_and_gives_the_units_back(home: str, waiting: bool) -> None:
+    """SIGTERM left to the OS ended a holder with its units allocated until the lease
+    expired (60 s by default), and a waiter with its request queued. Now the block ends: the
+    request is released (or cancelled) and the process exits 143, as a shell shows SIGTERM."""
+    client = Client(home=home)
+    blocker = client.submit({"gpu": 2}, component="low") if waiting else None
+    with subprocess.Popen([sys.executable, "-c", TERMINATED, home, "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as holder:
+        assert holder.stdout is not None
+        try:
+            if waiting:
+                deadline = time.monotonic() + 20
+                while not [r for r in client.list_requests(status="queued")]:
+                    assert time.monotonic() < deadline and holder.poll() is None
+                    time.sleep(0.05)
+            else:
+                assert holder.stdout.readline() == "holding\n"
+            holder.terminate()
+            assert holder.wait(20) == 128 + signal.SIGTERM, holder.stdout.read()
+        finally:
+            holder.kill()
+    mine = [r for r in client.list_requests() if blocker is None or r.id != blocker.id]
+    assert [r.status for r in mine] == ["cancelled" if waiting else "released"]
+
+
 def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
     client = Client(home=home)
     runs: list[str] = []
