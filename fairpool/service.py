@@ -1017,7 +1017,7 @@ class Service:
             except DeferredWriteFailed:  # an earlier operation's write, perhaps
                 raise
             except Exception:
-                if believed:
+                if believed and not conn.invalidated:  # a lost connection: its error stands
                     send_deferred(conn)  # DeferredWriteFailed if the state was stale
                 run.failed = pending
                 raise

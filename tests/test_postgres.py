@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -297,11 +298,20 @@ def test_a_long_poll_finds_a_request_still_queued_on_the_loop(
     assert status_read_by_a_thread == []  # the thread does not ask the status again
 
 
+def terminate(other: psycopg.Connection[Any], pid: int) -> None:
+    """End backend ``pid`` and wait until it is gone (its goodbye sent)."""
+    other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+        time.sleep(0.01)
+
+
 def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
-    url: str, other: psycopg.Connection[Any]
+    url: str, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether a COMMIT sent on a lost connection took effect is unknown: the write fails
-    (as on the thread's connection) rather than run twice."""
+    (as on the thread's connection) rather than run twice. (Lost as the write goes out: a
+    loss while idle is seen before, below.)"""
+    monkeypatch.setattr(store_db, "closed_while_idle", lambda pgconn: False)
     with team_service(url, gpus=2) as service:
         db, write = service.db, Api(service, tick=3600.0).write
 
@@ -321,6 +331,75 @@ def test_a_lost_loop_connection_fails_the_write_and_the_next_one_reconnects(
 
         held, released = asyncio.run(asyncio.wait_for(main(), 30))
     assert held.status == "allocated" and released.status == "released"
+
+
+@pytest.mark.parametrize("needs_the_database", [False, True])
+def test_a_lost_writer_connection_fails_a_deferred_write_as_unreachable(
+    url: str, db: Database, other: psycopg.Connection[Any], needs_the_database: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As an ``OperationalError`` (a 503 the SDK retries), not the ``PendingRollbackError``
+    that dropping the lost connection's queue raised over it (a 500); the next write
+    reconnects. (Lost as the write goes out: a loss while idle is seen before, below.)"""
+    monkeypatch.setattr(store_db, "closed_while_idle", lambda pgconn: False)
+    with db.write() as connection:
+        seen = generation(connection)
+        pid = connection.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+    other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(OperationalError), db.write(defer=True, last_seen=seen + 1) as writer:
+        repo.insert_events(writer, [repo.event_row("note", "queued", NOW)])
+        if needs_the_database:  # sends the queue first
+            writer.execute(select(schema.pool.c.id)).all()
+    with db.write() as connection:
+        repo.insert_events(connection, [repo.event_row("note", "kept", NOW)])
+    with db.read() as connection:
+        assert [e.message for e in repo.list_events(connection)] == ["kept"]
+
+
+def test_an_operation_meeting_a_lost_connection_fails_with_its_error(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """An operation that fails in a batch whose state is only believed current sends the
+    queued writes to tell a stale state from its own failure; on a lost connection that
+    raised PendingRollbackError (a 500) over the OperationalError (a 503)."""
+    with team_service(url, gpus=2) as service:
+        service.create_request("team", demand={"gpu": 1})  # the next batch starts believed
+
+        def change(tx: Any) -> None:
+            pid = tx.conn.connection.dbapi_connection.info.backend_pid
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+            tx.conn.execute(select(1))  # a read the operation needs: the connection is lost
+
+        with pytest.raises(OperationalError):
+            service._write(change, tracked=True)
+        assert service.create_request("team", demand={"gpu": 1}).status == "allocated"
+
+
+def test_a_writer_connection_lost_while_idle_is_replaced_before_the_next_write(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """A backend terminated between writes (a restart, an idle timeout): the next write on
+    the thread, then on the loop, runs on a new connection instead of failing (a 503 while
+    ``/readyz`` said ready)."""
+    with team_service(url, gpus=2) as service:
+        db, write = service.db, Api(service, tick=3600.0).write
+        held = service.create_request("team", demand={"gpu": 1})
+        assert db._writer is not None
+        terminate(other, db._writer.connection.dbapi_connection.info.backend_pid)  # type: ignore[union-attr]
+        assert service.release_request(held.id).status == "released"
+
+        async def main() -> RequestView:
+            service.drive_writes_on(asyncio.get_running_loop())
+            try:
+                for _ in range(2):  # the second runs on the loop's connection
+                    held = await write(service.create_request, "team", demand={"gpu": 1})
+                assert db._async_writer is not None
+                terminate(other, db._async_writer.connection.info.backend_pid)
+                return await write(service.release_request, held.id)
+            finally:
+                await service.stop_driving()
+
+        assert asyncio.run(asyncio.wait_for(main(), 30)).status == "released"
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

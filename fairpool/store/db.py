@@ -45,6 +45,7 @@ from fairpool.errors import InvalidInput, Unreachable, WouldWait
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
+    closed_while_idle,
     defer_writes,
     send_deferred,
     stop_deferring,
@@ -380,6 +381,9 @@ class Database:
     async def _send_async(self, writes: list[Any]) -> None:
         writer = self._async_writer
         self._async_writer = None
+        if writer is not None and closed_while_idle(writer.connection.pgconn):
+            await writer.connection.close()
+            writer = None
         if writer is None:
             writer = AsyncWriter(await self._connect_async())
         try:
@@ -405,8 +409,7 @@ class Database:
         if not self._write_lock.acquire(blocking=wait):
             raise WouldWait("another write of this process is running")
         try:
-            connection = self._writer or self._connect_writer()
-            self._writer = None
+            connection = self._kept_writer() or self._connect_writer()
             try:
                 with self._begin(connection, "write" if wait else "write_now"):
                     deferring = defer and not self.embedded
@@ -424,6 +427,18 @@ class Database:
             self._writer = connection
         finally:
             self._write_lock.release()
+
+    def _kept_writer(self) -> Connection | None:
+        """The writer connection the last write kept, unless its server closed it since."""
+        connection, self._writer = self._writer, None
+        if connection is None or self.embedded:
+            return connection
+        driver: Any = connection.connection.driver_connection
+        if not closed_while_idle(driver.pgconn):
+            return connection
+        connection.invalidate()
+        connection.close()
+        return None
 
     def _connect_writer(self) -> Connection:
         connection = self._engine.connect()

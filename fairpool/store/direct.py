@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import select
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -133,6 +134,10 @@ def defer_writes(connection: Connection, collect: bool = False) -> None:
 
 def stop_deferring(connection: Connection) -> None:
     """Drop the queue (sent or not: after the commit, or with the rollback)."""
+    if connection.invalidated:
+        # Lost (e.g. its backend terminated): the queue went with its DBAPI connection, and
+        # asking for it would raise PendingRollbackError over the error that says so.
+        return
     connection.info.pop(_DEFERRED, None)
     connection.info.pop(_COLLECT, None)
 
@@ -143,6 +148,20 @@ def take_deferred(connection: Connection) -> list[_Write]:
     writes = [*queue, _COMMIT]
     queue.clear()
     return writes
+
+
+def closed_while_idle(pgconn: Any) -> bool:
+    """Whether the server has closed an idle connection (its backend terminated, a restart,
+    an idle timeout) -- told by one poll of its socket, no round trip: an idle connection in
+    autocommit mode has nothing to read unless the server said goodbye. A kept writer
+    connection is checked before each transaction, so that the first write after such a
+    loss does not fail (then a 503) while ``/readyz``, on a fresh connection, says ready. A
+    notice would count too: the connection is then only replaced."""
+    try:
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    except Exception:  # no socket any more
+        return True
+    return bool(readable)
 
 
 class AsyncWriter:
