@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from fairpool.client import Client, Preempted, WaitTimeout, not_granted
+from fairpool.client import Client, Preempted, WaitTimeout, not_granted, once
 from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings
@@ -135,7 +135,7 @@ class AsyncClient:
             self.submit, settings, component=component, component_type=component_type,
             max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
         )
-        return AsyncAcquire(self, submit, interval, timeout)
+        return AsyncAcquire(self, submit, interval, timeout, max_retries)
 
 
 class AsyncGrant:
@@ -167,11 +167,14 @@ class AsyncAcquire:
         submit: Callable[[], Coroutine[Any, Any, RequestView]],
         interval: float,
         timeout: float | None,
+        max_retries: int = 0,
     ) -> None:
         self._client = client
         self._submit = submit
         self._interval = interval
         self._timeout = timeout
+        #: As given by the caller: the decorator's retries are its own loop's attempts.
+        self._max_retries = max_retries
         self._grant: AsyncGrant | None = None
         self._holder: asyncio.Task[Any] | None = None
         self._beats: asyncio.Task[None] | None = None
@@ -180,6 +183,7 @@ class AsyncAcquire:
         self._cancelled_holder = False
 
     async def __aenter__(self) -> AsyncGrant:
+        once(self._max_retries)
         client = self._client
         submitting = asyncio.ensure_future(self._submit())
         try:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
-from fairpool.errors import Conflict, FairpoolError, Unreachable
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
@@ -344,7 +344,7 @@ class Client:
             self.submit, settings, component=component, component_type=component_type,
             max_retries=max_retries, labels=labels, lease_ttl=lease_ttl,
         )
-        return _Acquire(self, request, interval, timeout)
+        return _Acquire(self, request, interval, timeout, max_retries)
 
 
 class _Acquire:
@@ -356,14 +356,17 @@ class _Acquire:
         submit: Callable[[], RequestView],
         interval: float,
         timeout: float | None,
+        max_retries: int,
     ) -> None:
         self._client = client
         self._submit = submit
         self._interval = interval
         self._timeout = timeout
+        self._max_retries = max_retries
         self._grant: Grant | None = None
 
     def __enter__(self) -> Grant:
+        once(self._max_retries)
         self._grant = self._start(self._submit())
         return self._grant
 
@@ -432,6 +435,16 @@ class _Acquire:
                 held.let_go()
 
 
+def once(max_retries: int) -> None:
+    """A ``with`` block runs once: the retry attempt a preemption queued would get units
+    nobody uses (until its lease ended). Refused before anything is submitted."""
+    if max_retries:
+        raise InvalidInput(
+            "max_retries", max_retries, "a with block runs once; use acquire as a decorator to "
+            "run the function again on the retry attempt"
+        )
+
+
 def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     """Release ``grant`` as its block ends (by ``kind``, or normally); a grant lost on the way
     (preempted, expired) raises unless the block raised already."""
@@ -449,12 +462,14 @@ _interrupting = threading.Event()
 
 
 class _HeldSignal:
-    """A signal's handler while grants are held in the main thread, where the program left
-    the signal to the OS (or ignored SIGINT). SIGINT: the heartbeat's interrupt raises, anyone
-    else's SIGINT does what it did before. SIGTERM: ``SystemExit(143)`` (128 + SIGTERM, the
-    status a shell shows for it), so the blocks end and release on the way out. Shared by the
-    grants held at once, in whatever order they end: the last to end puts the old
-    disposition back, unless the signal has been given another handler since."""
+    """A signal's handler while grants are held in the main thread. SIGINT: the heartbeat's
+    interrupt raises ``KeyboardInterrupt`` (``Preempted`` as the block ends), whatever the
+    program made of SIGINT; anyone else's SIGINT does what it did before (the program's
+    handler, nothing, or the end of the process). SIGTERM, where the program left it to the
+    OS: ``SystemExit(143)`` (128 + SIGTERM, the status a shell shows for it), so the blocks
+    end and release on the way out. Shared by the grants held at once, in whatever order
+    they end: the last to end puts the old disposition back, unless the signal has been
+    given another handler since."""
 
     def __init__(self, signum: int, before: Any) -> None:
         self.signum = signum
@@ -463,13 +478,13 @@ class _HeldSignal:
 
     @classmethod
     def hold(cls, signum: int) -> _HeldSignal | None:
-        """As a grant starts: the handler it shares, installed if need be; None where
-        Python handles the signal already (or the program ignores SIGTERM)."""
+        """As a grant starts: the handler it shares, installed if need be; None where the
+        program handles or ignores SIGTERM, or the signal's handler is not Python's to
+        change."""
         current = signal.getsignal(signum)
-        taken = (signal.SIG_IGN, signal.SIG_DFL) if signum == signal.SIGINT else (signal.SIG_DFL,)
         if isinstance(current, cls):
             held = current
-        elif current in taken:
+        elif current is not None and (signum == signal.SIGINT or current is signal.SIG_DFL):
             held = cls(signum, current)
             if signum == signal.SIGINT:
                 _interrupting.clear()
@@ -495,6 +510,8 @@ class _HeldSignal:
         if self.before is signal.SIG_DFL:  # what the OS would have done: end the process
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
+        elif callable(self.before):
+            self.before(signum, frame)
 
 
 def _interrupt_main() -> None:

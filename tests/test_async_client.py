@@ -254,6 +254,20 @@ def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -
     run(main())
 
 
+def test_a_with_block_refuses_retries_before_submitting(target: dict[str, str]) -> None:
+    """Its retry attempt got the units after the preemption, for nobody, until its lease
+    ended: a with block runs once (the decorator runs again)."""
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-once", 2)
+            with pytest.raises(InvalidInput, match=r"^max_retries: a with block runs once"):
+                async with client.acquire({"gpu": 1}, component="a-once-low", max_retries=1):
+                    pass
+            assert await client.list_requests(component="a-once-low") == []
+
+    run(main())
+
+
 def test_a_cancellation_during_the_submit_withdraws_the_request_it_makes(
     target: dict[str, str],
 ) -> None:

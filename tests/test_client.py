@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -226,7 +227,7 @@ def test_a_sigint_handler_installed_while_held_is_left_in_place(home: str) -> No
             signal.signal(signal.SIGINT, mine)
         assert signal.getsignal(signal.SIGINT) is mine
         with Client(home=home).acquire({"gpu": 1}, component="low"):
-            pass  # Python handles SIGINT now: the grant leaves it alone
+            pass  # the program's handler now: wrapped while held, then put back
         assert signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, old)
@@ -266,6 +267,41 @@ def test_sigterm_ends_the_block_and_gives_the_units_back(home: str, waiting: boo
             holder.kill()
     mine = [r for r in client.list_requests() if blocker is None or r.id != blocker.id]
     assert [r.status for r in mine] == ["cancelled" if waiting else "released"]
+
+
+def test_a_with_block_refuses_retries_before_submitting(home: str) -> None:
+    """Its retry attempt got the units after the preemption, for nobody, until its lease
+    ended: a with block runs once (the decorator runs again)."""
+    client = Client(home=home)
+    with pytest.raises(InvalidInput, match=r"^max_retries: a with block runs once"):
+        with client.acquire({"gpu": 1}, component="low", max_retries=1):
+            pass
+    assert client.list_requests() == []
+
+
+def test_preemption_reaches_a_holder_past_its_own_sigint_handler(home: str) -> None:
+    """The heartbeat's SIGINT ran the program's handler: one that exits 0 (a graceful
+    Ctrl-C) ended the process as if the block had done its work, with no ``Preempted``.
+    Now it raises in the block; anyone else's SIGINT still goes to the program's handler."""
+    calls: list[int] = []
+
+    def mine(signum: int, frame: object) -> None:
+        calls.append(signum)
+
+    client = Client(home=home)
+    old = signal.signal(signal.SIGINT, mine)
+    try:
+        with pytest.raises(Preempted):
+            with client.acquire({"gpu": 2}, component="low", lease_ttl=1):
+                os.kill(os.getpid(), signal.SIGINT)  # a user's Ctrl-C: the program's
+                time.sleep(0.1)
+                assert calls == [signal.SIGINT]
+                later(0.3, lambda: client.submit({"gpu": 2}, component="high"))
+                time.sleep(10)  # interrupted by the preemption
+        assert calls == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
