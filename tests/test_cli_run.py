@@ -130,7 +130,7 @@ WAITING = {
 
 
 @pytest.mark.parametrize("command", WAITING)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_waiting_cancels_the_request(
     tmp_path: Path, signum: int, command: str
 ) -> None:
@@ -188,22 +188,27 @@ def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
     until(gone)
 
 
-def test_signals_reach_the_command_and_its_exit_code_comes_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_signals_reach_the_command_and_its_exit_code_comes_back(
+    tmp_path: Path, signum: int
+) -> None:
+    """SIGHUP (a closed terminal) ended `run` at once, the command killed by its death
+    signal, the units held until the lease ran out."""
     setup(tmp_path)
     marker = tmp_path / "started"
     script = (
         "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda n, _: (print('got', n), sys.exit(7)))\n"
+        f"signal.signal({int(signum)}, lambda n, _: (print('got', n), sys.exit(7)))\n"
         f"open({str(marker)!r}, 'w').close()\n"
         "time.sleep(30)\n"
     )
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--",
                        sys.executable, "-c", script)
     until(marker.exists)
-    runner.send_signal(signal.SIGTERM)
+    runner.send_signal(signum)
     out, err = runner.communicate(timeout=30)
     assert runner.returncode == 7, err
-    assert out.split() == ["got", str(int(signal.SIGTERM))]
+    assert out.split() == ["got", str(int(signum))]
     assert statuses(tmp_path) == [("low", "released", 1)]
 
 

@@ -172,7 +172,7 @@ def request_fields(
               "released).")
 @click.option("--wait", is_flag=True, default=False,
               help="Reconcile and wait until the request is no longer queued; interrupted "
-              "(Ctrl-C, SIGTERM), cancel it.")
+              "(Ctrl-C, SIGTERM, SIGHUP), cancel it.")
 @click.option("--timeout", type=Seconds(min=0), default=None,
               help="With --wait: give up after this many seconds (exit code 2).")
 @o.output_option
@@ -214,9 +214,14 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
         left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
 
 
+#: What ends a waiting or holding command from outside: Ctrl-C, ``kill``, a closed terminal
+#: or a dropped SSH session.
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any]:
     """``request`` once it no longer waits (``wait_for``), or still queued once ``timeout``
-    passed. Interrupted meanwhile (SIGINT, SIGTERM), the request is cancelled, so that units
+    passed. Interrupted meanwhile (``ENDING_SIGNALS``), the request is cancelled, so that units
     nobody will use are never granted to it, and the command exits with 128 + the signal's
     number, as a shell reports a command the signal ended."""
     received: list[int] = []
@@ -225,7 +230,7 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         received.append(signum)
         raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
     try:
         data = request.as_dict()
         return wait_for(request.id, timeout) if data["status"] == "queued" else data

@@ -19,6 +19,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, service
 from fairpool.cli.resource_request import (
+    ENDING_SIGNALS,
     EXIT_TIMEOUT,
     queue_summary,
     reason_of,
@@ -49,7 +50,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
 
     Waits (showing position and reason), runs COMMAND with FAIRPOOL_REQUEST_ID, FAIRPOOL_POOL
     and FAIRPOOL_RESOURCES (JSON) in its environment, heartbeats while it runs, forwards
-    SIGINT/SIGTERM, and exits with its exit code. If the units are preempted, COMMAND gets
+    SIGINT/SIGTERM/SIGHUP, and exits with its exit code. If the units are preempted, COMMAND gets
     SIGTERM, then SIGKILL after --grace seconds, and runs again on the retry attempt when
     --max-retries allows.
     """
@@ -109,7 +110,7 @@ def _run_once(
     def forward(signum: int, _: FrameType | None) -> None:
         child.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in ENDING_SIGNALS}
     unreachable = False
     try:
         interval = heartbeat_interval(lease_ttl)
