@@ -163,6 +163,16 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
             assert httpx.get(world.server.url + path).status_code == 200
         schema = ok(httpx.get(world.server.url + "/openapi.json"))
         assert "HTTPBearer" in schema["components"]["securitySchemes"]
+        # Every route under /api/v1 says it may answer 401 and 403 (none did), in the
+        # usual error shape; the open routes do not.
+        for path, methods in schema["paths"].items():
+            for operation in methods.values():
+                denials = {"401", "403"} & set(operation["responses"])
+                assert denials == ({"401", "403"} if path.startswith("/api/v1/") else set()), path
+        denial = schema["paths"]["/api/v1/workloads"]["post"]["responses"]["403"]
+        assert denial["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"
+        }
 
 
 def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> None:

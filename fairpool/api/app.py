@@ -88,17 +88,23 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Ref = Annotated[PathText, Path(description="Name, id or unique id prefix.")]
 Status = Literal["queued", "allocated", "released", "rejected", "preempted", "cancelled"]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": description}
-    for code, description in (
-        (400, "Malformed JSON"),
-        (404, "Unknown name, id or prefix"),
-        (409, "Ambiguous id prefix, or the current state forbids it"),
-        (413, "Request body too large"),
-        (422, "Invalid input; `field` names it"),
-        (503, "Database busy or unreachable"),
-    )
-}
+def _error_responses(*described: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorBody, "description": text} for code, text in described}
+
+
+_ERRORS = _error_responses(
+    (400, "Malformed JSON"),
+    (404, "Unknown name, id or prefix"),
+    (409, "Ambiguous id prefix, or the current state forbids it"),
+    (413, "Request body too large"),
+    (422, "Invalid input; `field` names it"),
+    (503, "Database busy or unreachable"),
+)
+#: With auth on, what every route under ``PREFIX`` may answer too.
+_DENIALS = _error_responses(
+    (401, "No token, or an unknown or revoked one"),
+    (403, "The token's role or components do not allow it"),
+)
 
 
 class Api:
@@ -316,6 +322,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     app.state.auth = tokens = Auth(service, auth)
     # After the token's check: a caller without one learns nothing of the routes.
     dependencies = [*tokens.dependencies(), Depends(known_query)]
+    denials = _DENIALS if tokens.enabled else {}
 
     def route(
         method: str, path: str, **options: Any
@@ -324,7 +331,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         an included router's routes through a layer of its own per route, ~5 % of the CPU of
         a create + release (docs/performance.md)."""
         return app.api_route(PREFIX + path, methods=[method], dependencies=dependencies,
-                             **options)
+                             responses=denials, **options)
 
     # -- requests ----------------------------------------------------------------------
     # First: a route is found by trying the routes in order, and these are the busy ones.
@@ -520,8 +527,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         summary = api.reconcile()
         return _json(summary.as_dict())
 
-    app.include_router(scheduling_router(api.scheduling, PREFIX, dependencies))
-    app.include_router(trees_router(api.trees, PREFIX, dependencies))
+    app.include_router(scheduling_router(api.scheduling, PREFIX, dependencies),
+                       responses=denials)
+    app.include_router(trees_router(api.trees, PREFIX, dependencies), responses=denials)
 
     def healthz() -> JSONResponse:
         """The process is up."""
