@@ -332,15 +332,17 @@ class SchedulingService:
         labels: Mapping[str, str] | None = None,
         priority: int | None = None,
         demand: Mapping[str, object] | None = None,
+        created_by: str | None = None,
         **reserved: str | None,
     ) -> WorkloadView:
         """A new workload, routed and decided at once. ``reserved``: instance_type,
-        accelerator_type, market_type, cloud_resource_id, workload_type."""
+        accelerator_type, market_type, cloud_resource_id, workload_type. ``created_by``: the
+        API token it was submitted with."""
         now = self.clock()
         checked = _validate(labels, priority, demand, reserved, now)
         with self.db.write() as conn:
             workload_id = store.insert_workload(
-                conn, checked.labels, checked.priority, checked.demand, now
+                conn, checked.labels, checked.priority, checked.demand, now, created_by
             )
             outcome = self._pass(conn)
             return self._view(store.get_workload(conn, workload_id), outcome)

@@ -992,13 +992,15 @@ class TreesService:
         resource_limits: Mapping[str, object] | None = None,
         interruptible: bool = False,
         tree_options: Mapping[str, object] | None = None,
+        created_by: str | None = None,
     ) -> OperationView:
         """Start an operation of ``job_count`` jobs in ``trees`` (YTsaurus ``pool_trees``;
         none: the default_tree), with ``pool`` / ``weight`` / ``resource_limits`` in each
         unless ``tree_options`` (YTsaurus ``scheduling_options_per_pool_tree``) says otherwise
         for a tree. Rejected (nothing written) when a ``max_operation_count`` is reached
         anywhere up to the root of any of its trees; else pending or running in each tree,
-        with the jobs that fit granted at once."""
+        with the jobs that fit granted at once. ``created_by``: the API token it was started
+        with."""
         validate_name("user", user)
         weight_value = positive("weight", weight)
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
@@ -1031,6 +1033,7 @@ class TreesService:
             operation_id = store.insert_operation(
                 conn, user=user, job_resources=job, job_count=job_count, gang=gang,
                 interruptible=interruptible, placements=placements, now=now,
+                created_by=created_by,
             )
             results = self._passes(conn, names)
             return self._operation_view(conn, store.get_operation(conn, operation_id), results)

@@ -300,6 +300,39 @@ def test_submitters_see_and_touch_only_their_own_requests(world: World, pools: s
         assert ok(admin.post(f"/requests/{rid}/release"))["status"] == "released"
 
 
+def test_submitters_see_and_end_only_their_own_workloads_and_operations(world: World) -> None:
+    """As requests: anyone's were listed, and any submitter token could end them (a token
+    meant for team a's component cancelled team b's workloads and aborted its operations).
+    Another's is answered 404, as one that does not exist; an admin sees and ends all."""
+    with world.client("a") as a, world.client("b") as b, world.client("admin") as admin:
+        ok(admin.post("/nodes", json={"name": "own-n1", "tags": ["own"],
+                                      "resources": {"cpu": 8}}), 201)
+        ok(admin.post("/pool-trees", json={"name": "own-t",
+                                           "config": {"node_tag_filter": "own"}}), 201)
+        ok(admin.post("/pool-trees/own-t/pools", json={"name": "own-p"}), 201)
+        start = {"user": "u", "job_resources": {"cpu": 1}, "job_count": 1,
+                 "pool_trees": ["own-t"], "pool": "own-p"}
+        kinds = {
+            "workload": ("/workloads", {"labels": {"team": "x"}}, ["release", "cancel"]),
+            "operation": ("/operations", start, ["complete", "abort"]),
+        }
+        for what, (base, body, endings) in kinds.items():
+            mine = ok(a.post(base, json=body), 201)["id"]
+            theirs = ok(b.post(base, json=body), 201)["id"]
+            for method, path in [("GET", f"{base}/{mine}"), ("GET", f"{base}/{mine[:8]}"),
+                                 *(("POST", f"{base}/{mine}/{end}") for end in endings)]:
+                response = b.request(method, path)
+                assert response.status_code == 404, (method, path, response.text)
+                assert response.json()["detail"] == f"no {what} {path.split('/')[2]!r}"
+            assert ok(a.get(f"{base}/{mine[:8]}"))["id"] == mine  # a prefix among its own
+            listed = [item["id"] for item in ok(b.get(base))["items"]]
+            assert theirs in listed and mine not in listed
+            everything = {item["id"] for item in ok(admin.get(base))["items"]}
+            assert {mine, theirs} <= everything
+            assert ok(a.post(f"{base}/{mine}/{endings[1]}"))["id"] == mine
+            assert ok(admin.post(f"{base}/{theirs}/{endings[1]}"))["id"] == theirs
+
+
 def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: World) -> None:
     """Nor that an id exists: not the request that preempted its own, nor the one another
     token made under an idempotency key it repeats."""
@@ -511,7 +544,7 @@ def test_requests_keep_their_owner_and_retries_inherit_it(svc: Service) -> None:
         assert repo.get_request(conn, low.id).created_by_token_id == token.id
         assert repo.get_request(conn, victim.retried_as_id).created_by_token_id == token.id
         assert repo.get_request(conn, anonymous.id).created_by_token_id is None
-        assert repo.resolve_own_request(conn, victim.retried_as_id[:6], token.id) == (
+        assert repo.resolve_own(conn, "request", victim.retried_as_id[:6], token.id) == (
             victim.retried_as_id)
         with pytest.raises(NotFound):
-            repo.resolve_own_request(conn, anonymous.id, token.id)
+            repo.resolve_own(conn, "request", anonymous.id, token.id)

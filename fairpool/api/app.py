@@ -527,9 +527,10 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         summary = api.reconcile()
         return _json(summary.as_dict())
 
-    app.include_router(scheduling_router(api.scheduling, PREFIX, dependencies),
+    app.include_router(scheduling_router(api.scheduling, PREFIX, dependencies, tokens),
                        responses=denials)
-    app.include_router(trees_router(api.trees, PREFIX, dependencies), responses=denials)
+    app.include_router(trees_router(api.trees, PREFIX, dependencies, tokens),
+                       responses=denials)
 
     def healthz() -> JSONResponse:
         """The process is up."""

@@ -8,13 +8,14 @@ first, as a router dependency:
   ``WWW-Authenticate: Bearer``;
 * the route's rule (``RULES``, by endpoint name; a route missing from it is admin-only)
   forbids it for the token's role → 403;
-* a submitter naming a request that it did not create → 404, exactly as for a request that
-  does not exist (its id prefix is resolved among its own requests only, so another's request
+* a submitter naming a request, workload or operation that it did not submit → 404, exactly
+  as for one that does not exist (its id prefix is resolved among its own only, so another's
   neither matches nor makes a prefix ambiguous).
 
 Endpoints that need the caller take ``Caller`` (the same cached ``authorize`` call): creating a
-request checks the component (``owner_of_new_request``); lists and pool details keep only the
-submitter's own requests (``visible_requests``, ``visible_pool``).
+request checks the component (``owner_of_new_request``), submitting a workload or starting an
+operation records the token (``owner_of``); lists and pool details keep only the submitter's
+own (``visible_requests``, ``visible_pool``, ``visible``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import ipaddress
 import re
 from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
 
 from fastapi import Depends, Request, params
 from fastapi.security import HTTPBearer
@@ -78,8 +79,11 @@ class Rule(Enum):
     #: Any valid token (reads of pools, policies and components; submitters see only their own
     #: requests).
     ANY = "any"
-    #: Any valid token; a submitter only on the requests it created (path parameter ``ref``).
-    OWN_REQUEST = "own request"
+    #: Any valid token; a submitter only on the requests, workloads or operations it submitted
+    #: (path parameter ``ref``).
+    OWN_REQUEST = "request"
+    OWN_WORKLOAD = "workload"
+    OWN_OPERATION = "operation"
 
 
 #: Every ``/api/v1`` route by endpoint name. A route not listed here is admin-only.
@@ -104,18 +108,19 @@ RULES: dict[str, Rule] = {
     "cancel": Rule.OWN_REQUEST,
     "delete_request": Rule.OWN_REQUEST,
     "reconcile": Rule.ADMIN,
-    # The scheduler config: applying and rolling back configs is for admins; reading and
-    # submitting workloads for everyone (workloads have no owner yet).
+    # The scheduler config: applying and rolling back configs is for admins; reading it and
+    # submitting workloads for everyone, each ending only its own workloads.
     "apply_config": Rule.ADMIN,
     "rollback_config": Rule.ADMIN,
     **{name: Rule.ANY for name in (
         "validate_config", "get_config", "list_configs", "diff_config", "explain",
-        "submit_workload", "list_workloads", "get_workload", "release_workload",
-        "cancel_workload", "list_queues", "describe_queue",
+        "submit_workload", "list_workloads", "list_queues", "describe_queue",
+    )},
+    **{name: Rule.OWN_WORKLOAD for name in (
+        "get_workload", "release_workload", "cancel_workload",
     )},
     # Pool trees: nodes, trees and their pools are administered by admins; reading them and
-    # starting, completing and aborting operations is for everyone (operations have no owner
-    # yet, like workloads).
+    # starting operations is for everyone, each completing and aborting only its own.
     **{name: Rule.ADMIN for name in (
         "add_node", "remove_node", "create_pool_tree", "apply_pool_tree", "set_pool_tree",
         "delete_pool_tree",
@@ -124,8 +129,10 @@ RULES: dict[str, Rule] = {
     )},
     **{name: Rule.ANY for name in (
         "list_nodes", "list_pool_trees", "show_pool_tree", "get_default_tree",
-        "describe_tree_pool", "list_operations", "describe_operation", "start_operation",
-        "complete_operation", "abort_operation",
+        "describe_tree_pool", "list_operations", "start_operation",
+    )},
+    **{name: Rule.OWN_OPERATION for name in (
+        "describe_operation", "complete_operation", "abort_operation",
     )},
 }
 
@@ -165,14 +172,15 @@ class Auth:
             raise _unauthorized(f"API {label(token)} was revoked", invalid=True)
         return token
 
-    def resolve_own_request(self, token: ApiToken, ref: str) -> str:
-        """The full id of the caller's request ``ref`` (id or prefix); ``NotFound`` else."""
+    def resolve_own(self, token: ApiToken, what: str, ref: str) -> str:
+        """The full id of the caller's ``what`` (``repo.OWNED``) ``ref`` (id or prefix);
+        ``NotFound`` else."""
         with self.service.db.read() as conn:
-            return repo.resolve_own_request(conn, ref, token.id)
+            return repo.resolve_own(conn, what, ref, token.id)
 
-    def own_request_ids(self, token: ApiToken, request_ids: list[str]) -> set[str]:
+    def own_ids(self, token: ApiToken, what: str, ids: list[str]) -> set[str]:
         with self.service.db.read() as conn:
-            return repo.requests_created_by(conn, token.id, request_ids)
+            return repo.created_by(conn, what, token.id, ids)
 
 
 async def authorize(request: Request) -> ApiToken | None:
@@ -185,9 +193,9 @@ async def authorize(request: Request) -> ApiToken | None:
 
 
 def _authorize(auth: Auth, request: Request) -> ApiToken:
-    """``authorize``'s checks, which read the database. For a submitter on a request route,
-    the path's ``ref`` is replaced by the full id of its own request, so the endpoint acts on
-    that one whatever else shares the prefix."""
+    """``authorize``'s checks, which read the database. For a submitter on a route of its own
+    requests, workloads or operations, the path's ``ref`` is replaced by the full id of its
+    own, so the endpoint acts on that one whatever else shares the prefix."""
     token = auth.authenticate(request.headers.get("authorization"))
     if token.role is TokenRole.ADMIN:
         return token
@@ -197,12 +205,12 @@ def _authorize(auth: Auth, request: Request) -> ApiToken:
         raise HTTPException(
             403, f"this operation needs an admin token; {label(token)} is a {token.role.value}"
         )
-    if rule is Rule.OWN_REQUEST:
+    if rule is not Rule.ANY:
         path_params = request.scope["path_params"]
         ref = path_params.get("ref")
         # A malformed ref is left to the endpoint's validation (422), not looked up.
         if isinstance(ref, str) and _valid_ref(ref):
-            path_params["ref"] = auth.resolve_own_request(token, ref)
+            path_params["ref"] = auth.resolve_own(token, rule.value, ref)
     return token
 
 
@@ -233,6 +241,28 @@ def owner_of_new_request(caller: ApiToken | None, component: str) -> str | None:
     return caller.id
 
 
+def owner_of(caller: ApiToken | None) -> str | None:
+    """The token id to record as a new workload's or operation's owner."""
+    return None if caller is None else caller.id
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+V = TypeVar("V", bound=_Identified)
+
+
+def visible(auth: Auth, caller: ApiToken | None, what: str, views: list[V]) -> list[V]:
+    """All of ``views`` (of ``what``, ``repo.OWNED``) for an admin (or without auth); a
+    submitter's own only."""
+    if caller is None or caller.role is TokenRole.ADMIN or not views:
+        return views
+    own = auth.own_ids(caller, what, [v.id for v in views])
+    return [v for v in views if v.id in own]
+
+
 def visible_requests(
     auth: Auth, caller: ApiToken | None, views: list[RequestView]
 ) -> list[RequestView]:
@@ -242,7 +272,7 @@ def visible_requests(
         return views
     # One read for the requests and the ones that preempted them.
     asked = [v.id for v in views] + [v.preempted_by_id for v in views if v.preempted_by_id]
-    own = auth.own_request_ids(caller, asked)
+    own = auth.own_ids(caller, "request", asked)
     return [_without_others(v, own) for v in views if v.id in own]
 
 
@@ -250,7 +280,7 @@ def shown(auth: Auth, caller: ApiToken | None, view: RequestView) -> RequestView
     """The caller's own request as it may see it (``_without_others``)."""
     if caller is None or caller.role is TokenRole.ADMIN or view.preempted_by_id is None:
         return view
-    return _without_others(view, auth.own_request_ids(caller, [view.preempted_by_id]))
+    return _without_others(view, auth.own_ids(caller, "request", [view.preempted_by_id]))
 
 
 def _without_others(view: RequestView, own: set[str]) -> RequestView:

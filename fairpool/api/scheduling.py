@@ -14,6 +14,7 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from fairpool.api.auth import Auth, Caller, owner_of, visible
 from fairpool.api.models import Key, LabelValue, PathText, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
@@ -67,7 +68,10 @@ def invalid_config(error: ConfigError) -> JSONResponse:
 
 
 def scheduling_router(
-    scheduling: SchedulingService, prefix: str, dependencies: Sequence[params.Depends]
+    scheduling: SchedulingService,
+    prefix: str,
+    dependencies: Sequence[params.Depends],
+    tokens: Auth,
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
 
@@ -130,18 +134,21 @@ def scheduling_router(
         return JSONResponse(scheduling.explain(**body.model_dump()).as_dict())
 
     @router.post("/workloads", status_code=201, tags=["workloads"])
-    def submit_workload(body: WorkloadBody) -> JSONResponse:
+    def submit_workload(body: WorkloadBody, caller: Caller) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
-        return JSONResponse(scheduling.submit_workload(**body.model_dump()).as_dict(),
-                            status_code=201)
+        view = scheduling.submit_workload(**body.model_dump(), created_by=owner_of(caller))
+        return JSONResponse(view.as_dict(), status_code=201)
 
     @router.get("/workloads", tags=["workloads"])
     def list_workloads(
+        caller: Caller,
         status: WorkloadStatus | None = None,
         queue: QueryText | None = None,
     ) -> JSONResponse:
-        """Workloads in submission order, optionally by status and queue."""
-        views = scheduling.list_workloads(status=status, queue=queue)
+        """Workloads in submission order, optionally by status and queue (a submitter's
+        own)."""
+        views = visible(tokens, caller, "workload",
+                        scheduling.list_workloads(status=status, queue=queue))
         return JSONResponse({"items": [v.as_dict() for v in views]})
 
     @router.get("/workloads/{ref}", tags=["workloads"])

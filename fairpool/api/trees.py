@@ -21,6 +21,7 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from fairpool.api.auth import Auth, Caller, owner_of, visible
 from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
@@ -156,7 +157,7 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 
 
 def trees_router(
-    trees: TreesService, prefix: str, dependencies: Sequence[params.Depends]
+    trees: TreesService, prefix: str, dependencies: Sequence[params.Depends], tokens: Auth
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
 
@@ -254,7 +255,7 @@ def trees_router(
     # -- operations --------------------------------------------------------------------------
 
     @router.post("/operations", status_code=201, tags=["operations of pool trees"])
-    def start_operation(body: OperationStart) -> JSONResponse:
+    def start_operation(body: OperationStart, caller: Caller) -> JSONResponse:
         """Start an operation in one or more pool trees: rejected (422) at a
         max_operation_count of any of them, pending at a max_running_operation_count, else
         running with the jobs that fit; its jobs run in any of its trees."""
@@ -262,18 +263,20 @@ def trees_router(
             user=body.user, job_resources=body.job_resources, job_count=body.job_count,
             trees=body.pool_trees, pool=body.pool, weight=body.weight, gang=body.gang,
             resource_limits=body.resource_limits, interruptible=body.interruptible,
-            tree_options=body.scheduling_options_per_pool_tree,
+            tree_options=body.scheduling_options_per_pool_tree, created_by=owner_of(caller),
         )
         return _json(view.as_dict(), 201)
 
     @router.get("/operations", tags=["operations of pool trees"])
     def list_operations(
+        caller: Caller,
         tree: QueryText | None = None,
         status: Annotated[str, StringConstraints(max_length=64, pattern=TEXT_PATTERN),
                           AfterValidator(text)] | None = None,
     ) -> JSONResponse:
-        """Operations, oldest first, optionally of one tree and one status."""
-        views = trees.list_operations(tree or None, status)
+        """Operations, oldest first, optionally of one tree and one status (a submitter's
+        own)."""
+        views = visible(tokens, caller, "operation", trees.list_operations(tree or None, status))
         return _json({"items": [v.as_dict() for v in views]})
 
     @router.get("/operations/{ref}", tags=["operations of pool trees"])

@@ -588,23 +588,32 @@ async def request_status_async(db: Database, request_id: str) -> RequestStatus |
     return None if status is None else RequestStatus(status)
 
 
-def resolve_own_request(connection: Connection, ref: str, token_id: str) -> str:
-    """The id of the request created with token ``token_id`` whose id is, or else alone
-    starts with, ``ref``; other requests are not found, nor counted as ambiguous."""
-    table = schema.request
+#: What a submitter token owns: the rows it submitted (``created_by_token_id``), by the name
+#: messages give them.
+OWNED: dict[str, Table] = {
+    "request": schema.request,
+    "workload": schema.workload,
+    "operation": schema.tree_operation,
+}
+
+
+def resolve_own(connection: Connection, what: str, ref: str, token_id: str) -> str:
+    """The id of the ``what`` (``OWNED``) submitted with token ``token_id`` whose id is, or
+    else alone starts with, ``ref``; others are not found, nor counted as ambiguous."""
+    table = OWNED[what]
     return resolve_id(
-        connection, table, ref, "request", among=table.c.created_by_token_id == token_id
+        connection, table, ref, what, among=table.c.created_by_token_id == token_id
     )
 
 
-def requests_created_by(
-    connection: Connection, token_id: str, request_ids: Sequence[str]
+def created_by(
+    connection: Connection, what: str, token_id: str, ids: Sequence[str]
 ) -> set[str]:
-    """Those of ``request_ids`` created with token ``token_id``."""
-    table = schema.request
+    """Those of ``ids`` (of ``what``, ``OWNED``) submitted with token ``token_id``."""
+    table = OWNED[what]
     found: set[str] = set()
-    for start in range(0, len(request_ids), _BATCH):
-        batch = request_ids[start : start + _BATCH]
+    for start in range(0, len(ids), _BATCH):
+        batch = ids[start : start + _BATCH]
         found.update(
             connection.scalars(
                 select(table.c.id).where(

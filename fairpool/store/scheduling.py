@@ -82,8 +82,10 @@ def insert_workload(
     requested_priority: int | None,
     demand: Mapping[str, int],
     now: datetime,
+    created_by: str | None = None,
 ) -> str:
-    """A new queued workload, not yet routed; its id."""
+    """A new queued workload, not yet routed; its id. ``created_by``: the API token it was
+    submitted with."""
     now = as_utc(now)
     workload_id = new_id()
     connection.execute(
@@ -94,6 +96,7 @@ def insert_workload(
             requested_priority=requested_priority,
             submitted_at=now,
             updated_at=now,
+            created_by_token_id=created_by,
             **{key: demand.get(key, 0) for key in WORKLOAD_RESOURCES},
         )
     )

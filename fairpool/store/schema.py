@@ -113,6 +113,17 @@ def _time(name: str, *, nullable: bool = False) -> Column[datetime]:
     return Column(name, UTCDateTime(), nullable=nullable)
 
 
+def _created_by() -> Column[str]:
+    """The API token a row was submitted with: a submitter sees and ends its own rows only.
+    NULL: not through an authenticated API call (embedded, or auth off)."""
+    return Column(
+        "created_by_token_id",
+        String(36),
+        ForeignKey("api_token.id", ondelete="SET NULL"),
+        nullable=True,
+    )
+
+
 component = Table(
     "component",
     metadata,
@@ -229,13 +240,7 @@ request = Table(
     _time("finished_at", nullable=True),
     # Seconds an allocation stays held without a heartbeat; NULL: until released.
     Column("lease_ttl", Integer, nullable=True),
-    # The API token it was submitted with; NULL: not through an authenticated API call.
-    Column(
-        "created_by_token_id",
-        String(36),
-        ForeignKey("api_token.id", ondelete="SET NULL"),
-        nullable=True,
-    ),
+    _created_by(),
     # Chosen by the client per create call: a create retried after its answer was lost
     # finds the request it already made instead of making a second one.
     Column("idempotency_key", String(64), nullable=True, unique=True),
@@ -344,6 +349,7 @@ workload = Table(
     Column("preemptions", Integer, nullable=False, server_default=text("0")),
     # When it was last preempted and queued again: it waits from then (NULL: never).
     _time("requeued_at", nullable=True),
+    _created_by(),
     CheckConstraint(_one_of("status", WorkloadStatus), name="status"),
     *(CheckConstraint(f"{key} >= 0", name=f"{key}_non_negative") for key in WORKLOAD_RESOURCES),
     CheckConstraint("requested_priority IS NULL OR requested_priority >= 0",
@@ -358,6 +364,7 @@ workload = Table(
     CheckConstraint("preemptions >= 0", name="preemptions_non_negative"),
     # Live workloads, in queue order: status IN (...) ORDER BY submitted_at, id.
     Index(None, "status", "submitted_at", "id"),
+    Index(None, "created_by_token_id"),
 )
 
 # -- pool trees (seed 003) ---------------------------------------------------------------------
@@ -455,6 +462,7 @@ tree_operation = Table(
     _time("updated_at"),
     # Its jobs, when preempted, are interrupted first (allocation_preemption_timeout).
     Column("interruptible", Boolean, nullable=False),
+    _created_by(),
     CheckConstraint(_one_of("status", OperationStatus), name="status"),
     CheckConstraint("job_count >= 1", name="job_count_positive"),
     CheckConstraint(
@@ -467,6 +475,7 @@ tree_operation = Table(
     ),
     # Live operations in start order: status IN (...) ORDER BY created_at, id.
     Index(None, "status", "created_at", "id"),
+    Index(None, "created_by_token_id"),
 )
 
 # YTsaurus pool_trees + scheduling_options_per_pool_tree: an operation's pool, weight and

@@ -235,15 +235,17 @@ def insert_operation(
     interruptible: bool,
     placements: Sequence[Placement],
     now: datetime,
+    created_by: str | None = None,
 ) -> str:
     """A new pending operation in ``placements``' trees; the passes that follow decide
-    whether (and where) it runs."""
+    whether (and where) it runs. ``created_by``: the API token it was started with."""
     now = as_utc(now)
     operation_id = new_id()
     connection.execute(insert(schema.tree_operation).values(
         id=operation_id, user_name=user, job_resources=dict(job_resources),
         job_count=job_count, gang=gang, interruptible=interruptible,
         status=OperationStatus.PENDING.value, created_at=now, updated_at=now,
+        created_by_token_id=created_by,
     ))
     connection.execute(insert(schema.tree_operation_placement), [
         {"operation_id": operation_id, "tree": p.tree, "position": position, "pool": p.pool,
