@@ -1,5 +1,6 @@
 """A holder's lease: how long its units stay granted without a heartbeat, and how often the
-SDK (sync and asyncio) and ``fairpool run`` send one. Light imports: the CLI loads it."""
+SDK (sync and asyncio) and ``fairpool run`` send one; and how often a preempted holder may
+be retried. Light imports: the CLI loads it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from fairpool.errors import InvalidInput, validate_int
 DEFAULT_LEASE_TTL = 60
 #: The longest lease a request may ask for (30 days).
 MAX_LEASE_TTL = 30 * 24 * 3600
+#: The most retry attempts a request may ask for after preemptions.
+MAX_RETRIES = 1000
 
 
 def heartbeat_interval(lease_ttl: float) -> float:

@@ -38,7 +38,7 @@ from fairpool.frontends.names import (
     check_key_count,
 )
 from fairpool.group_commit import GroupCommit, Pending
-from fairpool.leases import MAX_LEASE_TTL
+from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
@@ -66,7 +66,6 @@ from fairpool.views import (
     RequestView,
 )
 
-MAX_RETRIES = 1000
 #: Characters of a request's idempotency key (the remote client sends a fresh id with each create).
 MAX_IDEMPOTENCY_KEY = 64
 

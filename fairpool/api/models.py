@@ -29,8 +29,8 @@ from fairpool.frontends.names import (
     is_unicode,
 )
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY
-from fairpool.leases import MAX_LEASE_TTL
-from fairpool.service import MAX_IDEMPOTENCY_KEY, MAX_RETRIES
+from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
+from fairpool.service import MAX_IDEMPOTENCY_KEY
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024

@@ -15,6 +15,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, service
 from fairpool.errors import Conflict
+from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.views import COMPONENT_TYPES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
@@ -123,7 +124,7 @@ def request_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Any pool resource key (repeatable), e.g. --pool-resource tpu=4."),
         click.option("--non-preemptible", is_flag=True, default=False,
                      help="Never preempt; must fit within the policy's reserved units."),
-        click.option("--max-retries", type=click.IntRange(min=0), default=0,
+        click.option("--max-retries", type=click.IntRange(0, MAX_RETRIES), default=0,
                      show_default=True, help="Times to requeue after a preemption."),
         click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
                      help="Free-form label (repeatable)."),
@@ -167,7 +168,7 @@ def request_fields(
 
 @resource_request.command("create")
 @request_options
-@click.option("--lease-ttl", type=click.IntRange(min=1), default=None,
+@click.option("--lease-ttl", type=click.IntRange(1, MAX_LEASE_TTL), default=None,
               help="Seconds the allocation stays held without a heartbeat (default: until "
               "released).")
 @click.option("--wait", is_flag=True, default=False,

@@ -28,7 +28,7 @@ from fairpool.cli.resource_request import (
     wait_or_cancel,
 )
 from fairpool.errors import Conflict, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, heartbeat_interval
+from fairpool.leases import DEFAULT_LEASE_TTL, MAX_LEASE_TTL, heartbeat_interval
 from fairpool.views import RequestView
 
 
@@ -36,7 +36,7 @@ from fairpool.views import RequestView
     "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
 )
 @request_options
-@click.option("--lease-ttl", type=click.IntRange(min=1), default=DEFAULT_LEASE_TTL,
+@click.option("--lease-ttl", type=click.IntRange(1, MAX_LEASE_TTL), default=DEFAULT_LEASE_TTL,
               show_default=True,
               help="Seconds the units stay held if fairpool stops hearing from this command.")
 @click.option("--timeout", type=Seconds(min=0), default=None,
