@@ -25,7 +25,7 @@ def open_service(url: str | None, token: str | None, home: str | None) -> Servic
         return RemoteService(url, token)
     from fairpool.service import open_service as open_embedded
 
-    return open_embedded(home)
+    return open_embedded(home, catch_up=True)
 
 
 def scheduling_of(service: Service | RemoteService) -> SchedulingService | RemoteScheduling:

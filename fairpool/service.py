@@ -145,10 +145,12 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def open_service(home: str | None = None, url: str | None = None) -> Service:
+def open_service(
+    home: str | None = None, url: str | None = None, catch_up: bool = False
+) -> Service:
     """The embedded default: a SQLite file under ``home`` (else FAIRPOOL_HOME, else the user
-    data dir)."""
-    return Service(Database.open(url or default_url(fairpool_home(home))))
+    data dir). ``catch_up``: see ``Service.catch_up``."""
+    return Service(Database.open(url or default_url(fairpool_home(home))), catch_up=catch_up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,9 +339,15 @@ class _Run:
 
 
 class Service:
-    def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(
+        self, db: Database, clock: Callable[[], datetime] = _utcnow, catch_up: bool = False
+    ) -> None:
         self.db = db
         self.clock = clock
+        #: Embedded (the CLI and the SDK without a server): nobody runs passes between
+        #: commands, so a read of requests, pools or components first runs the pass a server's
+        #: tick would have run by now, when one is due (``_catch_up``).
+        self.catch_up = catch_up
         #: Called with every committed pass's summary and the views of the requests it took
         #: out of the queue (``PassSummary.dequeued``) as committed: the server's metrics and
         #: long-poll wake-ups, which answer with those views instead of reading them. After
@@ -451,11 +459,23 @@ class Service:
 
         self._write(change)
 
+    def _catch_up(self) -> None:
+        """With ``catch_up``: a pass when a lease ran out, else its units would show
+        allocated until the next write (a server's tick releases them within a second).
+        One small read when none did."""
+        if self.catch_up:
+            with self.db.read(statement=True) as conn:
+                due = repo.lease_expired(conn, self.clock())
+            if due:
+                self.reconcile()
+
     def get_pool(self, ref: str) -> PoolView:
+        self._catch_up()
         with self.db.read() as conn:
             return self._pool_view(conn, repo.get_pool(conn, ref).id, detail=True)
 
     def list_pools(self) -> list[PoolView]:
+        self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
             entries = queue_entries(reconcile(state.snapshot(self.clock())))
@@ -582,6 +602,7 @@ class Service:
     def list_components(self, component_type: str | None = None) -> list[ComponentView]:
         """Every component (of ``component_type``), by name then type."""
         kind = _component_type(component_type) if component_type is not None else None
+        self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
         pools: dict[str, list[str]] = defaultdict(list)
@@ -674,6 +695,7 @@ class Service:
         return self._write(change, tracked=True)
 
     def get_request(self, ref: str) -> RequestView:
+        self._catch_up()
         with self.db.read() as conn:
             return self._request_view(conn, ref)
 
@@ -711,6 +733,7 @@ class Service:
             one_of("status", status, REQUEST_STATUSES)
         frontend.validate_filter("component", component)
         frontend.validate_filter("pool", pool)
+        self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool else None

@@ -620,7 +620,10 @@ def test_a_request_keeps_its_units_unless_given_a_lease(tmp_path: Path) -> None:
     expires = datetime.fromisoformat(leased["lease_expires_at"])
     assert expires - datetime.fromisoformat(leased["allocated_at"]) == timedelta(seconds=1)
     time.sleep(1.5)
-    fairpool(tmp_path, "reconcile").ok()
+    # No write since: the read runs the pass that releases it (as a server's tick would);
+    # before, it showed allocated, its units occupied, until the next write.
+    pool = fairpool(tmp_path, "resource-pool", "describe", "p", "-o", "json").ok().json
+    assert pool["occupied"] == {"gpu": 1}
     status = {r["id"]: r for r in fairpool(tmp_path, "resource-request", "list", "-o", "json").ok().json["items"]}
     assert status[kept["id"]]["status"] == "allocated"
     assert status[leased["id"]]["status"] == "released"

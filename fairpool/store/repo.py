@@ -574,6 +574,17 @@ _REQUEST_STATUS = Direct(
 )
 
 
+def lease_expired(connection: Connection, now: datetime) -> bool:
+    """Whether a live allocation's lease ran out before ``now``: one statement."""
+    table = schema.allocation
+    found = connection.execute(
+        select(table.c.request_id)
+        .where(table.c.released_at.is_(None), table.c.lease_expires_at < as_utc(now))
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def request_status(connection: Connection, request_id: str) -> RequestStatus | None:
     """The status of the request whose id is ``request_id`` (a whole id, not a prefix); None
     if there is none. One statement, without the request's demand: a long-poll asks it
