@@ -129,8 +129,15 @@ GRANT_CASES = [
     ),
     pytest.param(
         tree(A), [node("n1", cpu=2), node("n2", cpu=2)], [op("x", "a", 3, gang=True, cpu=2)],
-        {}, {"x": "gang of 3 jobs: only 2 fit on the nodes of tree physical now"},
-        id="gang-none",
+        {}, {"x": "gang of 3 jobs: only 2 fit on the nodes of tree physical even with nothing "
+                  "else running; it waits for nodes to be added (all or nothing)"},
+        id="gang-never: said so",
+    ),
+    pytest.param(
+        tree(A, B), [node("n1", cpu=4)],
+        [op("x", "a", 3, gang=True, start=1), op("y", "b", 2, jobs=[("n1", 0), ("n1", 0)])],
+        {}, {"x": "gang of 3 jobs: only 2 fit on the nodes of tree physical now (all or nothing)"},
+        id="gang-not-now",
     ),
     pytest.param(
         tree(A), [node("n1", cpu=2), node("n2", cpu=4)], [op("x", "a", 3, gang=True, cpu=2)],

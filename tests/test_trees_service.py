@@ -157,8 +157,8 @@ def test_gangs_are_granted_all_or_nothing(seed: TreesService) -> None:
     big = seed.start_operation(pool="project-batch", user="u", job_resources={"cpu": 30},
                                job_count=4, gang=True)
     assert (big.running_jobs, big.reason) == (
-        0, "4 jobs pending: gang of 4 jobs: only 2 fit on the nodes of tree physical now "
-        "(all or nothing)"
+        0, "4 jobs pending: gang of 4 jobs: only 2 fit on the nodes of tree physical even "
+        "with nothing else running; it waits for nodes to be added (all or nothing)"
     )
     small = seed.start_operation(pool="project-batch", user="u", job_resources={"cpu": 25},
                                  job_count=4, gang=True)

@@ -384,10 +384,12 @@ class _Planner:
             )
         return problem
 
-    def place_all(self, job: Resources, count: int) -> list[str]:
-        """The nodes ``count`` jobs would take, first fit in the free room, stopping at the
-        first that fits nowhere (a gang's trial: nothing is granted)."""
-        trial = {name: dict(room) for name, room in self.free.items()}
+    def place_all(
+        self, job: Resources, count: int, room: Mapping[str, Mapping[str, int]] | None = None
+    ) -> list[str]:
+        """The nodes ``count`` jobs would take, first fit in ``room`` (the free room), stopping
+        at the first that fits nowhere (a gang's trial: nothing is granted)."""
+        trial = {name: dict(free) for name, free in (room or self.free).items()}
         placed: list[str] = []
         for _ in range(count):
             node = self.first_fit(job, trial)
@@ -506,9 +508,14 @@ class _Planner:
             return
         placed = self.place_all(op.job_resources, count)
         if len(placed) < count:
+            empty = {name: dict(n.node.resources) for name, n in self.nodes.items()}
+            ever = len(self.place_all(op.job_resources, count, empty))
             self.waiting[op.id] = (
                 f"gang of {counted(count, 'job')}: only {len(placed)} fit on the nodes of tree "
-                f"{self.tree.name} now (all or nothing)"
+                f"{self.tree.name} now (all or nothing)" if ever == count else
+                f"gang of {counted(count, 'job')}: only {ever} fit on the nodes of tree "
+                f"{self.tree.name} even with nothing else running; it waits for nodes to be "
+                "added (all or nothing)"
             )
             return
         for node in placed:
