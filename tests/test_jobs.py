@@ -515,6 +515,15 @@ LIMIT_CASES = [
         id="jobs-within-fair-share-times-the-threshold-stay",
     ),
     pytest.param(
+        tree(pool("a", resource_limits={"gpu": 1}), preemption_satisfaction_threshold="0.5"),
+        [op("g", "a", 3, jobs=[("n1", 0.0), ("n1", 1.0), ("n1", 2.0)], cpu=1, gpu=1),
+         op("c", "a", 2, jobs=[("n1", 5.0), ("n1", 6.0)], start=1)],
+        ["g/2", "g/1"], {},
+        "preempted to bring pool a within its resource_limits.gpu (usage 3 > limit 1)",
+        # c's jobs are newer and preemptible, but hold no gpu: taking one frees nothing
+        id="only-jobs-holding-the-key-over-the-limit",
+    ),
+    pytest.param(
         tree(pool("a", resource_limits={"cpu": 4}), non_preemptible_resource_usage_threshold={"cpu": 8}),
         [op("x", "a", 8, jobs=RUNNING_8)], [], {}, None,
         id="non-preemptible-usage-stays",
@@ -568,7 +577,7 @@ def worlds(draw: st.DrawFn, interruptions: bool = False) -> tuple[PoolTree, list
     the operations' other trees."""
     threshold = draw(st.sampled_from(["0.5", "1", "1.5"]))
     pools = [pool("p0", strong_guarantee_resources={"cpu": draw(st.integers(0, 4))})]
-    pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16) | st.integers(0, 4))})]
+    pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16) | st.integers(0, 4)), **draw(st.just({}) | st.fixed_dictionaries({"gpu": st.integers(0, 2)}))})]
     timeout = draw(st.sampled_from([0, 5000])) if interruptions else 10_000
     t = tree(*pools, preemption_satisfaction_threshold=threshold, fair_share_starvation_timeout=0,
              allocation_preemption_timeout=timeout)
@@ -705,7 +714,7 @@ def test_never_preempt_an_operation_at_or_below_fair_share_times_threshold(world
         assert before > floor and after >= floor
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(worlds(interruptions=True))
 def test_limits_preempt_only_while_exceeded_and_grants_never_exceed_them(world: World) -> None:
     """Replayed in plan order, each preemption for a limit takes a job while its operation or
@@ -725,13 +734,15 @@ def test_limits_preempt_only_while_exceeded_and_grants_never_exceed_them(world: 
             found.append((t.effective[name].config.resource_limits, under))
         return found
 
-    def over(limits: Mapping[str, int], under: set[str], counts: Mapping[str, int]) -> bool:
+    def over(limits: Mapping[str, int], under: set[str], counts: Mapping[str, int],
+             keys: Mapping[str, int]) -> bool:
+        """Whether usage exceeds ``limits`` on a key of ``keys`` (a job's) above 0."""
         usage: dict[str, int] = {}
         for x in ops:
             if x.id in under:
                 for key, amount in x.job_resources.items():
                     usage[key] = usage.get(key, 0) + amount * counts[x.id]
-        return any(usage.get(key, 0) > limit for key, limit in limits.items())
+        return any(usage.get(key, 0) > limit for key, limit in limits.items() if keys.get(key))
 
     taken: set[str] = set()
     for p in result.preemptions:
@@ -739,7 +750,9 @@ def test_limits_preempt_only_while_exceeded_and_grants_never_exceed_them(world: 
             continue
         o = by_id[p.operation]
         if not (o.gang and o.id in taken):  # a gang's jobs go together
-            assert any(over(limits, under, active) for limits, under in scopes(o)), p
+            # ...on a key the job uses: preempting it brings that key down
+            assert any(over(limits, under, active, o.job_resources)
+                       for limits, under in scopes(o)), p
         taken.add(o.id)
         active[o.id] -= 1
     gone = {p.job for p in result.preemptions if p.deadline is None} | set(result.expired)
@@ -747,8 +760,7 @@ def test_limits_preempt_only_while_exceeded_and_grants_never_exceed_them(world: 
     for grant in result.grants:
         o = by_id[grant.operation]
         for limits, under in scopes(o):
-            used = {key: limit for key, limit in limits.items() if o.job_resources.get(key)}
-            assert not over(used, under, live), (grant, limits)
+            assert not over(limits, under, live, o.job_resources), (grant, limits)
 
 
 @settings(max_examples=100, deadline=None)

@@ -770,11 +770,14 @@ class _Planner:
                 _add(usage.setdefault(pool, {}), op.job_resources, active[op.id])
 
         def violation(op: OperationState) -> str | None:
+            """An exceeded limit over ``op`` on a key its jobs use: preempting one of them
+            brings it down (a cpu-only job freed no gpu, and started again at once)."""
+            used = {key for key, amount in op.job_resources.items() if amount}
             own = {key: amount * active[op.id] for key, amount in op.job_resources.items()}
-            found = _above(op.resource_limits, own, f"operation {op.id}")
+            found = _above(op.resource_limits, own, f"operation {op.id}", used)
             for pool in _pools_of(self.tree, op.pool):
                 limits = self.tree.effective[pool].config.resource_limits
-                found = found or _above(limits, usage[pool], f"pool {pool}")
+                found = found or _above(limits, usage[pool], f"pool {pool}", used)
             return found
 
         violating = {op.id for op in self.ops.values() if active[op.id] and violation(op)}
@@ -898,8 +901,11 @@ def _over(limits: Resources, usage: Mapping[str, int], demand: Resources, who: s
     return None
 
 
-def _above(limits: Resources, usage: Mapping[str, int], who: str) -> str | None:
-    for key in sorted(limits):
+def _above(
+    limits: Resources, usage: Mapping[str, int], who: str, keys: set[str]
+) -> str | None:
+    """The first of ``keys`` on which ``usage`` exceeds ``limits``, as a reason."""
+    for key in sorted(keys & set(limits)):
         if usage.get(key, 0) > limits[key]:
             return (
                 f"{who} within its resource_limits.{key} (usage {usage.get(key, 0)} > "
