@@ -25,8 +25,9 @@ from sqlalchemy import create_engine, inspect, text
 from starlette.routing import BaseRoute
 
 from fairpool.api.app import PREFIX, create_app
-from fairpool.api.auth import RULES, AuthSetupError, auth_enabled, is_loopback
+from fairpool.api.auth import RULES, Auth, AuthSetupError, auth_enabled, is_loopback, without_others
 from fairpool.errors import InvalidInput, NotFound
+from fairpool.scheduling import SchedulingService
 from fairpool.service import Service, hash_token, open_service
 from fairpool.store import repo
 from fairpool.store.db import Database
@@ -325,6 +326,10 @@ def test_submitters_see_and_end_only_their_own_workloads_and_operations(world: W
                 assert response.status_code == 404, (method, path, response.text)
                 assert response.json()["detail"] == f"no {what} {path.split('/')[2]!r}"
             assert ok(a.get(f"{base}/{mine[:8]}"))["id"] == mine  # a prefix among its own
+            if what == "operation":  # the tree's shares: another's is "another operation"
+                names = [e["name"] for e in ok(a.get("/pool-trees/own-t"))["elements"]
+                         if e["kind"] == "operation"]
+                assert sorted(names) == sorted([mine, "another operation"])
             listed = [item["id"] for item in ok(b.get(base))["items"]]
             assert theirs in listed and mine not in listed
             everything = {item["id"] for item in ok(admin.get(base))["items"]}
@@ -505,6 +510,29 @@ def svc(database_url: str) -> Iterator[Service]:
     db = Database.open(database_url)
     yield Service(db)
     db.close()
+
+
+def test_others_ids_in_an_answer_read_another_for_a_submitter(svc: Service) -> None:
+    """`config explain` named others' running workloads as would-be victims (and a
+    workload's reason its preemptor), which a submitter could not otherwise see."""
+    scheduling = SchedulingService(svc.db)
+    a, _ = svc.create_token("submitter", ["c"], "a")
+    b, _ = svc.create_token("submitter", ["c"], "b")
+    admin, _ = svc.create_token("admin")
+    mine, theirs, anonymous = (
+        scheduling.submit_workload(labels={"t": "x"}, created_by=by).id
+        for by in (a.id, b.id, None)
+    )
+    unrelated = "00000000-0000-8000-8000-000000000000"  # no workload's id
+    data = {"reason": f"at priority 90, preempting {theirs}, {mine}, {anonymous}",
+            "notes": [f"{unrelated} stays"], "id": mine}
+    auth = Auth(svc, True)
+    assert without_others(auth, a, "workload", data) == {
+        "reason": f"at priority 90, preempting another workload, {mine}, another workload",
+        "notes": [f"{unrelated} stays"], "id": mine,
+    }
+    assert without_others(auth, admin, "workload", data) == data
+    assert without_others(auth, None, "workload", data) == data
 
 
 def test_token_store(svc: Service) -> None:

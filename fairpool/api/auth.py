@@ -24,7 +24,7 @@ import ipaddress
 import re
 from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, Request, params
 from fastapi.security import HTTPBearer
@@ -182,6 +182,10 @@ class Auth:
         with self.service.db.read() as conn:
             return repo.created_by(conn, what, token.id, ids)
 
+    def others_ids(self, token: ApiToken, what: str, ids: list[str]) -> set[str]:
+        with self.service.db.read() as conn:
+            return repo.others_of(conn, what, token.id, ids)
+
 
 async def authorize(request: Request) -> ApiToken | None:
     """The calling token once it passed the route's rule; None when auth is off (at no cost:
@@ -261,6 +265,47 @@ def visible(auth: Auth, caller: ApiToken | None, what: str, views: list[V]) -> l
         return views
     own = auth.own_ids(caller, what, [v.id for v in views])
     return [v for v in views if v.id in own]
+
+
+#: An id as fairpool makes them (``fairpool.ids``), wherever it appears in a text.
+_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def without_others(auth: Auth, caller: ApiToken | None, what: str, data: Any) -> Any:
+    """``data`` (an answer's JSON) as a submitter may see it: each id of another's ``what``
+    (workload, operation) that it holds -- in a reason, a tree's elements, a job's
+    ``preempted_by`` -- reads "another workload" (or operation). As is for an admin (or
+    without auth). One read, for the ids it holds."""
+    if caller is None or caller.role is TokenRole.ADMIN:
+        return data
+    texts: list[str] = []
+    _strings(data, texts)
+    found = sorted({match for text in texts for match in _ID.findall(text)})
+    others = auth.others_ids(caller, what, found) if found else set()
+    if not others:
+        return data
+
+    def hide(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: hide(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [hide(item) for item in value]
+        if isinstance(value, str):
+            return _ID.sub(lambda m: f"another {what}" if m[0] in others else m[0], value)
+        return value
+
+    return hide(data)
+
+
+def _strings(value: Any, into: list[str]) -> None:
+    if isinstance(value, str):
+        into.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, into)
 
 
 def visible_requests(

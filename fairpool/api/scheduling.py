@@ -8,13 +8,13 @@ shape is wrong, 400 when it is well formed but names a flavor or queue that does
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.auth import Auth, Caller, owner_of, visible
+from fairpool.api.auth import Auth, Caller, owner_of, visible, without_others
 from fairpool.api.models import Key, LabelValue, PathText, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
@@ -26,6 +26,7 @@ from fairpool.frontends.config import (
 )
 from fairpool.frontends.names import MAX_LABELS
 from fairpool.scheduling import SchedulingService
+from fairpool.store.records import ApiToken
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
 #: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
@@ -74,6 +75,10 @@ def scheduling_router(
     tokens: Auth,
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
+
+    def shown(caller: ApiToken | None, data: Any, status: int = 200) -> JSONResponse:
+        """A submitter reads "another workload" where others' ids would be."""
+        return JSONResponse(without_others(tokens, caller, "workload", data), status_code=status)
 
     @router.post("/config/validate", tags=["scheduler config"])
     def validate_config(body: ConfigBody) -> JSONResponse:
@@ -128,16 +133,16 @@ def scheduling_router(
         return JSONResponse(scheduling.rollback_config(version).as_dict(), status_code=201)
 
     @router.post("/config/explain", tags=["scheduler config"])
-    def explain(body: WorkloadBody) -> JSONResponse:
+    def explain(body: WorkloadBody, caller: Caller) -> JSONResponse:
         """What a workload would get now (rule, queue, flavors, priority) and why not others;
         nothing is stored."""
-        return JSONResponse(scheduling.explain(**body.model_dump()).as_dict())
+        return shown(caller, scheduling.explain(**body.model_dump()).as_dict())
 
     @router.post("/workloads", status_code=201, tags=["workloads"])
     def submit_workload(body: WorkloadBody, caller: Caller) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
         view = scheduling.submit_workload(**body.model_dump(), created_by=owner_of(caller))
-        return JSONResponse(view.as_dict(), status_code=201)
+        return shown(caller, view.as_dict(), 201)
 
     @router.get("/workloads", tags=["workloads"])
     def list_workloads(
@@ -149,20 +154,20 @@ def scheduling_router(
         own)."""
         views = visible(tokens, caller, "workload",
                         scheduling.list_workloads(status=status, queue=queue))
-        return JSONResponse({"items": [v.as_dict() for v in views]})
+        return shown(caller, {"items": [v.as_dict() for v in views]})
 
     @router.get("/workloads/{ref}", tags=["workloads"])
-    def get_workload(ref: PathText) -> JSONResponse:
-        return JSONResponse(scheduling.get_workload(ref).as_dict())
+    def get_workload(ref: PathText, caller: Caller) -> JSONResponse:
+        return shown(caller, scheduling.get_workload(ref).as_dict())
 
     @router.post("/workloads/{ref}/release", tags=["workloads"])
-    def release_workload(ref: PathText) -> JSONResponse:
+    def release_workload(ref: PathText, caller: Caller) -> JSONResponse:
         """The workload ended: its quota is free again."""
-        return JSONResponse(scheduling.release_workload(ref).as_dict())
+        return shown(caller, scheduling.release_workload(ref).as_dict())
 
     @router.post("/workloads/{ref}/cancel", tags=["workloads"])
-    def cancel_workload(ref: PathText) -> JSONResponse:
-        return JSONResponse(scheduling.cancel_workload(ref).as_dict())
+    def cancel_workload(ref: PathText, caller: Caller) -> JSONResponse:
+        return shown(caller, scheduling.cancel_workload(ref).as_dict())
 
     @router.get("/queues", tags=["queues"])
     def list_queues() -> JSONResponse:

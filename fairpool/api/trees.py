@@ -21,10 +21,11 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.auth import Auth, Caller, owner_of, visible
+from fairpool.api.auth import Auth, Caller, owner_of, visible, without_others
 from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
+from fairpool.store.records import ApiToken
 from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
 
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
@@ -161,6 +162,10 @@ def trees_router(
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
 
+    def shown(caller: ApiToken | None, data: Any, status: int = 200) -> JSONResponse:
+        """A submitter reads "another operation" where others' ids would be."""
+        return _json(without_others(tokens, caller, "operation", data), status)
+
     # -- nodes -------------------------------------------------------------------------------
 
     @router.post("/nodes", status_code=201, tags=["nodes"])
@@ -206,10 +211,10 @@ def trees_router(
         return _json({"default_tree": trees.default_tree(body.name)})
 
     @router.get("/pool-trees/{name}", tags=["pool trees"])
-    def show_pool_tree(name: TreeName) -> JSONResponse:
+    def show_pool_tree(name: TreeName, caller: Caller) -> JSONResponse:
         """The tree with each element's fair / usage / demand share, dominant resource and
         starvation."""
-        return _json(trees.show_tree(name).as_dict())
+        return shown(caller, trees.show_tree(name).as_dict())
 
     @router.patch("/pool-trees/{name}", tags=["pool trees"])
     def set_pool_tree(name: TreeName, body: OptionSet) -> JSONResponse:
@@ -265,7 +270,7 @@ def trees_router(
             resource_limits=body.resource_limits, interruptible=body.interruptible,
             tree_options=body.scheduling_options_per_pool_tree, created_by=owner_of(caller),
         )
-        return _json(view.as_dict(), 201)
+        return shown(caller, view.as_dict(), 201)
 
     @router.get("/operations", tags=["operations of pool trees"])
     def list_operations(
@@ -277,22 +282,22 @@ def trees_router(
         """Operations, oldest first, optionally of one tree and one status (a submitter's
         own)."""
         views = visible(tokens, caller, "operation", trees.list_operations(tree or None, status))
-        return _json({"items": [v.as_dict() for v in views]})
+        return shown(caller, {"items": [v.as_dict() for v in views]})
 
     @router.get("/operations/{ref}", tags=["operations of pool trees"])
-    def describe_operation(ref: OperationRef) -> JSONResponse:
+    def describe_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """Fair share, running / pending jobs, why pending, interrupted and preempted jobs."""
-        return _json(trees.describe_operation(ref).as_dict())
+        return shown(caller, trees.describe_operation(ref).as_dict())
 
     @router.post("/operations/{ref}/complete", tags=["operations of pool trees"])
-    def complete_operation(ref: OperationRef) -> JSONResponse:
+    def complete_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """The operation finished: its jobs' units return."""
-        return _json(trees.complete_operation(ref).as_dict())
+        return shown(caller, trees.complete_operation(ref).as_dict())
 
     @router.post("/operations/{ref}/abort", tags=["operations of pool trees"])
-    def abort_operation(ref: OperationRef) -> JSONResponse:
+    def abort_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """Stop the operation: its jobs' units return."""
-        return _json(trees.abort_operation(ref).as_dict())
+        return shown(caller, trees.abort_operation(ref).as_dict())
 
     return router
 

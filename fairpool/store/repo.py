@@ -622,16 +622,27 @@ def created_by(
 ) -> set[str]:
     """Those of ``ids`` (of ``what``, ``OWNED``) submitted with token ``token_id``."""
     table = OWNED[what]
+    return _ids_where(connection, table, ids, table.c.created_by_token_id == token_id)
+
+
+def others_of(
+    connection: Connection, what: str, token_id: str, ids: Sequence[str]
+) -> set[str]:
+    """Those of ``ids`` that are rows of ``what`` (``OWNED``) not submitted with token
+    ``token_id`` (any other id is none of them)."""
+    table = OWNED[what]
+    return _ids_where(
+        connection, table, ids, table.c.created_by_token_id.is_distinct_from(token_id)
+    )
+
+
+def _ids_where(
+    connection: Connection, table: Table, ids: Sequence[str], condition: ColumnElement[bool]
+) -> set[str]:
     found: set[str] = set()
     for start in range(0, len(ids), _BATCH):
         batch = ids[start : start + _BATCH]
-        found.update(
-            connection.scalars(
-                select(table.c.id).where(
-                    table.c.id.in_(batch), table.c.created_by_token_id == token_id
-                )
-            )
-        )
+        found.update(connection.scalars(select(table.c.id).where(table.c.id.in_(batch), condition)))
     return found
 
 
