@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, Unreachable, validate_int
+from fairpool.leases import DEFAULT_LEASE_TTL, MAX_RETRIES, holding, wait_timeout
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
@@ -438,6 +438,7 @@ class _Acquire:
 def once(max_retries: int) -> None:
     """A ``with`` block runs once: the retry attempt a preemption queued would get units
     nobody uses (until its lease ended). Refused before anything is submitted."""
+    validate_int("max_retries", max_retries, 0, MAX_RETRIES)
     if max_retries:
         raise InvalidInput(
             "max_retries", max_retries, "a with block runs once; use acquire as a decorator to "
@@ -451,6 +452,8 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     try:
         lost = grant.finish()
     except KeyboardInterrupt:
+        if grant.lost is None:  # a Ctrl-C of the program's: not swallowed
+            raise
         # The heartbeat's interrupt landed while we were already leaving.
         lost = grant.lost
     if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):

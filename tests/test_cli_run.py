@@ -148,6 +148,25 @@ def test_a_signal_while_waiting_cancels_the_request(
     assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
 
 
+@pytest.mark.parametrize("command", WAITING)
+def test_a_second_ending_signal_while_cancelling_waits_for_the_cancel(
+    tmp_path: Path, command: str
+) -> None:
+    """A closed terminal sends SIGHUP twice (the shell's, the kernel's): the second, landing
+    while the first cancelled, escaped as 'Aborted!' (exit 1) and left the request queued,
+    to be granted to nobody."""
+    setup(tmp_path)
+    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
+    runner = start(tmp_path, *WAITING[command])
+    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
+    time.sleep(0.3)  # in its wait
+    runner.send_signal(signal.SIGHUP)
+    runner.send_signal(signal.SIGTERM)  # another signal: not merged with the first
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 128 + signal.SIGHUP, err
+    assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+
+
 def test_a_command_that_cannot_start_exits_as_a_shell_would(tmp_path: Path) -> None:
     """127 not found, 126 not runnable; its units released at once."""
     setup(tmp_path)

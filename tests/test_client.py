@@ -276,7 +276,26 @@ def test_a_with_block_refuses_retries_before_submitting(home: str) -> None:
     with pytest.raises(InvalidInput, match=r"^max_retries: a with block runs once"):
         with client.acquire({"gpu": 1}, component="low", max_retries=1):
             pass
+    with pytest.raises(InvalidInput, match=r"^max_retries: must be a non-negative integer \(got -1\)"):
+        with client.acquire({"gpu": 1}, component="low", max_retries=-1):
+            pass
     assert client.list_requests() == []
+
+
+def test_a_ctrl_c_while_the_block_ends_is_not_swallowed(
+    home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was taken for the heartbeat's own interrupt: the program went on as if the block
+    had ended normally (exit 0), its units allocated until the lease ran out."""
+    client = Client(home=home)
+
+    def interrupted(self: object, ref: str) -> None:
+        raise KeyboardInterrupt  # a Ctrl-C landing in the release's call
+
+    monkeypatch.setattr(Client, "release", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with client.acquire({"gpu": 1}, component="low"):
+            pass
 
 
 def test_preemption_reaches_a_holder_past_its_own_sigint_handler(home: str) -> None:

@@ -402,6 +402,27 @@ def test_an_expired_lease_returns_the_units_with_an_event(svc: Service, clock: C
         assert [e.kind for e in repo.list_events(conn, request_id=held.id)][-1] == "lease_expired"
 
 
+def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
+    svc: Service, clock: Clock
+) -> None:
+    """Embedded (``catch_up``) nobody runs passes between commands. A read found the lease
+    run out and showed it allocated until the next write; a heartbeat that expired another
+    holder's lease freed its units but granted them to nobody (and then no read was due)."""
+    svc.catch_up = True
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "orch")
+    first = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60)
+    second = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=120)
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    clock.now += timedelta(seconds=61)
+    assert svc.heartbeat(second.id).status == "allocated"  # it expires the first's lease
+    assert svc.get_request(first.id).status == "released"
+    assert svc.get_request(waiting.id).status == "allocated"  # granted then, not later
+    clock.now += timedelta(seconds=121)
+    assert svc.get_pool("p").occupied == {"gpu": 1}  # a read: the second's lease ran out
+    assert svc.get_request(second.id).status == "released"
+
+
 def test_without_a_lease_an_allocation_is_held_until_released(svc: Service, clock: Clock) -> None:
     svc.create_pool("p", {"gpu": 1})
     svc.attach_policy("p", "orch")

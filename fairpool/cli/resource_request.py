@@ -224,28 +224,33 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
     """``request`` once it no longer waits (``wait_for``), or still queued once ``timeout``
     passed. Interrupted meanwhile (``ENDING_SIGNALS``), the request is cancelled, so that units
     nobody will use are never granted to it, and the command exits with 128 + the signal's
-    number, as a shell reports a command the signal ended."""
+    number, as a shell reports a command the signal ended. While it cancels, a SIGHUP or
+    SIGTERM again (a closed terminal sends SIGHUP twice) waits for the cancel; a second Ctrl-C
+    ends us at once."""
     received: list[int] = []
 
     def interrupt(signum: int, _: FrameType | None) -> None:
         received.append(signum)
-        raise KeyboardInterrupt
+        if len(received) == 1 or signum == signal.SIGINT:
+            raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
     try:
-        data = request.as_dict()
-        return wait_for(request.id, timeout) if data["status"] == "queued" else data
-    except KeyboardInterrupt:
-        pass
-    finally:  # a second signal, while cancelling, ends us the usual way
+        try:
+            data = request.as_dict()
+            return wait_for(request.id, timeout) if data["status"] == "queued" else data
+        except KeyboardInterrupt:
+            if not received:
+                raise
+        try:
+            service().cancel_request(request.id)  # allocated meanwhile: that releases it
+        except Conflict:
+            pass  # it ended meanwhile
+    finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    try:
-        service().cancel_request(request.id)  # allocated meanwhile: that releases it
-    except Conflict:
-        pass  # it ended meanwhile
     o.declare(f"Interrupted: resource request `{request.id}` cancelled")
-    sys.exit(128 + (received[0] if received else signal.SIGINT))
+    sys.exit(128 + received[0])
 
 
 def finish_wait(data: dict[str, Any]) -> None:
