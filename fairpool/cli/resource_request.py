@@ -224,14 +224,16 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
     """``request`` once it no longer waits (``wait_for``), or still queued once ``timeout``
     passed. Interrupted meanwhile (``ENDING_SIGNALS``), the request is cancelled, so that units
     nobody will use are never granted to it, and the command exits with 128 + the signal's
-    number, as a shell reports a command the signal ended. While it cancels, a SIGHUP or
-    SIGTERM again (a closed terminal sends SIGHUP twice) waits for the cancel; a second Ctrl-C
-    ends us at once."""
-    received: list[int] = []
+    number, as a shell reports a command the signal ended. A SIGHUP or SIGTERM within a
+    second of the last signal (a closed terminal sends SIGHUP twice) leaves the cancel be; a
+    second Ctrl-C ends us at once."""
+    received: list[tuple[int, float]] = []
 
     def interrupt(signum: int, _: FrameType | None) -> None:
-        received.append(signum)
-        if len(received) == 1 or signum == signal.SIGINT:
+        now = time.monotonic()
+        again = bool(received) and now - received[-1][1] < 1.0 and signum != signal.SIGINT
+        received.append((signum, now))
+        if not again:
             raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
@@ -250,7 +252,7 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     o.declare(f"Interrupted: resource request `{request.id}` cancelled")
-    sys.exit(128 + received[0])
+    sys.exit(128 + received[0][0])
 
 
 def finish_wait(data: dict[str, Any]) -> None:
