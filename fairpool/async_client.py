@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from fairpool.client import Client, Preempted, WaitTimeout, not_granted, once
+from fairpool.client import Client, Preempted, WaitTimeout, not_granted, runs_once
 from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings
@@ -183,7 +183,7 @@ class AsyncAcquire:
         self._cancelled_holder = False
 
     async def __aenter__(self) -> AsyncGrant:
-        once(self._max_retries)
+        runs_once(self._max_retries)
         client = self._client
         submitting = asyncio.ensure_future(self._submit())
         try:

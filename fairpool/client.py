@@ -366,7 +366,7 @@ class _Acquire:
         self._grant: Grant | None = None
 
     def __enter__(self) -> Grant:
-        once(self._max_retries)
+        runs_once(self._max_retries)
         self._grant = self._start(self._submit())
         return self._grant
 
@@ -435,7 +435,7 @@ class _Acquire:
                 held.let_go()
 
 
-def once(max_retries: int) -> None:
+def runs_once(max_retries: int) -> None:
     """A ``with`` block runs once: the retry attempt a preemption queued would get units
     nobody uses (until its lease ended). Refused before anything is submitted."""
     validate_int("max_retries", max_retries, 0, MAX_RETRIES)

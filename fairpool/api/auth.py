@@ -80,7 +80,7 @@ class Rule(Enum):
     #: requests).
     ANY = "any"
     #: Any valid token; a submitter only on the requests, workloads or operations it submitted
-    #: (path parameter ``ref``).
+    #: (path parameter ``ref``). The values are what ``repo.OWNED`` calls them.
     OWN_REQUEST = "request"
     OWN_WORKLOAD = "workload"
     OWN_OPERATION = "operation"
@@ -209,7 +209,7 @@ def _authorize(auth: Auth, request: Request) -> ApiToken:
         raise HTTPException(
             403, f"this operation needs an admin token; {label(token)} is a {token.role.value}"
         )
-    if rule is not Rule.ANY:
+    if rule is not Rule.ANY:  # one of its own, by the name repo.OWNED gives it
         path_params = request.scope["path_params"]
         ref = path_params.get("ref")
         # A malformed ref is left to the endpoint's validation (422), not looked up.
