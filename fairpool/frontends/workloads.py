@@ -689,8 +689,9 @@ class Outcome:
     repriced: Mapping[str, int] = field(default_factory=dict)
 
 
-def decide(compiled: Compiled, plan: Plan) -> Outcome:
-    """The engine's plan as one ``Decision`` per waiting workload, plus the evictions."""
+def decide(compiled: Compiled, plan: Plan, unnamed: frozenset[str] = frozenset()) -> Outcome:
+    """The engine's plan as one ``Decision`` per waiting workload, plus the evictions.
+    ``unnamed``: victims an admitted preemptor's decision does not name (see ``schedule``)."""
     evictions: list[Eviction] = []
     victims: dict[str, list[str]] = defaultdict(list)
     for preemption in plan.preemptions:
@@ -702,7 +703,8 @@ def decide(compiled: Compiled, plan: Plan) -> Outcome:
             f"preempted by workload {preemption.preemptor_id} in queue {preemptor.queue} "
             f"(priority {preemptor.priority} > {victim.priority})",
         ))
-        victims[preemption.preemptor_id].append(preemption.victim_id)
+        if preemption.victim_id not in unnamed:
+            victims[preemption.preemptor_id].append(preemption.victim_id)
 
     decisions = dict(compiled.decided)
     usage = _final_usage(compiled, plan)
@@ -838,24 +840,30 @@ def schedule(
     decisions: dict[str, Decision] = {}
     evictions: list[Eviction] = []
     repriced: dict[str, int] = {}
+    # A workload admitted by an earlier round and preempted by a later one (by a workload
+    # requeued in between, of higher priority) never ran: it was not preempted, only not
+    # admitted after all. It waits on from its submission, and no eviction or reason names it.
+    admitted_now: set[str] = set()
     # Rounds end: a round admits its preemptors and removes only workloads of strictly lower
     # priority than one of them (a workload's priority is its route's in every round), so the
     # admitted set grows in the multiset order of priorities, over finitely many workloads.
     while True:
         compiled = compile_snapshot(config, waiting, running, now)
-        outcome = decide(compiled, reconcile(compiled.snapshot))
+        outcome = decide(compiled, reconcile(compiled.snapshot), frozenset(admitted_now))
         decisions.update(outcome.decisions)
-        evictions += outcome.evictions
+        evictions += [e for e in outcome.evictions if e.workload_id not in admitted_now]
         repriced.update(outcome.repriced)
         if not outcome.evictions:
             return Outcome(decisions, tuple(evictions), repriced)
         evicted = {e.workload_id for e in outcome.evictions}
-        requeued = [replace(r.workload, submitted_at=now) for r in running
-                    if r.workload.id in evicted]
+        requeued = [r.workload if r.workload.id in admitted_now
+                    else replace(r.workload, submitted_at=now)
+                    for r in running if r.workload.id in evicted]
         admitted = [
             RunningWorkload(w, d.admission) for w in waiting
             if (d := outcome.decisions[w.id]).admission is not None
         ]
+        admitted_now.update(r.workload.id for r in admitted)
         running = [r for r in running if r.workload.id not in evicted] + admitted
         waiting = [w for w in waiting if outcome.decisions[w.id].status is Status.QUEUED]
         waiting += requeued
