@@ -129,25 +129,39 @@ class Grant:
             raise not_granted(self.lost)
 
     def finish(self) -> RequestView | None:
-        """Stop the heartbeat and give the units back; returns why they were lost, if so."""
+        """Stop the heartbeat and give the units back; returns why they were lost, if so. A
+        SIGTERM during the release waits for it, then ends the block as it would have."""
+        term = next((held for held in self._held if held.signum == signal.SIGTERM), None)
         try:
             with self._lock:
                 self._stop.set()
             self._thread.join(timeout=10)
+            if term is not None:
+                term.releasing += 1
+            try:
+                if self.lost is None:
+                    self._release()
+            finally:
+                if term is not None:
+                    term.releasing -= 1
         finally:
             for held in self._held:
                 held.let_go()
-        if self.lost is None:
-            try:
-                self._client.release(self.request.id)
-            except Conflict:
-                # Preempted, expired or released between two heartbeats.
-                self.lost = self._client.get(self.request.id)
-            except Unreachable as error:
-                # The block's work is done: not lost for want of a release the lease makes
-                # anyway (as ``fairpool run`` goes on).
-                log.warning("%s; the units go back when the lease expires", error)
+        if term is not None and term.deferred and not term.releasing:
+            term.deferred = False
+            raise SystemExit(128 + signal.SIGTERM)
         return self.lost
+
+    def _release(self) -> None:
+        try:
+            self._client.release(self.request.id)
+        except Conflict:
+            # Preempted, expired or released between two heartbeats.
+            self.lost = self._client.get(self.request.id)
+        except Unreachable as error:
+            # The block's work is done: not lost for want of a release the lease makes
+            # anyway (as ``fairpool run`` goes on).
+            log.warning("%s; the units go back when the lease expires", error)
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -478,6 +492,9 @@ class _HeldSignal:
         self.signum = signum
         self.before = before
         self.holders = 0
+        #: SIGTERM: grants giving their units back now, and whether one came meanwhile.
+        self.releasing = 0
+        self.deferred = False
 
     @classmethod
     def hold(cls, signum: int) -> _HeldSignal | None:
@@ -506,6 +523,9 @@ class _HeldSignal:
 
     def __call__(self, signum: int, frame: object) -> None:
         if signum == signal.SIGTERM:
+            if self.releasing:  # the release goes on; the grant raises once it is done
+                self.deferred = True
+                return
             raise SystemExit(128 + signum)
         if _interrupting.is_set():
             _interrupting.clear()

@@ -243,6 +243,32 @@ with Client(home=home).acquire({"gpu": int(gpus)}, component="low", timeout=60):
 """
 
 
+TERMINATED_WHILE_RELEASING = """
+import os, signal, sys
+from fairpool import Client
+release = Client.release
+
+def release_while_terminated(self, ref):
+    os.kill(os.getpid(), signal.SIGTERM)  # lands as the release goes out
+    return release(self, ref)
+
+Client.release = release_while_terminated
+with Client(home=sys.argv[1]).acquire({"gpu": 1}, component="low"):
+    pass
+print("went on")
+"""
+
+
+def test_a_sigterm_during_the_release_waits_for_it(home: str) -> None:
+    """The handler was put back before the release: the process ended by SIGTERM with its
+    units allocated until the lease expired. Now the release is done, then exit 143."""
+    done = subprocess.run([sys.executable, "-c", TERMINATED_WHILE_RELEASING, home],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "went on" not in done.stdout
+    assert [r.status for r in Client(home=home).list_requests()] == ["released"]
+
+
 @pytest.mark.parametrize("waiting", [False, True])
 def test_sigterm_ends_the_block_and_gives_the_units_back(home: str, waiting: bool) -> None:
     """SIGTERM left to the OS ended a holder with its units allocated until the lease
