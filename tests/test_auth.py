@@ -525,11 +525,16 @@ def test_others_ids_in_an_answer_read_another_for_a_submitter(svc: Service) -> N
     )
     unrelated = "00000000-0000-8000-8000-000000000000"  # no workload's id
     data = {"reason": f"at priority 90, preempting {theirs}, {mine}, {anonymous}",
-            "notes": [f"{unrelated} stays"], "id": mine}
+            "notes": [f"{unrelated} stays", f"preempted by workload {theirs} in queue q"],
+            "id": mine,
+            # What the caller gave is shown as given: rewritten, it would tell which ids are
+            # someone else's.
+            "labels": {"ref": theirs}}
     auth = Auth(svc, True)
     assert without_others(auth, a, "workload", data) == {
         "reason": f"at priority 90, preempting another workload, {mine}, another workload",
-        "notes": [f"{unrelated} stays"], "id": mine,
+        "notes": [f"{unrelated} stays", "preempted by another workload in queue q"],
+        "id": mine, "labels": {"ref": theirs},
     }
     assert without_others(auth, admin, "workload", data) == data
     assert without_others(auth, None, "workload", data) == data

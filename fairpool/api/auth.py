@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
@@ -267,45 +268,48 @@ def visible(auth: Auth, caller: ApiToken | None, what: str, views: list[V]) -> l
     return [v for v in views if v.id in own]
 
 
-#: An id as fairpool makes them (``fairpool.ids``), wherever it appears in a text.
-_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: An id as fairpool makes them (``fairpool.ids``), with the word before it if it names its
+#: kind ("workload <id>").
+_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+#: Where answers name other workloads or operations: the texts fairpool writes and the fields
+#: that hold a preemptor or victims. Not what the caller gave (labels, user, resources):
+#: rewritten, those would tell it which ids are someone else's.
+_NAMING = frozenset({"reason", "notes", "preempted", "preempted_by"})
 
 
 def without_others(auth: Auth, caller: ApiToken | None, what: str, data: Any) -> Any:
     """``data`` (an answer's JSON) as a submitter may see it: each id of another's ``what``
-    (workload, operation) that it holds -- in a reason, a tree's elements, a job's
-    ``preempted_by`` -- reads "another workload" (or operation). As is for an admin (or
-    without auth). One read, for the ids it holds."""
+    (workload, operation) named in a reason, a job's ``preempted_by`` or a tree's element
+    reads "another workload" (or operation). As is for an admin (or without auth). One read,
+    for the ids named."""
     if caller is None or caller.role is TokenRole.ADMIN:
         return data
-    texts: list[str] = []
-    _strings(data, texts)
-    found = sorted({match for text in texts for match in _ID.findall(text)})
-    others = auth.others_ids(caller, what, found) if found else set()
+    pattern = re.compile(rf"(?:\b{what} )?({_ID})")
+    named: set[str] = set()
+
+    def collect(text: str) -> str:
+        named.update(m[1] for m in pattern.finditer(text))
+        return text
+
+    _naming(data, what, collect)
+    others = auth.others_ids(caller, what, sorted(named)) if named else set()
     if not others:
         return data
-
-    def hide(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: hide(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [hide(item) for item in value]
-        if isinstance(value, str):
-            return _ID.sub(lambda m: f"another {what}" if m[0] in others else m[0], value)
-        return value
-
-    return hide(data)
+    return _naming(data, what, lambda text: pattern.sub(
+        lambda m: f"another {what}" if m[1] in others else m[0], text))
 
 
-def _strings(value: Any, into: list[str]) -> None:
-    if isinstance(value, str):
-        into.append(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _strings(item, into)
-    elif isinstance(value, list):
-        for item in value:
-            _strings(item, into)
+def _naming(value: Any, what: str, text: Callable[[str], str], naming: bool = False) -> Any:
+    """``value`` with ``text`` applied to the strings that may name others' ids: under
+    ``_NAMING`` keys, and the names of a tree's elements of kind ``what``."""
+    if isinstance(value, dict):
+        element = value.get("kind") == what
+        return {key: _naming(item, what, text,
+                             naming or key in _NAMING or (element and key == "name"))
+                for key, item in value.items()}
+    if isinstance(value, list):
+        return [_naming(item, what, text, naming) for item in value]
+    return text(value) if naming and isinstance(value, str) else value
 
 
 def visible_requests(

@@ -198,9 +198,11 @@ def _print_tree(data: dict[str, Any], output: str) -> None:
     rows = [
         {
             **row,
-            # Operation ids cut to 8 characters, as `operation describe` accepts prefixes.
+            # Operation ids cut to 8 characters, as `operation describe` accepts prefixes
+            # ("another operation", what a submitter reads of another's, whole).
             "element": "  " * row["depth"]
-            + (row["name"][:8] if row["kind"] == "operation" else row["name"]),
+            + (row["name"][:8] if row["kind"] == "operation" and len(row["name"]) == 36
+               else row["name"]),
             "starving": "starving" if row["starving"] else "",
             "operations": f"{row['running_operations']}/{row['operations']}"
             if row["operations"] is not None else row["status"],
