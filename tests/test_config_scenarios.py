@@ -214,23 +214,32 @@ TWO_GROUPS = config("""
 """)
 
 
-#: A preempted workload's second chance: spot (selected by market-type) is full, any has room.
-SPOT_THEN_ANY = config("""
+def spot_and_any(**gpus: int) -> str:
+    """Flavors ``spot`` (selected by market-type SPOT) and ``any``, tried in the order of
+    ``gpus`` (their quotas), in one queue ``q`` that preempts lower priorities."""
+    flavors = "\n".join(
+        f"              - {{ name: {name}, resources: [{{ name: gpu, nominal_quota: {n} }}] }}"
+        for name, n in gpus.items()
+    )
+    return config(f"""
     resource_flavors:
       - name: spot
-        selector: [{ key: market-type, operator: in, values: [SPOT] }]
-      - { name: any }
+        selector: [{{ key: market-type, operator: in, values: [SPOT] }}]
+      - {{ name: any }}
     resource_queues:
       - name: q
-        preemption: { within_resource_queue: lower_priority }
+        preemption: {{ within_resource_queue: lower_priority }}
         resource_groups:
           - covered_resources: [gpu]
             flavors:
-              - { name: spot, resources: [{ name: gpu, nominal_quota: 2 }] }
-              - { name: any, resources: [{ name: gpu, nominal_quota: 1 }] }
+{flavors}
     scheduling_rules:
       - resource_queue: q
 """)
+
+
+#: A preempted workload's second chance: spot (selected by market-type) is full, any has room.
+SPOT_THEN_ANY = spot_and_any(spot=2, any=1)
 
 
 CASES = [
@@ -577,35 +586,17 @@ def test_eviction_names_preemptor_queue_and_priorities() -> None:
     assert decision.admission == Admission("ml_training", ("gpu_a100_spot",), 90, NOW)
 
 
-SHARED_THEN_SPOT = config("""
-    resource_flavors:
-      - { name: shared }
-      - name: spot
-        selector: [{ key: market-type, operator: in, values: [SPOT] }]
-    resource_queues:
-      - name: q
-        preemption: { within_resource_queue: lower_priority }
-        resource_groups:
-          - covered_resources: [gpu]
-            flavors:
-              - { name: shared, resources: [{ name: gpu, nominal_quota: 1 }] }
-              - { name: spot, resources: [{ name: gpu, nominal_quota: 1 }] }
-    scheduling_rules:
-      - resource_queue: q
-""")
-
-
 def test_a_workload_admitted_and_preempted_in_one_pass_was_only_not_admitted() -> None:
-    """hi (no market type: `shared` only) preempts mid from `shared`, and low, tried after
-    it, gets `spot`. Requeued in the same pass, mid (SPOT) preempts low there. low never ran:
+    """hi (no market type: `any` only) preempts mid from `any`, and low, tried after it,
+    gets `spot`. Requeued in the same pass, mid (SPOT) preempts low there. low never ran:
     it was named as preempted (and by mid's reason) and its wait started over."""
     mid = wl("mid", market="SPOT", priority=1, gpu=1)
     low = wl("low", 5.0, market="SPOT", priority=0, gpu=1)
-    outcome = schedule(load_config(SHARED_THEN_SPOT),
+    outcome = schedule(load_config(spot_and_any(any=1, spot=1)),
                        [wl("hi", 6.0, priority=2, gpu=1), low],
-                       [run(mid, "q", "shared", priority=1)], NOW)
+                       [run(mid, "q", "any", priority=1)], NOW)
     assert [(e.workload_id, e.preemptor_id) for e in outcome.evictions] == [("mid", "hi")]
-    assert summary(outcome, "hi") == "admitted q/shared p2"
+    assert summary(outcome, "hi") == "admitted q/any p2"
     assert outcome.decisions["mid"].admission == Admission("q", ("spot",), 1, NOW)
     assert outcome.decisions["mid"].preempted == ()
     assert "preempting" not in outcome.decisions["mid"].reason
