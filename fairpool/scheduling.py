@@ -297,7 +297,6 @@ class SchedulingService:
             if w.queue is not None and wl.admitted_queue(config, _running(w).admission) is None
         )
         waited = [w.id for w in before.waiting]
-        ran = {w.id for w in before.running}
         return Applied(
             self._version_view(version, version),
             tuple(warnings(config)),
@@ -306,8 +305,7 @@ class SchedulingService:
             tuple(i for i in waited if outcome.decisions[i].status is wl.Status.ADMITTED),
             tuple(i for i in waited
                   if outcome.decisions[i].status in (wl.Status.REJECTED, wl.Status.FAILED)),
-            tuple(dict.fromkeys(e.workload_id for e in outcome.evictions
-                                if e.workload_id in ran)),
+            tuple(e.workload_id for e in outcome.evictions),
         )
 
     @staticmethod
@@ -465,9 +463,9 @@ class SchedulingService:
         version = None if live.version is None else live.version.version
         waiting = {w.id: w for w in live.waiting}
         running = {w.id: w for w in live.running}
-        # Preempted: requeued, without the flavors it no longer holds, and decided again in
-        # the same pass (``wl.schedule``); one admitted earlier in the pass never ran.
-        evicted = {e.workload_id: e for e in outcome.evictions if e.workload_id in running}
+        # Preempted (running before the pass: ``wl.schedule`` names no other): requeued,
+        # without the flavors it no longer holds, and decided again in the same pass.
+        evicted = {e.workload_id: e for e in outcome.evictions}
         for workload_id, decision in outcome.decisions.items():
             workload = waiting.get(workload_id) or running[workload_id]
             values: dict[str, Any] = {

@@ -772,15 +772,12 @@ class Service:
     def heartbeat(self, ref: str) -> RequestView:
         """The holder is alive: renew the lease of an allocated request. Any status is
         answered, so a holder learns of a preemption at its next heartbeat."""
-        expired = False
-
         def change(tx: _Tx) -> Answer[RequestView]:
-            nonlocal expired
             request = self._request(tx, ref)
-            # A lease that ran out is not revived; no full pass here: heartbeats are frequent,
-            # and the next pass (the server's tick, any command) grants what expiry freed.
+            # A lease that ran out is not revived. A server runs no pass here: heartbeats are
+            # frequent, and its tick grants what expiry freed within a second. Embedded no
+            # tick follows, so the heartbeat runs one, as every other write does.
             if self._expire_leases(tx, PassSummary()):
-                expired = True
                 request = self._request(tx, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 expires = as_utc(self.clock() + timedelta(seconds=request.lease_ttl))
@@ -794,12 +791,7 @@ class Service:
                 return lambda tx, _: self._request_view(tx.conn, request_id)
             return lambda tx, done: self._request_view_after(tx, done, request_id)
 
-        view = self._write(change, passes=False, tracked=True)
-        if expired and self.catch_up:
-            # Embedded, no tick follows: the freed units would wait for the next write
-            # (and no read would catch up: no lease is left expired).
-            self.reconcile()
-        return view
+        return self._write(change, passes=self.catch_up, tracked=True)
 
     def release_request(self, ref: str) -> RequestView:
         def change(tx: _Tx) -> Answer[RequestView]:

@@ -28,6 +28,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, Request, params
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -297,6 +298,15 @@ def without_others(auth: Auth, caller: ApiToken | None, what: str, data: Any) ->
         return data
     return _naming(data, what, lambda text: pattern.sub(
         lambda m: f"another {what}" if m[1] in others else m[0], text))
+
+
+def answering(auth: Auth, what: str) -> Callable[..., JSONResponse]:
+    """``answer(caller, data, status=200)``: the JSON answer of a ``what`` route (workloads,
+    operations), ``without_others`` for a submitter."""
+    def answer(caller: ApiToken | None, data: Any, status: int = 200) -> JSONResponse:
+        return JSONResponse(without_others(auth, caller, what, data), status_code=status)
+
+    return answer
 
 
 def _naming(value: Any, what: str, text: Callable[[str], str], naming: bool = False) -> Any:

@@ -8,13 +8,13 @@ shape is wrong, 400 when it is well formed but names a flavor or queue that does
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.auth import Auth, Caller, owner_of, visible, without_others
+from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import Key, LabelValue, PathText, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
@@ -26,7 +26,6 @@ from fairpool.frontends.config import (
 )
 from fairpool.frontends.names import MAX_LABELS
 from fairpool.scheduling import SchedulingService
-from fairpool.store.records import ApiToken
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
 #: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
@@ -76,9 +75,7 @@ def scheduling_router(
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
 
-    def shown(caller: ApiToken | None, data: Any, status: int = 200) -> JSONResponse:
-        """A submitter reads "another workload" where others' ids would be."""
-        return JSONResponse(without_others(tokens, caller, "workload", data), status_code=status)
+    shown = answering(tokens, "workload")  # a submitter reads "another workload" for others'
 
     @router.post("/config/validate", tags=["scheduler config"])
     def validate_config(body: ConfigBody) -> JSONResponse:

@@ -21,11 +21,10 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.auth import Auth, Caller, owner_of, visible, without_others
+from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
-from fairpool.store.records import ApiToken
 from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
 
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
@@ -162,9 +161,7 @@ def trees_router(
 ) -> APIRouter:
     router = APIRouter(prefix=prefix, dependencies=dependencies)
 
-    def shown(caller: ApiToken | None, data: Any, status: int = 200) -> JSONResponse:
-        """A submitter reads "another operation" where others' ids would be."""
-        return _json(without_others(tokens, caller, "operation", data), status)
+    shown = answering(tokens, "operation")  # a submitter reads "another operation" for others'
 
     # -- nodes -------------------------------------------------------------------------------
 

@@ -508,7 +508,7 @@ class _Planner:
             return
         placed = self.place_all(op.job_resources, count)
         if len(placed) < count:
-            empty = {name: dict(n.node.resources) for name, n in self.nodes.items()}
+            empty = {name: n.node.resources for name, n in self.nodes.items()}  # copied there
             ever = len(self.place_all(op.job_resources, count, empty))
             self.waiting[op.id] = (
                 f"gang of {counted(count, 'job')}: only {len(placed)} fit on the nodes of tree "
