@@ -237,20 +237,24 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
             raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
+    interrupted = False
     try:
-        try:
-            data = request.as_dict()
-            return wait_for(request.id, timeout) if data["status"] == "queued" else data
-        except KeyboardInterrupt:
-            if not received:
-                raise
-        try:
-            service().cancel_request(request.id)  # allocated meanwhile: that releases it
-        except Conflict:
-            pass  # it ended meanwhile
+        data = request.as_dict()
+        return wait_for(request.id, timeout) if data["status"] == "queued" else data
+    except KeyboardInterrupt:
+        interrupted = bool(received)
+        if not interrupted:
+            raise
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        # Interrupted, the handlers stay to the exit: a repeated signal landing once they
+        # were put back ended us by its default action, before the exit status was ours.
+        if not interrupted:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    try:
+        service().cancel_request(request.id)  # allocated meanwhile: that releases it
+    except Conflict:
+        pass  # it ended meanwhile
     o.declare(f"Interrupted: resource request `{request.id}` cancelled")
     sys.exit(128 + received[0][0])
 
