@@ -238,6 +238,22 @@ def spot_and_any(**gpus: int) -> str:
 """)
 
 
+#: Flavors a then b, 8 gpus each, in one queue q that preempts lower priorities.
+A_THEN_B = config("""
+    resource_flavors: [{ name: a }, { name: b }]
+    resource_queues:
+      - name: q
+        preemption: { within_resource_queue: lower_priority }
+        resource_groups:
+          - covered_resources: [gpu]
+            flavors:
+              - { name: a, resources: [{ name: gpu, nominal_quota: 8 }] }
+              - { name: b, resources: [{ name: gpu, nominal_quota: 8 }] }
+    scheduling_rules:
+      - resource_queue: q
+""")
+
+
 #: A preempted workload's second chance: spot (selected by market-type) is full, any has room.
 SPOT_THEN_ANY = spot_and_any(spot=2, any=1)
 
@@ -601,6 +617,22 @@ def test_a_workload_admitted_and_preempted_in_one_pass_was_only_not_admitted() -
     assert outcome.decisions["mid"].preempted == ()
     assert "preempting" not in outcome.decisions["mid"].reason
     assert outcome.decisions["low"].status is Status.QUEUED
+
+
+def test_a_requeued_workload_is_decided_before_lower_priorities_of_its_pass() -> None:
+    """hi preempts r from flavor a; requeued, r (60) is decided before w (50), as if it had been
+    waiting: it preempts v from b. w waits; nothing is preempted for it. (Decided in rounds,
+    w took b from v first, then r took it from w: v was evicted for w, which never ran.)"""
+    r, v = wl("r", gpu=8), wl("v", gpu=8)
+    outcome = schedule(load_config(A_THEN_B),
+                       [wl("hi", 1.0, priority=90, gpu=8), wl("w", 2.0, priority=50, gpu=8)],
+                       [run(r, "q", "a", priority=60), run(v, "q", "b", priority=10)], NOW)
+    assert [(e.workload_id, e.preemptor_id) for e in outcome.evictions] == [
+        ("r", "hi"), ("v", "r")]
+    assert {w: summary(outcome, w) for w in outcome.decisions} == {
+        "hi": "admitted q/a p90", "w": "queued q #1", "r": "admitted q/b p60", "v": "queued q #2"}
+    assert outcome.decisions["r"].preempted == ("v",)
+    assert outcome.decisions["w"].preempted == ()
 
 
 def test_explain_says_rule_queue_flavor_priority_and_why_not_others() -> None:

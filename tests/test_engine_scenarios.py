@@ -526,3 +526,43 @@ def test_a_waiter_ahead_of_a_preemptor_gets_the_units_the_preemption_freed_beyon
     assert outcome(plan, world.snapshot()) == {
         "v-1": "preempted:priority", "x-1": "allocated:P", "y-1": "allocated:P"}
     assert plan.waiting == ()
+
+
+@pytest.mark.parametrize("now", [10.0, 10_000.0], ids=["parked", "past backfill_after"])
+def test_a_waiter_that_left_a_full_pool_for_a_free_one_leaves_the_next_one_to_preempt(
+    now: float,
+) -> None:
+    # r-1 could preempt x in pool a but does not: pool b has room, and it takes it. r-2, the
+    # same request, finds b full: it preempts x. It waited: as if a were blocked for it too
+    # (the next pass preempted: no fixed point), or, past backfill_after, because r-1 held
+    # a's units for itself while it took b's.
+    world = (
+        World().pool("a", {"gpu": 1}).pool("b", {"gpu": 1})
+        .policy("orch", "a", 10).policy("orch", "b", 10).policy("low", "a", 1)
+        .run("x", "low", "a", demand(gpu_count=1), 1.0)
+        .wait("r-1", "orch", demand(gpu_count=1), at=2.0)
+        .wait("r-2", "orch", demand(gpu_count=1), at=3.0)
+    )
+    world.now = now
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "x": "preempted:priority", "r-1": "allocated:b", "r-2": "allocated:a"}
+
+
+def test_a_grant_that_makes_a_team_borrow_lets_a_waiter_before_it_preempt_the_team() -> None:
+    # burst (priority 1) comes first but cannot preempt team-1: team uses 2 of its reserved 2.
+    # team-2, of lower priority, then takes the last GPU: team borrows now, so team-1 may go,
+    # and burst gets its turn again (it preempted team-1 in the next pass: no fixed point).
+    world = (
+        World().pool("p", {"gpu": 4})
+        .policy("burst", "p", 1, {"gpu": 1}, {"gpu": 3})
+        .policy("team", "p", 0, {"gpu": 2}, {"gpu": 3})
+        .run("team-1", "team", "p", demand(gpu_count=2), 1.0)
+        .run("burst-1", "burst", "p", demand(gpu_count=1), 2.0, preemptible=False)
+        .wait("burst-2", "burst", demand(gpu_count=2), at=3.0)
+        .wait("team-2", "team", demand(gpu_count=1), at=4.0, preemptible=False)
+    )
+    world.now = 100.0
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "team-1": "preempted:priority", "burst-2": "allocated:p", "team-2": "allocated:p"}

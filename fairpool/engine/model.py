@@ -97,6 +97,9 @@ class Snapshot:
     nodes: Mapping[str, Node]
     allocations: tuple[Allocation, ...] = ()
     queue: tuple[Request, ...] = ()
+    #: Allocations that queue again when preempted, by id: each as this request (same id),
+    #: decided in the same pass in queue order, so before what it outranks. Others just end.
+    requeue: Mapping[str, Request] = field(default_factory=dict)
 
 
 class Check(StrEnum):

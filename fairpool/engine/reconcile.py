@@ -17,13 +17,16 @@ Order of work (see docs/semantics.md for the rules in prose):
    ``preempts=False`` or another of its placements fits as things stand. Otherwise it waits,
    with the first failed check as its reason; a waiter blocked past its queue's
    ``backfill_after`` holds the units it needs so that smaller requests stop passing it.
+   A victim the snapshot lists in ``requeue`` joins the queue as a request, in queue order.
 
 Identical requests form a class; each (class, placement) is a run in time order, merged with
 the other runs by a heap. When a run's head waits, the whole run is parked: within a pass only
 a preemption frees units, so until one happens under the same root every later member would
-wait too. A preemption puts the parked runs back, ahead of it or not. A pass where nothing fits
-costs a few operations per run, not per request; waiting requests are explained with the
-pass's final state.
+wait too. A preemption puts the parked runs back, ahead of it or not; so does a grant that
+makes a leaf borrow (its running work is no longer protected). A head that passed on
+preempting because another of its placements fits is parked alone: taking that one, it may
+leave the next member none. A pass where nothing fits costs a few operations per run, not
+per request; waiting requests are explained with the pass's final state.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from enum import Enum, auto
 
 from fairpool.engine.model import (
     Allocation,
@@ -82,8 +86,9 @@ def reconcile(snapshot: Snapshot) -> Plan:
 
 def _after(snapshot: Snapshot, plan: Plan) -> Snapshot:
     """What a round leaves: its victims gone, its grants running, the rest still queued."""
-    by_id = {r.id: r for r in snapshot.queue}
     victims = {p.victim_id for p in plan.preemptions}
+    requeued = tuple(snapshot.requeue[v] for v in victims if v in snapshot.requeue)
+    by_id = {r.id: r for r in (*snapshot.queue, *requeued)}
     done = {g.request_id for g in plan.grants} | {r.request_id for r in plan.rejections}
     granted = tuple(
         Allocation(g.request_id, by_id[g.request_id].placements[g.placement_index],
@@ -93,7 +98,7 @@ def _after(snapshot: Snapshot, plan: Plan) -> Snapshot:
     return replace(
         snapshot,
         allocations=(*(a for a in snapshot.allocations if a.request_id not in victims), *granted),
-        queue=tuple(r for r in snapshot.queue if r.id not in done),
+        queue=tuple(r for r in (*snapshot.queue, *requeued) if r.id not in done),
     )
 
 
@@ -184,8 +189,20 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
     return None
 
 
-# (share, -priority, queued_at, request id, class number, placement index, cursor)
-_HeapEntry = tuple[int, int, float, str, int, int, int]
+class _Wait(Enum):
+    """How an entry that did not get its units waits."""
+
+    #: Nothing fits, and preempting here was not possible.
+    BLOCKED = auto()
+    #: Another of its placements fits, and nobody here could have been preempted for it.
+    ELSEWHERE = auto()
+    #: Another of its placements fits, so it did not preempt here (it may have).
+    PASSED = auto()
+
+
+# (share, -priority, queued_at, request id, class number, placement index, cursor, end):
+# the members from the cursor up to end (excluded) of a run.
+_HeapEntry = tuple[int, int, float, str, int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -217,8 +234,13 @@ class _Pass:
         self.preemptions: list[Preemption] = []
         self.holders: set[str] = set()
         self.classes: list[_Class] = []
-        # Blocked runs per root: (class number, placement index, cursor, share, rank, reason).
-        self.parked: dict[str, list[tuple[int, int, int, int, int, Reason]]] = defaultdict(list)
+        self.rejections: list[Rejection] = []
+        #: Placements that could never fit, of requests with another that can.
+        self.ineligible: list[WaitingGroup] = []
+        # Blocked stretches of runs per root:
+        # (class number, placement index, cursor, end, share, rank, reason).
+        self.parked: dict[str, list[tuple[int, int, int, int, int, int, Reason]]] = (
+            defaultdict(list))
         self.groups: list[WaitingGroup] = []
         for allocation in snapshot.allocations:
             self._add(allocation)
@@ -355,19 +377,16 @@ class _Pass:
                     return False
         return True
 
-    def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
-        """Free room for ``placement`` with the fewest useful victims; False if impossible."""
+    def _candidates(
+        self, placement: Placement, short_keys: set[str], failures: list[Reason], reclaim: bool
+    ) -> dict[str, Allocation]:
+        """The running allocations that may give ``placement`` the units it is short of."""
         by_name = {n.name: n.id for n in self.forest.path(placement.queue)}
         for charge in placement.charges:
             by_name.update((n.name, n.id) for n in self.forest.path(charge.leaf))
         shortage: dict[str, set[str]] = defaultdict(set)
         for failure in failures:
             shortage[by_name[failure.node]].add(failure.key)
-        short_keys = {f.key for f in failures}
-        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
-        # that, so it is computed again only then.
-        reclaim = self._within_guarantee(placement, short_keys)
-        waiter_leaves = {c.leaf for c in placement.charges}
         candidates: dict[str, Allocation] = {}
         for node_id, keys in shortage.items():
             for victim in self.running[node_id].values():
@@ -379,8 +398,17 @@ class _Pass:
                     and keys & _charged_keys(victim.placement)
                 ):
                     candidates[victim.request_id] = victim
+        return candidates
+
+    def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
+        """Free room for ``placement`` with the fewest useful victims; False if impossible."""
+        short_keys = {f.key for f in failures}
+        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
+        # that, so it is computed again only then.
+        reclaim = self._within_guarantee(placement, short_keys)
+        waiter_leaves = {c.leaf for c in placement.charges}
         ordered = sorted(
-            candidates.values(),
+            self._candidates(placement, short_keys, failures, reclaim).values(),
             key=lambda a: (a.placement.priority, -a.allocated_at, _Desc(a.request_id)),
         )
         chosen: list[tuple[Allocation, Rule]] = []
@@ -426,7 +454,7 @@ class _Pass:
     # -- the pass ----------------------------------------------------------------------
 
     def run(self) -> Plan:
-        self.classes, rejections, ineligible = self._classify()
+        self._classify()
         # One run per (class, eligible placement): its members in time order, consumed from a
         # cursor. The heap holds each run's head, keyed by the queue order.
         heap: list[_HeapEntry] = []
@@ -436,12 +464,12 @@ class _Pass:
         now = self.snapshot.now
         while heap:
             entry = heapq.heappop(heap)
-            share, rank, _, _, number, index, pos = entry
+            share, rank, _, _, number, index, pos, end = entry
             cls = self.classes[number]
             request = cls.members[pos]
             placement = cls.placements[index]
             if request.id in self.granted_now:
-                self._push(heap, number, index, pos + 1, share)
+                self._push(heap, number, index, pos + 1, share, end)
                 continue
             # In-share only turns into borrowing as the pass grants, so re-queue lazily.
             if share == 0 and self._share(placement):
@@ -449,16 +477,33 @@ class _Pass:
                 continue
             root = self.forest.root(placement.queue)
             preempted = len(self.preemptions)
-            reason = self._try(request, index)
-            if reason is None:
+            tried = self._try(request, index)
+            if tried is None:
                 cls.granted += 1
                 if len(self.preemptions) > preempted:
                     self._unpark(heap, root)
-                self._push(heap, number, index, pos + 1, share)
+                    self._requeue(heap, self.preemptions[preempted:])
+                elif self._exposes(placement):
+                    self._unpark(heap, root)
+                self._push(heap, number, index, pos + 1, share, end)
+                continue
+            reason, wait = tried
+            if wait is _Wait.PASSED:
+                # Taking its other placement, it may leave the next member none, who may
+                # preempt here then: that one is tried on its own.
+                parked = self.parked[root]
+                if parked and parked[-1][:2] == (number, index) and parked[-1][3] == pos:
+                    # The member before it was skipped so too: one stretch, one wait.
+                    parked[-1] = (*parked[-1][:3], pos + 1, *parked[-1][4:])
+                else:
+                    parked.append((number, index, pos, pos + 1, share, rank, reason))
+                self._push(heap, number, index, pos + 1, share, end)
                 continue
             queue = self.forest.nodes[placement.queue]
+            # One that will take another of its placements holds no units here.
             if (
-                reason.check is Check.CAPACITY
+                wait is _Wait.BLOCKED
+                and reason.check is Check.CAPACITY
                 and queue.backfill_after is not None
                 and queue.id not in self.holders
                 and now - request.queued_at >= queue.backfill_after
@@ -466,31 +511,44 @@ class _Pass:
                 self._hold(placement)
                 self.holders.add(queue.id)
                 self._wait(number, index, pos, pos + 1, reason, (share, rank), request.id)
-                self._push(heap, number, index, pos + 1, share)
+                self._push(heap, number, index, pos + 1, share, end)
                 continue
             # Until units are freed under this root (only a preemption does that within a
             # pass), the rest of this run waits too: park it instead of testing each member.
-            self.parked[root].append((number, index, pos, share, rank, reason))
+            self.parked[root].append((number, index, pos, end, share, rank, reason))
         for parked in self.parked.values():
-            for number, index, pos, _, _, reason in parked:
+            for number, index, pos, end, _, _, reason in parked:
                 cls = self.classes[number]
                 placement = cls.placements[index]
                 # Explain with the pass's final state (what they wait for now).
                 failures = self._failures(placement, cls.preemptible)
                 share = self._share(placement)
-                self._wait(number, index, pos, len(cls.members),
+                self._wait(number, index, pos, end,
                            failures[0] if failures else reason,
                            (share, -placement.priority))
         grants = tuple(sorted(self.granted_now.values(), key=lambda g: g.request_id))
-        waiting = (*self.groups, *ineligible)
-        return Plan(grants, tuple(self.preemptions), tuple(rejections), waiting)
+        waiting = (*self.groups, *self.ineligible)
+        return Plan(grants, tuple(self.preemptions), tuple(self.rejections), waiting)
 
     def _unpark(self, heap: list[_HeapEntry], root: str) -> None:
         """Units were freed under ``root`` (a preemption): the runs parked there go back on
         the heap from where they stopped, those ranked ahead of the preemptor too, since the
         victims may free more than it takes. Preemptions are finite, so unparking ends."""
-        for number, index, pos, share, _, _ in self.parked.pop(root, []):
-            self._push(heap, number, index, pos, share)
+        for number, index, pos, end, share, _, _ in self.parked.pop(root, []):
+            self._push(heap, number, index, pos, share, end)
+
+    def _requeue(self, heap: list[_HeapEntry], preemptions: list[Preemption]) -> None:
+        """Victims that queue again join the pass as requests of their own, where the queue
+        order puts them: one outranking a waiter not yet decided goes before it."""
+        for preemption in preemptions:
+            request = self.snapshot.requeue.get(preemption.victim_id)
+            if request is None:
+                continue
+            cls = _Class(request.preemptible, request.placements, [request],
+                         [(request.queued_at, request.id)])
+            if self._enter(cls):
+                for index in cls.possible:
+                    self._push(heap, len(self.classes) - 1, index, 0)
 
     def _wait(
         self,
@@ -510,7 +568,7 @@ class _Pass:
             queue = self.forest.nodes[cls.placements[index].queue].name
             self.groups.append(WaitingGroup(queue, index, reason, members, rank, holder))
 
-    def _classify(self) -> tuple[list[_Class], list[Rejection], list[WaitingGroup]]:
+    def _classify(self) -> None:
         """Group identical requests (same placements, same preemptibility) into classes.
 
         Front-ends share one placements tuple between requests of one shape, so grouping costs
@@ -533,65 +591,100 @@ class _Pass:
                 cls.unsorted = True
             cls.members.append(request)
             cls.keys.append(key)
-        classes: list[_Class] = []
-        rejections: list[Rejection] = []
-        ineligible: list[WaitingGroup] = []
         for cls in by_shape.values():
             if cls.unsorted:
                 cls.members.sort(key=_time_order)
                 cls.keys = [(r.queued_at, r.id) for r in cls.members]
-            reasons = []
-            for index, placement in enumerate(cls.placements):
-                reason = _impossible(self.forest, placement, cls.preemptible)
-                if reason is None:
-                    cls.possible.append(index)
-                else:
-                    reasons.append((index, placement, reason))
-            if not cls.possible:
-                only = tuple(r for _, _, r in reasons)
-                rejections.extend(Rejection(r.id, only) for r in cls.members)
-                continue
-            classes.append(cls)
-            for index, placement, reason in reasons:
-                name = self.forest.nodes[placement.queue].name
-                ineligible.append(WaitingGroup(
-                    name, index, reason, tuple(cls.keys), eligible=False,
-                ))
-        return classes, rejections, ineligible
+            self._enter(cls)
+
+    def _enter(self, cls: _Class) -> bool:
+        """Rule out the class's placements that could never fit: with none left its members
+        are rejected (False), else it joins the pass's classes."""
+        reasons = []
+        for index, placement in enumerate(cls.placements):
+            reason = _impossible(self.forest, placement, cls.preemptible)
+            if reason is None:
+                cls.possible.append(index)
+            else:
+                reasons.append((index, placement, reason))
+        if not cls.possible:
+            only = tuple(r for _, _, r in reasons)
+            self.rejections.extend(Rejection(r.id, only) for r in cls.members)
+            return False
+        self.classes.append(cls)
+        for index, placement, reason in reasons:
+            name = self.forest.nodes[placement.queue].name
+            self.ineligible.append(WaitingGroup(
+                name, index, reason, tuple(cls.keys), eligible=False,
+            ))
+        return True
 
     def _push(
-        self, heap: list[_HeapEntry], number: int, index: int, pos: int, share: int | None = None
+        self,
+        heap: list[_HeapEntry],
+        number: int,
+        index: int,
+        pos: int,
+        share: int | None = None,
+        end: int | None = None,
     ) -> None:
-        """Put a run's next member on the heap (nothing when the run is done)."""
+        """Put a run's next member on the heap (nothing when the run, or stretch, is done)."""
         cls = self.classes[number]
-        if pos >= len(cls.members):
+        if end is None:
+            end = len(cls.members)
+        if pos >= end:
             return
         placement = cls.placements[index]
         if share is None:
             share = self._share(placement)
-        heapq.heappush(heap, (share, -placement.priority, *cls.keys[pos], number, index, pos))
+        heapq.heappush(
+            heap, (share, -placement.priority, *cls.keys[pos], number, index, pos, end)
+        )
 
-    def _try(self, request: Request, index: int) -> Reason | None:
-        """Grant the entry (None) or say why it waits."""
+    def _try(self, request: Request, index: int) -> tuple[Reason, _Wait] | None:
+        """Grant the entry (None) or say why it waits, and how."""
         placement = request.placements[index]
         failures = self._failures(placement, request.preemptible)
         if failures:
-            only_capacity = all(f.check is Check.CAPACITY for f in failures)
-            other_fits = any(
+            if any(
                 self._fits(p, request.preemptible)
                 for i, p in enumerate(request.placements)
                 if i != index
-            )
-            if (
-                not only_capacity
-                or other_fits
-                or not self.forest.nodes[placement.queue].preempts
-                or not self._preempt(request, placement, failures)
             ):
-                return failures[0]
+                if not self._may_preempt(placement, failures):
+                    return failures[0], _Wait.ELSEWHERE
+                short_keys = {f.key for f in failures}
+                reclaim = self._within_guarantee(placement, short_keys)
+                candidates = self._candidates(placement, short_keys, failures, reclaim)
+                return failures[0], _Wait.PASSED if candidates else _Wait.ELSEWHERE
+            if not self._may_preempt(placement, failures) or not self._preempt(
+                request, placement, failures
+            ):
+                return failures[0], _Wait.BLOCKED
         self._add(Allocation(request.id, placement, self.snapshot.now, request.preemptible))
         self.granted_now[request.id] = Grant(request.id, index)
         return None
+
+    def _exposes(self, placement: Placement) -> bool:
+        """Whether granting ``placement`` made one of its leaves borrow, so that the leaf's
+        running work, protected within its guarantee until then, may be preempted by the
+        waiters parked before it (which then get their turn again)."""
+        for charge in placement.charges:
+            leaf = self.forest.nodes[charge.leaf]
+            used = self.usage[charge.leaf]
+            for key, amount in charge.amounts.items():
+                guarantee = leaf.guarantee.get(key, 0)
+                if used.get(key, 0) - amount <= guarantee < used.get(key, 0) and any(
+                    a not in self.granted_now and a not in self.kept
+                    for a in self.running[charge.leaf]
+                ):
+                    return True
+        return False
+
+    def _may_preempt(self, placement: Placement, failures: list[Reason]) -> bool:
+        """Whether preemption could give it what it lacks: units, nothing else."""
+        return self.forest.nodes[placement.queue].preempts and all(
+            f.check is Check.CAPACITY for f in failures)
 
     def _hold(self, placement: Placement) -> None:
         for node_id, units in self.forest.delta(placement).items():

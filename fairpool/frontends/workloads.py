@@ -605,10 +605,19 @@ def compile_snapshot(
     waiting: Sequence[Workload],
     running: Sequence[RunningWorkload],
     now: float,
+    admitted_now: frozenset[str] = frozenset(),
 ) -> Compiled:
-    """Route every waiting workload, assign its candidate flavors and build the snapshot."""
+    """Route every waiting workload, assign its candidate flavors and build the snapshot.
+
+    A running workload the engine preempts queues again in the same pass, from ``now`` (from
+    its submission when in ``admitted_now``: admitted earlier in this pass, it never ran)."""
     nodes = _nodes(config)
+    selectors = {flavor.name: flavor.selector for flavor in config.resource_flavors}
+    # Workloads of one shape share one placements tuple, so the engine groups them cheaply.
+    shapes: dict[tuple[object, ...], tuple[Placement, ...]] = {}
+    candidates: dict[str, Candidate] = {}
     allocations: list[Allocation] = []
+    requeue: dict[str, Request] = {}
     orphans: list[str] = []
     admissions: dict[str, Admission] = {}
     repriced: dict[str, int] = {}
@@ -628,52 +637,65 @@ def compile_snapshot(
         admissions[item.workload.id] = admission
         placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
         allocations.append(Allocation(item.workload.id, placement, admission.admitted_at))
+        workload = item.workload
+        if workload.id not in admitted_now:
+            workload = replace(workload, submitted_at=now)
+        # One that cannot be a request (its route fails now, say) is decided by the next round.
+        found = _candidate(config, selectors, shapes, workload, path, now)
+        if isinstance(found, Candidate):
+            candidates[workload.id] = found
+            requeue[workload.id] = Request(workload.id, workload.submitted_at, found.placements)
 
-    selectors = {flavor.name: flavor.selector for flavor in config.resource_flavors}
     requests: list[Request] = []
-    candidates: dict[str, Candidate] = {}
     decided: dict[str, Decision] = {}
-    # Workloads of one shape share one placements tuple, so the engine groups them cheaply.
-    shapes: dict[tuple[object, ...], tuple[Placement, ...]] = {}
     for workload in waiting:
-        path = route(config, workload)
-        if path.failure is not None:
-            decided[workload.id] = Decision(
-                workload.id, Status.FAILED, path, path.failure, path.notes()
-            )
+        found = _candidate(config, selectors, shapes, workload, route(config, workload), now)
+        if isinstance(found, Decision):
+            decided[workload.id] = found
             continue
-        if path.queue is None:
-            decided[workload.id] = Decision(
-                workload.id, Status.ADMITTED, path,
-                "admitted: the scheduler config has no scheduling rules (no quota)",
-                admission=Admission(None, (), path.priority, now),
-            )
-            continue
-        queue = config.queue(path.queue)
-        matching, mismatches = _matching_flavors(selectors, queue, workload.labels)
-        if not all(matching):
-            decided[workload.id] = Decision(
-                workload.id, Status.REJECTED, path, f"no flavor matched in queue {queue.name}",
-                (*path.notes(), *mismatches),
-            )
-            continue
-        combinations = tuple(itertools.product(*matching))
-        key = (queue.name, path.priority, tuple(sorted(workload.demand.items())), combinations)
-        placements = shapes.get(key)
-        if placements is None:
-            placements = shapes[key] = tuple(
-                _placement(queue, combination, workload.demand, path.priority)
-                for combination in combinations
-            )
-        requests.append(Request(workload.id, workload.submitted_at, placements))
-        candidates[workload.id] = Candidate(
-            workload, path, placements, combinations, tuple(mismatches)
-        )
-    snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests))
+        requests.append(Request(workload.id, workload.submitted_at, found.placements))
+        candidates[workload.id] = found
+    snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests), requeue)
     return Compiled(
         snapshot, candidates, decided, tuple(orphans), admissions,
         tuple(w.id for w in waiting), repriced,
     )
+
+
+def _candidate(
+    config: SchedulerConfig,
+    selectors: Mapping[str, Sequence[MatchExpression]],
+    shapes: dict[tuple[object, ...], tuple[Placement, ...]],
+    workload: Workload,
+    path: Route,
+    now: float,
+) -> Candidate | Decision:
+    """The workload as the engine's candidate, or its decision when the engine has none to
+    make: no rule routes it, no rules at all, no flavor matched."""
+    if path.failure is not None:
+        return Decision(workload.id, Status.FAILED, path, path.failure, path.notes())
+    if path.queue is None:
+        return Decision(
+            workload.id, Status.ADMITTED, path,
+            "admitted: the scheduler config has no scheduling rules (no quota)",
+            admission=Admission(None, (), path.priority, now),
+        )
+    queue = config.queue(path.queue)
+    matching, mismatches = _matching_flavors(selectors, queue, workload.labels)
+    if not all(matching):
+        return Decision(
+            workload.id, Status.REJECTED, path, f"no flavor matched in queue {queue.name}",
+            (*path.notes(), *mismatches),
+        )
+    combinations = tuple(itertools.product(*matching))
+    key = (queue.name, path.priority, tuple(sorted(workload.demand.items())), combinations)
+    placements = shapes.get(key)
+    if placements is None:
+        placements = shapes[key] = tuple(
+            _placement(queue, combination, workload.demand, path.priority)
+            for combination in combinations
+        )
+    return Candidate(workload, path, placements, combinations, tuple(mismatches))
 
 
 # -- reading the plan back -------------------------------------------------------------------
@@ -759,8 +781,12 @@ def decide(compiled: Compiled, plan: Plan, unnamed: frozenset[str] = frozenset()
             _notes(candidate, texts),
         )
     _number_queues(compiled, decisions)
+    # The preempted the engine queued again follow the waiting: what they got once requeued.
+    requeued = dict.fromkeys(e.workload_id for e in evictions
+                             if e.workload_id in compiled.candidates)
     return Outcome(
-        {i: decisions[i] for i in compiled.order}, tuple(evictions), compiled.repriced
+        {i: decisions[i] for i in (*compiled.order, *requeued)}, tuple(evictions),
+        compiled.repriced,
     )
 
 
@@ -832,41 +858,44 @@ def schedule(
 ) -> Outcome:
     """One pass: compile, run the engine, read its plan back; until no workload is preempted.
 
-    A preempted workload is requeued, and tried again in the same pass: another flavor may
-    have room for it (seed 004: the first flavor whose selector matches and has quota), and
-    the pass's answer must not change when the next pass runs with nothing new. Each round
-    takes the workloads still waiting plus those just preempted, against what runs after the
-    round before; a workload's decision is its last round's."""
+    A preempted workload is requeued, and decided again in the same pass, in queue order with
+    the waiting (so before those it outranks): another flavor may have room for it (seed 004:
+    the first flavor whose selector matches and has quota), and the pass's answer must not
+    change when the next pass runs with nothing new. The engine decides those it can; a round
+    after it takes what still waits, plus the preempted it could not requeue (one whose route
+    fails now), against what runs then. A workload's decision is its last round's."""
     decisions: dict[str, Decision] = {}
     evictions: list[Eviction] = []
     repriced: dict[str, int] = {}
-    # A workload admitted by an earlier round and preempted by a later one (by a workload
-    # requeued in between, of higher priority) never ran: it was not preempted, only not
-    # admitted after all. It waits on from its submission, and no eviction or reason names it.
+    # A workload admitted by an earlier round and preempted by a later one never ran: it was
+    # not preempted, only not admitted after all. It waits on from its submission, and no
+    # eviction or reason names it.
     admitted_now: set[str] = set()
     # Rounds end: a round admits its preemptors and removes only workloads of strictly lower
     # priority than one of them (a workload's priority is its route's in every round), so the
     # admitted set grows in the multiset order of priorities, over finitely many workloads.
     while True:
-        compiled = compile_snapshot(config, waiting, running, now)
-        outcome = decide(compiled, reconcile(compiled.snapshot), frozenset(admitted_now))
+        done = frozenset(admitted_now)
+        compiled = compile_snapshot(config, waiting, running, now, done)
+        outcome = decide(compiled, reconcile(compiled.snapshot), done)
         decisions.update(outcome.decisions)
         evictions += [e for e in outcome.evictions if e.workload_id not in admitted_now]
         repriced.update(outcome.repriced)
         if not outcome.evictions:
             return Outcome(decisions, tuple(evictions), repriced)
         evicted = {e.workload_id for e in outcome.evictions}
-        requeued = [r.workload if r.workload.id in admitted_now
-                    else replace(r.workload, submitted_at=now)
-                    for r in running if r.workload.id in evicted]
+        decided = [*waiting, *(
+            r.workload if r.workload.id in admitted_now else replace(r.workload, submitted_at=now)
+            for r in running if r.workload.id in evicted
+        )]
         admitted = [
-            RunningWorkload(w, d.admission) for w in waiting
-            if (d := outcome.decisions[w.id]).admission is not None
+            RunningWorkload(w, d.admission) for w in decided
+            if (d := outcome.decisions.get(w.id)) is not None and d.admission is not None
         ]
         admitted_now.update(r.workload.id for r in admitted)
         running = [r for r in running if r.workload.id not in evicted] + admitted
-        waiting = [w for w in waiting if outcome.decisions[w.id].status is Status.QUEUED]
-        waiting += requeued
+        waiting = [w for w in decided
+                   if (d := outcome.decisions.get(w.id)) is None or d.status is Status.QUEUED]
 
 
 def explain(
