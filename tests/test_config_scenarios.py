@@ -602,10 +602,10 @@ def test_eviction_names_preemptor_queue_and_priorities() -> None:
     assert decision.admission == Admission("ml_training", ("gpu_a100_spot",), 90, NOW)
 
 
-def test_a_workload_admitted_and_preempted_in_one_pass_was_only_not_admitted() -> None:
-    """hi (no market type: `any` only) preempts mid from `any`, and low, tried after it,
-    gets `spot`. Requeued in the same pass, mid (SPOT) preempts low there. low never ran:
-    it was named as preempted (and by mid's reason) and its wait started over."""
+def test_a_requeued_workload_takes_another_flavor_before_a_lower_waiting_one() -> None:
+    """hi (no market type: `any` only) preempts mid from `any`. Requeued, mid (SPOT) is
+    decided before low and takes `spot`; low waits. (Decided in rounds, low first got `spot`,
+    then mid took it from low, which was named as preempted and had its wait started over.)"""
     mid = wl("mid", market="SPOT", priority=1, gpu=1)
     low = wl("low", 5.0, market="SPOT", priority=0, gpu=1)
     outcome = schedule(load_config(spot_and_any(any=1, spot=1)),
@@ -633,6 +633,20 @@ def test_a_requeued_workload_is_decided_before_lower_priorities_of_its_pass() ->
         "hi": "admitted q/a p90", "w": "queued q #1", "r": "admitted q/b p60", "v": "queued q #2"}
     assert outcome.decisions["r"].preempted == ("v",)
     assert outcome.decisions["w"].preempted == ()
+
+
+def test_a_preempted_workload_no_rule_routes_now_fails_once_requeued() -> None:
+    """old runs on q, where no rule routes team b now: preempted, it cannot queue again."""
+    only_a = A_THEN_B.replace("  - resource_queue: q", "  - resource_queue: q\n"
+                              "    selector: [{ key: team, operator: in, values: [a] }]")
+    assert only_a != A_THEN_B
+    outcome = schedule(load_config(only_a),
+                       [wl("hi", priority=5, tags={"team": "a"}, gpu=8)],
+                       [run(wl("old", tags={"team": "b"}, gpu=8), "q", "a"),
+                        run(wl("mate", tags={"team": "a"}, gpu=8), "q", "b", priority=9)], NOW)
+    assert [(e.workload_id, e.preemptor_id) for e in outcome.evictions] == [("old", "hi")]
+    assert summary(outcome, "old") == "failed"
+    assert outcome.decisions["old"].reason.startswith("no scheduling rule matched")
 
 
 def test_explain_says_rule_queue_flavor_priority_and_why_not_others() -> None:

@@ -598,6 +598,9 @@ class Compiled:
     order: tuple[str, ...]
     #: Running workloads whose rule now gives another priority: the one they compete at.
     repriced: Mapping[str, int] = field(default_factory=dict)
+    #: Running workloads that cannot queue again (no rule routes them now, say): their
+    #: decision, should they be preempted.
+    unqueueable: Mapping[str, Decision] = field(default_factory=dict)
 
 
 def compile_snapshot(
@@ -605,12 +608,10 @@ def compile_snapshot(
     waiting: Sequence[Workload],
     running: Sequence[RunningWorkload],
     now: float,
-    admitted_now: frozenset[str] = frozenset(),
 ) -> Compiled:
     """Route every waiting workload, assign its candidate flavors and build the snapshot.
 
-    A running workload the engine preempts queues again in the same pass, from ``now`` (from
-    its submission when in ``admitted_now``: admitted earlier in this pass, it never ran)."""
+    A running workload the engine preempts queues again in the same pass, from ``now``."""
     nodes = _nodes(config)
     selectors = {flavor.name: flavor.selector for flavor in config.resource_flavors}
     # Workloads of one shape share one placements tuple, so the engine groups them cheaply.
@@ -621,6 +622,7 @@ def compile_snapshot(
     orphans: list[str] = []
     admissions: dict[str, Admission] = {}
     repriced: dict[str, int] = {}
+    unqueueable: dict[str, Decision] = {}
     for item in running:
         queue = admitted_queue(config, item.admission)
         if queue is None:
@@ -637,14 +639,13 @@ def compile_snapshot(
         admissions[item.workload.id] = admission
         placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
         allocations.append(Allocation(item.workload.id, placement, admission.admitted_at))
-        workload = item.workload
-        if workload.id not in admitted_now:
-            workload = replace(workload, submitted_at=now)
-        # One that cannot be a request (its route fails now, say) is decided by the next round.
+        workload = replace(item.workload, submitted_at=now)
         found = _candidate(config, selectors, shapes, workload, path, now)
         if isinstance(found, Candidate):
             candidates[workload.id] = found
-            requeue[workload.id] = Request(workload.id, workload.submitted_at, found.placements)
+            requeue[workload.id] = Request(workload.id, now, found.placements)
+        else:
+            unqueueable[workload.id] = found
 
     requests: list[Request] = []
     decided: dict[str, Decision] = {}
@@ -658,7 +659,7 @@ def compile_snapshot(
     snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests), requeue)
     return Compiled(
         snapshot, candidates, decided, tuple(orphans), admissions,
-        tuple(w.id for w in waiting), repriced,
+        tuple(w.id for w in waiting), repriced, unqueueable,
     )
 
 
@@ -711,9 +712,9 @@ class Outcome:
     repriced: Mapping[str, int] = field(default_factory=dict)
 
 
-def decide(compiled: Compiled, plan: Plan, unnamed: frozenset[str] = frozenset()) -> Outcome:
-    """The engine's plan as one ``Decision`` per waiting workload, plus the evictions.
-    ``unnamed``: victims an admitted preemptor's decision does not name (see ``schedule``)."""
+def decide(compiled: Compiled, plan: Plan) -> Outcome:
+    """The engine's plan as one ``Decision`` per waiting workload, plus the evictions and
+    what the evicted got once requeued."""
     evictions: list[Eviction] = []
     victims: dict[str, list[str]] = defaultdict(list)
     for preemption in plan.preemptions:
@@ -725,10 +726,11 @@ def decide(compiled: Compiled, plan: Plan, unnamed: frozenset[str] = frozenset()
             f"preempted by workload {preemption.preemptor_id} in queue {preemptor.queue} "
             f"(priority {preemptor.priority} > {victim.priority})",
         ))
-        if preemption.victim_id not in unnamed:
-            victims[preemption.preemptor_id].append(preemption.victim_id)
+        victims[preemption.preemptor_id].append(preemption.victim_id)
 
     decisions = dict(compiled.decided)
+    decisions.update((e.workload_id, compiled.unqueueable[e.workload_id]) for e in evictions
+                     if e.workload_id in compiled.unqueueable)
     usage = _final_usage(compiled, plan)
     now = compiled.snapshot.now
     for grant in plan.grants:
@@ -781,13 +783,9 @@ def decide(compiled: Compiled, plan: Plan, unnamed: frozenset[str] = frozenset()
             _notes(candidate, texts),
         )
     _number_queues(compiled, decisions)
-    # The preempted the engine queued again follow the waiting: what they got once requeued.
-    requeued = dict.fromkeys(e.workload_id for e in evictions
-                             if e.workload_id in compiled.candidates)
-    return Outcome(
-        {i: decisions[i] for i in (*compiled.order, *requeued)}, tuple(evictions),
-        compiled.repriced,
-    )
+    # The preempted follow the waiting: what they got once requeued.
+    order = (*compiled.order, *(e.workload_id for e in evictions))
+    return Outcome({i: decisions[i] for i in order}, tuple(evictions), compiled.repriced)
 
 
 def _notes(candidate: Candidate, flavor_notes: Iterable[str]) -> tuple[str, ...]:
@@ -856,46 +854,14 @@ def schedule(
     running: Sequence[RunningWorkload],
     now: float,
 ) -> Outcome:
-    """One pass: compile, run the engine, read its plan back; until no workload is preempted.
+    """One pass: compile, run the engine, read its plan back.
 
     A preempted workload is requeued, and decided again in the same pass, in queue order with
-    the waiting (so before those it outranks): another flavor may have room for it (seed 004:
-    the first flavor whose selector matches and has quota), and the pass's answer must not
-    change when the next pass runs with nothing new. The engine decides those it can; a round
-    after it takes what still waits, plus the preempted it could not requeue (one whose route
-    fails now), against what runs then. A workload's decision is its last round's."""
-    decisions: dict[str, Decision] = {}
-    evictions: list[Eviction] = []
-    repriced: dict[str, int] = {}
-    # A workload admitted by an earlier round and preempted by a later one never ran: it was
-    # not preempted, only not admitted after all. It waits on from its submission, and no
-    # eviction or reason names it.
-    admitted_now: set[str] = set()
-    # Rounds end: a round admits its preemptors and removes only workloads of strictly lower
-    # priority than one of them (a workload's priority is its route's in every round), so the
-    # admitted set grows in the multiset order of priorities, over finitely many workloads.
-    while True:
-        done = frozenset(admitted_now)
-        compiled = compile_snapshot(config, waiting, running, now, done)
-        outcome = decide(compiled, reconcile(compiled.snapshot), done)
-        decisions.update(outcome.decisions)
-        evictions += [e for e in outcome.evictions if e.workload_id not in admitted_now]
-        repriced.update(outcome.repriced)
-        if not outcome.evictions:
-            return Outcome(decisions, tuple(evictions), repriced)
-        evicted = {e.workload_id for e in outcome.evictions}
-        decided = [*waiting, *(
-            r.workload if r.workload.id in admitted_now else replace(r.workload, submitted_at=now)
-            for r in running if r.workload.id in evicted
-        )]
-        admitted = [
-            RunningWorkload(w, d.admission) for w in decided
-            if (d := outcome.decisions.get(w.id)) is not None and d.admission is not None
-        ]
-        admitted_now.update(r.workload.id for r in admitted)
-        running = [r for r in running if r.workload.id not in evicted] + admitted
-        waiting = [w for w in decided
-                   if (d := outcome.decisions.get(w.id)) is None or d.status is Status.QUEUED]
+    the waiting ones (so before those it outranks): another flavor may have room for it (seed
+    004: the first flavor whose selector matches and has quota), and the pass's answer must
+    not change when the next pass runs with nothing new."""
+    compiled = compile_snapshot(config, waiting, running, now)
+    return decide(compiled, reconcile(compiled.snapshot))
 
 
 def explain(
