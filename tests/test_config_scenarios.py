@@ -238,20 +238,25 @@ def spot_and_any(**gpus: int) -> str:
 """)
 
 
-#: Flavors a then b, 8 gpus each, in one queue q that preempts lower priorities.
-A_THEN_B = config("""
-    resource_flavors: [{ name: a }, { name: b }]
+def a_then_b(a: int, b: int, *, preempts: bool = True) -> str:
+    """Flavors a then b with ``a`` and ``b`` gpus, in one queue q that preempts lower
+    priorities (or not)."""
+    preemption = "\n        preemption: { within_resource_queue: lower_priority }" if preempts else ""
+    return config(f"""
+    resource_flavors: [{{ name: a }}, {{ name: b }}]
     resource_queues:
-      - name: q
-        preemption: { within_resource_queue: lower_priority }
+      - name: q{preemption}
         resource_groups:
           - covered_resources: [gpu]
             flavors:
-              - { name: a, resources: [{ name: gpu, nominal_quota: 8 }] }
-              - { name: b, resources: [{ name: gpu, nominal_quota: 8 }] }
+              - {{ name: a, resources: [{{ name: gpu, nominal_quota: {a} }}] }}
+              - {{ name: b, resources: [{{ name: gpu, nominal_quota: {b} }}] }}
     scheduling_rules:
       - resource_queue: q
 """)
+
+
+A_THEN_B = a_then_b(8, 8)
 
 
 #: A preempted workload's second chance: spot (selected by market-type) is full, any has room.
@@ -647,6 +652,43 @@ def test_a_preempted_workload_no_rule_routes_now_fails_once_requeued() -> None:
     assert [(e.workload_id, e.preemptor_id) for e in outcome.evictions] == [("old", "hi")]
     assert summary(outcome, "old") == "failed"
     assert outcome.decisions["old"].reason.startswith("no scheduling rule matched")
+
+
+def test_a_workload_the_pass_would_admit_back_where_it_ran_is_not_preempted() -> None:
+    """p takes f1 from m and n. Requeued, n (5) takes s's room on f2; m (2) then needs b's,
+    which leaves room for s again. s was never in the way: it keeps running, and only m, n
+    and b are preempted (s was evicted and admitted back to f2 in the same pass)."""
+    running = [run(wl("m", gpu=2), "q", "a", priority=2, at=1.0),
+               run(wl("n", gpu=1), "q", "a", priority=5, at=2.0),
+               run(wl("b", gpu=3), "q", "b", at=3.0),
+               run(wl("s", gpu=1), "q", "b", at=4.0)]
+    outcome = schedule(load_config(a_then_b(3, 4)), [wl("p", 5.0, priority=6, gpu=3)], running,
+                       NOW)
+    assert sorted((e.workload_id, e.preemptor_id) for e in outcome.evictions) == [
+        ("b", "m"), ("m", "p"), ("n", "p")]
+    assert {w: summary(outcome, w) for w in outcome.decisions} == {
+        "p": "admitted q/a p6", "m": "admitted q/b p2", "n": "admitted q/b p5", "b": "queued q #1"}
+    assert outcome.decisions["n"].preempted == ()
+    assert outcome.decisions["m"].preempted == ("b",)
+
+
+def test_a_hold_lands_where_the_next_pass_puts_it() -> None:
+    """a and b (2 gpu, waiting past backfill_after) and c (1): a passes on the full flavor a
+    for b, which has room, and takes it; b then holds a (its first flavor), and c takes b's
+    last gpu. (b held flavor b's last gpu, and the next pass moved the hold to a and admitted
+    c.) Queue q does not preempt."""
+    config = load_config(a_then_b(2, 3, preempts=False))
+    running = [run(wl("r1", gpu=2), "q", "a")]
+    waiting = [wl("a", 1.0, gpu=2), wl("b", 2.0, gpu=2), wl("c", 3.0, gpu=1)]
+    later = NOW + 301
+    outcome = schedule(config, waiting, running, later)
+    assert {w: summary(outcome, w) for w in outcome.decisions} == {
+        "a": "admitted q/b p0", "b": "queued q #1", "c": "admitted q/b p0"}
+    # The next pass, with nothing new, changes nothing.
+    after = [*running, *(RunningWorkload(w, d.admission) for w in waiting
+                         if (d := outcome.decisions[w.id]).admission is not None)]
+    again = schedule(config, [waiting[1]], after, later)
+    assert again.decisions["b"] == outcome.decisions["b"]
 
 
 def test_explain_says_rule_queue_flavor_priority_and_why_not_others() -> None:

@@ -566,3 +566,83 @@ def test_a_grant_that_makes_a_team_borrow_lets_a_waiter_before_it_preempt_the_te
     plan = world.plan()
     assert outcome(plan, world.snapshot()) == {
         "team-1": "preempted:priority", "burst-2": "allocated:p", "team-2": "allocated:p"}
+
+
+def test_waiters_that_passed_on_a_pool_for_one_that_filled_meanwhile_go_back_to_preempt() -> None:
+    # a ranks before b (priority 10 > 5), so hi-1 and hi-2 are both tried on a first, while b
+    # has room: neither preempts there. hi-1 then takes b; hi-2, finding b full, goes back to
+    # a and preempts (it waited, with no queue entry, and the next pass preempted).
+    world = (
+        World().pool("a", {"gpu": 2}).pool("b", {"gpu": 1})
+        .policy("hi", "a", 10).policy("hi", "b", 5).policy("lo", "a", 1)
+        .run("lo-1", "lo", "a", demand(gpu_count=1), 1.0)
+        .run("lo-2", "lo", "a", demand(gpu_count=1), 2.0)
+        .wait("hi-1", "hi", demand(gpu_count=1), at=3.0)
+        .wait("hi-2", "hi", demand(gpu_count=1), at=4.0)
+    )
+    world.now = 100.0
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "lo-2": "preempted:priority", "hi-1": "allocated:b", "hi-2": "allocated:a"}
+
+
+def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
+    # r-1 and r-2 (2 GPUs each) have waited past backfill_after. a has 1 GPU free and nobody
+    # to preempt; b has 2. r-1 takes b; r-2, first in a's queue now, holds a's free GPU, so
+    # the younger s does not take it (it did: r-2 was set aside behind r-1 on a).
+    world = (
+        World().pool("a", {"gpu": 3}).pool("b", {"gpu": 2})
+        .policy("hi", "a", 10).policy("hi", "b", 10).policy("x", "a", 20).policy("s", "a", 1)
+        .run("x-1", "x", "a", demand(gpu_count=2), 1.0)
+        .wait("r-1", "hi", demand(gpu_count=2), at=2.0)
+        .wait("r-2", "hi", demand(gpu_count=2), at=3.0)
+        .wait("s-1", "s", demand(gpu_count=1), at=4.0)
+    )
+    world.now = 10_000.0
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "r-1": "allocated:b", "r-2": "waiting", "s-1": "waiting"}
+    entries = queue_entries(plan)
+    assert [(e.queue, e.holding) for e in entries["r-2"]] == [("pool a", True), ("pool b", True)]
+    assert "held for an older request" in entries["s-1"][0].reason.message
+
+
+def test_a_waiter_a_preemption_brings_within_its_reserved_goes_before_the_borrowers() -> None:
+    # s-1 reclaims x-1 (team borrowed 2 of its reserved 1): w-1, a borrower until then, is
+    # within team's reserved now and goes before b-1, who must borrow (b-1 got the last GPU,
+    # and the next pass took it back for w-1).
+    world = (
+        World().pool("p", {"gpu": 4})
+        .policy("big", "p", 5, {"gpu": 3}, {"gpu": 3})
+        .policy("team", "p", 1, {"gpu": 1})
+        .policy("burst", "p", 1)
+        .run("x-1", "team", "p", demand(gpu_count=2), 1.0)
+        .wait("b-1", "burst", demand(gpu_count=1), at=2.0)
+        .wait("w-1", "team", demand(gpu_count=1), at=3.0)
+        .wait("s-1", "big", demand(gpu_count=3), at=4.0)
+    )
+    world.now = 100.0
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "x-1": "preempted:priority", "s-1": "allocated:p", "w-1": "allocated:p",
+        "b-1": "waiting"}
+
+
+def test_a_waiter_tried_again_out_of_turn_does_not_see_the_holds_taken_after_it() -> None:
+    # r-1 and r-2 are first in b's queue (within reserved) but pass on b: a has room. h, after
+    # them, holds b's units. r-1 takes a; r-2, back on b, reclaims v as it would have in turn,
+    # not stopped by h's hold (it waited, and the next pass reclaimed).
+    world = (
+        World().pool("a", {"gpu": 1}).pool("b", {"gpu": 3})
+        .policy("r", "a", 1).policy("r", "b", 1, {"gpu": 2})
+        .policy("v", "b", 5)
+        .run("v-1", "v", "b", demand(gpu_count=3), 1.0)
+        .wait("h-1", "v", demand(gpu_count=3), at=2.0)
+        .wait("r-1", "r", demand(gpu_count=1), at=3.0)
+        .wait("r-2", "r", demand(gpu_count=1), at=4.0)
+    )
+    world.now = 10_000.0
+    plan = world.plan()
+    assert outcome(plan, world.snapshot()) == {
+        "v-1": "preempted:reclaim", "r-1": "allocated:a", "r-2": "allocated:b",
+        "h-1": "waiting"}

@@ -17,16 +17,19 @@ Order of work (see docs/semantics.md for the rules in prose):
    ``preempts=False`` or another of its placements fits as things stand. Otherwise it waits,
    with the first failed check as its reason; a waiter blocked past its queue's
    ``backfill_after`` holds the units it needs so that smaller requests stop passing it.
-   A victim the snapshot lists in ``requeue`` joins the queue as a request, in queue order.
+   A victim the snapshot lists in ``requeue`` joins the queue as a request, in queue order;
+   one granted back the very placement it held was not preempted after all.
 
 Identical requests form a class; each (class, placement) is a run in time order, merged with
 the other runs by a heap. When a run's head waits, the whole run is parked: within a pass only
 a preemption frees units, so until one happens under the same root every later member would
-wait too. A preemption puts the parked runs back, ahead of it or not; so does a grant that
-makes a leaf borrow (its running work is no longer protected). A head that passed on
-preempting because another of its placements fits is parked alone: taking that one, it may
-leave the next member none. A pass where nothing fits costs a few operations per run, not
-per request; waiting requests are explained with the pass's final state.
+wait too. A preemption puts the parked runs back, ahead of it or not (with their share as it
+is now: it may have brought a leaf back within its guarantee); so does a grant that makes a
+leaf borrow (its running work is no longer protected). A run whose head passed on preempting
+because another placement fits is parked until the class finds that other placement full:
+then it goes back on the heap, ahead of where the pass is, and is tried as in its turn (holds
+taken since are not seen). A pass where nothing fits costs a few operations per run, not per
+request; waiting requests are explained with the pass's final state.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def reconcile(snapshot: Snapshot) -> Plan:
     pass goes on with another round over what it left, its grants kept (never victims: their
     own victims would be wasted); the plans add up. A second pass with nothing new then
     changes nothing. Every round that preempts grants its preemptor, so rounds end."""
+    first = snapshot
     grants: list[Grant] = []
     preemptions: list[Preemption] = []
     rejections: list[Rejection] = []
@@ -76,12 +80,30 @@ def reconcile(snapshot: Snapshot) -> Plan:
         preemptions += plan.preemptions
         rejections += plan.rejections
         if not plan.preemptions:
-            return Plan(
+            return _stayed(first, Plan(
                 tuple(sorted(grants, key=lambda g: g.request_id)), tuple(preemptions),
                 tuple(rejections), plan.waiting,
-            )
+            ))
         snapshot = _after(snapshot, plan)
         kept |= {g.request_id for g in plan.grants}
+
+
+def _stayed(snapshot: Snapshot, plan: Plan) -> Plan:
+    """A victim requeued and granted back the very placement it held was never in the way
+    (a later victim freed more than needed): it is not preempted, it keeps running."""
+    held = {a.request_id: a.placement for a in snapshot.allocations}
+    back = {
+        g.request_id for g in plan.grants
+        if (r := snapshot.requeue.get(g.request_id)) is not None
+        and r.placements[g.placement_index] == held.get(g.request_id)
+    }
+    if not back:
+        return plan
+    return replace(
+        plan,
+        grants=tuple(g for g in plan.grants if g.request_id not in back),
+        preemptions=tuple(p for p in plan.preemptions if p.victim_id not in back),
+    )
 
 
 def _after(snapshot: Snapshot, plan: Plan) -> Snapshot:
@@ -194,15 +216,29 @@ class _Wait(Enum):
 
     #: Nothing fits, and preempting here was not possible.
     BLOCKED = auto()
-    #: Another of its placements fits, and nobody here could have been preempted for it.
+    #: Another of its placements fits: it neither preempts nor holds units here.
     ELSEWHERE = auto()
-    #: Another of its placements fits, so it did not preempt here (it may have).
-    PASSED = auto()
+
+
+@dataclass(slots=True)
+class _Stretch:
+    """Members ``pos`` to ``end`` (excluded) of a run, set aside; ``live`` until put back."""
+
+    number: int
+    index: int
+    pos: int
+    end: int
+    share: int
+    rank: int
+    reason: Reason
+    live: bool = True
 
 
 # (share, -priority, queued_at, request id, class number, placement index, cursor, end):
 # the members from the cursor up to end (excluded) of a run.
 _HeapEntry = tuple[int, int, float, str, int, int, int, int]
+# The order part of a heap entry: all but ``end``.
+_Key = tuple[int, int, float, str, int, int, int]
 
 
 @dataclass(slots=True)
@@ -237,10 +273,22 @@ class _Pass:
         self.rejections: list[Rejection] = []
         #: Placements that could never fit, of requests with another that can.
         self.ineligible: list[WaitingGroup] = []
-        # Blocked stretches of runs per root:
-        # (class number, placement index, cursor, end, share, rank, reason).
-        self.parked: dict[str, list[tuple[int, int, int, int, int, int, Reason]]] = (
-            defaultdict(list))
+        # Stretches of runs set aside, per root (where a preemption puts them back).
+        self.parked: dict[str, list[_Stretch]] = defaultdict(list)
+        # Those set aside because another placement fits, per class (put back when the class
+        # finds another of its placements full).
+        self.passed: dict[int, list[_Stretch]] = defaultdict(list)
+        # Entries tried again after the placements they passed: (class, placement, cursor).
+        self.deferred: set[tuple[int, int, int]] = set()
+        # Per holder, the queues and placements it holds units for, and the queue order key
+        # of the entry that took the hold.
+        self.holds: dict[str, list[tuple[str, Placement, _Key]]] = defaultdict(list)
+        self.last_hold: _Key | None = None
+        # Each run's entry on the heap: (cursor, share, end); others there are stale.
+        self.live: dict[tuple[int, int], tuple[int, int, int]] = {}
+        # The runs charging each leaf, and the leaves preemptions freed units on.
+        self.runs_at: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.freed: set[str] = set()
         self.groups: list[WaitingGroup] = []
         for allocation in snapshot.allocations:
             self._add(allocation)
@@ -377,16 +425,19 @@ class _Pass:
                     return False
         return True
 
-    def _candidates(
-        self, placement: Placement, short_keys: set[str], failures: list[Reason], reclaim: bool
-    ) -> dict[str, Allocation]:
-        """The running allocations that may give ``placement`` the units it is short of."""
+    def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
+        """Free room for ``placement`` with the fewest useful victims; False if impossible."""
         by_name = {n.name: n.id for n in self.forest.path(placement.queue)}
         for charge in placement.charges:
             by_name.update((n.name, n.id) for n in self.forest.path(charge.leaf))
         shortage: dict[str, set[str]] = defaultdict(set)
         for failure in failures:
             shortage[by_name[failure.node]].add(failure.key)
+        short_keys = {f.key for f in failures}
+        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
+        # that, so it is computed again only then.
+        reclaim = self._within_guarantee(placement, short_keys)
+        waiter_leaves = {c.leaf for c in placement.charges}
         candidates: dict[str, Allocation] = {}
         for node_id, keys in shortage.items():
             for victim in self.running[node_id].values():
@@ -398,17 +449,8 @@ class _Pass:
                     and keys & _charged_keys(victim.placement)
                 ):
                     candidates[victim.request_id] = victim
-        return candidates
-
-    def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
-        """Free room for ``placement`` with the fewest useful victims; False if impossible."""
-        short_keys = {f.key for f in failures}
-        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
-        # that, so it is computed again only then.
-        reclaim = self._within_guarantee(placement, short_keys)
-        waiter_leaves = {c.leaf for c in placement.charges}
         ordered = sorted(
-            self._candidates(placement, short_keys, failures, reclaim).values(),
+            candidates.values(),
             key=lambda a: (a.placement.priority, -a.allocated_at, _Desc(a.request_id)),
         )
         chosen: list[tuple[Allocation, Rule]] = []
@@ -450,6 +492,7 @@ class _Pass:
         queue = self.forest.nodes[placement.queue].name
         message = f"preempted by request {request.id} on {queue} ({why})"
         self.preemptions.append(Preemption(victim.request_id, request.id, rule, message))
+        self.freed.update(c.leaf for c in victim.placement.charges)
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -465,59 +508,78 @@ class _Pass:
         while heap:
             entry = heapq.heappop(heap)
             share, rank, _, _, number, index, pos, end = entry
+            if self.live.get((number, index)) != (pos, share, end):
+                continue
+            del self.live[number, index]
             cls = self.classes[number]
             request = cls.members[pos]
             placement = cls.placements[index]
             if request.id in self.granted_now:
                 self._push(heap, number, index, pos + 1, share, end)
                 continue
-            # In-share only turns into borrowing as the pass grants, so re-queue lazily.
+            # In-share turns into borrowing as the pass grants, so re-queue lazily (the other
+            # way, after a preemption, see _reshare).
             if share == 0 and self._share(placement):
-                heapq.heappush(heap, (1, *entry[1:]))
+                self._push(heap, number, index, pos, 1, end)
                 continue
             root = self.forest.root(placement.queue)
             preempted = len(self.preemptions)
+            # An entry tried again out of turn (it passed on this placement earlier) does not
+            # see the holds taken after its turn, as the next pass would not.
+            later = self._holds_after(entry[:7])
+            for held in later:
+                self._hold(held, -1)
             tried = self._try(request, index)
+            for held in later:
+                self._hold(held, +1)
             if tried is None:
                 cls.granted += 1
                 if len(self.preemptions) > preempted:
                     self._unpark(heap, root)
+                    self._reshare(heap)
                     self._requeue(heap, self.preemptions[preempted:])
                 elif self._exposes(placement):
                     self._unpark(heap, root)
+                if request.id in self.holds:
+                    self._unhold(heap, request.id)
                 self._push(heap, number, index, pos + 1, share, end)
                 continue
             reason, wait = tried
-            if wait is _Wait.PASSED:
-                # Taking its other placement, it may leave the next member none, who may
-                # preempt here then: that one is tried on its own.
-                parked = self.parked[root]
-                if parked and parked[-1][:2] == (number, index) and parked[-1][3] == pos:
-                    # The member before it was skipped so too: one stretch, one wait.
-                    parked[-1] = (*parked[-1][:3], pos + 1, *parked[-1][4:])
-                else:
-                    parked.append((number, index, pos, pos + 1, share, rank, reason))
-                self._push(heap, number, index, pos + 1, share, end)
+            stretch = _Stretch(number, index, pos, end, share, rank, reason)
+            if wait is _Wait.ELSEWHERE:
+                # The rest of the run sees the same state, until one of them takes the other
+                # placement and leaves the next none: see _retry_passed.
+                self.parked[root].append(stretch)
+                self.passed[number].append(stretch)
+                continue
+            if self._retry_passed(heap, number, index, pos):
+                # Its earlier placements first, where it may preempt or hold now, as the
+                # next pass would try them; then this one again.
+                self._push(heap, number, index, pos, share, end)
                 continue
             queue = self.forest.nodes[placement.queue]
-            # One that will take another of its placements holds no units here.
             if (
-                wait is _Wait.BLOCKED
-                and reason.check is Check.CAPACITY
+                reason.check is Check.CAPACITY
                 and queue.backfill_after is not None
                 and queue.id not in self.holders
                 and now - request.queued_at >= queue.backfill_after
             ):
-                self._hold(placement)
+                self._hold(placement, +1)
                 self.holders.add(queue.id)
+                self.holds[request.id].append((queue.id, placement, entry[:7]))
+                self.last_hold = max(entry[:7], self.last_hold or entry[:7])
                 self._wait(number, index, pos, pos + 1, reason, (share, rank), request.id)
                 self._push(heap, number, index, pos + 1, share, end)
                 continue
             # Until units are freed under this root (only a preemption does that within a
             # pass), the rest of this run waits too: park it instead of testing each member.
-            self.parked[root].append((number, index, pos, end, share, rank, reason))
+            self.parked[root].append(stretch)
         for parked in self.parked.values():
-            for number, index, pos, end, _, _, reason in parked:
+            for stretch in parked:
+                if not stretch.live:
+                    continue
+                number, index, pos, end = stretch.number, stretch.index, stretch.pos, stretch.end
+                reason = stretch.reason
                 cls = self.classes[number]
                 placement = cls.placements[index]
                 # Explain with the pass's final state (what they wait for now).
@@ -534,8 +596,51 @@ class _Pass:
         """Units were freed under ``root`` (a preemption): the runs parked there go back on
         the heap from where they stopped, those ranked ahead of the preemptor too, since the
         victims may free more than it takes. Preemptions are finite, so unparking ends."""
-        for number, index, pos, end, share, _, _ in self.parked.pop(root, []):
-            self._push(heap, number, index, pos, share, end)
+        for stretch in self.parked.pop(root, []):
+            self._put_back(heap, stretch)
+
+    def _put_back(self, heap: list[_HeapEntry], stretch: _Stretch) -> None:
+        if stretch.live:
+            stretch.live = False
+            # Its share as things are now: a preemption may have freed its leaf's guarantee.
+            self._push(heap, stretch.number, stretch.index, stretch.pos, None, stretch.end)
+
+    def _reshare(self, heap: list[_HeapEntry]) -> None:
+        """Victims freed their leaves' guarantee: a borrower waiting there may fit it now, and
+        then goes before the borrowers (as it would in the next pass)."""
+        for leaf in self.freed:
+            for run in self.runs_at.get(leaf, ()):
+                found = self.live.get(run)
+                if found is not None and found[1] == 1:
+                    pos, _, end = found
+                    if not self._share(self.classes[run[0]].placements[run[1]]):
+                        self._push(heap, *run, pos, 0, end)
+        self.freed.clear()
+
+    def _retry_passed(self, heap: list[_HeapEntry], number: int, index: int, pos: int) -> bool:
+        """A member of class ``number`` found placement ``index`` full: the same members
+        set aside elsewhere because this one fitted go back on the heap. Whether member
+        ``pos`` was one of them (then it is tried there first, once)."""
+        mine = False
+        for stretch in self.passed.pop(number, []):
+            mine = mine or (stretch.live and stretch.pos <= pos < stretch.end)
+            self._put_back(heap, stretch)
+        if not mine or (number, index, pos) in self.deferred:
+            return False
+        self.deferred.add((number, index, pos))
+        return True
+
+    def _holds_after(self, key: _Key) -> list[Placement]:
+        if self.last_hold is None or key > self.last_hold:
+            return []  # in turn: every hold was taken before it
+        return [p for held in self.holds.values() for _, p, at in held if at > key]
+
+    def _unhold(self, heap: list[_HeapEntry], request_id: str) -> None:
+        """A holder got units: the units it held go back to the others, who may fit now."""
+        for queue_id, placement, _ in self.holds.pop(request_id):
+            self._hold(placement, -1)
+            self.holders.discard(queue_id)
+            self._unpark(heap, self.forest.root(queue_id))
 
     def _requeue(self, heap: list[_HeapEntry], preemptions: list[Preemption]) -> None:
         """Victims that queue again join the pass as requests of their own, where the queue
@@ -612,6 +717,10 @@ class _Pass:
             self.rejections.extend(Rejection(r.id, only) for r in cls.members)
             return False
         self.classes.append(cls)
+        number = len(self.classes) - 1
+        for index in cls.possible:
+            for charge in cls.placements[index].charges:
+                self.runs_at[charge.leaf].append((number, index))
         for index, placement, reason in reasons:
             name = self.forest.nodes[placement.queue].name
             self.ineligible.append(WaitingGroup(
@@ -637,6 +746,7 @@ class _Pass:
         placement = cls.placements[index]
         if share is None:
             share = self._share(placement)
+        self.live[number, index] = (pos, share, end)
         heapq.heappush(
             heap, (share, -placement.priority, *cls.keys[pos], number, index, pos, end)
         )
@@ -651,14 +761,11 @@ class _Pass:
                 for i, p in enumerate(request.placements)
                 if i != index
             ):
-                if not self._may_preempt(placement, failures):
-                    return failures[0], _Wait.ELSEWHERE
-                short_keys = {f.key for f in failures}
-                reclaim = self._within_guarantee(placement, short_keys)
-                candidates = self._candidates(placement, short_keys, failures, reclaim)
-                return failures[0], _Wait.PASSED if candidates else _Wait.ELSEWHERE
-            if not self._may_preempt(placement, failures) or not self._preempt(
-                request, placement, failures
+                return failures[0], _Wait.ELSEWHERE
+            if (
+                any(f.check is not Check.CAPACITY for f in failures)
+                or not self.forest.nodes[placement.queue].preempts
+                or not self._preempt(request, placement, failures)
             ):
                 return failures[0], _Wait.BLOCKED
         self._add(Allocation(request.id, placement, self.snapshot.now, request.preemptible))
@@ -681,16 +788,11 @@ class _Pass:
                     return True
         return False
 
-    def _may_preempt(self, placement: Placement, failures: list[Reason]) -> bool:
-        """Whether preemption could give it what it lacks: units, nothing else."""
-        return self.forest.nodes[placement.queue].preempts and all(
-            f.check is Check.CAPACITY for f in failures)
-
-    def _hold(self, placement: Placement) -> None:
+    def _hold(self, placement: Placement, sign: int) -> None:
         for node_id, units in self.forest.delta(placement).items():
             held = self.held[node_id]
             for key, amount in units.items():
-                held[key] = held.get(key, 0) + amount
+                held[key] = held.get(key, 0) + sign * amount
 
 
 def _charged_keys(placement: Placement) -> AbstractSet[str]:
