@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairpool.engine.explain import queue_entries
-from fairpool.engine.model import Allocation, Plan, Snapshot
+from fairpool.engine.model import Plan, Snapshot
 from fairpool.engine.reconcile import reconcile
 from tests.worlds import World
 
@@ -109,20 +109,6 @@ def check_invariants(world: World, snapshot: Snapshot, plan: Plan) -> None:
         assert preemption.preemptor_id in granted, "preempted for a request not granted"
 
 
-def apply(world: World, snapshot: Snapshot, plan: Plan) -> None:
-    victims = {p.victim_id for p in plan.preemptions}
-    world.running = [a for a in world.running if a.request_id not in victims]
-    by_id = {r.id: r for r in world.queue}
-    for grant in plan.grants:
-        request = by_id[grant.request_id]
-        world.running.append(Allocation(
-            request.id, request.placements[grant.placement_index], snapshot.now,
-            request.preemptible,
-        ))
-    done = {g.request_id for g in plan.grants} | {r.request_id for r in plan.rejections}
-    world.queue = [r for r in world.queue if r.id not in done]
-
-
 def passes(
     world: World, ops: list[tuple[str, object]], step: float
 ) -> Iterator[tuple[Snapshot, Plan]]:
@@ -148,7 +134,7 @@ def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, obj
     world, ops = case
     for snapshot, plan in passes(world, ops, 10.0):
         assert reconcile(snapshot) == plan, "same snapshot, different plan"
-        apply(world, snapshot, plan)
+        world.apply(snapshot, plan)
         check_invariants(world, snapshot, plan)
 
 
@@ -165,7 +151,7 @@ def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
     world, ops = case
     # 100 s apart: past the default backfill_after now and then, so holders too.
     for snapshot, plan in passes(world, ops, 100.0):
-        apply(world, snapshot, plan)
+        world.apply(snapshot, plan)
         again = reconcile(world.snapshot())
         assert (again.grants, again.preemptions) == ((), ())
         assert queue_entries(again) == queue_entries(plan)

@@ -13,6 +13,7 @@ import pytest
 
 from fairpool.engine.explain import queue_entries
 from fairpool.engine.model import Check, Rule
+from fairpool.engine.reconcile import reconcile
 from tests.worlds import World, demand, only, outcome
 
 GPU8 = {"gpu": 8}
@@ -528,64 +529,6 @@ def test_a_waiter_ahead_of_a_preemptor_gets_the_units_the_preemption_freed_beyon
     assert plan.waiting == ()
 
 
-@pytest.mark.parametrize("now", [10.0, 10_000.0], ids=["parked", "past backfill_after"])
-def test_a_waiter_that_left_a_full_pool_for_a_free_one_leaves_the_next_one_to_preempt(
-    now: float,
-) -> None:
-    # r-1 could preempt x in pool a but does not: pool b has room, and it takes it. r-2, the
-    # same request, finds b full: it preempts x. It waited: as if a were blocked for it too
-    # (the next pass preempted: no fixed point), or, past backfill_after, because r-1 held
-    # a's units for itself while it took b's.
-    world = (
-        World().pool("a", {"gpu": 1}).pool("b", {"gpu": 1})
-        .policy("orch", "a", 10).policy("orch", "b", 10).policy("low", "a", 1)
-        .run("x", "low", "a", demand(gpu_count=1), 1.0)
-        .wait("r-1", "orch", demand(gpu_count=1), at=2.0)
-        .wait("r-2", "orch", demand(gpu_count=1), at=3.0)
-    )
-    world.now = now
-    plan = world.plan()
-    assert outcome(plan, world.snapshot()) == {
-        "x": "preempted:priority", "r-1": "allocated:b", "r-2": "allocated:a"}
-
-
-def test_a_grant_that_makes_a_team_borrow_lets_a_waiter_before_it_preempt_the_team() -> None:
-    # burst (priority 1) comes first but cannot preempt team-1: team uses 2 of its reserved 2.
-    # team-2, of lower priority, then takes the last GPU: team borrows now, so team-1 may go,
-    # and burst gets its turn again (it preempted team-1 in the next pass: no fixed point).
-    world = (
-        World().pool("p", {"gpu": 4})
-        .policy("burst", "p", 1, {"gpu": 1}, {"gpu": 3})
-        .policy("team", "p", 0, {"gpu": 2}, {"gpu": 3})
-        .run("team-1", "team", "p", demand(gpu_count=2), 1.0)
-        .run("burst-1", "burst", "p", demand(gpu_count=1), 2.0, preemptible=False)
-        .wait("burst-2", "burst", demand(gpu_count=2), at=3.0)
-        .wait("team-2", "team", demand(gpu_count=1), at=4.0, preemptible=False)
-    )
-    world.now = 100.0
-    plan = world.plan()
-    assert outcome(plan, world.snapshot()) == {
-        "team-1": "preempted:priority", "burst-2": "allocated:p", "team-2": "allocated:p"}
-
-
-def test_waiters_that_passed_on_a_pool_for_one_that_filled_meanwhile_go_back_to_preempt() -> None:
-    # a ranks before b (priority 10 > 5), so hi-1 and hi-2 are both tried on a first, while b
-    # has room: neither preempts there. hi-1 then takes b; hi-2, finding b full, goes back to
-    # a and preempts (it waited, with no queue entry, and the next pass preempted).
-    world = (
-        World().pool("a", {"gpu": 2}).pool("b", {"gpu": 1})
-        .policy("hi", "a", 10).policy("hi", "b", 5).policy("lo", "a", 1)
-        .run("lo-1", "lo", "a", demand(gpu_count=1), 1.0)
-        .run("lo-2", "lo", "a", demand(gpu_count=1), 2.0)
-        .wait("hi-1", "hi", demand(gpu_count=1), at=3.0)
-        .wait("hi-2", "hi", demand(gpu_count=1), at=4.0)
-    )
-    world.now = 100.0
-    plan = world.plan()
-    assert outcome(plan, world.snapshot()) == {
-        "lo-2": "preempted:priority", "hi-1": "allocated:b", "hi-2": "allocated:a"}
-
-
 def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
     # r-1 and r-2 (2 GPUs each) have waited past backfill_after. a has 1 GPU free and nobody
     # to preempt; b has 2. r-1 takes b; r-2, first in a's queue now, holds a's free GPU, so
@@ -607,42 +550,104 @@ def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
     assert "held for an older request" in entries["s-1"][0].reason.message
 
 
-def test_a_waiter_a_preemption_brings_within_its_reserved_goes_before_the_borrowers() -> None:
-    # s-1 reclaims x-1 (team borrowed 2 of its reserved 1): w-1, a borrower until then, is
-    # within team's reserved now and goes before b-1, who must borrow (b-1 got the last GPU,
-    # and the next pass took it back for w-1).
-    world = (
-        World().pool("p", {"gpu": 4})
+@dataclass(frozen=True)
+class OnePass:
+    """A pass that left work to the next one with nothing new; now it does it itself."""
+
+    name: str
+    build: Callable[[], World]
+    now: float
+    expect: dict[str, str]
+
+
+def passed_pool(now: float) -> OnePass:
+    # r-1 could preempt x in pool a but does not: pool b has room, and it takes it. r-2, the
+    # same request, finds b full: it preempts x. It waited: as if a were blocked for it too,
+    # or, past backfill_after, because r-1 held a's units for itself while it took b's.
+    return OnePass(
+        f"the next of identical requests preempts on the pool the first passed on, now={now:g}",
+        lambda: World().pool("a", {"gpu": 1}).pool("b", {"gpu": 1})
+        .policy("orch", "a", 10).policy("orch", "b", 10).policy("low", "a", 1)
+        .run("x", "low", "a", demand(gpu_count=1), 1.0)
+        .wait("r-1", "orch", demand(gpu_count=1), at=2.0)
+        .wait("r-2", "orch", demand(gpu_count=1), at=3.0),
+        now, {"x": "preempted:priority", "r-1": "allocated:b", "r-2": "allocated:a"},
+    )
+
+
+ONE_PASS = [
+    passed_pool(10.0),
+    passed_pool(10_000.0),
+    # a ranks before b (priority 10 > 5), so hi-1 and hi-2 are both tried on a first, while b
+    # has room. hi-1 then takes b; hi-2, finding b full, goes back to a and preempts.
+    OnePass(
+        "a request back on the pool it passed on, the other one taken meanwhile, preempts",
+        lambda: World().pool("a", {"gpu": 2}).pool("b", {"gpu": 1})
+        .policy("hi", "a", 10).policy("hi", "b", 5).policy("lo", "a", 1)
+        .run("lo-1", "lo", "a", demand(gpu_count=1), 1.0)
+        .run("lo-2", "lo", "a", demand(gpu_count=1), 2.0)
+        .wait("hi-1", "hi", demand(gpu_count=1), at=3.0)
+        .wait("hi-2", "hi", demand(gpu_count=1), at=4.0),
+        100.0, {"lo-2": "preempted:priority", "hi-1": "allocated:b", "hi-2": "allocated:a"},
+    ),
+    # burst-2 (priority 1) comes first but cannot preempt team-1: team uses 2 of its reserved
+    # 2. team-2, of lower priority, then takes the last GPU: team borrows now, so team-1 may
+    # go, and burst-2 gets its turn again.
+    OnePass(
+        "a grant that makes a team borrow lets a waiter tried before it preempt the team",
+        lambda: World().pool("p", {"gpu": 4})
+        .policy("burst", "p", 1, {"gpu": 1}, {"gpu": 3})
+        .policy("team", "p", 0, {"gpu": 2}, {"gpu": 3})
+        .run("team-1", "team", "p", demand(gpu_count=2), 1.0)
+        .run("burst-1", "burst", "p", demand(gpu_count=1), 2.0, preemptible=False)
+        .wait("burst-2", "burst", demand(gpu_count=2), at=3.0)
+        .wait("team-2", "team", demand(gpu_count=1), at=4.0, preemptible=False),
+        100.0,
+        {"team-1": "preempted:priority", "burst-2": "allocated:p", "team-2": "allocated:p"},
+    ),
+    # s-1 preempts x-1 (team borrowed 2 of its reserved 1): w-1, a borrower until then, is
+    # within team's reserved now and goes before b-1, who must borrow (b-1 got the last GPU).
+    OnePass(
+        "a waiter a preemption brings within its reserved goes before the borrowers",
+        lambda: World().pool("p", {"gpu": 4})
         .policy("big", "p", 5, {"gpu": 3}, {"gpu": 3})
         .policy("team", "p", 1, {"gpu": 1})
         .policy("burst", "p", 1)
         .run("x-1", "team", "p", demand(gpu_count=2), 1.0)
         .wait("b-1", "burst", demand(gpu_count=1), at=2.0)
         .wait("w-1", "team", demand(gpu_count=1), at=3.0)
-        .wait("s-1", "big", demand(gpu_count=3), at=4.0)
-    )
-    world.now = 100.0
-    plan = world.plan()
-    assert outcome(plan, world.snapshot()) == {
-        "x-1": "preempted:priority", "s-1": "allocated:p", "w-1": "allocated:p",
-        "b-1": "waiting"}
-
-
-def test_a_waiter_tried_again_out_of_turn_does_not_see_the_holds_taken_after_it() -> None:
-    # r-1 and r-2 are first in b's queue (within reserved) but pass on b: a has room. h, after
-    # them, holds b's units. r-1 takes a; r-2, back on b, reclaims v as it would have in turn,
-    # not stopped by h's hold (it waited, and the next pass reclaimed).
-    world = (
-        World().pool("a", {"gpu": 1}).pool("b", {"gpu": 3})
+        .wait("s-1", "big", demand(gpu_count=3), at=4.0),
+        100.0,
+        {"x-1": "preempted:priority", "s-1": "allocated:p", "w-1": "allocated:p",
+         "b-1": "waiting"},
+    ),
+    # r-1 and r-2 are first in b's queue (within reserved) but pass on b: a has room. h-1,
+    # after them, holds b's units. r-1 takes a; r-2, back on b, reclaims v-1 as it would
+    # have in turn, not stopped by h-1's hold.
+    OnePass(
+        "a request tried again out of turn does not see the holds taken after its turn",
+        lambda: World().pool("a", {"gpu": 1}).pool("b", {"gpu": 3})
         .policy("r", "a", 1).policy("r", "b", 1, {"gpu": 2})
         .policy("v", "b", 5)
         .run("v-1", "v", "b", demand(gpu_count=3), 1.0)
         .wait("h-1", "v", demand(gpu_count=3), at=2.0)
         .wait("r-1", "r", demand(gpu_count=1), at=3.0)
-        .wait("r-2", "r", demand(gpu_count=1), at=4.0)
-    )
-    world.now = 10_000.0
-    plan = world.plan()
-    assert outcome(plan, world.snapshot()) == {
-        "v-1": "preempted:reclaim", "r-1": "allocated:a", "r-2": "allocated:b",
-        "h-1": "waiting"}
+        .wait("r-2", "r", demand(gpu_count=1), at=4.0),
+        10_000.0,
+        {"v-1": "preempted:reclaim", "r-1": "allocated:a", "r-2": "allocated:b",
+         "h-1": "waiting"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ONE_PASS, ids=[c.name for c in ONE_PASS])
+def test_one_pass_does_what_the_next_would_have(case: OnePass) -> None:
+    world = case.build()
+    world.now = case.now
+    snapshot = world.snapshot()
+    plan = reconcile(snapshot)
+    assert outcome(plan, snapshot) == case.expect
+    world.apply(snapshot, plan)
+    again = world.plan()
+    assert (again.grants, again.preemptions) == ((), ())
+    assert queue_entries(again) == queue_entries(plan)

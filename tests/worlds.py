@@ -92,6 +92,20 @@ class World:
     def plan(self) -> Plan:
         return reconcile(self.snapshot())
 
+    def apply(self, snapshot: Snapshot, plan: Plan) -> None:
+        """What ``plan`` leaves: its victims gone, its grants running, the rest queued."""
+        victims = {p.victim_id for p in plan.preemptions}
+        self.running = [a for a in self.running if a.request_id not in victims]
+        by_id = {r.id: r for r in self.queue}
+        for grant in plan.grants:
+            request = by_id[grant.request_id]
+            self.running.append(Allocation(
+                request.id, request.placements[grant.placement_index], snapshot.now,
+                request.preemptible,
+            ))
+        done = {g.request_id for g in plan.grants} | {r.request_id for r in plan.rejections}
+        self.queue = [r for r in self.queue if r.id not in done]
+
 
 def outcome(plan: Plan, snapshot: Snapshot) -> dict[str, str]:
     """request id -> "allocated:<pool>" | "rejected" | "waiting" | "preempted:<rule>"."""
