@@ -228,8 +228,7 @@ class _Stretch:
     index: int
     pos: int
     end: int
-    share: int
-    rank: int
+    #: Why its first member waited (the final state explains it, when it has a reason).
     reason: Reason
     live: bool = True
 
@@ -545,7 +544,7 @@ class _Pass:
                 self._push(heap, number, index, pos + 1, share, end)
                 continue
             reason, wait = tried
-            stretch = _Stretch(number, index, pos, end, share, rank, reason)
+            stretch = _Stretch(number, index, pos, end, reason)
             if wait is _Wait.ELSEWHERE:
                 # The rest of the run sees the same state, until one of them takes the other
                 # placement and leaves the next none: see _retry_passed.
