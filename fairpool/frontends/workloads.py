@@ -623,6 +623,9 @@ def compile_snapshot(
     admissions: dict[str, Admission] = {}
     repriced: dict[str, int] = {}
     unqueueable: dict[str, Decision] = {}
+    # Only running work in a queue that preempts can be a victim, and only when something
+    # waits: those get what they would queue again as (the rest of a pass is cheaper).
+    victims: list[tuple[Workload, Route]] = []
     for item in running:
         queue = admitted_queue(config, item.admission)
         if queue is None:
@@ -639,13 +642,8 @@ def compile_snapshot(
         admissions[item.workload.id] = admission
         placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
         allocations.append(Allocation(item.workload.id, placement, admission.admitted_at))
-        workload = replace(item.workload, submitted_at=now)
-        found = _candidate(config, selectors, shapes, workload, path, now)
-        if isinstance(found, Candidate):
-            candidates[workload.id] = found
-            requeue[workload.id] = Request(workload.id, now, found.placements)
-        else:
-            unqueueable[workload.id] = found
+        if queue.preemption is not None and queue.preemption.preempts_lower_priority:
+            victims.append((item.workload, path))
 
     requests: list[Request] = []
     decided: dict[str, Decision] = {}
@@ -656,6 +654,14 @@ def compile_snapshot(
             continue
         requests.append(Request(workload.id, workload.submitted_at, found.placements))
         candidates[workload.id] = found
+    for workload, path in victims if requests else ():
+        workload = replace(workload, submitted_at=now)
+        found = _candidate(config, selectors, shapes, workload, path, now)
+        if isinstance(found, Candidate):
+            candidates[workload.id] = found
+            requeue[workload.id] = Request(workload.id, now, found.placements)
+        else:
+            unqueueable[workload.id] = found
     snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests), requeue)
     return Compiled(
         snapshot, candidates, decided, tuple(orphans), admissions,
