@@ -30,7 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from fairpool.client import Client, Preempted, WaitTimeout, not_granted, runs_once
+from fairpool.client import (
+    Client,
+    Preempted,
+    WaitTimeout,
+    not_granted,
+    runs_once,
+    stopped_waiting,
+)
 from fairpool.errors import Conflict, FairpoolError, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
 from fairpool.settings import ResourceSettings
@@ -188,22 +195,22 @@ class AsyncAcquire:
         submitting = asyncio.ensure_future(self._submit())
         try:
             request = await asyncio.shield(submitting)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as error:
             # The submit goes on without us (in a thread): the request it makes is withdrawn,
             # or it would get units nobody uses until its lease ends.
             with contextlib.suppress(Exception):
                 made = await submitting
                 if made.status in ("queued", "allocated"):
-                    await client.cancel(made.id)
+                    await client.cancel(made.id, stopped_waiting(error, None))
             raise
         try:
             if request.status == "queued":
                 request = await client.wait(request.id, self._timeout)
             if request.status == "queued":
                 raise WaitTimeout(request)
-        except BaseException:  # a cancellation too: a queued request nobody will use
+        except BaseException as error:  # a cancellation too: a queued request nobody will use
             if (await client.get(request.id)).status == "queued":
-                await client.cancel(request.id)
+                await client.cancel(request.id, stopped_waiting(error, self._timeout))
             raise
         if request.status != "allocated":
             raise not_granted(request)

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
 from fairpool.errors import Conflict, FairpoolError, InvalidInput, Unreachable, validate_int
-from fairpool.leases import DEFAULT_LEASE_TTL, MAX_RETRIES, holding, wait_timeout
+from fairpool.leases import (
+    DEFAULT_LEASE_TTL,
+    MAX_RETRIES,
+    gave_up,
+    holding,
+    interrupted,
+    wait_timeout,
+)
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
 
@@ -320,8 +327,9 @@ class Client:
     def release(self, ref: str) -> RequestView:
         return self._service.release_request(ref)
 
-    def cancel(self, ref: str) -> RequestView:
-        return self._service.cancel_request(ref)
+    def cancel(self, ref: str, reason: str | None = None) -> RequestView:
+        """Withdraw a queued or allocated request; ``reason`` is kept as why."""
+        return self._service.cancel_request(ref, reason)
 
     def delete(self, ref: str) -> None:
         """Delete the request and its history (its units go back if it held any)."""
@@ -437,9 +445,9 @@ class _Acquire:
                     raise WaitTimeout(request)
             except Unreachable:  # nothing to cancel it with; the error says what to do
                 raise
-            except BaseException:
+            except BaseException as error:
                 if self._client.get(request.id).status == "queued":
-                    self._client.cancel(request.id)
+                    self._client.cancel(request.id, stopped_waiting(error, self._timeout))
                 raise
             if request.status != "allocated":
                 raise not_granted(request)
@@ -447,6 +455,13 @@ class _Acquire:
         finally:
             if held is not None:
                 held.let_go()
+
+
+def stopped_waiting(error: BaseException, timeout: float | None) -> str:
+    """The cancel reason of a request its ``acquire`` stopped waiting for by ``error``."""
+    if isinstance(error, WaitTimeout) and timeout is not None:
+        return gave_up(timeout)
+    return interrupted(type(error).__name__)
 
 
 def runs_once(max_retries: int) -> None:

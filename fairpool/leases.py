@@ -43,3 +43,14 @@ def wait_timeout(timeout: object) -> float | None:
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidInput("timeout", timeout, "must be a finite number of seconds >= 0")
     return seconds
+
+
+def gave_up(timeout: float) -> str:
+    """Why a request still queued when its holder's wait timed out is cancelled."""
+    return f"gave up waiting after {timeout:g} s"
+
+
+def interrupted(cause: str) -> str:
+    """Why a request still queued when its holder stopped waiting (``cause``: a signal's or an
+    exception's name) is cancelled."""
+    return f"interrupted while waiting ({cause})"

@@ -246,8 +246,8 @@ class RemoteService:
     def release_request(self, ref: str) -> RequestView:
         return self._finish(ref, "release", "released")
 
-    def cancel_request(self, ref: str) -> RequestView:
-        return self._finish(ref, "cancel", "cancelled")
+    def cancel_request(self, ref: str, reason: str | None = None) -> RequestView:
+        return self._finish(ref, "cancel", "cancelled", reason)
 
     def delete_request(self, ref: str) -> None:
         response, maybe_done = self._send("DELETE", f"/requests/{_segment(ref, 'request')}")
@@ -301,15 +301,24 @@ class RemoteService:
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def _finish(self, ref: str, action: str, status: str) -> RequestView:
-        """Release or cancel. When the answer to an earlier attempt was lost, that attempt may
-        have done it: the retry's conflict then only means it is done already."""
-        response, maybe_done = self._send("POST", f"/requests/{_segment(ref, 'request')}/{action}")
+    def _finish(
+        self, ref: str, action: str, status: str, reason: str | None = None
+    ) -> RequestView:
+        """Release or cancel (saying why: ``reason``). When the answer to an earlier attempt
+        was lost, that attempt may have done it: the retry's conflict then only means it is
+        done already."""
+        path = f"/requests/{_segment(ref, 'request')}/{action}"
+        response, maybe_done = self._send("POST", path, **_reason(reason))
         if maybe_done and response.status_code == 409:
             current = self.get_request(ref)
             if current.status == status:
                 return current
         return RequestView.from_dict(_answer(response))
+
+
+def _reason(reason: str | None) -> dict[str, Any]:
+    """A cancel's keyword arguments for ``_send``: the body saying why, if anybody said."""
+    return {} if reason is None else {"json": {"reason": reason}}
 
 
 #: Transport failures that mean the request never reached the server.
@@ -409,8 +418,9 @@ class RemoteScheduling:
     def release_workload(self, ref: str) -> Answer:
         return Answer(self._call("POST", f"/workloads/{_segment(ref, 'workload')}/release"))
 
-    def cancel_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{_segment(ref, 'workload')}/cancel"))
+    def cancel_workload(self, ref: str, reason: str | None = None) -> Answer:
+        path = f"/workloads/{_segment(ref, 'workload')}/cancel"
+        return Answer(self._call("POST", path, **_reason(reason)))
 
     def list_queues(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/queues")["items"]]

@@ -28,7 +28,7 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.frontends.config_diff import diff_configs
-from fairpool.frontends.pools import validate_filter
+from fairpool.frontends.pools import cancel_reason, validate_filter
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database
@@ -400,8 +400,10 @@ class SchedulingService:
         return self._end(ref, WorkloadStatus.FINISHED, "finished: released by its holder",
                          (WorkloadStatus.ADMITTED,))
 
-    def cancel_workload(self, ref: str) -> WorkloadView:
-        return self._end(ref, WorkloadStatus.CANCELLED, "cancelled by user",
+    def cancel_workload(self, ref: str, reason: str | None = None) -> WorkloadView:
+        """Withdraw a queued or admitted workload; ``reason`` (the canceller's words) is
+        kept as its reason."""
+        return self._end(ref, WorkloadStatus.CANCELLED, cancel_reason(reason),
                          (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
 
     def _end(

@@ -806,12 +806,16 @@ class Service:
 
         return self._write(change, tracked=True)
 
-    def cancel_request(self, ref: str) -> RequestView:
+    def cancel_request(self, ref: str, reason: str | None = None) -> RequestView:
+        """Withdraw a queued or allocated request; ``reason`` (the canceller's words) is
+        kept as its reason."""
+        why = frontend.cancel_reason(reason)
+
         def change(tx: _Tx) -> Answer[RequestView]:
             request = self._request(tx, ref)
             if request.status not in (RequestStatus.QUEUED, RequestStatus.ALLOCATED):
                 raise Conflict(f"request {request.id} is already {request.status.value}")
-            self._finish(tx, request, RequestStatus.CANCELLED, "cancelled by user")
+            self._finish(tx, request, RequestStatus.CANCELLED, why)
             return lambda tx, done: self._request_view_after(tx, done, request.id)
 
         return self._write(change, tracked=True)

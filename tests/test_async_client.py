@@ -113,8 +113,10 @@ def test_timeout_and_cancellation_cancel_the_queued_request(target: dict[str, st
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            statuses = [r.status for r in await client.list_requests(component="a-time-low")]
-            assert statuses == ["cancelled", "cancelled"]
+            ended = [(r.status, r.status_reason)
+                     for r in await client.list_requests(component="a-time-low")]
+            assert ended == [("cancelled", "cancelled: gave up waiting after 0.5 s"),
+                             ("cancelled", "cancelled: interrupted while waiting (CancelledError)")]
             # A NaN timeout would be a deadline that never comes (the loop spun); refused
             # before anything is sent, as a bad lease is.
             with pytest.raises(InvalidInput, match="timeout: must be a finite number"):
@@ -283,8 +285,9 @@ def test_a_cancellation_during_the_submit_withdraws_the_request_it_makes(
             acquiring.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await acquiring
-            assert [r.status for r in await client.list_requests(component="a-sub-low")] == [
-                "cancelled"]
+            assert [(r.status, r.status_reason)
+                    for r in await client.list_requests(component="a-sub-low")] == [
+                ("cancelled", "cancelled: interrupted while waiting (CancelledError)")]
             with pytest.raises(TypeError, match="decorates an async def"):
                 client.acquire({"gpu": 1}, component="a-sub-low")(lambda: None)  # type: ignore[arg-type]
 

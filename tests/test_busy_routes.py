@@ -260,6 +260,48 @@ def test_the_request_routes_answer_as_fastapi_answers_them(apps: Apps) -> None:
         assert (busy.routed is not busy_serves, busy.status) == (True, status), (method, tail)
 
 
+# (body, content type, served by BusyRoutes, expected status, the request's reason after)
+CANCELS = [
+    (None, None, True, 200, "cancelled by user"),
+    (b"", b"application/json", True, 200, "cancelled by user"),
+    (b"{}", b"application/json", True, 200, "cancelled by user"),
+    (b'{"reason": null}', b"application/json", True, 200, "cancelled by user"),
+    (b'{"reason": "node maintenance"}', b"application/json", True, 200,
+     "cancelled: node maintenance"),
+    (b'{"reason": "m"}', b"Application/JSON; charset=utf-8", True, 200, "cancelled: m"),
+    (b"null", b"application/json", False, 200, "cancelled by user"),
+    (b'{"reason": "m"}', None, False, 415, None),
+    (b'{"reason": "m"}', b"text/plain", False, 415, None),
+    (b'{"reason": " "}', b"application/json", False, 422, None),
+    (b'{"reason": 5}', b"application/json", False, 422, None),
+    (b'{"reason": "m", "why": "x"}', b"application/json", False, 422, None),
+    (json.dumps({"reason": "m" * 1025}).encode(), b"application/json", False, 422, None),
+    (rb'{"reason": "a\u0000b"}', b"application/json", False, 422, None),
+    (b"{", b"application/json", False, 400, None),
+    (b"[]", b"application/json", False, 422, None),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "busy_serves", "status", "reason"), CANCELS)
+def test_a_cancel_and_its_reason_are_answered_as_fastapi_answers_them(
+    apps: Apps, body: bytes | None, content_type: bytes | None, busy_serves: bool, status: int,
+    reason: str | None,
+) -> None:
+    ids = submitted(apps, {"component": COMPONENT, "resources": {"gpu": 1}})
+    busy, fastapi = (
+        apps.run(call(app, "POST", f"{PREFIX}/requests/{one}/cancel", body, content_type))
+        for app, one in zip(apps.apps, ids, strict=True)
+    )
+    same(busy, fastapi, ids)
+    assert (busy.routed is not busy_serves, busy.status) == (True, status), busy.body
+    if reason is None:  # refused: nothing changed
+        assert busy.json()["field"] in ("reason", "why", None), busy.body
+        for app, one in zip(apps.apps, ids, strict=True):
+            apps.run(call(app, "POST", f"{PREFIX}/requests/{one}/cancel", content_type=None))
+    else:
+        assert busy.json()["status_reason"] == reason
+
+
 @pytest.mark.parametrize(("ref", "status"), [
     ("nope", 404),
     ("%00", 422),

@@ -29,6 +29,12 @@ def statuses(home: Path) -> list[tuple[str, str, int]]:
     return [(i["component"], i["status"], i["attempt"]) for i in items]
 
 
+def reasons(home: Path) -> dict[str, str]:
+    """Each component's last request's reason."""
+    items = fairpool(home, "resource-request", "list", "-o", "json").ok().json["items"]
+    return {i["component"]: i["status_reason"] for i in items}
+
+
 def test_run_passes_the_grant_in_the_environment_and_its_exit_code_back(tmp_path: Path) -> None:
     setup(tmp_path)
     script = (
@@ -58,6 +64,7 @@ def test_run_gives_up_after_timeout_and_cancels(tmp_path: Path) -> None:
     assert result.code == 2, result
     assert "position 1 in pool `p`" in result.err
     assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+    assert reasons(tmp_path)["low"] == "cancelled: gave up waiting after 1 s"
 
 
 def test_preempted_command_is_terminated_and_rerun_on_its_retry(tmp_path: Path) -> None:
@@ -146,6 +153,8 @@ def test_a_signal_while_waiting_cancels_the_request(
     assert runner.returncode == 128 + signum, err
     assert "Interrupted: resource request" in err and "cancelled" in err
     assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+    name = signal.Signals(signum).name
+    assert reasons(tmp_path)["low"] == f"cancelled: interrupted while waiting ({name})"
 
 
 @pytest.mark.parametrize("command", WAITING)

@@ -84,7 +84,9 @@ def test_timeout_cancels_the_waiting_request(home: str) -> None:
     with pytest.raises(WaitTimeout, match="still queued") as raised:
         with client.acquire({"gpu": 1}, component="low", timeout=0.5):
             pytest.fail("never granted")
-    assert client.get(raised.value.request.id).status == "cancelled"
+    cancelled = client.get(raised.value.request.id)
+    assert (cancelled.status, cancelled.status_reason) == (
+        "cancelled", "cancelled: gave up waiting after 0.5 s")
 
 
 @pytest.mark.parametrize(
@@ -392,7 +394,8 @@ def test_ctrl_c_while_waiting_cancels_the_request(home: str) -> None:
     with pytest.raises(KeyboardInterrupt):
         with client.acquire({"gpu": 1}, component="low", timeout=30):
             pytest.fail("never granted")
-    assert [r.status for r in client.list_requests(component="low")] == ["cancelled"]
+    assert [(r.status, r.status_reason) for r in client.list_requests(component="low")] == [
+        ("cancelled", "cancelled: interrupted while waiting (KeyboardInterrupt)")]
 
 
 def test_the_decorator_holds_a_grant_per_call_in_threads_and_recursion(home: str) -> None:

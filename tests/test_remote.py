@@ -190,8 +190,11 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "delete", "gpus", "-y")                                 # live allocations
     fp("resource-request", "release", a["id"])                                  # the retry gets it
     fp("resource-request", "release", a["id"])                                  # already released
-    fp("resource-request", "cancel", c["id"])
+    fp("resource-request", "cancel", c["id"], "--reason", " ")                  # only whitespace
+    fp("resource-request", "cancel", c["id"], "--reason", "r" * 1025)           # too long
+    fp("resource-request", "cancel", c["id"], "--reason", "node drained")
     fp("resource-request", "cancel", c["id"])                                   # already cancelled
+    fp("resource-request", "describe", c["id"], "-o", "json")                  # the reason kept
     fp("resource-request", "create", "--component", "team-b", "--gpu-count", "4", "--wait",
        "--timeout", "0.3", "-o", "json")                                        # times out: exit 2
     fp("reconcile", "-o", "json")
@@ -248,7 +251,9 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "describe", ids[0][:8], "-o", "json")
     fp("workload", "release", ids[0], "-o", "json")
     fp("workload", "release", ids[0])                                         # already finished
-    fp("workload", "cancel", ids[1])
+    fp("workload", "cancel", ids[1], "--reason", "\udcff")                     # bytes not UTF-8
+    fp("workload", "cancel", ids[1], "--reason", "quota moved", "-o", "json")
+    fp("workload", "cancel", ids[1])                                          # already cancelled
     fp("workload", "describe", "ffffffff")                                    # not found
     fp("queue", "list", "-o", "json")
     fp("queue", "describe", "ml_training")
@@ -865,6 +870,10 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("wait", lambda: client.wait(queued.id, timeout=30))
     step("release again", lambda: client.release(held.id))
     step("cancel released", lambda: client.cancel(held.id))
+    step("cancel, reason not text", lambda: client.cancel(queued.id, 5))  # type: ignore[arg-type]
+    step("cancel, reason blank", lambda: client.cancel(queued.id, " \t"))
+    step("cancel with a reason", lambda: client.cancel(
+        client.submit({"gpu": 1}, component="sdk-low").id, "node drained"))
     step("delete_pool with a live allocation", lambda: client.delete_pool("sdk"))
     step("delete", lambda: client.delete(queued.id))
     step("get deleted", lambda: client.get(queued.id))
@@ -908,6 +917,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("list_requests bad status", "InvalidInput: status"),
         ("release again", "Conflict: "),
         ("cancel released", "Conflict: "),
+        ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
+        ("cancel, reason blank", "InvalidInput: reason: must be a non-empty string"),
         ("delete_pool with a live allocation", "Conflict: resource pool `sdk` has 1 live allocation"),
         ("get deleted", "NotFound: "),
         ("detach_policy again", "NotFound: "),
@@ -944,6 +955,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert answers["release"]["status"] == "released"
     assert answers["wait"]["status"] == "allocated"
     assert answers["delete_pool"] is None
+    assert answers["cancel with a reason"]["status_reason"] == "cancelled: node drained"
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 

@@ -43,6 +43,7 @@ from fairpool.api.errors import (
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
     MAX_BODY_BYTES,
+    Cancel,
     ComponentType,
     ErrorBody,
     PathText,
@@ -424,9 +425,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         return await _own(caller, await api.write(service.release_request, ref))
 
     @route("POST", "/requests/{ref}/cancel", tags=["requests"])
-    async def cancel(ref: Ref, caller: Caller) -> JSONResponse:
-        """Withdraw a queued or allocated request."""
-        view = await api.write(service.cancel_request, ref)
+    async def cancel(ref: Ref, caller: Caller, body: Cancel | None = None) -> JSONResponse:
+        """Withdraw a queued or allocated request (the body, optional, says why)."""
+        view = await api.write(service.cancel_request, ref, body.reason if body else None)
         api.notifier.notify([view.id])  # it may have left the queue: wake its long-polls
         return await _own(caller, view)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,9 +49,9 @@ class _Declined(Exception):
 class BusyRoute:
     """One route: ``method`` and ``path`` (a template, as FastAPI's) and its endpoint. How each
     of the endpoint's parameters is filled comes from its signature: a parameter named in the
-    path is a path parameter, one annotated with a pydantic model is the JSON body, the
-    caller's token (``Caller``) is None, any other is a query parameter; each is validated by
-    its annotation."""
+    path is a path parameter, one annotated with a pydantic model is the JSON body (with
+    ``| None``, an empty body is None), the caller's token (``Caller``) is None, any other is
+    a query parameter; each is validated by its annotation."""
 
     method: str
     path: str
@@ -66,15 +67,20 @@ class _Route:
         self.query: dict[str, TypeAdapter[Any]] = {}
         self.fixed: dict[str, Any] = {}
         self.body: tuple[str, type[BaseModel]] | None = None
+        self.optional_body = False
         hints = typing.get_type_hints(route.endpoint, include_extras=True)
         for name in inspect.signature(route.endpoint).parameters:
             hint = hints[name]
             depends = [m.dependency for m in getattr(hint, "__metadata__", ())
                        if isinstance(m, params.Depends)]
+            members = typing.get_args(hint) if _is_union(hint) else (hint,)
+            models = [m for m in members if inspect.isclass(m) and issubclass(m, BaseModel)]
             if f"{{{name}}}" in route.path:
                 self.path[name] = TypeAdapter(hint)
-            elif inspect.isclass(hint) and issubclass(hint, BaseModel):
-                self.body = (name, hint)
+            elif models:
+                (model,) = models
+                self.body = (name, model)
+                self.optional_body = type(None) in members
             elif depends == [authorize]:
                 self.fixed[name] = None  # the caller's token: none without auth
             elif depends:
@@ -99,6 +105,8 @@ class _Route:
                 arguments[name] = self.query[name].validate_python(value)
             if self.body is not None:
                 name, model = self.body
+                if body == b"" and self.optional_body:  # FastAPI's None for no body
+                    return arguments | self.fixed | {name: None}
                 if body is None or _content_type(scope) != "application/json":
                     raise _Declined
                 # Parsed by pydantic itself, in one pass: what it takes, json.loads and the
@@ -107,6 +115,10 @@ class _Route:
         except (ValidationError, ValueError):
             raise _Declined from None
         return arguments | self.fixed
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
 def _content_type(scope: Scope) -> str | None:

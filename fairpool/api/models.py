@@ -28,7 +28,7 @@ from fairpool.frontends.names import (
     MAX_NAME,
     is_unicode,
 )
-from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY
+from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.service import MAX_IDEMPOTENCY_KEY
 
@@ -153,6 +153,17 @@ class RequestCreate(Strict):
             description="Chosen by the client per create; a retry with the same key answers "
             "the request already made instead of making another.",
         )
+    )
+
+
+class Cancel(Strict):
+    reason: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_REASON, pattern=NAME_PATTERN),
+        AfterValidator(text),
+    ] | None = Field(
+        default=None,
+        description="Why: kept as the reason, `cancelled: <reason>` (else `cancelled by user`).",
     )
 
 

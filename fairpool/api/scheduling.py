@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
-from fairpool.api.models import Key, LabelValue, PathText, QueryText, UrlInt
+from fairpool.api.models import Cancel, Key, LabelValue, PathText, QueryText, UrlInt
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
     MAX_PRIORITY,
@@ -163,8 +163,12 @@ def scheduling_router(
         return shown(caller, scheduling.release_workload(ref).as_dict())
 
     @router.post("/workloads/{ref}/cancel", tags=["workloads"])
-    def cancel_workload(ref: PathText, caller: Caller) -> JSONResponse:
-        return shown(caller, scheduling.cancel_workload(ref).as_dict())
+    def cancel_workload(
+        ref: PathText, caller: Caller, body: Cancel | None = None
+    ) -> JSONResponse:
+        """Withdraw a queued or admitted workload (the body, optional, says why)."""
+        view = scheduling.cancel_workload(ref, body.reason if body else None)
+        return shown(caller, view.as_dict())
 
     @router.get("/queues", tags=["queues"])
     def list_queues() -> JSONResponse:

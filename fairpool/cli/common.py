@@ -100,3 +100,9 @@ def parse_pairs(field: str, pairs: Iterable[str]) -> dict[str, str]:
     return result
 
 
+
+
+#: A cancel's ``--reason``: kept as the request's or workload's reason.
+reason_option = click.option(
+    "--reason", default=None, help="Why (shown as `cancelled: REASON`; default: cancelled by user)."
+)

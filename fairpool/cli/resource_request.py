@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import Seconds, parse_pairs, service
+from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict
-from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
+from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted
 from fairpool.views import COMPONENT_TYPES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
@@ -237,22 +237,23 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
             raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
-    interrupted = False
+    signalled = False
     try:
         data = request.as_dict()
         return wait_for(request.id, timeout) if data["status"] == "queued" else data
     except KeyboardInterrupt:
-        interrupted = bool(received)
-        if not interrupted:
+        signalled = bool(received)
+        if not signalled:
             raise
     finally:
         # Interrupted, the handlers stay to the exit: a repeated signal landing once they
         # were put back ended us by its default action, before the exit status was ours.
-        if not interrupted:
+        if not signalled:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
     try:
-        service().cancel_request(request.id)  # allocated meanwhile: that releases it
+        # Allocated meanwhile: that releases it.
+        service().cancel_request(request.id, interrupted(signal.Signals(received[0][0]).name))
     except Conflict:
         pass  # it ended meanwhile
     o.declare(f"Interrupted: resource request `{request.id}` cancelled")
@@ -309,9 +310,10 @@ def release(request_id_or_prefix: str) -> None:
 
 @resource_request.command("cancel")
 @click.argument("request_id_or_prefix")
-def cancel(request_id_or_prefix: str) -> None:
+@reason_option
+def cancel(request_id_or_prefix: str, reason: str | None) -> None:
     """Withdraw a queued or allocated request."""
-    request = service().cancel_request(request_id_or_prefix)
+    request = service().cancel_request(request_id_or_prefix, reason)
     o.declare(f"Cancelled resource request `{request.id}`.")
 
 

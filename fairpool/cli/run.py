@@ -28,7 +28,7 @@ from fairpool.cli.resource_request import (
     wait_or_cancel,
 )
 from fairpool.errors import Conflict, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, MAX_LEASE_TTL, heartbeat_interval
+from fairpool.leases import DEFAULT_LEASE_TTL, MAX_LEASE_TTL, gave_up, heartbeat_interval
 from fairpool.views import RequestView
 
 
@@ -59,8 +59,8 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     _adopt_orphans()
     while True:
         data = wait_or_cancel(request, timeout)
-        if data["status"] == "queued":
-            svc.cancel_request(request.id)
+        if data["status"] == "queued":  # only with a --timeout
+            svc.cancel_request(request.id, gave_up(timeout or 0))
             o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
             sys.exit(EXIT_TIMEOUT)
         if data["status"] != "allocated":

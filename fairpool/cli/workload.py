@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import parse_pairs, scheduling
+from fairpool.cli.common import parse_pairs, reason_option, scheduling
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 
 WORKLOAD_COLUMNS = ("id", "status", "queue", "flavors", "priority", "demand", "reason")
@@ -117,7 +117,8 @@ def release(workload_id: str, output: str) -> None:
 
 @workload.command("cancel")
 @click.argument("workload_id")
+@reason_option
 @o.output_option
-def cancel(workload_id: str, output: str) -> None:
+def cancel(workload_id: str, reason: str | None, output: str) -> None:
     """Withdraw a queued or admitted workload."""
-    print_workload(scheduling().cancel_workload(workload_id).as_dict(), output)
+    print_workload(scheduling().cancel_workload(workload_id, reason).as_dict(), output)

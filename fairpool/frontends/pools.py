@@ -73,11 +73,11 @@ MAX_AMOUNT = 10**12
 MAX_PRIORITY = 1_000_000
 
 
-def validate_name(field: str, value: object) -> str:
-    """A name or key: non-empty text up to MAX_NAME characters, no NUL."""
+def validate_name(field: str, value: object, most: int = MAX_NAME) -> str:
+    """A name or key: non-empty text up to ``most`` characters, no NUL."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, value, "must be a non-empty string")
-    return bounded_text(field, value, MAX_NAME)
+    return bounded_text(field, value, most)
 
 
 def validate_filter(field: str, value: str | None) -> str | None:
@@ -97,6 +97,20 @@ def validate_description(value: object) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput("description", value, "must be a string")
     return bounded_text("description", value, MAX_DESCRIPTION)
+
+
+#: The words a canceller gives (``cancel --reason``), up to a paragraph.
+MAX_REASON = 1024
+
+
+def cancel_reason(reason: object) -> str:
+    """The reason a request or workload ends cancelled with: the canceller's ``reason``
+    (None: nobody said why), so that a wait given up or an interrupt explains itself."""
+    if reason is None:
+        return "cancelled by user"
+    if not isinstance(reason, str):
+        raise InvalidInput("reason", reason, "must be a string")  # as the API's schema says
+    return f"cancelled: {validate_name('reason', reason, MAX_REASON)}"
 
 
 def validate_addressed_name(field: str, value: object) -> str:
