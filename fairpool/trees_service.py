@@ -44,6 +44,7 @@ from fairpool.frontends.names import MAX_NAME, bounded_text
 from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
     EPHEMERAL_DELIMITER,
+    MAX_OPTION_TEXT,
     ClusterNode,
     Pool,
     PoolConfig,
@@ -75,8 +76,6 @@ from fairpool.store.tree_records import (
 #: (100k jobs: ~5 s a pass). The same for the embedded CLI as over HTTP: a store it wrote
 #: may be served later.
 MAX_JOB_COUNT = 10_000
-#: Characters of one option's value as the command line gives it (``pool set``).
-MAX_OPTION_TEXT = 4096
 
 
 def _utcnow() -> datetime:

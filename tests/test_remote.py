@@ -330,6 +330,14 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "create", "x", "--config", "{fair_share_starvation_timeout: .inf}")
     fp("pool", "create", "x", "--tree", "physical", "--config",
        "{strong_guarantee_resources: {cpu: .nan}}")                           # not a number
+    fp("pool", "create", "x", "--tree", "physical", "--config",
+       json.dumps({"mode": "m" * 1500}))                                      # not a mode
+    fp("pool", "create", "x", "--tree", "physical", "--config",
+       json.dumps({"mode": "m" * 4097}))                                      # too long
+    fp("pool-tree", "create", "x", "--node-tag-filter", " | ".join(["gpu"] * 600))
+    fp("pool-tree", "create", "x", "--node-tag-filter", " | ".join(["gpu"] * 700))  # too long
+    fp("pool", "create", "x", "--tree", "physical", "--config",
+       json.dumps({"offloading_settings": {"t": {"pool": "n" * 4097}}}))     # too long, nested
     fp("pool-tree", "create", "")                                             # no name
     fp("pool-tree", "default", "")                                            # unknown tree
     fp("pool", "set", "project-batch", "--tree", "physical", "weight", "10", "-o", "json")

@@ -24,8 +24,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
-from fairpool.frontends.trees import MAX_TAGS, MAX_TREE_DOCUMENT
-from fairpool.trees_service import MAX_JOB_COUNT, MAX_OPTION_TEXT, TreesService
+from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
+from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
 #: characters (``MAX_TREE_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
@@ -34,16 +34,11 @@ MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
 MAX_POOL_TREES = 16
 #: Entries of any list or mapping inside an option value.
 MAX_ITEMS = 64
-#: Text inside option values (tag filters, modes, names, sizes such as "512GiB").
-MAX_VALUE_TEXT = 1024
-
 #: A string the database stores as it is (no NUL, no lone surrogates); the service checks
-#: what it must look like (names, resource keys, tag formulas) and names the field.
-Text = Annotated[
-    str,
-    StringConstraints(max_length=MAX_VALUE_TEXT, pattern=TEXT_PATTERN),
-    AfterValidator(text),
-]
+#: what it must look like (names, resource keys, tag formulas) and how long it may be
+#: (``MAX_OPTION_TEXT``), naming the field as the command line does; the body's size bounds
+#: it here.
+Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(text)]
 #: A name in a body (a node's, a tree's, a pool's, a user's): the service checks what it
 #: must look like and names the field as the command line does (``pool``, not the body's
 #: ``name``); the body's size bounds its length.

@@ -84,6 +84,9 @@ _TOO_DEEP = f"nests the pool deeper than {MAX_POOL_DEPTH} levels below the root"
 MAX_TREE_DOCUMENT = 60_000
 #: Tags of one node, each as long as a name at most.
 MAX_TAGS = 64
+#: Characters of one option's value as the command line gives it (``pool set``), and of any
+#: text inside an option's value (a tag filter, a mode, a size).
+MAX_OPTION_TEXT = 4096
 MAX_AMOUNT = 10**18
 
 _MEMORY_UNITS = {
@@ -287,10 +290,26 @@ def _options(
             raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
         if name in values:
             raise InvalidInput(f"{path}{key}", value, f"{name} is given twice (through an alias)")
+        _bounded_texts(f"{path}{key}", value)
         values[name] = parsers[name](f"{path}{name}", value)
     known = {f.name for f in fields(cls)}
     assert set(values) <= known
     return values
+
+
+def _bounded_texts(field_name: str, value: object) -> None:
+    """Text anywhere in an option's value is at most ``MAX_OPTION_TEXT`` characters: the
+    service's limit, so that a command says the same embedded and over HTTP (where the body's
+    size is the only other bound). Walked without recursion: YAML nests as deep as it likes."""
+    pending = [(field_name, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            bounded_text(where, item, MAX_OPTION_TEXT)
+        elif isinstance(item, Mapping):
+            pending.extend((f"{where}.{key}", inner) for key, inner in item.items())
+        elif isinstance(item, list):
+            pending.extend((f"{where}.{index}", inner) for index, inner in enumerate(item))
 
 
 # -- node tag filter ---------------------------------------------------------------------------

@@ -13,6 +13,6 @@ source tests/zenml/venv.sh
 # this one only covers ZenML's import-time defaults.
 export ZENML_CONFIG_PATH="${ZENML_CONFIG_PATH:-$(mktemp -d)}"
 export ZENML_ANALYTICS_OPT_IN=false
-# Two workers, a test file each at a time: the tests mostly wait on ZenML's processes, and the
-# server tests share one ZenML server per file.
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/zenml "$@"
+# Three workers, a test file each at a time: the tests mostly wait on ZenML's processes (two
+# workers kept the two CPUs half busy), and the server tests share one ZenML server per file.
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 3 --dist loadfile tests/zenml "$@"
