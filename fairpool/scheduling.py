@@ -292,9 +292,12 @@ class SchedulingService:
         before = _Live.load(conn)
         version = store.insert_config_version(conn, document, self.clock(), rolled_back_from)
         outcome = self._pass(conn)
+        # Those whose queue or flavor this version removes (not those an earlier one did).
         orphaned = tuple(
             w.id for w in before.running
-            if w.queue is not None and wl.admitted_queue(config, _running(w).admission) is None
+            if w.queue is not None
+            and wl.admitted_queue(before.config, _running(w).admission) is not None
+            and wl.admitted_queue(config, _running(w).admission) is None
         )
         waited = [w.id for w in before.waiting]
         return Applied(

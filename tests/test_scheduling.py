@@ -275,11 +275,14 @@ def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
 ) -> None:
     sched.apply_config(M5_CAP)
     views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
-    applied = sched.apply_config("resource_queues: [{name: default}]\n"
-                                 "scheduling_rules: [{resource_queue: default}]\n")
+    passthrough = ("resource_queues: [{name: default}]\n"
+                   "scheduling_rules: [{resource_queue: default}]\n")
+    applied = sched.apply_config(passthrough)
     assert set(applied.orphaned) == {v.id for v in views[:3]}
     assert applied.admitted == (views[3].id,)  # routed again: now to the passthrough queue
     assert sched.get_workload(views[0].id).status == "admitted"
+    # The next version did not remove their queue: it was gone already.
+    assert sched.apply_config(passthrough).orphaned == ()
 
 
 def test_bad_workloads_are_refused_before_anything_is_written(sched: SchedulingService) -> None:

@@ -255,7 +255,7 @@ def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Ser
     svc.attach_policy("p", "orch", reserved={"gpu": 1}, limit={"gpu": 2, "tpu": 1})
     svc.attach_policy("p", "other", reserved={"tpu": 2})
     with pytest.raises(InvalidInput, match=r"^capacity.tpu: policy other on pool 'p' reserves 2 "
-                       r"tpu: detach it, or attach it again without that reserve, first \(got 0\)$"):
+                       r"tpu: detach it first \(then attach it again without that reserve\) \(got 0\)$"):
         svc.update_pool("p", capacity={"tpu": 0})
     assert {(v.component, v.limit.get("tpu")) for v in svc.list_policies("p")} == {
         ("orch", 1), ("other", None)}

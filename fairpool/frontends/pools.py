@@ -219,8 +219,8 @@ def check_removed_keys(
             if policy.reserved[key]:
                 raise InvalidInput(
                     f"capacity.{key}", 0, f"policy {owner(policy)} on pool {pool_name!r} "
-                    f"reserves {policy.reserved[key]} {key}: detach it, or attach it again "
-                    "without that reserve, first")
+                    f"reserves {policy.reserved[key]} {key}: detach it first (then attach it "
+                    "again without that reserve)")
 
 
 def policy_within(
