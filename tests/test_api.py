@@ -335,6 +335,8 @@ def test_a_url_number_out_of_bounds_is_shown_as_the_number(client: httpx.Client)
         ("/config/versions/99999999999999999999/diff", {},
          "version: must be at most 2147483647 (got 99999999999999999999)"),
         ("/requests/x/wait", {"timeout": "-1.5"}, "timeout: must be >= 0 (got -1.5)"),
+        # A number written without a fraction is still a number, not an integer.
+        ("/requests/x/wait", {"timeout": "-1"}, "timeout: must be >= 0 (got -1)"),
         ("/requests", {"limit": "ten"}, "limit: must be an integer in decimal digits (got 'ten')"),
         # Past Python's 4,300 digits, and past a float's range: pydantic's words were its own.
         ("/requests", {"offset": "9" * 5000},

@@ -389,7 +389,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
         timeout: Annotated[
             UrlNumber,
             Query(
-                ge=0,
+                ge=0.0,
                 allow_inf_nan=False,
                 description=f"Seconds; at most {MAX_WAIT_SECONDS:g} are waited.",
             ),

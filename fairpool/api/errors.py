@@ -86,11 +86,14 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
     if kind == "literal_error" and isinstance(ctx.get("expected"), str):
         choices = re.findall(r"'([^']*)'", ctx["expected"])  # "'a', 'b' or 'c'"
         return f"must be one of {', '.join(choices)}"
-    integer = isinstance(value, int) and not isinstance(value, bool)
+    # An integer's bounds are integers; a number's are floats (``ge=0.0``), whatever is given.
+    bound = ctx.get("gt", ctx.get("ge"))
+    integer = isinstance(value, int) and not isinstance(value, bool | float) and not isinstance(
+        bound, float)
     if kind == "greater_than" and "gt" in ctx:
-        return at_least(ctx["gt"] + 1) if integer else f"must be > {ctx['gt']}"
+        return at_least(ctx["gt"] + 1) if integer else f"must be > {ctx['gt']:g}"
     if kind == "greater_than_equal" and "ge" in ctx:
-        return at_least(ctx["ge"]) if integer else f"must be >= {ctx['ge']}"
+        return at_least(ctx["ge"]) if integer else f"must be >= {ctx['ge']:g}"
     if kind == "less_than_equal" and "le" in ctx:
         return f"must be at most {ctx['le']}"
     if kind == "string_too_long" and "max_length" in ctx:
