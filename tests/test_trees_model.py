@@ -391,9 +391,15 @@ def test_a_node_with_no_resource_above_0_is_refused(resources: dict[str, int]) -
             "pools.p25.pools.p26.pools.p27.pools.p28.pools.p29.pools.p30.pools.p31.pools.q: "
             "nests the pool deeper than 32 levels below the root (got 'q')",
         ),
-        (  # int() reads at most 4,300 digits: a nameless ValueError, an HTTP 500
+        (  # int() reads at most 4,300 digits: a nameless ValueError, an HTTP 500 (a node's
+            # resources; text in a pool's options is at most 4,096 characters)
+            lambda: parse_resources("resources", {"memory": "9" * 5000 + "GiB"}),
+            "resources.memory: must be between 0 and 1000000000000000000 "
+            "(got '99999999999999999999...')",
+        ),
+        (
             lambda: pool("p", resource_limits={"memory": "9" * 5000 + "GiB"}),
-            "resource_limits.memory: must be between 0 and 1000000000000000000 "
+            "resource_limits.memory: must be at most 4096 characters "
             "(got '99999999999999999999...')",
         ),
         (
