@@ -88,6 +88,16 @@ def db_dump(home: Path) -> list[str]:
         return list(conn.iterdump())
 
 
+def test_a_database_a_newer_fairpool_wrote_is_one_error_line(tmp_path: Path) -> None:
+    fairpool(tmp_path, "resource-pool", "list").ok()
+    with sqlite3.connect(tmp_path / "fairpool.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    before = db_dump(tmp_path)
+    assert_one_error(fairpool(tmp_path, "resource-pool", "list"),
+                     "its schema (revision 9999) is newer than this fairpool's")
+    assert db_dump(tmp_path) == before
+
+
 def assert_one_error(result: Result, *needles: str) -> None:
     """Exit 1, nothing on stdout, exactly one stderr line ``Error: ...`` naming ``needles``."""
     assert result.code == 1, result

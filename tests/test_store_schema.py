@@ -33,11 +33,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, StatementError
 
+from fairpool.errors import Unreachable
 from fairpool.store import repo, schema
-from fairpool.store.db import Database, _json_text, migration_config
+from fairpool.store.db import SCHEMA_HEAD, Database, _json_text, migration_config
 from fairpool.store.records import ComponentType, RequestStatus
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+EXAMPLES = Path(__file__).parents[1] / "examples" / "scheduler"
 
 
 @pytest.fixture
@@ -147,6 +149,26 @@ def test_opening_a_sqlite_file_creates_its_directories(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nested' / 'dir' / 'fairpool.db'}"
     Database.open(url).close()
     assert (tmp_path / "nested" / "dir" / "fairpool.db").is_file()
+
+
+def test_a_database_a_newer_fairpool_wrote_is_refused_in_one_line(database_url: str) -> None:
+    """Its revision is none of ours: Alembic's traceback was all the user saw (38 frames of
+    "Can't locate revision"). Nothing is changed."""
+    Database.open(database_url).close()
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        with pytest.raises(Unreachable, match=(
+            r"^cannot open the database .*: its schema \(revision 9999\) is newer than this "
+            rf"fairpool's \({SCHEMA_HEAD}\); open it with the fairpool that last wrote it, "
+            r"or a newer one$")):
+            Database.open(database_url)
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT version_num FROM alembic_version")
+                                      ).scalar_one() == "9999"
+    finally:
+        engine.dispose()
 
 
 def test_unsupported_databases_are_refused() -> None:
@@ -364,7 +386,7 @@ def test_schema_head_constant_is_the_migrations_head(tmp_path: Path) -> None:
     # Opening skips Alembic when the database is at SCHEMA_HEAD: a new migration must move it.
     from alembic.script import ScriptDirectory
 
-    from fairpool.store.db import SCHEMA_HEAD, Database, default_url, migration_config
+    from fairpool.store.db import default_url
 
     db = Database.open(default_url(tmp_path))
     with db.read() as connection:
@@ -471,3 +493,84 @@ def test_0010_upgrades_a_database_with_pools(
         assert not {"integral_volume", "integral_share_ratio", "integral_updated_at"} & columns
     finally:
         engine.dispose()
+
+
+#: Every revision but the head: a database a user's older fairpool left at it.
+OLDER_REVISIONS = [f"{n:04d}" for n in range(1, int(SCHEMA_HEAD))]
+
+
+def _rows(url: str) -> dict[str, int]:
+    """Rows per table (foreign keys off: SQLite's default, as Alembic's downgrade runs)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {
+                table: connection.execute(text(f'SELECT count(*) FROM "{table}"')).scalar_one()
+                for table in inspect(connection).get_table_names() if table != "alembic_version"
+            }
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A SQLite database at the head holding a row in every table: requests in each state
+    (a preempted one with its retry), pools, policies, a token, config versions, workloads,
+    nodes, a tree of nested pools and an operation with running jobs."""
+    from fairpool.scheduling import SchedulingService
+    from fairpool.service import Service
+    from fairpool.trees_service import TreesService
+
+    path = tmp_path_factory.mktemp("populated") / "fairpool.db"
+    db = Database.open(f"sqlite:///{path}")
+    try:
+        svc = Service(db)
+        svc.create_pool("gpus", {"gpu": 4})
+        svc.attach_policy("gpus", "low")
+        svc.attach_policy("gpus", "high", priority=10, reserved={"gpu": 1})
+        token = svc.create_token("submitter", ["low"], name="ci")[0].id
+        victim = svc.create_request("low", demand={"gpu": 3}, max_retries=1, created_by=token)
+        svc.create_request("low", demand={"gpu": 1}, lease_ttl=600, idempotency_key="k1")
+        svc.create_request("high", demand={"gpu": 2})  # preempts the victim; its retry waits
+        svc.cancel_request(svc.create_request("high", demand={"gpu": 4}).id, "changed plans")
+        svc.create_request("low", demand={"gpu": 9})  # rejected
+        assert svc.get_request(victim.id).status == "preempted"
+        sched = SchedulingService(db)
+        sched.apply_config((EXAMPLES / "m5-cap.yaml").read_text())
+        sched.submit_workload(instance_type="m5.2xlarge", demand={"cpu": 8, "memory_gb": 32})
+        trees = TreesService(db)
+        trees.add_node("n1", ["gpu"], {"cpu": 8, "memory": "64GiB", "user_slots": 8})
+        trees.create_tree("physical", {"node_tag_filter": "gpu"})
+        trees.create_pool("physical", "team")
+        trees.create_pool("physical", "batch", parent="team")
+        trees.start_operation(user="u", job_resources={"cpu": 1}, job_count=3, pool="batch")
+    finally:
+        db.close()
+    counts = _rows(f"sqlite:///{path}")
+    assert all(counts.values()), {t: n for t, n in counts.items() if not n}
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("revision", OLDER_REVISIONS)
+def test_opening_a_database_an_older_fairpool_left_keeps_every_row(
+    tmp_path: Path, populated: bytes, revision: str
+) -> None:
+    """SQLite cannot alter most things, so a migration rebuilds the table (Alembic's batch
+    mode: copy, DROP the old one, rename). With foreign keys on, as fairpool opens SQLite,
+    that DROP deleted every row referring to the old table (allocations, resources, jobs) or
+    failed (a tree's nested pools). A populated database is taken down to ``revision`` (as
+    an older fairpool left it), then opened: every row of every table there is still there.
+    SQLite only: PostgreSQL alters tables in place."""
+    path = tmp_path / "fairpool.db"
+    path.write_bytes(populated)
+    url = f"sqlite:///{path}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            command.downgrade(migration_config(connection), revision)
+    finally:
+        engine.dispose()
+    before = _rows(url)
+    Database.open(url).close()
+    after = _rows(url)
+    assert {table: after[table] for table in before} == before

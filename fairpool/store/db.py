@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import platformdirs
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event, text
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -87,8 +87,10 @@ _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"
 _NO_AUTOCHECKPOINT = Direct(text("PRAGMA wal_autocheckpoint = 0"))
 # The SQLite busy timeouts a transaction begins with: waiting for the lock, or failing at once.
 _BUSY_TIMEOUTS = {ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (LOCK_TIMEOUT_MS, 0)}
-# Where a pooled SQLite connection remembers its busy timeout.
+# Where a pooled SQLite connection remembers its busy timeout, and whether its foreign keys
+# are on (``_SQLITE_PRAGMAS`` turns them on).
 _BUSY = "fairpool_busy_timeout"
+_FOREIGN_KEYS = "fairpool_foreign_keys"
 
 _SQLITE_PRAGMAS = (
     # First, so that switching to WAL below waits for a concurrent opener instead of failing.
@@ -396,13 +398,23 @@ class Database:
     @contextmanager
     def migrating(self) -> Iterator[Connection]:
         """A write transaction for schema migrations only: it leaves the generation alone,
-        whose table may not exist yet (or any more)."""
-        with self._write(bump=False) as connection:
+        whose table may not exist yet (or any more). On SQLite, foreign keys are off in it
+        (``_on_begin``) and checked at its end: a migration rebuilds a table to alter it
+        (copy, DROP the old one, rename), and with them on, the DROP deleted the rows that
+        refer to it (ON DELETE CASCADE) or failed."""
+        with self._write(bump=False, migrate=True) as connection:
             yield connection
+            if connection.dialect.name == "sqlite":
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                if broken:
+                    raise IntegrityError("PRAGMA foreign_key_check", None, Exception(
+                        f"the migration leaves {len(broken)} rows referring to none, "
+                        f"e.g. {tuple(broken[0])}"))
 
     @contextmanager
     def _write(
-        self, bump: bool, wait: bool = True, defer: bool = False, last_seen: int | None = None
+        self, bump: bool, wait: bool = True, defer: bool = False, last_seen: int | None = None,
+        migrate: bool = False,
     ) -> Iterator[Connection]:
         if not wait and not self.embedded:
             raise WouldWait("a PostgreSQL write waits for the network")
@@ -411,7 +423,8 @@ class Database:
         try:
             connection = self._kept_writer() or self._connect_writer()
             try:
-                with self._begin(connection, "write" if wait else "write_now"):
+                mode = "migrate" if migrate else "write" if wait else "write_now"
+                with self._begin(connection, mode):
                     deferring = defer and not self.embedded
                     if deferring:
                         defer_writes(connection)
@@ -585,8 +598,15 @@ class Database:
 
     def _upgrade(self) -> None:
         with self.read() as connection:
-            if _current_revision(connection) == SCHEMA_HEAD:
+            revision = _current_revision(connection)
+            if revision == SCHEMA_HEAD:
                 return
+            if revision is not None and not _known_revision(connection, revision):
+                raise Unreachable(
+                    f"cannot open the database {self.where}: its schema (revision {revision}) "
+                    f"is newer than this fairpool's ({SCHEMA_HEAD}); open it with the fairpool "
+                    "that last wrote it, or a newer one"
+                )
         from alembic import command
 
         # Under the write lock (PostgreSQL: the advisory lock; its DDL is transactional too),
@@ -611,6 +631,14 @@ def _current_revision(connection: Connection) -> str | None:
     return revision
 
 
+def _known_revision(connection: Connection, revision: str) -> bool:
+    """Whether ``revision`` is one of this fairpool's migrations (a newer one wrote it, else)."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(migration_config(connection))
+    return any(script.revision == revision for script in scripts.walk_revisions())
+
+
 def _control_sqlite_transactions(engine: Engine) -> None:
     """Emit BEGIN ourselves: pysqlite's implicit BEGIN is DEFERRED and comes too late.
 
@@ -631,13 +659,19 @@ def _control_sqlite_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         mode = connection.get_execution_options().get(_MODE)
-        write = mode in ("write", "write_now")
+        write = mode in ("write", "write_now", "migrate")
         # The settings stay with the pooled connection: a statement less per transaction
         # when it serves the same kind as before (the common case).
         info = connection.connection.info
         if info.get(_QUERY_ONLY) is not (not write):
             connection.exec_driver_sql(f"PRAGMA query_only = {'OFF' if write else 'ON'}")
             info[_QUERY_ONLY] = not write
+        # Off for migrations only (``Database.migrating``); SQLite ignores this pragma inside a
+        # transaction, so it is set here, before BEGIN.
+        keys = mode != "migrate"
+        if info.get(_FOREIGN_KEYS, True) is not keys:
+            connection.exec_driver_sql(f"PRAGMA foreign_keys = {'ON' if keys else 'OFF'}")
+            info[_FOREIGN_KEYS] = keys
         # SQLite has no "try to lock": a write that must not wait begins with no busy
         # timeout, and BEGIN IMMEDIATE fails at once if another connection writes; a read,
         # its first statement if another process holds the database.
