@@ -380,11 +380,14 @@ class RemoteScheduling:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._remote._call(method, path, **kwargs)
 
-    def apply_config(self, document: str) -> Answer:
-        return Answer(self._call("POST", "/config", json={"document": document}))
+    def apply_config(self, document: str, based_on: int | None = None) -> Answer:
+        body = {"document": document, **({} if based_on is None else {"based_on": based_on})}
+        return Answer(self._call("POST", "/config", json=body))
 
-    def rollback_config(self, version: int) -> Answer:
-        return Answer(self._call("POST", f"/config/versions/{version}/rollback"))
+    def rollback_config(self, version: int, based_on: int | None = None) -> Answer:
+        path = f"/config/versions/{version}/rollback"
+        body = {} if based_on is None else {"json": {"based_on": based_on}}
+        return Answer(self._call("POST", path, **body))
 
     def get_config(self, version: int | None = None) -> Answer | None:
         params = {} if version is None else {"version": version}

@@ -37,6 +37,23 @@ from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 _EMPTY = SchedulerConfig()
 
 
+def _based_on(based_on: object) -> int | None:
+    return None if based_on is None else validate_int("based_on", based_on, 0, MAX_VERSION)
+
+
+def _check_based_on(conn: Connection, based_on: int | None) -> None:
+    """Conflict unless the active config version is ``based_on`` (0: none yet)."""
+    if based_on is None:
+        return
+    active = store.active_config_version(conn)
+    now = 0 if active is None else active.version
+    if now != based_on:
+        raise Conflict(
+            f"the active scheduler config changed meanwhile: it is version {now}, not "
+            f"{based_on} (based_on); nothing applied: look at it again and re-apply"
+        )
+
+
 def _version(version: int) -> int:
     """A version number as the API takes it: beyond 32 bits a database could not even look
     it up."""
@@ -251,15 +268,22 @@ class SchedulingService:
 
     # -- config versions ---------------------------------------------------------------------
 
-    def apply_config(self, document: str) -> Applied:
-        """Validate ``document`` and make it the new active version (identical content too)."""
+    def apply_config(self, document: str, based_on: int | None = None) -> Applied:
+        """Validate ``document`` and make it the new active version (identical content too).
+        ``based_on``: only if the active version is still that one (0: none yet), so that a
+        change confirmed against what was shown does not undo another applied meanwhile."""
         config = load_config(document)
+        based_on = _based_on(based_on)
         with self.db.write() as conn:
+            _check_based_on(conn, based_on)
             return self._apply(conn, document, config, None)
 
-    def rollback_config(self, version: int) -> Applied:
-        """Apply version ``version`` again, as a new version; history is never rewritten."""
+    def rollback_config(self, version: int, based_on: int | None = None) -> Applied:
+        """Apply version ``version`` again, as a new version; history is never rewritten.
+        ``based_on``: as ``apply_config``'s."""
+        based_on = _based_on(based_on)
         with self.db.write() as conn:
+            _check_based_on(conn, based_on)
             old = store.get_config_version(conn, _version(version))
             return self._apply(conn, old.document, _parsed(old.document), old.version)
 

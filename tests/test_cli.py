@@ -658,3 +658,39 @@ def test_the_cli_starts_without_what_only_some_commands_need() -> None:
         capture_output=True, text=True, timeout=60, check=True,
     )
     assert json.loads(run.stdout) == [], run.stdout
+
+
+@pytest.mark.parametrize("command", [("apply", "-f", "{mine}"), ("rollback", "--version", "1")])
+def test_a_confirmed_config_change_is_refused_if_another_came_first(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """The change shown and confirmed is the one made: another admin's version applied while
+    the question waited was undone by it, and nobody was shown its queue going."""
+    mine, theirs = tmp_path / "mine.yaml", tmp_path / "theirs.yaml"
+    mine.write_text("resource_queues: [{name: mine}]\nscheduling_rules: [{resource_queue: mine}]\n")
+    theirs.write_text("resource_queues: [{name: theirs}]\n"
+                      "scheduling_rules: [{resource_queue: theirs}]\n")
+    fairpool(tmp_path, "config", "apply", "-f", str(mine), "--yes").ok()
+    asking = subprocess.Popen(
+        [*CLI, "config", *(part.format(mine=mine) for part in command)], env=cli_env(tmp_path),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert asking.stderr is not None and asking.stdin is not None
+        shown = ""
+        while "as a new version?" not in shown:  # the question has no newline
+            char = asking.stderr.read(1)
+            assert char, shown
+            shown += char
+        fairpool(tmp_path, "config", "apply", "-f", str(theirs), "--yes").ok()  # version 2
+        _, err = asking.communicate("y\n", timeout=60)
+    finally:
+        if asking.poll() is None:
+            asking.kill()
+        asking.wait()
+    assert asking.returncode == 1, err
+    assert err.splitlines()[-1] == (
+        "Error: the active scheduler config changed meanwhile: it is version 2, not 1 "
+        "(based_on); nothing applied: look at it again and re-apply")
+    versions = fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"]
+    assert [(v["version"], v["active"]) for v in versions] == [(2, True), (1, False)]

@@ -890,6 +890,12 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("detach_policy again", lambda: client.detach_policy("sdk", "sdk-high"))
     step("delete_pool", lambda: client.delete_pool("sdk"))
     step("scheduling.apply_config", lambda: client.scheduling.apply_config((EXAMPLES / "complete.yaml").read_text()))
+    step("scheduling.apply_config based on another",
+         lambda: client.scheduling.apply_config("resource_queues: [{name: q}]\n", based_on=7))
+    step("scheduling.rollback_config based on a bad version",
+         lambda: client.scheduling.rollback_config(1, based_on=-1))
+    step("scheduling.rollback_config based on the active one",
+         lambda: client.scheduling.rollback_config(1, based_on=1))
     step("scheduling.list_configs", client.scheduling.list_configs)
     step("trees.create_tree", lambda: client.trees.create_tree("tpus"))
     step("trees.list_trees", client.trees.list_trees)
@@ -927,6 +933,10 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("cancel released", "Conflict: "),
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
         ("cancel, reason blank", "InvalidInput: reason: must be a non-empty string"),
+        ("scheduling.apply_config based on another",
+         "Conflict: the active scheduler config changed meanwhile: it is version 1, not 7"),
+        ("scheduling.rollback_config based on a bad version",
+         "InvalidInput: based_on: must be a non-negative integer (got -1)"),
         ("delete_pool with a live allocation", "Conflict: resource pool `sdk` has 1 live allocation"),
         ("get deleted", "NotFound: "),
         ("detach_policy again", "NotFound: "),
@@ -964,7 +974,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert answers["wait"]["status"] == "allocated"
     assert answers["delete_pool"] is None
     assert answers["cancel with a reason"]["status_reason"] == "cancelled: node drained"
-    assert [c["version"] for c in answers["scheduling.list_configs"]] == [1]
+    assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 
 

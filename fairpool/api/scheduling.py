@@ -34,10 +34,21 @@ WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
 Demand = int | float | Annotated[str, StringConstraints(max_length=40)]
 
 
+#: Only if the active version is still this one (0: none yet): a change confirmed against
+#: what was shown does not undo another applied meanwhile (409 if it did).
+BasedOn = Annotated[int, Field(ge=0, le=MAX_VERSION)] | None
+
+
 class ConfigBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     #: The YAML document, as a user writes it in a file.
     document: str
+    based_on: BasedOn = None
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    based_on: BasedOn = None
 
 
 class WorkloadBody(BaseModel):
@@ -94,7 +105,7 @@ def scheduling_router(
     def apply_config(body: ConfigBody) -> JSONResponse:
         """Apply a document as the new active version (identical content too)."""
         try:
-            applied = scheduling.apply_config(body.document)
+            applied = scheduling.apply_config(body.document, body.based_on)
         except ConfigError as error:
             return invalid_config(error)
         return JSONResponse(applied.as_dict(), status_code=201)
@@ -125,9 +136,12 @@ def scheduling_router(
 
     @router.post("/config/versions/{version}/rollback", status_code=201,
                  tags=["scheduler config"])
-    def rollback_config(version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)]) -> JSONResponse:
-        """Apply ``version`` again, as a new version."""
-        return JSONResponse(scheduling.rollback_config(version).as_dict(), status_code=201)
+    def rollback_config(
+        version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)], body: RollbackBody | None = None
+    ) -> JSONResponse:
+        """Apply ``version`` again, as a new version (the body, optional: ``based_on``)."""
+        applied = scheduling.rollback_config(version, body.based_on if body else None)
+        return JSONResponse(applied.as_dict(), status_code=201)
 
     @router.post("/config/explain", tags=["scheduler config"])
     def explain(body: WorkloadBody, caller: Caller) -> JSONResponse:

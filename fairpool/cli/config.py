@@ -123,6 +123,11 @@ def _print_change(changes: Sequence[str], warnings: Sequence[dict[str, Any]], te
         o.declare("No change from the config in force (a new version is made all the same).")
 
 
+def _version_of(active: Any) -> int:
+    """The active config's version number (0: none yet), for ``based_on``."""
+    return 0 if active is None else int(active.as_dict()["version"])
+
+
 def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> None:
     """The applied version; its warnings and change too, unless shown before the question."""
     if output != "table":
@@ -167,14 +172,16 @@ def apply(path: str, yes: bool, output: str) -> None:
         _print_invalid(path, error, output)
         return
     svc = scheduling()
+    based_on = None
     if not yes:
         active = svc.get_config()
         current = load_config(active.as_dict()["document"]) if active else load_config("")
         _print_change(diff_configs(current, parsed),
                       [issue.as_dict() for issue in warnings(parsed)], "would change")
         click.confirm("Apply it as a new version?", abort=True, err=True)
+        based_on = _version_of(active)  # what was confirmed is what changes
     try:
-        applied = svc.apply_config(text)
+        applied = svc.apply_config(text, based_on)
     except ConfigError as error:  # e.g. a queue whose spec differs from an earlier version
         _print_invalid(path, error, output)
         return
@@ -190,13 +197,16 @@ def rollback(version: int, yes: bool, output: str) -> None:
     from fairpool.frontends.config import load_config, warnings
 
     svc = scheduling()
+    based_on = None
     if not yes:
+        active = svc.get_config()
         changes = svc.diff_config(version)  # first: it names an unknown version
         found = svc.get_config(version)
         advisories = warnings(load_config(found.as_dict()["document"])) if found else ()
         _print_change(changes, [issue.as_dict() for issue in advisories], "would change")
         click.confirm(f"Apply version {version} again as a new version?", abort=True, err=True)
-    _print_applied(svc.rollback_config(version).as_dict(), output, confirmed=not yes)
+        based_on = _version_of(active)
+    _print_applied(svc.rollback_config(version, based_on).as_dict(), output, confirmed=not yes)
 
 
 @config.command("get")
