@@ -304,16 +304,21 @@ class RemoteService:
     def _finish(
         self, ref: str, action: str, status: str, reason: str | None = None
     ) -> RequestView:
-        """Release or cancel (saying why: ``reason``). When the answer to an earlier attempt
-        was lost, that attempt may have done it: the retry's conflict then only means it is
-        done already."""
+        """Release or cancel (saying why: ``reason``)."""
         path = f"/requests/{_segment(ref, 'request')}/{action}"
-        response, maybe_done = self._send("POST", path, **_reason(reason))
+        return RequestView.from_dict(self._ending(path, status, **_reason(reason)))
+
+    def _ending(self, path: str, status: str, **kwargs: Any) -> Any:
+        """The answer to ``POST path``, which ends what the path's parent names in
+        ``status`` (a release, a cancel, a completion). When the answer to an earlier attempt
+        was lost, that attempt may have done it: the retry's conflict then only means it is
+        done already, if it reads so."""
+        response, maybe_done = self._send("POST", path, **kwargs)
         if maybe_done and response.status_code == 409:
-            current = self.get_request(ref)
-            if current.status == status:
+            current = self._call("GET", path.rsplit("/", 1)[0])
+            if current["status"] == status:
                 return current
-        return RequestView.from_dict(_answer(response))
+        return _answer(response)
 
 
 def _reason(reason: str | None) -> dict[str, Any]:
@@ -408,7 +413,9 @@ class RemoteScheduling:
         return Answer(self._call("POST", "/config/explain", json=fields))
 
     def submit_workload(self, **fields: Any) -> Answer:
-        return Answer(self._call("POST", "/workloads", json=fields))
+        # One key per call, as a request's (``RemoteService.create_request``).
+        body = {"idempotency_key": new_id(), **fields}
+        return Answer(self._call("POST", "/workloads", json=body))
 
     def get_workload(self, ref: str) -> Answer:
         return Answer(self._call("GET", f"/workloads/{_segment(ref, 'workload')}"))
@@ -419,11 +426,12 @@ class RemoteScheduling:
         return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
 
     def release_workload(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/workloads/{_segment(ref, 'workload')}/release"))
+        path = f"/workloads/{_segment(ref, 'workload')}/release"
+        return Answer(self._remote._ending(path, "finished"))
 
     def cancel_workload(self, ref: str, reason: str | None = None) -> Answer:
         path = f"/workloads/{_segment(ref, 'workload')}/cancel"
-        return Answer(self._call("POST", path, **_reason(reason)))
+        return Answer(self._remote._ending(path, "cancelled", **_reason(reason)))
 
     def list_queues(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/queues")["items"]]
@@ -607,6 +615,7 @@ class RemoteTrees:
             "interruptible": interruptible,
             "scheduling_options_per_pool_tree": None if tree_options is None
             else dict(tree_options),
+            "idempotency_key": new_id(),  # one per call, as a request's
         }
         return Answer(self._call("POST", "/operations", json=body))
 
@@ -619,7 +628,9 @@ class RemoteTrees:
         return [Answer(item) for item in self._call("GET", "/operations", params=params)["items"]]
 
     def complete_operation(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/operations/{_segment(ref, 'operation')}/complete"))
+        path = f"/operations/{_segment(ref, 'operation')}/complete"
+        return Answer(self._remote._ending(path, "completed"))
 
     def abort_operation(self, ref: str) -> Answer:
-        return Answer(self._call("POST", f"/operations/{_segment(ref, 'operation')}/abort"))
+        path = f"/operations/{_segment(ref, 'operation')}/abort"
+        return Answer(self._remote._ending(path, "aborted"))

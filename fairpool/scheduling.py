@@ -29,7 +29,9 @@ from fairpool.frontends.config import (
 )
 from fairpool.frontends.config_diff import diff_configs
 from fairpool.frontends.pools import cancel_reason, validate_filter
+from fairpool.idempotency import check_repeat, digest, validate_key
 from fairpool.ids import new_id
+from fairpool.store import repo, schema
 from fairpool.store import scheduling as store
 from fairpool.store.db import Database
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
@@ -358,19 +360,30 @@ class SchedulingService:
         priority: int | None = None,
         demand: Mapping[str, object] | None = None,
         created_by: str | None = None,
+        idempotency_key: str | None = None,
         **reserved: str | None,
     ) -> WorkloadView:
         """A new workload, routed and decided at once. ``reserved``: instance_type,
         accelerator_type, market_type, cloud_resource_id, workload_type. ``created_by``: the
-        API token it was submitted with."""
+        API token it was submitted with. ``idempotency_key``: when a workload was submitted
+        with it already, that workload is answered and nothing is made."""
         now = self.clock()
         checked = _validate(labels, priority, demand, reserved, now)
+        key = validate_key(idempotency_key)
+        fingerprint = digest({"labels": checked.labels, "priority": checked.priority,
+                        "demand": checked.demand})
         with self.db.write() as conn:
-            workload_id = store.insert_workload(
-                conn, checked.labels, checked.priority, checked.demand, now, created_by
-            )
-            outcome = self._pass(conn)
-            return self._view(store.get_workload(conn, workload_id), outcome)
+            made = None if key is None else repo.find_keyed(conn, schema.workload, key)
+            if made is None:
+                workload_id = store.insert_workload(
+                    conn, checked.labels, checked.priority, checked.demand, now, created_by,
+                    None if key is None else (key, fingerprint),
+                )
+                outcome = self._pass(conn)
+                return self._view(store.get_workload(conn, workload_id), outcome)
+        assert key is not None  # made was found by it
+        check_repeat("workload", key, *made, fingerprint, created_by)
+        return self.get_workload(made[0])
 
     def explain(
         self,

@@ -38,6 +38,7 @@ from fairpool.frontends.names import (
     check_key_count,
 )
 from fairpool.group_commit import GroupCommit, Pending
+from fairpool.idempotency import validate_key
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.store import repo
 from fairpool.store.db import Database, default_url, fairpool_home
@@ -65,9 +66,6 @@ from fairpool.views import (
     QueuePlace,
     RequestView,
 )
-
-#: Characters of a request's idempotency key (the remote client sends a fresh id with each create).
-MAX_IDEMPOTENCY_KEY = 64
 
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
 #: this many extra passes.
@@ -648,9 +646,7 @@ class Service:
             if not isinstance(value, str):
                 raise InvalidInput(f"labels.{key}", value, "must be a string")
             bounded_text(f"labels.{key}", value, MAX_LABEL_VALUE)
-        if idempotency_key is not None:
-            frontend.validate_name("idempotency_key", idempotency_key)
-            bounded_text("idempotency_key", idempotency_key, MAX_IDEMPOTENCY_KEY)
+        idempotency_key = validate_key(idempotency_key)
 
         def change(tx: _Tx) -> Answer[RequestView]:
             conn = tx.conn

@@ -59,6 +59,8 @@ from fairpool.frontends.trees import (
     tree_resources,
 )
 from fairpool.frontends.yaml_text import load_yaml
+from fairpool.idempotency import check_repeat, digest, validate_key
+from fairpool.store import repo, schema
 from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.store.tree_records import (
@@ -992,6 +994,7 @@ class TreesService:
         interruptible: bool = False,
         tree_options: Mapping[str, object] | None = None,
         created_by: str | None = None,
+        idempotency_key: str | None = None,
     ) -> OperationView:
         """Start an operation of ``job_count`` jobs in ``trees`` (YTsaurus ``pool_trees``;
         none: the default_tree), with ``pool`` / ``weight`` / ``resource_limits`` in each
@@ -999,14 +1002,25 @@ class TreesService:
         for a tree. Rejected (nothing written) when a ``max_operation_count`` is reached
         anywhere up to the root of any of its trees; else pending or running in each tree,
         with the jobs that fit granted at once. ``created_by``: the API token it was started
-        with."""
+        with. ``idempotency_key``: when an operation was started with it already, that
+        operation is answered and nothing is made."""
         validate_name("user", user)
         weight_value = positive("weight", weight)
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
         job = parse_resources("job_resources", dict(job_resources))
         limits = parse_resources("resource_limits", dict(resource_limits or {}))
         options = _parse_tree_options(tree_options)
+        key = validate_key(idempotency_key)
+        fingerprint = digest({
+            "user": user, "job": job, "job_count": job_count, "trees": list(trees),
+            "pool": pool, "weight": weight_value, "gang": gang, "limits": limits,
+            "interruptible": interruptible, "options": options,
+        })
         with self.db.write() as conn:
+            made = None if key is None else repo.find_keyed(conn, schema.tree_operation, key)
+            if key is not None and made is not None:
+                check_repeat("operation", key, *made, fingerprint, created_by)
+                return self._operation_view(conn, store.get_operation(conn, made[0]), {})
             now = self.clock()
             names = list(trees) or [self._tree_name(conn, None)]
             _check_trees(names, options)
@@ -1032,7 +1046,7 @@ class TreesService:
             operation_id = store.insert_operation(
                 conn, user=user, job_resources=job, job_count=job_count, gang=gang,
                 interruptible=interruptible, placements=placements, now=now,
-                created_by=created_by,
+                created_by=created_by, idempotency=None if key is None else (key, fingerprint),
             )
             results = self._passes(conn, names)
             return self._operation_view(conn, store.get_operation(conn, operation_id), results)

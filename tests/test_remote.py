@@ -34,7 +34,7 @@ from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
-from fairpool.remote import RemoteService
+from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
 from fairpool.views import RequestView
 from tests.conftest import BACKENDS, Backend
 from tests.servers import API, ApiServer, clean_env, free_port, running, server_on, setup_pool
@@ -1070,6 +1070,47 @@ def test_a_create_whose_answer_was_lost_is_created_once(server: ApiServer) -> No
     with losing(server, "POST", "/requests") as service:
         service.create_request("twice-orch", demand={"gpu": 1})
         assert len(service.list_requests(component="twice-orch")) == 1
+
+
+@pytest.mark.parametrize("how", ["drop", "503 after"])
+def test_workloads_and_operations_whose_answers_were_lost_are_made_and_ended_once(
+    server: ApiServer, how: str
+) -> None:
+    """As requests: a submit or a start sent again made a second workload or operation
+    (holding quota or nodes nobody knew of), and a release, cancel, completion or abort sent
+    again failed with a conflict although it was done."""
+    user = "lost-" + how.split()[0]
+    with closing(RemoteService(server.url)) as plain:
+        scheduling, trees = RemoteScheduling(plain), RemoteTrees(plain)
+        trees.add_node(f"{user}-node", [user], {"cpu": 8})
+        trees.create_tree(user, {"node_tag_filter": user})
+        made = []
+        for path, action in (("/workloads", "release"), ("/workloads", "cancel"),
+                             ("/operations", "complete"), ("/operations", "abort")):
+            with losing(server, "POST", path, how) as service:
+                if path == "/workloads":
+                    made.append(RemoteScheduling(service).submit_workload(
+                        labels={"team": user}, demand={"cpu": 1}))
+                else:
+                    made.append(RemoteTrees(service).start_operation(
+                        user=user, job_resources={"cpu": 1}, job_count=2, trees=[user]))
+            with losing(server, "POST", f"/{action}", how) as service:
+                ending = {"release": RemoteScheduling(service).release_workload,
+                          "cancel": RemoteScheduling(service).cancel_workload,
+                          "complete": RemoteTrees(service).complete_operation,
+                          "abort": RemoteTrees(service).abort_operation}[action]
+                assert ending(made[-1]["id"])["status"] in (
+                    "finished", "cancelled", "completed", "aborted")
+        mine = [w for w in scheduling.list_workloads() if w["labels"].get("team") == user]
+        assert sorted(w["status"] for w in mine) == ["cancelled", "finished"]
+        assert sorted(o["status"] for o in trees.list_operations(tree=user)) == [
+            "aborted", "completed"]
+        # A key another call made, asking otherwise: a conflict, not that call's answer.
+        first = plain.http.post("/workloads", json={"idempotency_key": "k-" + user})
+        again = plain.http.post("/workloads", json={"idempotency_key": "k-" + user,
+                                                     "priority": 5})
+        assert (first.status_code, again.status_code) == (201, 409), again.text
+        assert "asked otherwise" in again.json()["detail"]
 
 
 def test_the_light_vocabulary_agrees_with_the_stores_enums() -> None:

@@ -29,8 +29,8 @@ from fairpool.frontends.names import (
     is_unicode,
 )
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
+from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
-from fairpool.service import MAX_IDEMPOTENCY_KEY
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
@@ -103,6 +103,18 @@ Amounts = Annotated[dict[Key, NonNegative], Field(max_length=MAX_KEYS)]
 ComponentType = Literal["orchestrator", "step_operator"]
 
 
+#: Chosen by the client per create (``fairpool.idempotency``).
+IdempotencyKey = Annotated[
+    Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, pattern=NAME_PATTERN),
+        AfterValidator(text),
+    ] | None,
+    Field(description="Chosen by the client per create; a retry with the same key answers "
+          "what the first made instead of making another."),
+]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -143,17 +155,7 @@ class RequestCreate(Strict):
         default=None,
         description="Seconds: the allocation is released when no heartbeat renews it in time.",
     )
-    idempotency_key: Annotated[
-        str,
-        StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, pattern=TEXT_PATTERN),
-        AfterValidator(text),
-    ] | None = (
-        Field(
-            default=None,
-            description="Chosen by the client per create; a retry with the same key answers "
-            "the request already made instead of making another.",
-        )
-    )
+    idempotency_key: IdempotencyKey = None
 
 
 class Cancel(Strict):

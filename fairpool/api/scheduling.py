@@ -15,7 +15,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
-from fairpool.api.models import Cancel, Key, LabelValue, PathText, QueryText, UrlInt
+from fairpool.api.models import (
+    Cancel,
+    IdempotencyKey,
+    Key,
+    LabelValue,
+    PathText,
+    QueryText,
+    UrlInt,
+)
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
     MAX_PRIORITY,
@@ -63,6 +71,10 @@ class WorkloadBody(BaseModel):
     workload_type: str | None = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     demand: Annotated[dict[Key, Demand], Field(max_length=8)] = {}
+
+
+class WorkloadSubmit(WorkloadBody):
+    idempotency_key: IdempotencyKey = None
 
 
 def invalid_config(error: ConfigError) -> JSONResponse:
@@ -150,7 +162,7 @@ def scheduling_router(
         return shown(caller, scheduling.explain(**body.model_dump()).as_dict())
 
     @router.post("/workloads", status_code=201, tags=["workloads"])
-    def submit_workload(body: WorkloadBody, caller: Caller) -> JSONResponse:
+    def submit_workload(body: WorkloadSubmit, caller: Caller) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
         view = scheduling.submit_workload(**body.model_dump(), created_by=owner_of(caller))
         return shown(caller, view.as_dict(), 201)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
-from fairpool.api.models import TEXT_PATTERN, PathText, QueryText, text
+from fairpool.api.models import TEXT_PATTERN, IdempotencyKey, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.trees_service import MAX_JOB_COUNT, TreesService
@@ -145,6 +145,7 @@ class OperationStart(Strict):
         default=False, description="Its jobs, when preempted, are interrupted first and keep "
         "their units for the tree's allocation_preemption_timeout.",
     )
+    idempotency_key: IdempotencyKey = None
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:
@@ -261,6 +262,7 @@ def trees_router(
             trees=body.pool_trees, pool=body.pool, weight=body.weight, gang=body.gang,
             resource_limits=body.resource_limits, interruptible=body.interruptible,
             tree_options=body.scheduling_options_per_pool_tree, created_by=owner_of(caller),
+            idempotency_key=body.idempotency_key,
         )
         return shown(caller, view.as_dict(), 201)
 

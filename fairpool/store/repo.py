@@ -550,6 +550,24 @@ def insert_request(
     return request
 
 
+def find_keyed(
+    connection: Connection, table: Table, key: str
+) -> tuple[str, str | None, str | None] | None:
+    """The row of ``table`` (a workload, an operation) created with this idempotency key: its
+    id, the digest of what it asked, and the token it was made with."""
+    row = connection.execute(
+        select(table.c.id, table.c.idempotency_digest, table.c.created_by_token_id)
+        .where(table.c.idempotency_key == key)
+    ).one_or_none()
+    return None if row is None else (row.id, row.idempotency_digest, row.created_by_token_id)
+
+
+def keyed(idempotency: tuple[str, str] | None) -> dict[str, str | None]:
+    """An insert's idempotency columns: the key and the digest of what was asked, or none."""
+    key, digest = idempotency or (None, None)
+    return {"idempotency_key": key, "idempotency_digest": digest}
+
+
 def find_request_by_key(connection: Connection, key: str) -> str | None:
     """The id of the request created with this idempotency key, if any."""
     table = schema.request

@@ -20,7 +20,7 @@ from fairpool.store.records import (
     Workload,
     WorkloadStatus,
 )
-from fairpool.store.repo import resolve_id
+from fairpool.store.repo import keyed, resolve_id
 from fairpool.store.schema import as_utc
 
 # -- config versions -------------------------------------------------------------------------
@@ -83,9 +83,11 @@ def insert_workload(
     demand: Mapping[str, int],
     now: datetime,
     created_by: str | None = None,
+    idempotency: tuple[str, str] | None = None,
 ) -> str:
     """A new queued workload, not yet routed; its id. ``created_by``: the API token it was
-    submitted with."""
+    submitted with; ``idempotency``: the key it was submitted with and the digest of what it
+    asked."""
     now = as_utc(now)
     workload_id = new_id()
     connection.execute(
@@ -97,6 +99,7 @@ def insert_workload(
             submitted_at=now,
             updated_at=now,
             created_by_token_id=created_by,
+            **keyed(idempotency),
             **{key: demand.get(key, 0) for key in WORKLOAD_RESOURCES},
         )
     )

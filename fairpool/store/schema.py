@@ -113,6 +113,17 @@ def _time(name: str, *, nullable: bool = False) -> Column[datetime]:
     return Column(name, UTCDateTime(), nullable=nullable)
 
 
+def _idempotency() -> tuple[Column[str], Column[str], CheckConstraint]:
+    """The key a create was made with (``fairpool.idempotency``) and the digest of what it
+    asked, both or neither."""
+    return (
+        Column("idempotency_key", String(64), nullable=True, unique=True),
+        Column("idempotency_digest", String(64), nullable=True),
+        CheckConstraint("(idempotency_key IS NULL) = (idempotency_digest IS NULL)",
+                        name="idempotency_keyed"),
+    )
+
+
 def _created_by() -> Column[str]:
     """The API token a row was submitted with: a submitter sees and ends its own rows only.
     NULL: not through an authenticated API call (embedded, or auth off)."""
@@ -350,6 +361,7 @@ workload = Table(
     # When it was last preempted and queued again: it waits from then (NULL: never).
     _time("requeued_at", nullable=True),
     _created_by(),
+    *_idempotency(),
     CheckConstraint(_one_of("status", WorkloadStatus), name="status"),
     *(CheckConstraint(f"{key} >= 0", name=f"{key}_non_negative") for key in WORKLOAD_RESOURCES),
     CheckConstraint("requested_priority IS NULL OR requested_priority >= 0",
@@ -463,6 +475,7 @@ tree_operation = Table(
     # Its jobs, when preempted, are interrupted first (allocation_preemption_timeout).
     Column("interruptible", Boolean, nullable=False),
     _created_by(),
+    *_idempotency(),
     CheckConstraint(_one_of("status", OperationStatus), name="status"),
     CheckConstraint("job_count >= 1", name="job_count_positive"),
     CheckConstraint(

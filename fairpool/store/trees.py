@@ -16,7 +16,7 @@ from fairpool.errors import NotFound
 from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
-from fairpool.store.repo import resolve_id
+from fairpool.store.repo import keyed, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     IntegralRecord,
@@ -236,16 +236,18 @@ def insert_operation(
     placements: Sequence[Placement],
     now: datetime,
     created_by: str | None = None,
+    idempotency: tuple[str, str] | None = None,
 ) -> str:
     """A new pending operation in ``placements``' trees; the passes that follow decide
-    whether (and where) it runs. ``created_by``: the API token it was started with."""
+    whether (and where) it runs. ``created_by``: the API token it was started with;
+    ``idempotency``: the key it was started with and the digest of what it asked."""
     now = as_utc(now)
     operation_id = new_id()
     connection.execute(insert(schema.tree_operation).values(
         id=operation_id, user_name=user, job_resources=dict(job_resources),
         job_count=job_count, gang=gang, interruptible=interruptible,
         status=OperationStatus.PENDING.value, created_at=now, updated_at=now,
-        created_by_token_id=created_by,
+        created_by_token_id=created_by, **keyed(idempotency),
     ))
     connection.execute(insert(schema.tree_operation_placement), [
         {"operation_id": operation_id, "tree": p.tree, "position": position, "pool": p.pool,

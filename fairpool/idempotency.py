@@ -1,0 +1,41 @@
+"""Idempotent creates: a key the client chooses per create call (the remote client sends a
+fresh one with each), so that a call sent again after its answer was lost answers what the
+first made instead of making another. Requests compare what was asked field by field
+(``service``); workloads and operations keep a digest of it beside the key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+from fairpool.errors import Conflict
+from fairpool.frontends.pools import validate_name
+
+#: Characters of a key.
+MAX_IDEMPOTENCY_KEY = 64
+
+
+def validate_key(key: object) -> str | None:
+    """None (no key), or non-empty text up to ``MAX_IDEMPOTENCY_KEY`` characters."""
+    if key is None:
+        return None
+    return validate_name("idempotency_key", key, MAX_IDEMPOTENCY_KEY)
+
+
+def digest(asked: Mapping[str, object]) -> str:
+    """What a create asked, validated, as 64 hex digits: equal for equal asks."""
+    text = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_repeat(kind: str, key: str, made: str, made_digest: str | None,
+                 made_by: str | None, asked_digest: str, asked_by: str | None) -> None:
+    """A create repeated with ``key``, which made ``made`` already: it must come from the same
+    token and ask the same, or it is a conflict rather than answered with another's."""
+    if made_by != asked_by:  # another caller's: nothing about it is told
+        raise Conflict(f"idempotency_key {key!r} is taken by a {kind} another token made; "
+                       "use a key of your own")
+    if made_digest != asked_digest:
+        raise Conflict(f"idempotency_key {key!r} already made {kind} `{made}`, which asked "
+                       "otherwise: a create repeated with a key must ask the same")
