@@ -694,3 +694,33 @@ def test_a_confirmed_config_change_is_refused_if_another_came_first(
         "(based_on); nothing applied: look at it again and re-apply")
     versions = fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"]
     assert [(v["version"], v["active"]) for v in versions] == [(2, True), (1, False)]
+
+
+def test_a_database_locked_too_long_is_one_error_line(tmp_path: Path) -> None:
+    """SQLite's "database is locked" after the busy timeout was a traceback (many processes
+    writing one store at once). The error is real: another connection holds the write lock
+    and this one does not wait (a timeout of 0 instead of the CLI's 30 s)."""
+    from click.testing import CliRunner
+    from sqlalchemy import create_engine, text
+
+    from fairpool.cli.main import FairpoolGroup
+
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    group = FairpoolGroup("t")
+
+    @group.command()
+    def write() -> None:
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TABLE t (x INTEGER)"))
+
+    try:
+        result = CliRunner().invoke(group, ["write"])
+    finally:
+        engine.dispose()
+        holder.close()
+    assert (result.exit_code, result.output.splitlines()) == (1, [
+        "Error: the database stayed locked by other fairpool processes for 30 s (a long "
+        "write, or many writing at once); try again"]), result.output

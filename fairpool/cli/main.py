@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -42,6 +43,22 @@ def error_message(error: Exception) -> str:
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
     return str(error) or type(error).__name__
+
+
+def database_error(error: Exception) -> str | None:
+    """A database's failure as one line (None: ``error`` is not one). SQLAlchemy is looked
+    for only where it is loaded: a remote command never loads it."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    if exc is None or not isinstance(error, exc.OperationalError):
+        return None
+    from fairpool.store.db import LOCK_TIMEOUT_MS
+
+    reason = one_line(str(error.orig))
+    if reason == "database is locked":
+        return (f"the database stayed locked by other fairpool processes for "
+                f"{LOCK_TIMEOUT_MS // 1000} s (a long write, or many writing at once); "
+                "try again")
+    return f"database error: {reason}"
 
 
 class UsageLine(click.ClickException):
@@ -82,6 +99,11 @@ class FairpoolGroup(click.Group):
         # OSError: e.g. --home names a file, or a directory we may not write to.
         except (FairpoolError, LookupError, ValueError, OSError) as error:
             raise click.ClickException(one_line(error_message(error))) from error
+        except Exception as error:
+            message = database_error(error)
+            if message is None:
+                raise
+            raise click.ClickException(message) from error
 
 
 @click.group(cls=FairpoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
