@@ -31,10 +31,11 @@ def digest(asked: Mapping[str, object]) -> str:
 
 def check_repeat(kind: str, key: str, made: str, made_digest: str | None,
                  made_by: str | None, asked_digest: str, asked_by: str | None) -> None:
-    """A create repeated with ``key``, which made ``made`` already: it must come from the same
-    token and ask the same, or it is a conflict rather than answered with another's."""
+    """A create repeated with ``key``, which made ``made`` (``kind``: "a workload") already: it
+    must come from the same token and ask the same, or it is a conflict rather than answered
+    with another's."""
     if made_by != asked_by:  # another caller's: nothing about it is told
-        raise Conflict(f"idempotency_key {key!r} is taken by a {kind} another token made; "
+        raise Conflict(f"idempotency_key {key!r} is taken by {kind} another token made; "
                        "use a key of your own")
     if made_digest != asked_digest:
         raise Conflict(f"idempotency_key {key!r} already made {kind} `{made}`, which asked "

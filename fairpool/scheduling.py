@@ -50,9 +50,12 @@ def _check_based_on(conn: Connection, based_on: int | None) -> None:
     active = store.active_config_version(conn)
     now = 0 if active is None else active.version
     if now != based_on:
+        def named(version: int) -> str:
+            return f"version {version}" if version else "no version"
+
         raise Conflict(
-            f"the active scheduler config changed meanwhile: it is version {now}, not "
-            f"{based_on} (based_on); nothing applied: look at it again and re-apply"
+            f"the active scheduler config changed meanwhile: it is {named(now)}, not "
+            f"{named(based_on)} (based_on); nothing applied: look at it again and re-apply"
         )
 
 
@@ -382,7 +385,7 @@ class SchedulingService:
                 outcome = self._pass(conn)
                 return self._view(store.get_workload(conn, workload_id), outcome)
         assert key is not None  # made was found by it
-        check_repeat("workload", key, *made, fingerprint, created_by)
+        check_repeat("a workload", key, *made, fingerprint, created_by)
         return self.get_workload(made[0])
 
     def explain(

@@ -1019,7 +1019,7 @@ class TreesService:
         with self.db.write() as conn:
             made = None if key is None else repo.find_keyed(conn, schema.tree_operation, key)
             if key is not None and made is not None:
-                check_repeat("operation", key, *made, fingerprint, created_by)
+                check_repeat("an operation", key, *made, fingerprint, created_by)
                 return self._operation_view(conn, store.get_operation(conn, made[0]), {})
             now = self.clock()
             names = list(trees) or [self._tree_name(conn, None)]

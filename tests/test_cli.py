@@ -94,7 +94,7 @@ def test_a_database_a_newer_fairpool_wrote_is_one_error_line(tmp_path: Path) -> 
         conn.execute("UPDATE alembic_version SET version_num = '9999'")
     before = db_dump(tmp_path)
     assert_one_error(fairpool(tmp_path, "resource-pool", "list"),
-                     "its schema (revision 9999) is newer than this fairpool's")
+                     "its schema (revision 9999) is not one this fairpool knows")
     assert db_dump(tmp_path) == before
 
 
@@ -690,7 +690,7 @@ def test_a_confirmed_config_change_is_refused_if_another_came_first(
         asking.wait()
     assert asking.returncode == 1, err
     assert err.splitlines()[-1] == (
-        "Error: the active scheduler config changed meanwhile: it is version 2, not 1 "
+        "Error: the active scheduler config changed meanwhile: it is version 2, not version 1 "
         "(based_on); nothing applied: look at it again and re-apply")
     versions = fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"]
     assert [(v["version"], v["active"]) for v in versions] == [(2, True), (1, False)]

@@ -338,6 +338,11 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "create", "x", "--node-tag-filter", " | ".join(["gpu"] * 700))  # too long
     fp("pool", "create", "x", "--tree", "physical", "--config",
        json.dumps({"offloading_settings": {"t": {"pool": "n" * 4097}}}))     # too long, nested
+    fp("pool", "create", "x", "--tree", "physical", "--config",
+       json.dumps({"strong_guarantee_resources": {"cpu": 1, "k" * 300: 1}}))  # key too long
+    fp("pool-tree", "create", "x", "--config",
+       json.dumps({"node_tag_filter": "gpu", "k" * 300: 1}))                 # option too long
+    fp("node", "add", "x", "--resources", json.dumps({"k" * 300: 1}))         # resource too long
     fp("pool-tree", "create", "")                                             # no name
     fp("pool-tree", "default", "")                                            # unknown tree
     fp("pool", "set", "project-batch", "--tree", "physical", "weight", "10", "-o", "json")
@@ -934,7 +939,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
         ("cancel, reason blank", "InvalidInput: reason: must be a non-empty string"),
         ("scheduling.apply_config based on another",
-         "Conflict: the active scheduler config changed meanwhile: it is version 1, not 7"),
+         "Conflict: the active scheduler config changed meanwhile: it is version 1, not version 7"),
         ("scheduling.rollback_config based on a bad version",
          "InvalidInput: based_on: must be a non-negative integer (got -1)"),
         ("delete_pool with a live allocation", "Conflict: resource pool `sdk` has 1 live allocation"),

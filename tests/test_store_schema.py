@@ -160,9 +160,9 @@ def test_a_database_a_newer_fairpool_wrote_is_refused_in_one_line(database_url: 
         with engine.begin() as connection:
             connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
         with pytest.raises(Unreachable, match=(
-            r"^cannot open the database .*: its schema \(revision 9999\) is newer than this "
-            rf"fairpool's \({SCHEMA_HEAD}\); open it with the fairpool that last wrote it, "
-            r"or a newer one$")):
+            r"^cannot open the database .*: its schema \(revision 9999\) is not one this "
+            rf"fairpool knows \(its newest is {SCHEMA_HEAD}\): open it with the fairpool that "
+            r"last wrote it, or a newer one$")):
             Database.open(database_url)
         with engine.connect() as connection:
             assert connection.execute(text("SELECT version_num FROM alembic_version")

@@ -43,9 +43,9 @@ Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(te
 #: must look like and names the field as the command line does (``pool``, not the body's
 #: ``name``); the body's size bounds its length.
 BodyName = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(text)]
-OptionKey = Annotated[
-    str, StringConstraints(max_length=MAX_NAME, pattern=TEXT_PATTERN), AfterValidator(text)
-]
+#: A key in an option's value or in resources: bounded by the service, as a name
+#: (``MAX_NAME``), in its words embedded and remote.
+OptionKey = BodyName
 #: An option's number (a weight too) may be infinite or NaN here: the service refuses it in
 #: the words of the option's own check ("weight: must be a finite number ..."), as the
 #: command line does.

@@ -195,7 +195,7 @@ def _resource_key(field_name: str, value: object) -> str:
         raise InvalidInput(
             field_name, value, f"must be a resource name ({RESOURCE_KEY_PATTERN.pattern})"
         )
-    return value
+    return bounded_text(field_name, value, MAX_NAME)
 
 
 def _mapping(field_name: str, value: object) -> Mapping[str, object]:
@@ -280,6 +280,7 @@ def _options(
     """Parses a mapping of options: canonical names, aliases, unknown names rejected."""
     values: dict[str, Any] = {}
     for key, value in _mapping(path.rstrip(".") or what, raw).items():
+        bounded_text(f"{path.rstrip('.') or what} key", str(key), MAX_NAME)
         name = aliases.get(str(key), str(key))
         if name not in parsers:
             close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
@@ -298,15 +299,18 @@ def _options(
 
 
 def _bounded_texts(field_name: str, value: object) -> None:
-    """Text anywhere in an option's value is at most ``MAX_OPTION_TEXT`` characters: the
-    service's limit, so that a command says the same embedded and over HTTP (where the body's
-    size is the only other bound). Walked without recursion: YAML nests as deep as it likes."""
+    """Text anywhere in an option's value is at most ``MAX_OPTION_TEXT`` characters, and its
+    keys at most a name's: the service's limits, so that a command says the same embedded and
+    over HTTP (where the body's size is the only other bound). Walked without recursion:
+    YAML nests as deep as it likes."""
     pending = [(field_name, value)]
     while pending:
         where, item = pending.pop()
         if isinstance(item, str):
             bounded_text(where, item, MAX_OPTION_TEXT)
         elif isinstance(item, Mapping):
+            for key in item:
+                bounded_text(f"{where} key", str(key), MAX_NAME)
             pending.extend((f"{where}.{key}", inner) for key, inner in item.items())
         elif isinstance(item, list):
             pending.extend((f"{where}.{index}", inner) for index, inner in enumerate(item))

@@ -604,8 +604,8 @@ class Database:
             if revision is not None and not _known_revision(connection, revision):
                 raise Unreachable(
                     f"cannot open the database {self.where}: its schema (revision {revision}) "
-                    f"is newer than this fairpool's ({SCHEMA_HEAD}); open it with the fairpool "
-                    "that last wrote it, or a newer one"
+                    f"is not one this fairpool knows (its newest is {SCHEMA_HEAD}): open it "
+                    "with the fairpool that last wrote it, or a newer one"
                 )
         from alembic import command
 
