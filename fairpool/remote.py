@@ -386,13 +386,14 @@ class RemoteScheduling:
         return self._remote._call(method, path, **kwargs)
 
     def apply_config(self, document: str, based_on: int | None = None) -> Answer:
-        body = {"document": document, **({} if based_on is None else {"based_on": based_on})}
+        # One key per call, as a request's (``RemoteService.create_request``).
+        body = {"document": document, "based_on": based_on, "idempotency_key": new_id()}
         return Answer(self._call("POST", "/config", json=body))
 
     def rollback_config(self, version: int, based_on: int | None = None) -> Answer:
         path = f"/config/versions/{version}/rollback"
-        body = {} if based_on is None else {"json": {"based_on": based_on}}
-        return Answer(self._call("POST", path, **body))
+        body = {"based_on": based_on, "idempotency_key": new_id()}
+        return Answer(self._call("POST", path, json=body))
 
     def get_config(self, version: int | None = None) -> Answer | None:
         params = {} if version is None else {"version": version}

@@ -39,6 +39,40 @@ from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 _EMPTY = SchedulerConfig()
 
 
+@dataclass(frozen=True)
+class _Keyed:
+    """A config change's idempotency key (None: none) and the digest of what it asked."""
+
+    key: str | None
+    fingerprint: str
+
+    @classmethod
+    def of(cls, key: object, asked: Mapping[str, object]) -> _Keyed:
+        return cls(validate_key(key), digest(asked))
+
+    @property
+    def columns(self) -> tuple[str, str] | None:
+        return None if self.key is None else (self.key, self.fingerprint)
+
+    def made(self, conn: Connection) -> Applied | None:
+        """The version this key applied already, as its apply answered it (its warnings and
+        changes; not the workloads it moved); None if none did."""
+        found = None if self.key is None else repo.find_keyed(conn, schema.config_version,
+                                                              self.key)
+        if self.key is None or found is None:
+            return None
+        check_repeat("a config version", self.key, *found, self.fingerprint, None)
+        version = store.get_config_version(conn, int(found[0]))
+        before = (_EMPTY if version.version == 1
+                  else _parsed(store.get_config_version(conn, version.version - 1).document))
+        config = _parsed(version.document)
+        active = store.active_config_version(conn)
+        return Applied(
+            SchedulingService._version_view(version, active), tuple(warnings(config)),
+            diff_configs(before, config), (), (), (), (),
+        )
+
+
 def _based_on(based_on: object) -> int | None:
     return None if based_on is None else validate_int("based_on", based_on, 0, MAX_VERSION)
 
@@ -273,24 +307,40 @@ class SchedulingService:
 
     # -- config versions ---------------------------------------------------------------------
 
-    def apply_config(self, document: str, based_on: int | None = None) -> Applied:
+    def apply_config(
+        self, document: str, based_on: int | None = None, idempotency_key: str | None = None
+    ) -> Applied:
         """Validate ``document`` and make it the new active version (identical content too).
         ``based_on``: only if the active version is still that one (0: none yet), so that a
-        change confirmed against what was shown does not undo another applied meanwhile."""
+        change confirmed against what was shown does not undo another applied meanwhile.
+        ``idempotency_key``: when a version was applied with it already, that version is
+        answered (without the workloads it moved: those were told the first time)."""
         config = load_config(document)
         based_on = _based_on(based_on)
+        key = _Keyed.of(idempotency_key, {"document": document, "based_on": based_on})
         with self.db.write() as conn:
+            made = key.made(conn)
+            if made is not None:
+                return made
             _check_based_on(conn, based_on)
-            return self._apply(conn, document, config, None)
+            return self._apply(conn, document, config, None, key.columns)
 
-    def rollback_config(self, version: int, based_on: int | None = None) -> Applied:
+    def rollback_config(
+        self, version: int, based_on: int | None = None, idempotency_key: str | None = None
+    ) -> Applied:
         """Apply version ``version`` again, as a new version; history is never rewritten.
-        ``based_on``: as ``apply_config``'s."""
+        ``based_on`` and ``idempotency_key``: as ``apply_config``'s."""
         based_on = _based_on(based_on)
+        key = _Keyed.of(idempotency_key, {"rollback": version, "based_on": based_on})
         with self.db.write() as conn:
+            made = key.made(conn)
+            if made is not None:
+                return made
             _check_based_on(conn, based_on)
             old = store.get_config_version(conn, _version(version))
-            return self._apply(conn, old.document, _parsed(old.document), old.version)
+            return self._apply(
+                conn, old.document, _parsed(old.document), old.version, key.columns
+            )
 
     def get_config(self, version: int | None = None) -> ConfigVersionView | None:
         """The given version, else the active one (None before the first apply)."""
@@ -315,11 +365,14 @@ class SchedulingService:
         return diff_configs(current, _parsed(target.document))
 
     def _apply(
-        self, conn: Connection, document: str, config: SchedulerConfig, rolled_back_from: int | None
+        self, conn: Connection, document: str, config: SchedulerConfig,
+        rolled_back_from: int | None, idempotency: tuple[str, str] | None,
     ) -> Applied:
         _check_queues_unchanged(conn, config)
         before = _Live.load(conn)
-        version = store.insert_config_version(conn, document, self.clock(), rolled_back_from)
+        version = store.insert_config_version(
+            conn, document, self.clock(), rolled_back_from, idempotency
+        )
         outcome = self._pass(conn)
         # Those whose queue or flavor this version removes (not those an earlier one did).
         orphaned = tuple(

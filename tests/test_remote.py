@@ -1110,6 +1110,22 @@ def test_workloads_and_operations_whose_answers_were_lost_are_made_and_ended_onc
         assert sorted(w["status"] for w in mine) == ["cancelled", "finished"]
         assert sorted(o["status"] for o in trees.list_operations(tree=user)) == [
             "aborted", "completed"]
+        # A config change confirmed against the active version: its retry found its own
+        # version active, was refused as stale ("nothing applied") or applied it again.
+        def active() -> int:
+            return max(v["version"] for v in scheduling.list_configs()) if (
+                scheduling.list_configs()) else 0
+
+        document = f"resource_queues: [{{name: {user}}}]\n"
+        with losing(server, "POST", "/config", how) as service:
+            applied = RemoteScheduling(service).apply_config(document, based_on=active())
+        assert applied["version"]["version"] == active()
+        assert applied["version"]["active"] and applied["version"]["queues"] == 1
+        with losing(server, "POST", "/rollback", how) as service:
+            rolled = RemoteScheduling(service).rollback_config(1, based_on=active())
+        assert (rolled["version"]["version"], rolled["version"]["rolled_back_from"]) == (
+            active(), 1)
+        assert [v["version"] for v in scheduling.list_configs()][:2] == [active(), active() - 1]
         # A key another call made, asking otherwise: a conflict, not that call's answer.
         first = plain.http.post("/workloads", json={"idempotency_key": "k-" + user})
         again = plain.http.post("/workloads", json={"idempotency_key": "k-" + user,

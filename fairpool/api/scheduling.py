@@ -52,11 +52,13 @@ class ConfigBody(BaseModel):
     #: The YAML document, as a user writes it in a file.
     document: str
     based_on: BasedOn = None
+    idempotency_key: IdempotencyKey = None
 
 
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     based_on: BasedOn = None
+    idempotency_key: IdempotencyKey = None
 
 
 class WorkloadBody(BaseModel):
@@ -117,7 +119,7 @@ def scheduling_router(
     def apply_config(body: ConfigBody) -> JSONResponse:
         """Apply a document as the new active version (identical content too)."""
         try:
-            applied = scheduling.apply_config(body.document, body.based_on)
+            applied = scheduling.apply_config(body.document, body.based_on, body.idempotency_key)
         except ConfigError as error:
             return invalid_config(error)
         return JSONResponse(applied.as_dict(), status_code=201)
@@ -152,7 +154,9 @@ def scheduling_router(
         version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)], body: RollbackBody | None = None
     ) -> JSONResponse:
         """Apply ``version`` again, as a new version (the body, optional: ``based_on``)."""
-        applied = scheduling.rollback_config(version, body.based_on if body else None)
+        applied = scheduling.rollback_config(
+            version, *((body.based_on, body.idempotency_key) if body else ())
+        )
         return JSONResponse(applied.as_dict(), status_code=201)
 
     @router.post("/config/explain", tags=["scheduler config"])

@@ -553,13 +553,18 @@ def insert_request(
 def find_keyed(
     connection: Connection, table: Table, key: str
 ) -> tuple[str, str | None, str | None] | None:
-    """The row of ``table`` (a workload, an operation) created with this idempotency key: its
-    id, the digest of what it asked, and the token it was made with."""
+    """The row of ``table`` (a workload, an operation, a config version) created with this
+    idempotency key: its key (id, version), the digest of what it asked, and the token it was
+    made with (None where the table records none)."""
+    (ident,) = table.primary_key.columns
+    owner = table.c.get("created_by_token_id")
     row = connection.execute(
-        select(table.c.id, table.c.idempotency_digest, table.c.created_by_token_id)
+        select(ident, table.c.idempotency_digest, *([] if owner is None else [owner]))
         .where(table.c.idempotency_key == key)
     ).one_or_none()
-    return None if row is None else (row.id, row.idempotency_digest, row.created_by_token_id)
+    if row is None:
+        return None
+    return str(row[0]), row[1], None if owner is None else row[2]
 
 
 def keyed(idempotency: tuple[str, str] | None) -> dict[str, str | None]:

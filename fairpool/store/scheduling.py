@@ -27,9 +27,11 @@ from fairpool.store.schema import as_utc
 
 
 def insert_config_version(
-    connection: Connection, document: str, now: datetime, rolled_back_from: int | None = None
+    connection: Connection, document: str, now: datetime, rolled_back_from: int | None = None,
+    idempotency: tuple[str, str] | None = None,
 ) -> ConfigVersion:
-    """The next version, active from now. Callers hold the write lock, so max + 1 is free."""
+    """The next version, active from now. Callers hold the write lock, so max + 1 is free.
+    ``idempotency``: the key it was applied with and the digest of what was asked."""
     table = schema.config_version
     latest = connection.scalar(select(func.max(table.c.version)))
     version = ConfigVersion(
@@ -44,6 +46,7 @@ def insert_config_version(
             document=document,
             applied_at=version.applied_at,
             rolled_back_from=rolled_back_from,
+            **keyed(idempotency),
         )
     )
     return version

@@ -331,6 +331,7 @@ config_version = Table(
     CheckConstraint(
         "rolled_back_from IS NULL OR rolled_back_from < version", name="rollback_to_older"
     ),
+    *_idempotency(),
 )
 
 workload = Table(

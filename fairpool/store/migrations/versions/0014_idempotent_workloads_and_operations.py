@@ -1,11 +1,12 @@
-"""Idempotent creates of workloads and pool-tree operations, as of requests (0004).
+"""Idempotent creates of workloads, pool-tree operations and config versions, as of requests
+(0004).
 
 Revision ID: 0014
 Revises: 0013
 Create Date: 2026-11-29
 
-Written by hand. The key a create was made with, and the digest of what it asked: a submit
-sent again after its answer was lost answers the workload or operation the first made.
+Written by hand. The key a create was made with, and the digest of what it asked: a submit,
+a start or an apply sent again after its answer was lost answers what the first made.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ down_revision = "0013"
 branch_labels = None
 depends_on = None
 
-_TABLES = ("workload", "tree_operation")
+_TABLES = ("workload", "tree_operation", "config_version")
 
 
 def upgrade() -> None:
