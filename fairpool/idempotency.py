@@ -8,9 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Table
 
 from fairpool.errors import Conflict
 from fairpool.frontends.pools import validate_name
+from fairpool.store import repo
 
 #: Characters of a key.
 MAX_IDEMPOTENCY_KEY = 64
@@ -40,3 +44,32 @@ def check_repeat(kind: str, key: str, made: str, made_digest: str | None,
     if made_digest != asked_digest:
         raise Conflict(f"idempotency_key {key!r} already made {kind} `{made}`, which asked "
                        "otherwise: a create repeated with a key must ask the same")
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A create's idempotency key (None: none) and the digest of what it asked."""
+
+    key: str | None
+    fingerprint: str
+
+    @classmethod
+    def of(cls, key: object, asked: Mapping[str, object]) -> Keyed:
+        """``key`` validated, ``asked`` digested: before anything is written."""
+        return cls(validate_key(key), digest(asked))
+
+    @property
+    def columns(self) -> tuple[str, str] | None:
+        """What the insert stores (``repo.keyed``)."""
+        return None if self.key is None else (self.key, self.fingerprint)
+
+    def made(self, conn: Connection, table: Table, kind: str, by: str | None) -> str | None:
+        """The id (or version) of the row of ``table`` this key made already, if the same
+        token (``by``) asked the same (``check_repeat``); None if the key made nothing."""
+        if self.key is None:
+            return None
+        found = repo.find_keyed(conn, table, self.key)
+        if found is None:
+            return None
+        check_repeat(kind, self.key, *found, self.fingerprint, by)
+        return found[0]

@@ -29,48 +29,28 @@ from fairpool.frontends.config import (
 )
 from fairpool.frontends.config_diff import diff_configs
 from fairpool.frontends.pools import cancel_reason, validate_filter
-from fairpool.idempotency import check_repeat, digest, validate_key
+from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
-from fairpool.store import repo, schema
 from fairpool.store import scheduling as store
+from fairpool.store import schema
 from fairpool.store.db import Database
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 
 _EMPTY = SchedulerConfig()
 
 
-@dataclass(frozen=True)
-class _Keyed:
-    """A config change's idempotency key (None: none) and the digest of what it asked."""
-
-    key: str | None
-    fingerprint: str
-
-    @classmethod
-    def of(cls, key: object, asked: Mapping[str, object]) -> _Keyed:
-        return cls(validate_key(key), digest(asked))
-
-    @property
-    def columns(self) -> tuple[str, str] | None:
-        return None if self.key is None else (self.key, self.fingerprint)
-
-    def made(self, conn: Connection) -> Applied | None:
-        """The version this key applied already, as its apply answered it (its warnings and
-        changes; not the workloads it moved); None if none did."""
-        found = None if self.key is None else repo.find_keyed(conn, schema.config_version,
-                                                              self.key)
-        if self.key is None or found is None:
-            return None
-        check_repeat("a config version", self.key, *found, self.fingerprint, None)
-        version = store.get_config_version(conn, int(found[0]))
-        before = (_EMPTY if version.version == 1
-                  else _parsed(store.get_config_version(conn, version.version - 1).document))
-        config = _parsed(version.document)
-        active = store.active_config_version(conn)
-        return Applied(
-            SchedulingService._version_view(version, active), tuple(warnings(config)),
-            diff_configs(before, config), (), (), (), (),
-        )
+def _applied_again(conn: Connection, number: int) -> Applied:
+    """Version ``number``, as its apply answered it (its warnings and changes; not the
+    workloads it moved, told the first time): what a repeat with its key is answered."""
+    version = store.get_config_version(conn, number)
+    before = (_EMPTY if number == 1
+              else _parsed(store.get_config_version(conn, number - 1).document))
+    config = _parsed(version.document)
+    active = store.active_config_version(conn)
+    return Applied(
+        SchedulingService._version_view(version, active), tuple(warnings(config)),
+        diff_configs(before, config), (), (), (), (),
+    )
 
 
 def _based_on(based_on: object) -> int | None:
@@ -317,11 +297,11 @@ class SchedulingService:
         answered (without the workloads it moved: those were told the first time)."""
         config = load_config(document)
         based_on = _based_on(based_on)
-        key = _Keyed.of(idempotency_key, {"document": document, "based_on": based_on})
+        key = Keyed.of(idempotency_key, {"document": document, "based_on": based_on})
         with self.db.write() as conn:
-            made = key.made(conn)
+            made = key.made(conn, schema.config_version, "a config version", None)
             if made is not None:
-                return made
+                return _applied_again(conn, int(made))
             _check_based_on(conn, based_on)
             return self._apply(conn, document, config, None, key.columns)
 
@@ -331,11 +311,11 @@ class SchedulingService:
         """Apply version ``version`` again, as a new version; history is never rewritten.
         ``based_on`` and ``idempotency_key``: as ``apply_config``'s."""
         based_on = _based_on(based_on)
-        key = _Keyed.of(idempotency_key, {"rollback": version, "based_on": based_on})
+        key = Keyed.of(idempotency_key, {"rollback": version, "based_on": based_on})
         with self.db.write() as conn:
-            made = key.made(conn)
+            made = key.made(conn, schema.config_version, "a config version", None)
             if made is not None:
-                return made
+                return _applied_again(conn, int(made))
             _check_based_on(conn, based_on)
             old = store.get_config_version(conn, _version(version))
             return self._apply(
@@ -425,21 +405,18 @@ class SchedulingService:
         with it already, that workload is answered and nothing is made."""
         now = self.clock()
         checked = _validate(labels, priority, demand, reserved, now)
-        key = validate_key(idempotency_key)
-        fingerprint = digest({"labels": checked.labels, "priority": checked.priority,
-                        "demand": checked.demand})
+        key = Keyed.of(idempotency_key, {"labels": checked.labels,
+                                         "priority": checked.priority, "demand": checked.demand})
         with self.db.write() as conn:
-            made = None if key is None else repo.find_keyed(conn, schema.workload, key)
+            made = key.made(conn, schema.workload, "a workload", created_by)
             if made is None:
                 workload_id = store.insert_workload(
                     conn, checked.labels, checked.priority, checked.demand, now, created_by,
-                    None if key is None else (key, fingerprint),
+                    key.columns,
                 )
                 outcome = self._pass(conn)
                 return self._view(store.get_workload(conn, workload_id), outcome)
-        assert key is not None  # made was found by it
-        check_repeat("a workload", key, *made, fingerprint, created_by)
-        return self.get_workload(made[0])
+        return self.get_workload(made)
 
     def explain(
         self,

@@ -59,8 +59,8 @@ from fairpool.frontends.trees import (
     tree_resources,
 )
 from fairpool.frontends.yaml_text import load_yaml
-from fairpool.idempotency import check_repeat, digest, validate_key
-from fairpool.store import repo, schema
+from fairpool.idempotency import Keyed
+from fairpool.store import schema
 from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.store.tree_records import (
@@ -1010,17 +1010,15 @@ class TreesService:
         job = parse_resources("job_resources", dict(job_resources))
         limits = parse_resources("resource_limits", dict(resource_limits or {}))
         options = _parse_tree_options(tree_options)
-        key = validate_key(idempotency_key)
-        fingerprint = digest({
+        key = Keyed.of(idempotency_key, {
             "user": user, "job": job, "job_count": job_count, "trees": list(trees),
             "pool": pool, "weight": weight_value, "gang": gang, "limits": limits,
             "interruptible": interruptible, "options": options,
         })
         with self.db.write() as conn:
-            made = None if key is None else repo.find_keyed(conn, schema.tree_operation, key)
-            if key is not None and made is not None:
-                check_repeat("an operation", key, *made, fingerprint, created_by)
-                return self._operation_view(conn, store.get_operation(conn, made[0]), {})
+            made = key.made(conn, schema.tree_operation, "an operation", created_by)
+            if made is not None:
+                return self._operation_view(conn, store.get_operation(conn, made), {})
             now = self.clock()
             names = list(trees) or [self._tree_name(conn, None)]
             _check_trees(names, options)
@@ -1046,7 +1044,7 @@ class TreesService:
             operation_id = store.insert_operation(
                 conn, user=user, job_resources=job, job_count=job_count, gang=gang,
                 interruptible=interruptible, placements=placements, now=now,
-                created_by=created_by, idempotency=None if key is None else (key, fingerprint),
+                created_by=created_by, idempotency=key.columns,
             )
             results = self._passes(conn, names)
             return self._operation_view(conn, store.get_operation(conn, operation_id), results)
