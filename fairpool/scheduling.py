@@ -64,12 +64,10 @@ def _check_based_on(conn: Connection, based_on: int | None) -> None:
     active = store.active_config_version(conn)
     now = 0 if active is None else active.version
     if now != based_on:
-        def named(version: int) -> str:
-            return f"version {version}" if version else "no version"
-
+        found, expected = (f"version {v}" if v else "no version" for v in (now, based_on))
         raise Conflict(
-            f"the active scheduler config changed meanwhile: it is {named(now)}, not "
-            f"{named(based_on)} (based_on); nothing applied: look at it again and re-apply"
+            f"the active scheduler config changed meanwhile: it is {found}, not {expected} "
+            "(based_on); nothing applied: look at it again and re-apply"
         )
 
 

@@ -574,3 +574,27 @@ def test_opening_a_database_an_older_fairpool_left_keeps_every_row(
     Database.open(url).close()
     after = _rows(url)
     assert {table: after[table] for table in before} == before
+
+
+def test_a_migration_that_would_leave_a_dangling_reference_is_rolled_back(
+    tmp_path: Path, populated: bytes
+) -> None:
+    """The references are checked before a migration commits (foreign keys are off while it
+    runs): a row referring to none is refused in one line, the store left as it was."""
+    path = tmp_path / "fairpool.db"
+    path.write_bytes(populated)
+    url = f"sqlite:///{path}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            command.downgrade(migration_config(connection), OLDER_REVISIONS[-1])
+            connection.execute(text("UPDATE allocation SET request_id = 'gone' "
+                                    "WHERE rowid = (SELECT min(rowid) FROM allocation)"))
+    finally:
+        engine.dispose()
+    before = path.read_bytes()
+    with pytest.raises(Unreachable, match=(
+        r"^cannot open the database .*: the migration would leave 1 row referring to none "
+        r"\(the first: allocation row \d+, to request\)$")):
+        Database.open(url)
+    assert _rows(url) and path.read_bytes() == before

@@ -279,8 +279,9 @@ def _options(
 ) -> dict[str, Any]:
     """Parses a mapping of options: canonical names, aliases, unknown names rejected."""
     values: dict[str, Any] = {}
-    for key, value in _mapping(path.rstrip(".") or what, raw).items():
-        bounded_text(f"{path.rstrip('.') or what} key", str(key), MAX_NAME)
+    where = path.rstrip(".") or what
+    for key, value in _mapping(where, raw).items():
+        bounded_text(f"{where} key", str(key), MAX_NAME)
         name = aliases.get(str(key), str(key))
         if name not in parsers:
             close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 from sqlalchemy.engine import make_url
 
-from fairpool.errors import InvalidInput, Unreachable, WouldWait
+from fairpool.errors import InvalidInput, Unreachable, WouldWait, counted
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
@@ -406,10 +406,11 @@ class Database:
             yield connection
             if connection.dialect.name == "sqlite":
                 broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
-                if broken:
+                if broken:  # rolled back; ``Database.open`` says it in one line
+                    table, row, parent, _ = broken[0]
                     raise IntegrityError("PRAGMA foreign_key_check", None, Exception(
-                        f"the migration leaves {len(broken)} rows referring to none, "
-                        f"e.g. {tuple(broken[0])}"))
+                        f"the migration would leave {counted(len(broken), 'row')} referring "
+                        f"to none (the first: {table} row {row}, to {parent})"))
 
     @contextmanager
     def _write(
