@@ -551,6 +551,22 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return path.read_bytes()
 
 
+def _left_at(path: Path, populated: bytes, revision: str, *then: str) -> str:
+    """The populated database written at ``path`` and taken down to ``revision`` as an older
+    fairpool left it (foreign keys off, as Alembic runs), ``then`` run on it: its URL."""
+    path.write_bytes(populated)
+    url = f"sqlite:///{path}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            command.downgrade(migration_config(connection), revision)
+            for statement in then:
+                connection.execute(text(statement))
+    finally:
+        engine.dispose()
+    return url
+
+
 @pytest.mark.parametrize("revision", OLDER_REVISIONS)
 def test_opening_a_database_an_older_fairpool_left_keeps_every_row(
     tmp_path: Path, populated: bytes, revision: str
@@ -561,15 +577,7 @@ def test_opening_a_database_an_older_fairpool_left_keeps_every_row(
     failed (a tree's nested pools). A populated database is taken down to ``revision`` (as
     an older fairpool left it), then opened: every row of every table there is still there.
     SQLite only: PostgreSQL alters tables in place."""
-    path = tmp_path / "fairpool.db"
-    path.write_bytes(populated)
-    url = f"sqlite:///{path}"
-    engine = create_engine(url)
-    try:
-        with engine.begin() as connection:
-            command.downgrade(migration_config(connection), revision)
-    finally:
-        engine.dispose()
+    url = _left_at(tmp_path / "fairpool.db", populated, revision)
     before = _rows(url)
     Database.open(url).close()
     after = _rows(url)
@@ -582,16 +590,9 @@ def test_a_migration_that_would_leave_a_dangling_reference_is_rolled_back(
     """The references are checked before a migration commits (foreign keys are off while it
     runs): a row referring to none is refused in one line, the store left as it was."""
     path = tmp_path / "fairpool.db"
-    path.write_bytes(populated)
-    url = f"sqlite:///{path}"
-    engine = create_engine(url)
-    try:
-        with engine.begin() as connection:
-            command.downgrade(migration_config(connection), OLDER_REVISIONS[-1])
-            connection.execute(text("UPDATE allocation SET request_id = 'gone' "
-                                    "WHERE rowid = (SELECT min(rowid) FROM allocation)"))
-    finally:
-        engine.dispose()
+    url = _left_at(path, populated, OLDER_REVISIONS[-1],
+                   "UPDATE allocation SET request_id = 'gone' "
+                   "WHERE rowid = (SELECT min(rowid) FROM allocation)")
     before = path.read_bytes()
     with pytest.raises(Unreachable, match=(
         r"^cannot open the database .*: the migration would leave 1 row referring to none "
