@@ -73,9 +73,10 @@ class AsyncClient:
     synchronous one it runs on."""
 
     def __init__(
-        self, url: str | None = None, *, home: str | None = None, token: str | None = None
+        self, url: str | None = None, *, home: str | None = None, token: str | None = None,
+        database_url: str | None = None,
     ) -> None:
-        self.client = Client(url, home=home, token=token)
+        self.client = Client(url, home=home, token=token, database_url=database_url)
         self._waits = ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="fairpool-wait")
 
     create_pool = _on_thread(Client.create_pool)

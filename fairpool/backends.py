@@ -1,14 +1,17 @@
 """Where the CLI's and the SDK's operations go: a fairpool server, or the embedded store.
 
 Both choose alike: a ``url`` names a server (``RemoteService`` and its front-ends, over
-HTTP), else the SQLite store under ``home`` (or ``FAIRPOOL_HOME``) is opened directly. The
-scheduler config and the pool trees are served by the same server or store. Imports are lazy:
-remote mode never loads SQLAlchemy, and ``fairpool --help`` loads neither.
+HTTP); else a ``database_url`` (a server's PostgreSQL, say) or, without one, the SQLite store
+under ``home`` (or ``FAIRPOOL_HOME``) is opened directly. The scheduler config and the pool
+trees are served by the same server or store. Imports are lazy: remote mode never loads
+SQLAlchemy, and ``fairpool --help`` loads neither.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from fairpool.errors import InvalidInput
 
 if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
@@ -17,15 +20,33 @@ if TYPE_CHECKING:
     from fairpool.trees_service import TreesService
 
 
-def open_service(url: str | None, token: str | None, home: str | None) -> Service | RemoteService:
-    """The server at ``url`` (``token`` sent with every call), else the store under ``home``."""
+def target(given: tuple[str | None, str | None], environment: tuple[str | None, str | None]
+           ) -> tuple[str | None, str | None]:
+    """Which of a server's URL and a database URL to use, as ``(url, database_url)`` with at
+    most one set. Either given outright wins over both from the environment, where the server
+    wins: a user with both exported talks to the server, and the database is for ``token``
+    and ``server``, which read it themselves."""
+    url, database_url = given
+    if url and database_url:
+        raise InvalidInput("database-url", database_url,
+                           f"give a server (url {url!r}) or a database, not both")
+    if url or database_url:
+        return given
+    url, database_url = environment
+    return (url, None) if url else (None, database_url)
+
+
+def open_service(url: str | None, token: str | None, home: str | None,
+                 database_url: str | None = None) -> Service | RemoteService:
+    """The server at ``url`` (``token`` sent with every call), else the database at
+    ``database_url``, else the store under ``home``."""
     if url:
         from fairpool.remote import RemoteService
 
         return RemoteService(url, token)
     from fairpool.service import open_service as open_embedded
 
-    return open_embedded(home, catch_up=True)
+    return open_embedded(home, database_url, catch_up=True)
 
 
 def scheduling_of(service: Service | RemoteService) -> SchedulingService | RemoteScheduling:

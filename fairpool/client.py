@@ -186,18 +186,24 @@ class Grant:
 
 class Client:
     """The CLI's operations in Python, on a server (``url``, else ``FAIRPOOL_URL``; ``token``,
-    else ``FAIRPOOL_TOKEN``) or, without one, on the embedded store under ``home`` (else
-    ``FAIRPOOL_HOME``). Answers are the CLI's views (``as_dict()`` is its JSON); bad input
+    else ``FAIRPOOL_TOKEN``) or, without one, directly on a database (``database_url``, else
+    ``FAIRPOOL_DATABASE_URL``) or the embedded store under ``home`` (else ``FAIRPOOL_HOME``).
+    ``url`` or ``database_url`` given wins over both variables; with both variables set, the
+    server is used. Answers are the CLI's views (``as_dict()`` is its JSON); bad input
     raises ``InvalidInput`` naming the field, an unknown name or id ``NotFound``, a refused
     change ``Conflict`` (all ``FairpoolError``). The scheduler config and the pool trees are
     ``client.scheduling`` and ``client.trees``."""
 
     def __init__(
-        self, url: str | None = None, *, home: str | None = None, token: str | None = None
+        self, url: str | None = None, *, home: str | None = None, token: str | None = None,
+        database_url: str | None = None,
     ) -> None:
-        url = url or os.environ.get("FAIRPOOL_URL")
+        url, database_url = backends.target(
+            (url, database_url),
+            (os.environ.get("FAIRPOOL_URL"), os.environ.get("FAIRPOOL_DATABASE_URL")),
+        )
         token = token or os.environ.get("FAIRPOOL_TOKEN")
-        self._service = backends.open_service(url, token, home)
+        self._service = backends.open_service(url, token, home, database_url)
 
     @functools.cached_property
     def scheduling(self) -> SchedulingService | RemoteScheduling:

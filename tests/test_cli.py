@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fairpool import Client
 from tests import forked_cli
 from tests.conftest import PostgresServer
 from tests.servers import free_port
@@ -428,6 +429,57 @@ def test_a_database_that_cannot_be_opened_is_one_error_line(
     assert module.returncode == 1 and module.stdout == "", module
     assert module.stderr.startswith("Error: cannot open the database "), module.stderr
     assert len(module.stderr.strip().splitlines()) == 1, module.stderr
+
+
+def test_every_command_works_on_the_database_it_is_given(tmp_path: Path, database_url: str
+                                                         ) -> None:
+    """FAIRPOOL_DATABASE_URL and --database-url were read by `server` and `token` only: every
+    other command opened the store under --home, so a user who exported the server's
+    PostgreSQL saw another, empty, store."""
+    home = tmp_path / "home"
+    env = {**cli_env(home), "FAIRPOOL_DATABASE_URL": database_url}
+
+    def on_env(*args: str) -> Result:
+        code, out, err = forked_cli.run(list(args), env, None)
+        return Result(args, code, out, err)
+
+    on_env("resource-pool", "create", "gpus", "--capacity", '{"gpu": 2}').ok()
+    on_env("resource-pool", "attach-policy", "gpus", "team-a", "-p", "1").ok()
+    held = on_env("run", "--component", "team-a", "--gpu-count", "2", "--",
+                  sys.executable, "-c", "import os; print(os.environ['FAIRPOOL_RESOURCES'])")
+    assert json.loads(held.ok().out.strip().splitlines()[-1])["gpu"] == 2
+    made = fairpool(home, "--database-url", database_url, "token", "create", "--role", "admin",
+                    "-o", "json").ok().json
+    listed = fairpool(home, "--database-url", database_url, "resource-pool", "list", "-o", "json")
+    assert [p["name"] for p in listed.ok().json["items"]] == ["gpus"]
+    assert made["id"] in fairpool(home, "--database-url", database_url, "token", "list").ok().out
+    assert fairpool(home, "resource-pool", "list", "-o", "json").ok().json["items"] == []
+    client = Client(database_url=database_url)
+    try:
+        assert [r.status for r in client.list_requests()] == ["released"]
+    finally:
+        client.close()
+
+
+def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
+    """Either given on the command line wins over both from the environment, where the server
+    wins (the database is for `server` and `token`); both on the command line is an error.
+    An unusable server URL shows which one a command took."""
+    database = f"sqlite:///{tmp_path / 'f.db'}"
+    env = {**cli_env(tmp_path), "FAIRPOOL_URL": "nota-url", "FAIRPOOL_DATABASE_URL": database}
+
+    def run(*args: str, **drop: str) -> Result:
+        code, out, err = forked_cli.run([*args, "resource-pool", "list"],
+                                        {k: v for k, v in env.items() if k not in drop}, None)
+        return Result(args, code, out, err)
+
+    server_taken = "url: must be http:// or https:// and a host"
+    assert_one_error(run(), server_taken)
+    assert_one_error(run("--url", "nota-url", FAIRPOOL_URL=""), server_taken)
+    assert run("--database-url", database).ok().out.startswith("No resource pools found")
+    assert_one_error(run("--url", "http://127.0.0.1:1", "--database-url", database),
+                     "database-url: give a server (url 'http://127.0.0.1:1') or a database, "
+                     "not both")
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:

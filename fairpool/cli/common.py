@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from fairpool.scheduling import SchedulingService
     from fairpool.service import Service
     from fairpool.trees_service import TreesService
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Seconds(click.FloatRange):
@@ -30,16 +32,23 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+def database_url_option(help: str) -> Callable[[F], F]:
+    """``--database-url`` (env ``FAIRPOOL_DATABASE_URL``), worded for its command."""
+    return click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
+                        metavar="URL", help=f"postgresql+psycopg://... or sqlite:///PATH. {help}")
+
+
 def service(ctx: click.Context | None = None) -> Service | RemoteService:
-    """The service: the server at ``--url`` when one is given, else the embedded store under
-    ``--home``; opened once per invocation and closed when it ends."""
+    """The service: the server at ``--url`` when one is given, else the database at
+    ``--database-url``, else the embedded store under ``--home``; opened once per invocation
+    and closed when it ends."""
     ctx = ctx or click.get_current_context()
     root = ctx.find_root()
     root.ensure_object(dict)
     svc: Service | RemoteService | None = root.obj.get("service")
     if svc is None:
         svc = backends.open_service(root.obj.get("url"), root.obj.get("token"),
-                                    root.obj.get("home"))
+                                    root.obj.get("home"), root.obj.get("database_url"))
         root.obj["service"] = svc
         root.call_on_close(svc.close)
     return svc

@@ -14,8 +14,9 @@ from typing import Any
 import click
 from click.exceptions import NoArgsIsHelpError
 
+from fairpool import backends
 from fairpool.cli import output as o
-from fairpool.cli.common import service
+from fairpool.cli.common import database_url_option, service
 from fairpool.cli.component import component
 from fairpool.cli.config import config
 from fairpool.cli.queue import queue
@@ -121,15 +122,31 @@ class FairpoolGroup(click.Group):
     default=None,
     help="A fairpool server to talk to instead of the embedded store (env FAIRPOOL_URL).",
 )
+@database_url_option("A database to work on directly instead of the store under --home: a "
+                     "server's PostgreSQL, say. Env FAIRPOOL_DATABASE_URL; with FAIRPOOL_URL "
+                     "also set, the server is used.")
 @click.option("--token", envvar="FAIRPOOL_TOKEN", default=None, hidden=True)
 @click.version_option(package_name="fairpool", prog_name="fairpool")
 @click.pass_context
-def cli(ctx: click.Context, home: str | None, url: str | None, token: str | None) -> None:
+def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str | None,
+        token: str | None) -> None:
     """fairpool: share GPUs and other scarce resources between teams and pipelines."""
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
-    ctx.obj["url"] = url
+    ctx.obj["url"], ctx.obj["database_url"] = backends.target(
+        *_by_source(ctx, url, database_url))
     ctx.obj["token"] = token
+
+
+def _by_source(ctx: click.Context, url: str | None, database_url: str | None
+               ) -> tuple[tuple[str | None, str | None], tuple[str | None, str | None]]:
+    """``(url, database_url)`` as given on the command line, and as taken from the
+    environment."""
+    def of(source: click.core.ParameterSource) -> tuple[str | None, str | None]:
+        return (url if ctx.get_parameter_source("url") is source else None,
+                database_url if ctx.get_parameter_source("database_url") is source else None)
+
+    return of(click.core.ParameterSource.COMMANDLINE), of(click.core.ParameterSource.ENVIRONMENT)
 
 
 @cli.command("reconcile")

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import Seconds, service
+from fairpool.cli.common import Seconds, database_url_option, service
 from fairpool.cli.resource_request import (
     ENDING_SIGNALS,
     EXIT_TIMEOUT,
@@ -240,9 +240,8 @@ def _exit_code(code: int) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; the default serves this machine only.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8600, show_default=True)
-@click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
-              help="postgresql+psycopg://... or sqlite:///PATH (env FAIRPOOL_DATABASE_URL; "
-              "default: the embedded store under --home).")
+@database_url_option("The database to serve (env FAIRPOOL_DATABASE_URL; default: the embedded "
+                     "store under --home).")
 @click.option("--tick", type=Seconds(min=0.05), default=1.0, show_default=True,
               help="Seconds between reconcile passes (lease expiry, timeouts).")
 @click.option("--auth/--no-auth", default=None,
@@ -261,5 +260,6 @@ def server(ctx: click.Context, host: str, port: int, database_url: str | None,
         auth_enabled(host, auth, insecure)
     except AuthSetupError as error:
         raise click.UsageError(str(error)) from None
-    serve(host, port, ctx.find_root().obj.get("home"), database_url, tick,
+    root = ctx.find_root().obj
+    serve(host, port, root.get("home"), database_url or root.get("database_url"), tick,
           auth=auth, insecure=insecure)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool.cli import output as o
+from fairpool.cli.common import database_url_option
 
 if TYPE_CHECKING:
     from fairpool.service import Service
@@ -33,10 +34,9 @@ def token() -> None:
     """
 
 
-database_option = click.option(
-    "--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
-    help="The server's database: postgresql+psycopg://... or sqlite:///PATH "
-    "(env FAIRPOOL_DATABASE_URL; default: the embedded store under --home).",
+database_option = database_url_option(
+    "The server's database (env FAIRPOOL_DATABASE_URL; default: the embedded store under "
+    "--home)."
 )
 
 
@@ -45,6 +45,7 @@ def _store(url: str | None) -> Iterator[Service]:
     from fairpool.service import open_service
 
     root = click.get_current_context().find_root().obj or {}
+    url = url or root.get("database_url")
     if root.get("url"):
         o.declare(
             f"Note: tokens are kept in the database ({'--database-url' if url else '--home'}), "
