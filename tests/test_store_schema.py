@@ -23,6 +23,7 @@ from sqlalchemy import (
     BindParameter,
     Column,
     Connection,
+    Engine,
     bindparam,
     create_engine,
     inspect,
@@ -151,24 +152,41 @@ def test_opening_a_sqlite_file_creates_its_directories(tmp_path: Path) -> None:
     assert (tmp_path / "nested" / "dir" / "fairpool.db").is_file()
 
 
-def test_a_database_a_newer_fairpool_wrote_is_refused_in_one_line(database_url: str) -> None:
-    """Its revision is none of ours: Alembic's traceback was all the user saw (38 frames of
-    "Can't locate revision"). Nothing is changed."""
+NEWER = (r"its schema \(revision 9999\) is not one this fairpool knows \(its newest is "
+         rf"{SCHEMA_HEAD}\): open it with the fairpool that last wrote it, or a newer one$")
+NO_REVISION = (rf"it holds {len(schema.metadata.tables)} tables of fairpool's \(allocation, api_token, cluster_node, \.\.\.\) "
+               r"but no schema revision \(alembic_version missing or empty\): a damaged store, "
+               r"or another program's database; nothing changed$")
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    # Alembic's traceback was all the user saw (38 frames of "Can't locate revision").
+    ("UPDATE alembic_version SET version_num = '9999'", NEWER),
+    # Taken for a new database: the first migration failed on "table component already exists".
+    ("DELETE FROM alembic_version", NO_REVISION),
+    ("DROP TABLE alembic_version", NO_REVISION),
+], ids=["newer", "emptied", "dropped"])
+def test_a_database_of_another_schema_is_refused_in_one_line(database_url: str, damage: str,
+                                                              message: str) -> None:
+    """A revision none of ours, or fairpool's tables without one: refused, nothing changed."""
     Database.open(database_url).close()
     engine = create_engine(database_url)
     try:
         with engine.begin() as connection:
-            connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
-        with pytest.raises(Unreachable, match=(
-            r"^cannot open the database .*: its schema \(revision 9999\) is not one this "
-            rf"fairpool knows \(its newest is {SCHEMA_HEAD}\): open it with the fairpool that "
-            r"last wrote it, or a newer one$")):
+            connection.execute(text(damage))
+        before = _dump(engine)
+        with pytest.raises(Unreachable, match=r"^cannot open the database .*: " + message):
             Database.open(database_url)
-        with engine.connect() as connection:
-            assert connection.execute(text("SELECT version_num FROM alembic_version")
-                                      ).scalar_one() == "9999"
+        assert _dump(engine) == before
     finally:
         engine.dispose()
+
+
+def _dump(engine: Engine) -> dict[str, list[Any]]:
+    """Every table's rows."""
+    with engine.connect() as connection:
+        return {name: sorted(map(repr, connection.execute(text(f"SELECT * FROM {name}"))))
+                for name in sorted(inspect(connection).get_table_names())}
 
 
 def test_unsupported_databases_are_refused() -> None:

@@ -602,6 +602,14 @@ class Database:
             revision = _current_revision(connection)
             if revision == SCHEMA_HEAD:
                 return
+            if revision is None and (found := _fairpool_tables(connection)):
+                raise Unreachable(
+                    f"cannot open the database {self.where}: it holds "
+                    f"{counted(len(found), 'table')} of fairpool's ({', '.join(found[:3])}"
+                    f"{', ...' if len(found) > 3 else ''}) but no schema revision "
+                    "(alembic_version missing or empty): a damaged store, or another "
+                    "program's database; nothing changed"
+                )
             if revision is not None and not _known_revision(connection, revision):
                 raise Unreachable(
                     f"cannot open the database {self.where}: its schema (revision {revision}) "
@@ -630,6 +638,15 @@ def _current_revision(connection: Connection) -> str | None:
         text("SELECT version_num FROM alembic_version")
     ).scalar()
     return revision
+
+
+def _fairpool_tables(connection: Connection) -> list[str]:
+    """The tables of this schema the database has, sorted; a new database has none."""
+    from sqlalchemy import inspect
+
+    from fairpool.store.schema import metadata
+
+    return sorted(set(metadata.tables) & set(inspect(connection).get_table_names()))
 
 
 def _known_revision(connection: Connection, revision: str) -> bool:
