@@ -361,8 +361,11 @@ def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: Wo
                     201)
         assert winner["status"] == "allocated"
         rid = held["id"]
+        repeated = ok(x.post("/requests", json={"component": "c-low", "resources": {"gpu": 1},
+                                                "idempotency_key": "shared-key"}), 201)
+        assert repeated["id"] == rid
         for answer in (ok(x.get(f"/requests/{rid}")), ok(x.get(f"/requests/{rid}/wait")),
-                       ok(x.post(f"/requests/{rid}/heartbeat")),
+                       ok(x.post(f"/requests/{rid}/heartbeat")), repeated,
                        *[r for r in ok(x.get("/requests"))["items"] if r["id"] == rid]):
             assert answer["status"] == "preempted" and answer["preempted_by_id"] is None
             assert answer["status_reason"] == ("preempted by another request on pool one-gpu "

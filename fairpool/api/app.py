@@ -337,12 +337,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     # -- requests ----------------------------------------------------------------------
     # First: a route is found by trying the routes in order, and these are the busy ones.
 
-    async def _own(caller: ApiToken | None, view: RequestView) -> JSONResponse:
+    async def _own(caller: ApiToken | None, view: RequestView, status: int = 200
+                   ) -> JSONResponse:
         """The caller's request answered as ``shown`` to it (a read only for a submitter's
         preempted request)."""
         if caller is not None and view.preempted_by_id is not None:
             view = await run_in_threadpool(shown, tokens, caller, view)
-        return _json(view.as_dict())
+        return _json(view.as_dict(), status)
 
     @route("POST", "/requests", status_code=201, tags=["requests"])
     async def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
@@ -360,7 +361,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
             created_by=owner_of_new_request(caller, body.component),
             idempotency_key=body.idempotency_key,
         )
-        return _json(view.as_dict(), 201)
+        # A repeat (same key) answers the request as it is now: perhaps preempted already.
+        return await _own(caller, view, 201)
 
     @route("GET", "/requests", tags=["requests"])
     def list_requests(
