@@ -148,13 +148,20 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
                    "must be 'Bearer <token>'")
         # A body that is not JSON: FastAPI parses it before the route's auth runs (it was 400
         # to anyone, an admin route's to a submitter too).
-        garbage = {"content": b"{", "headers": {"content-type": "application/json"}}
-        assert_401(anonymous.post("/pools", **garbage), "missing API token")
-        with world.client("a") as submitter:
-            assert_403(submitter.post("/pools", **garbage), "needs an admin token")
-            assert submitter.post("/requests/nope/heartbeat", **garbage).status_code == 404
-        with world.client("admin") as admin:
-            assert admin.post("/pools", **garbage).status_code == 400
+        # So with one JSON cannot even read (FastAPI's own 400 came first).
+        for body, problem in [(b"{", "Expecting property name enclosed in double quotes at "
+                               "position 1"),
+                              (b'{"name": "\xff"}', "not UTF-8 (byte 0xff) at position 10"),
+                              (b"[" * 60_000, "nested too deeply")]:
+            garbage = {"content": body, "headers": {"content-type": "application/json"}}
+            assert_401(anonymous.post("/pools", **garbage), "missing API token")
+            with world.client("a") as submitter:
+                assert_403(submitter.post("/pools", **garbage), "needs an admin token")
+                assert submitter.post("/requests/nope/cancel", **garbage).status_code == 404
+            with world.client("admin") as admin:
+                refused = admin.post("/pools", **garbage)
+                assert (refused.status_code, refused.json()) == (
+                    400, {"detail": f"malformed JSON body: {problem}", "field": None})
         forged = world.tokens["admin"][:-4] + "AAAA"
         assert_401(anonymous.get("/pools", headers={"Authorization": f"Bearer {forged}"}),
                    "invalid API token")

@@ -131,6 +131,15 @@ def _union_as_one(errors: Sequence[Any]) -> Mapping[str, Any] | None:
     return {**next(text, errors[0]), "loc": head}
 
 
+def _unreadable(cause: BaseException | None) -> str:
+    """Why a body could not be read as JSON at all, as a syntax error is worded."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"not UTF-8 (byte 0x{cause.object[cause.start]:02x}) at position {cause.start}"
+    if isinstance(cause, RecursionError):
+        return "nested too deeply"
+    return "unreadable"
+
+
 def validation_error(errors: Sequence[Any]) -> JSONResponse:
     """The first error, in the service's own style: ``field: problem (got value)``."""
     if not errors:
@@ -201,19 +210,27 @@ def _query_names(route: APIRoute) -> frozenset[str]:
     return frozenset(names)
 
 
+#: FastAPI's answer to a body its JSON parser fails on other than by a syntax error.
+UNREADABLE_BODY = "There was an error parsing the body"
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    async def refused(request: Request) -> JSONResponse | None:
+        """FastAPI parses a body before the route's dependencies run: when it cannot, the
+        caller's token is checked all the same, so that a missing or bad one is 401 (a
+        submitter on an admin route 403) whatever the body."""
+        try:
+            await authorize(request)
+        except HTTPException as error:
+            return await on_http(request, error)
+        except FairpoolError as error:  # its own request's ref: not found
+            return await on_fairpool(request, error)
+        return None
+
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         if any(error.get("type") == "json_invalid" for error in exc.errors()):
-            # FastAPI parses a body before the route's dependencies run: the caller's token
-            # is checked all the same, so that a missing or bad one is 401 (a submitter on
-            # an admin route 403) whatever the body.
-            try:
-                await authorize(request)
-            except HTTPException as refused:
-                return await on_http(request, refused)
-            except FairpoolError as refused:  # its own request's ref: not found
-                return await on_fairpool(request, refused)
+            return await refused(request) or validation_error(exc.errors())
         return validation_error(exc.errors())
 
     async def on_fairpool(_: Request, exc: Exception) -> JSONResponse:
@@ -227,6 +244,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
+        # A body not even JSON can read (not UTF-8, nested past the parser's depth).
+        if exc.status_code == 400 and exc.detail == UNREADABLE_BODY:
+            return await refused(request) or error_response(
+                400, f"malformed JSON body: {_unreadable(exc.__cause__)}")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             # Starlette names the methods of the first route on the path only.
