@@ -9,6 +9,7 @@ SQLAlchemy, and ``fairpool --help`` loads neither.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from fairpool.errors import InvalidInput
@@ -20,26 +21,29 @@ if TYPE_CHECKING:
     from fairpool.trees_service import TreesService
 
 
-def target(given: tuple[str | None, str | None], environment: tuple[str | None, str | None]
+def target(url: str | None, database_url: str | None, given: Collection[str]
            ) -> tuple[str | None, str | None]:
-    """Which of a server's URL and a database URL to use, as ``(url, database_url)`` with at
-    most one set. Either given outright wins over both from the environment, where the server
-    wins: a user with both exported talks to the server, and the database is for ``token``
-    and ``server``, which read it themselves."""
-    url, database_url = given
-    if url and database_url:
+    """The server to talk to and the database to open (directly when there is no server;
+    ``fairpool server`` and ``token`` open it in any case), from the values of ``url``,
+    ``database_url`` and ``home`` given outright (``given``: on the command line, or as
+    arguments) or taken from the environment. One given outright wins over the environment:
+    ``home`` too, which then drops both; of the environment's, the server wins."""
+    if {"url", "database_url"} <= set(given):
         raise InvalidInput("database-url", database_url,
                            f"give a server (url {url!r}) or a database, not both")
-    if url or database_url:
-        return given
-    url, database_url = environment
-    return (url, None) if url else (None, database_url)
+    if "url" in given:
+        return url, database_url
+    if "database_url" in given:
+        return None, database_url
+    if "home" in given:
+        return None, None
+    return url, database_url
 
 
 def open_service(url: str | None, token: str | None, home: str | None,
                  database_url: str | None = None) -> Service | RemoteService:
     """The server at ``url`` (``token`` sent with every call), else the database at
-    ``database_url``, else the store under ``home``."""
+    ``database_url``, else the store under ``home``; see ``target``."""
     if url:
         from fairpool.remote import RemoteService
 

@@ -188,8 +188,8 @@ class Client:
     """The CLI's operations in Python, on a server (``url``, else ``FAIRPOOL_URL``; ``token``,
     else ``FAIRPOOL_TOKEN``) or, without one, directly on a database (``database_url``, else
     ``FAIRPOOL_DATABASE_URL``) or the embedded store under ``home`` (else ``FAIRPOOL_HOME``).
-    ``url`` or ``database_url`` given wins over both variables; with both variables set, the
-    server is used. Answers are the CLI's views (``as_dict()`` is its JSON); bad input
+    ``url``, ``database_url`` or ``home`` given wins over the variables; with both variables
+    set, the server is used. Answers are the CLI's views (``as_dict()`` is its JSON); bad input
     raises ``InvalidInput`` naming the field, an unknown name or id ``NotFound``, a refused
     change ``Conflict`` (all ``FairpoolError``). The scheduler config and the pool trees are
     ``client.scheduling`` and ``client.trees``."""
@@ -198,10 +198,11 @@ class Client:
         self, url: str | None = None, *, home: str | None = None, token: str | None = None,
         database_url: str | None = None,
     ) -> None:
-        url, database_url = backends.target(
-            (url, database_url),
-            (os.environ.get("FAIRPOOL_URL"), os.environ.get("FAIRPOOL_DATABASE_URL")),
-        )
+        given = [name for name, value in
+                 (("url", url), ("database_url", database_url), ("home", home)) if value]
+        url, database_url = backends.target(url or os.environ.get("FAIRPOOL_URL"),
+                                            database_url or os.environ.get("FAIRPOOL_DATABASE_URL"),
+                                            given)
         token = token or os.environ.get("FAIRPOOL_TOKEN")
         self._service = backends.open_service(url, token, home, database_url)
 

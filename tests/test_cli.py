@@ -462,9 +462,10 @@ def test_every_command_works_on_the_database_it_is_given(tmp_path: Path, databas
 
 
 def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
-    """Either given on the command line wins over both from the environment, where the server
-    wins (the database is for `server` and `token`); both on the command line is an error.
-    An unusable server URL shows which one a command took."""
+    """One given on the command line wins over the environment, where the server wins (the
+    database is for `server` and `token`); --url and --database-url together are an error.
+    An unusable server URL shows which one a command took, a pool only one store has which
+    store."""
     database = f"sqlite:///{tmp_path / 'f.db'}"
     env = {**cli_env(tmp_path), "FAIRPOOL_URL": "nota-url", "FAIRPOOL_DATABASE_URL": database}
 
@@ -477,6 +478,19 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
     assert_one_error(run(), server_taken)
     assert_one_error(run("--url", "nota-url", FAIRPOOL_URL=""), server_taken)
     assert run("--database-url", database).ok().out.startswith("No resource pools found")
+    home = tmp_path / "home"
+    assert run("--home", str(home)).ok().out.startswith("No resource pools found")
+    assert run("--home", str(home), FAIRPOOL_URL="").ok().out.startswith("No resource pools")
+    assert (home / "fairpool.db").is_file()
+    # `token` opens the database whichever server the commands go to, unless --home is given.
+    env["FAIRPOOL_URL"] = "http://127.0.0.1:1"
+    for args in (["token"], ["--home", str(home), "token"]):
+        code, _, err = forked_cli.run([*args, "create", "--role", "admin", "--name", args[0]],
+                                      env, None)
+        assert code == 0, err
+    listed = [forked_cli.run([*where, "token", "list", "-o", "json"], env, None)[1]
+              for where in (["--database-url", database], ["--home", str(home)])]
+    assert [[t["name"] for t in json.loads(out)["items"]] for out in listed] == [["token"], ["--home"]]
     assert_one_error(run("--url", "http://127.0.0.1:1", "--database-url", database),
                      "database-url: give a server (url 'http://127.0.0.1:1') or a database, "
                      "not both")

@@ -32,10 +32,10 @@ class Seconds(click.FloatRange):
         return seconds
 
 
-def database_url_option(help: str) -> Callable[[F], F]:
-    """``--database-url`` (env ``FAIRPOOL_DATABASE_URL``), worded for its command."""
-    return click.option("--database-url", envvar="FAIRPOOL_DATABASE_URL", default=None,
-                        metavar="URL", help=f"postgresql+psycopg://... or sqlite:///PATH. {help}")
+def database_url_option(help: str, envvar: str | None = None) -> Callable[[F], F]:
+    """``--database-url``, worded for its command."""
+    return click.option("--database-url", envvar=envvar, default=None, metavar="URL",
+                        help=f"postgresql+psycopg://... or sqlite:///PATH. {help}")
 
 
 def service(ctx: click.Context | None = None) -> Service | RemoteService:

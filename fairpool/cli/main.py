@@ -124,7 +124,7 @@ class FairpoolGroup(click.Group):
 )
 @database_url_option("A database to work on directly instead of the store under --home: a "
                      "server's PostgreSQL, say. Env FAIRPOOL_DATABASE_URL; with FAIRPOOL_URL "
-                     "also set, the server is used.")
+                     "also set, the server is used.", envvar="FAIRPOOL_DATABASE_URL")
 @click.option("--token", envvar="FAIRPOOL_TOKEN", default=None, hidden=True)
 @click.version_option(package_name="fairpool", prog_name="fairpool")
 @click.pass_context
@@ -133,20 +133,12 @@ def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str
     """fairpool: share GPUs and other scarce resources between teams and pipelines."""
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
-    ctx.obj["url"], ctx.obj["database_url"] = backends.target(
-        *_by_source(ctx, url, database_url))
+    commandline = click.core.ParameterSource.COMMANDLINE
+    ctx.obj["url"], ctx.obj["database_url"] = backends.target(url, database_url, [
+        name for name in ("url", "database_url", "home")
+        if ctx.get_parameter_source(name) is commandline
+    ])
     ctx.obj["token"] = token
-
-
-def _by_source(ctx: click.Context, url: str | None, database_url: str | None
-               ) -> tuple[tuple[str | None, str | None], tuple[str | None, str | None]]:
-    """``(url, database_url)`` as given on the command line, and as taken from the
-    environment."""
-    def of(source: click.core.ParameterSource) -> tuple[str | None, str | None]:
-        return (url if ctx.get_parameter_source("url") is source else None,
-                database_url if ctx.get_parameter_source("database_url") is source else None)
-
-    return of(click.core.ParameterSource.COMMANDLINE), of(click.core.ParameterSource.ENVIRONMENT)
 
 
 @cli.command("reconcile")

@@ -240,8 +240,8 @@ def _exit_code(code: int) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind; the default serves this machine only.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8600, show_default=True)
-@database_url_option("The database to serve (env FAIRPOOL_DATABASE_URL; default: the embedded "
-                     "store under --home).")
+@database_url_option("The database to serve (default: fairpool --database-url or "
+                     "FAIRPOOL_DATABASE_URL, else the embedded store under --home).")
 @click.option("--tick", type=Seconds(min=0.05), default=1.0, show_default=True,
               help="Seconds between reconcile passes (lease expiry, timeouts).")
 @click.option("--auth/--no-auth", default=None,

@@ -35,8 +35,8 @@ def token() -> None:
 
 
 database_option = database_url_option(
-    "The server's database (env FAIRPOOL_DATABASE_URL; default: the embedded store under "
-    "--home)."
+    "The server's database (default: fairpool --database-url or FAIRPOOL_DATABASE_URL, "
+    "else the embedded store under --home)."
 )
 
 
