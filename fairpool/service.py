@@ -265,6 +265,8 @@ class _Tx:
     events: list[repo.EventRow] = field(default_factory=list)
     #: The requests it created.
     created: list[str] = field(default_factory=list)
+    #: Those whose lease it let expire outside a pass (a heartbeat's): the pass counts them.
+    expired: list[str] = field(default_factory=list)
     #: Those of them whose rows are not written yet (still queued, in ``state``), with their
     #: idempotency keys. Each row is written once, with the status the pass decided
     #: (``Service._decide``), or as it stands before anything reads the database
@@ -770,10 +772,11 @@ class Service:
         answered, so a holder learns of a preemption at its next heartbeat."""
         def change(tx: _Tx) -> Answer[RequestView]:
             request = self._request(tx, ref)
-            # A lease that ran out is not revived. A server runs no pass here: heartbeats are
-            # frequent, and its tick grants what expiry freed within a second. Embedded no
-            # tick follows, so the heartbeat runs one, as every other write does.
-            if self._expire_leases(tx, PassSummary()):
+            # A lease that ran out is not revived. A server runs no pass here (heartbeats
+            # are frequent) unless leases expired (the batch then runs one: see
+            # ``_run_changes``). Embedded no tick follows, so the heartbeat runs one, as
+            # every other write does.
+            if self._expire_leases(tx, tx.expired):
                 request = self._request(tx, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 expires = as_utc(self.clock() + timedelta(seconds=request.lease_ttl))
@@ -1046,7 +1049,8 @@ class Service:
                 raise
             if not pending.work.tracked:
                 tx.forget()
-        if any(p.work.passes for p, _ in answers):
+        # Leases expired outside a pass free units: a pass grants them now, and counts them.
+        if tx.expired or any(p.work.passes for p, _ in answers):
             run.passed = self._pass(tx)
         else:
             run.passed = _Passed(PassSummary(), Plan())
@@ -1072,8 +1076,8 @@ class Service:
                 pending.fail(refused)
         if run.kept is not None:
             self._committed = (run.generation, run.kept)
-        if run.passed is not None and self.on_pass is not None and any(
-            p.work.passes for p, _, _ in run.outcomes
+        if run.passed is not None and self.on_pass is not None and (
+            run.passed.summary.expired or any(p.work.passes for p, _, _ in run.outcomes)
         ):
             self.on_pass(run.passed.summary, run.dequeued)
 
@@ -1084,12 +1088,12 @@ class Service:
         write the rows of the new requests left queued (only creates leave any, and they
         pass)."""
         started = time.perf_counter()
-        summary = PassSummary()
+        summary = PassSummary(expired=list(tx.expired))
         waiting = 0
         plan = Plan()
         for _ in range(_MAX_PASSES):
             now = self.clock()
-            self._expire_leases(tx, summary)
+            self._expire_leases(tx, summary.expired)
             state = tx.live()
             if not state.queued:  # nothing waits: nothing to grant, reject or preempt for
                 break
@@ -1113,15 +1117,16 @@ class Service:
         )
         return _Passed(result, plan)
 
-    def _expire_leases(self, tx: _Tx, summary: PassSummary) -> bool:
-        """Release the live allocations whose lease ran out; whether there were any."""
+    def _expire_leases(self, tx: _Tx, expired: list[str]) -> bool:
+        """Release the live allocations whose lease ran out, adding them to ``expired``;
+        whether there were any."""
         conn, state = tx.conn, tx.live()
         now = self.clock()
-        expired = [
+        found = [
             a for a in state.allocations.values()
             if a.lease_expires_at is not None and a.lease_expires_at < now
         ]
-        for allocation in expired:
+        for allocation in found:
             request = state.holders.pop(allocation.request_id)
             del state.allocations[request.id]
             why = f"lease expired: no heartbeat for {request.lease_ttl} s; units returned"
@@ -1130,8 +1135,8 @@ class Service:
             tx.event("lease_expired", why, now, request_id=request.id,
                               pool_id=allocation.pool_id)
             tx.finished[request.id] = (released, replace(allocation, released_at=as_utc(now)))
-            summary.expired.append(request.id)
-        return bool(expired)
+            expired.append(request.id)
+        return bool(found)
 
     def _apply(
         self,

@@ -15,6 +15,7 @@ from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
+from fairpool.views import PassSummary
 from tests.worlds import demand
 
 
@@ -421,6 +422,29 @@ def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
     clock.now += timedelta(seconds=121)
     assert svc.get_pool("p").occupied == {"gpu": 1}  # a read: the second's lease ran out
     assert svc.get_request(second.id).status == "released"
+
+
+def test_leases_a_heartbeat_expires_on_a_server_are_granted_and_counted_at_once(
+    svc: Service, clock: Clock
+) -> None:
+    """A server's heartbeat runs no pass, so one that expired another holder's lease left its
+    units to the next tick, and the pass summaries (the metrics') never counted the
+    expiry."""
+    passes: list[PassSummary] = []
+    svc.on_pass = lambda summary, _: passes.append(summary)
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "orch")
+    first = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60)
+    second = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=120)
+    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    clock.now += timedelta(seconds=30)
+    passes.clear()
+    assert svc.heartbeat(second.id).status == "allocated"
+    assert passes == []  # nothing expired: no pass
+    clock.now += timedelta(seconds=31)
+    assert svc.heartbeat(second.id).status == "allocated"  # it expires the first's lease
+    assert [(p.expired, p.granted) for p in passes] == [([first.id], [waiting.id])]
+    assert svc.get_request(waiting.id).status == "allocated"
 
 
 def test_without_a_lease_an_allocation_is_held_until_released(svc: Service, clock: Clock) -> None:
