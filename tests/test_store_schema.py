@@ -6,6 +6,7 @@ Every test here runs on SQLite and on PostgreSQL (see ``database_url`` in confte
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from fractions import Fraction as F
@@ -34,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from fairpool.errors import Unreachable
+from fairpool.errors import InvalidInput, Unreachable
 from fairpool.store import repo, schema
 from fairpool.store.db import SCHEMA_HEAD, Database, _json_text, migration_config
 from fairpool.store.records import ComponentType, RequestStatus
@@ -187,6 +188,23 @@ def _dump(engine: Engine) -> dict[str, list[Any]]:
     with engine.connect() as connection:
         return {name: sorted(map(repr, connection.execute(text(f"SELECT * FROM {name}"))))
                 for name in sorted(inspect(connection).get_table_names())}
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    # Each was SQLAlchemy's ModuleNotFoundError traceback, or int()'s words.
+    ("postgresql+psycopg2://me:secret@db/fp", "fairpool talks to postgresql through psycopg "
+     "only: use postgresql:// or postgresql+psycopg:// (got 'postgresql+psycopg2://me:***@db/fp')"),
+    ("postgresql+asyncpg://me@db/fp", "through psycopg only"),
+    ("sqlite+aiosqlite:///f.db", "fairpool talks to sqlite through pysqlite only: use sqlite:// "
+     "or sqlite+pysqlite://"),
+    ("postgresql://me:secret@db:abc/fp", "has a port that is not a number: use sqlite:///PATH "
+     "or postgresql://USER@HOST/DATABASE (got 'postgresql://me:***@db:abc/fp')"),
+])
+def test_a_database_url_fairpool_cannot_use_is_one_error(url: str, message: str) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(message)) as refused:
+        Database.open(url)
+    assert str(refused.value).startswith("database-url: ")
+    assert "secret" not in str(refused.value)
 
 
 def test_unsupported_databases_are_refused() -> None:

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -218,10 +219,19 @@ class Database:
         """
         try:
             parsed = make_url(url)
-        except ArgumentError:
-            raise InvalidInput("database-url", url, "is not a database URL: use "
+        except (ArgumentError, ValueError) as error:  # ValueError: a port not a number
+            problem = "has a port that is not a number" if isinstance(error, ValueError) else (
+                "is not a database URL")
+            raise InvalidInput("database-url", _password_hidden(url), f"{problem}: use "
                                "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
         backend = parsed.get_backend_name()
+        driver = _DRIVERS.get(backend)
+        if driver and parsed.drivername not in (backend, f"{backend}+{driver}"):
+            raise InvalidInput(
+                "database-url", parsed.render_as_string(hide_password=True),
+                f"fairpool talks to {backend} through {driver} only: use {backend}:// or "
+                f"{backend}+{driver}://",
+            )
         if backend == "sqlite":
             if parsed.database not in (None, "", ":memory:"):
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -623,6 +633,15 @@ class Database:
         # others then find it at head. No writer runs against a half-migrated schema.
         with self.migrating() as connection:
             command.upgrade(migration_config(connection), "head")
+
+
+#: The driver fairpool installs, by backend.
+_DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+
+
+def _password_hidden(url: str) -> str:
+    """A URL SQLAlchemy cannot parse, shown without what looks like its password."""
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
 
 
 def _busy(error: OperationalError) -> bool:
