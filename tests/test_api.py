@@ -733,3 +733,47 @@ def test_scheduler_config_routes(client: httpx.Client) -> None:
     immutable = client.post("/config", json={"document": changed})
     assert immutable.status_code == 400 and "new name" in immutable.text
     assert ok(client.get("/config"))["version"] == version  # nothing applied
+
+
+def test_a_sigterm_while_the_loop_holds_the_notifiers_lock_shuts_down(tmp_path: Path) -> None:
+    """The signal handler woke the long-polls itself, taking the notifier's lock, which the
+    loop's thread (where handlers run) takes for every long-poll: a SIGTERM landing while it
+    held it deadlocked the server."""
+    import asyncio
+    import queue
+    import signal
+
+    import uvicorn
+
+    from fairpool.api.app import create_app
+    from fairpool.api.server import _Server
+    from fairpool.service import open_service
+
+    service = open_service(str(tmp_path))
+    try:
+        api = create_app(service).state.api
+        server = _Server(uvicorn.Config(lambda: None), on_exit=api.begin_shutdown)
+
+        async def signalled() -> None:
+            with api.notifier.watch("a-request"), api.notifier._lock:  # a long-poll begins
+                server.handle_exit(signal.SIGTERM, None)
+            await asyncio.sleep(0)
+            assert api.stopping and api.notifier.closed and server.should_exit
+
+        ended: queue.Queue[BaseException | None] = queue.Queue()
+
+        def run() -> None:
+            try:
+                asyncio.run(signalled())
+            except BaseException as error:
+                ended.put(error)
+            else:
+                ended.put(None)
+
+        threading.Thread(target=run, daemon=True).start()
+        error = ended.get(timeout=10)  # queue.Empty: the thread deadlocked
+        if error is not None:
+            raise error
+        server.handle_exit(signal.SIGTERM, None)  # no loop: at once
+    finally:
+        service.close()

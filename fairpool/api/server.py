@@ -8,6 +8,7 @@ A second SIGINT forces the exit.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import signal
@@ -37,7 +38,12 @@ class _Server(uvicorn.Server):
         self._on_exit = on_exit
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit()
+        # A signal handler runs between two bytecodes of the loop's thread, perhaps while it
+        # holds the notifier's lock, which waking the long-polls takes: the loop does that.
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self._on_exit)
+        except RuntimeError:  # no loop running yet, or any more: nothing holds the lock
+            self._on_exit()
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         else:
