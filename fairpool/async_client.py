@@ -32,6 +32,7 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from fairpool.client import (
     Client,
+    NotGranted,
     Preempted,
     WaitTimeout,
     not_granted,
@@ -39,7 +40,7 @@ from fairpool.client import (
     stopped_waiting,
 )
 from fairpool.errors import Conflict, FairpoolError, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, holding, wait_timeout
+from fairpool.leases import DEFAULT_LEASE_TTL, holding, not_followed, wait_timeout
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
 
@@ -210,7 +211,8 @@ class AsyncAcquire:
             if request.status == "queued":
                 raise WaitTimeout(request)
         except BaseException as error:  # a cancellation too: a queued request nobody will use
-            if (await client.get(request.id)).status == "queued":
+            # Granted meanwhile, perhaps: a cancel releases it then.
+            with contextlib.suppress(Conflict):  # it ended meanwhile
                 await client.cancel(request.id, stopped_waiting(error, self._timeout))
             raise
         if request.status != "allocated":
@@ -251,8 +253,13 @@ class AsyncAcquire:
             and self._cancelled_holder
             and self._holder is not None
             and self._holder.uncancel() == 0  # nobody else cancelled it
-        ):
+        ) or issubclass(kind, NotGranted):
             raise not_granted(lost) from None
+        # The block raised of its own accord before it heard of the loss: nobody will run
+        # the retry attempt.
+        if lost.retried_as_id is not None:
+            with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease
+                await self._client.cancel(lost.retried_as_id, not_followed())
 
     def __call__(
         self, function: Callable[P, Coroutine[Any, Any, T]]

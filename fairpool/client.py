@@ -17,6 +17,7 @@ as the request's ``max_retries`` allows.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import functools
 import inspect
 import logging
@@ -35,6 +36,7 @@ from fairpool.leases import (
     gave_up,
     holding,
     interrupted,
+    not_followed,
     wait_timeout,
 )
 from fairpool.settings import ResourceSettings, request_map
@@ -101,6 +103,9 @@ class Grant:
     def __init__(self, client: Client, request: RequestView, interval: float) -> None:
         self.request = request
         self.lost: RequestView | None = None
+        #: The heartbeat interrupted the main thread to tell it of ``lost`` (a
+        #: KeyboardInterrupt there is ours, not a Ctrl-C).
+        self.interrupted = False
         self._client = client
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -180,6 +185,7 @@ class Grant:
                 with self._lock:
                     self.lost = request
                     if self._main and not self._stop.is_set():
+                        self.interrupted = True
                         _interrupt_main()
                 return
 
@@ -453,7 +459,8 @@ class _Acquire:
             except Unreachable:  # nothing to cancel it with; the error says what to do
                 raise
             except BaseException as error:
-                if self._client.get(request.id).status == "queued":
+                # Granted meanwhile, perhaps: a cancel releases it then.
+                with contextlib.suppress(Conflict):  # it ended meanwhile
                     self._client.cancel(request.id, stopped_waiting(error, self._timeout))
                 raise
             if request.status != "allocated":
@@ -484,7 +491,8 @@ def runs_once(max_retries: int) -> None:
 
 def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     """Release ``grant`` as its block ends (by ``kind``, or normally); a grant lost on the way
-    (preempted, expired) raises unless the block raised already."""
+    (preempted, expired) raises unless the block raised already, of its own accord: its
+    retry attempt, which nobody will run then, is cancelled."""
     try:
         lost = grant.finish()
     except KeyboardInterrupt:
@@ -492,8 +500,15 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
             raise
         # The heartbeat's interrupt landed while we were already leaving.
         lost = grant.lost
-    if lost is not None and (kind is None or issubclass(kind, KeyboardInterrupt)):
+    if lost is None:
+        return
+    if kind is None or issubclass(kind, NotGranted) or (
+        issubclass(kind, KeyboardInterrupt) and grant.interrupted
+    ):
         raise not_granted(lost) from None
+    if lost.retried_as_id is not None:
+        with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease will
+            grant._client.cancel(lost.retried_as_id, not_followed())
 
 
 #: Set just before a grant's heartbeat sends SIGINT to the main thread.

@@ -54,3 +54,9 @@ def interrupted(cause: str) -> str:
     """Why a request still queued when its holder stopped waiting (``cause``: a signal's or an
     exception's name) is cancelled."""
     return f"interrupted while waiting ({cause})"
+
+
+def not_followed() -> str:
+    """Why a retry attempt is cancelled whose holder ended (its work done, or failed) before
+    it heard of the preemption: nobody would run it."""
+    return "not followed: its holder ended before it heard of the preemption"

@@ -256,6 +256,33 @@ def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -
     run(main())
 
 
+def test_a_function_that_raises_before_it_hears_of_its_preemption_leaves_no_retry(
+    target: dict[str, str]
+) -> None:
+    """The error went up; the retry attempt stayed queued, to be granted to nobody."""
+    async def main() -> None:
+        client = AsyncClient(**target)
+        await setup(client, "own", 2)
+        runs: list[str] = []
+
+        @client.acquire({"gpu": 2}, component="own-low", lease_ttl=30, max_retries=1)
+        async def train() -> None:
+            runs.append("start")
+            await client.submit({"gpu": 2}, component="own-high")
+            raise RuntimeError("CUDA out of memory")
+
+        with pytest.raises(RuntimeError):
+            await train()
+        assert runs == ["start"]
+        attempts = sorted((r.attempt, r.status, r.status_reason)
+                          for r in await client.list_requests(component="own-low"))
+        assert attempts[1] == (2, "cancelled", "cancelled: not followed: its holder ended "
+                               "before it heard of the preemption")
+        await client.close()
+
+    run(main())
+
+
 def test_a_with_block_refuses_retries_before_submitting(target: dict[str, str]) -> None:
     """Its retry attempt got the units after the preemption, for nobody, until its lease
     ended: a with block runs once (the decorator runs again)."""

@@ -3,6 +3,7 @@ signals (while waiting and while running), SIGKILL after the grace, an unreachab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -287,3 +288,169 @@ def test_the_command_goes_on_while_the_server_cannot_be_reached(tmp_path: Path) 
     assert f"Warning: cannot reach the fairpool server at {server.url}" in err
     assert "the command goes on" in err
     assert "the units go back when the lease expires" in err
+
+
+def preemptible(home: Path, script: str, *args: str) -> subprocess.Popen[str]:
+    """``run`` of ``script`` for "low" with a retry, started."""
+    return start(home, "run", "--component", "low", "--gpu-count", "1", "--max-retries", "1",
+                 *args, "--", sys.executable, "-c", script)
+
+
+def preempt(home: Path) -> str:
+    """A request of "high" takes the GPU: its id."""
+    boss = fairpool(home, "resource-request", "create", "--component", "high", "--gpu-count",
+                    "1", "-o", "json").ok().json
+    assert boss["status"] == "allocated"
+    return str(boss["id"])
+
+
+#: A command that notes SIGTERM in the file ``log`` and goes on: slow to stop.
+SLOW_TO_STOP = (
+    "import signal, sys, time\n"
+    "log = sys.argv[1]\n"
+    "signal.signal(signal.SIGTERM, lambda *_: open(log, 'a').write('term\\n'))\n"
+    "runs = open(log, 'a').write('start\\n') and open(log).read().count('start')\n"
+    "time.sleep(60 if runs == 1 else 0.1)\n"
+)
+
+
+def test_a_signal_while_the_preempted_command_stops_cancels_its_retry(tmp_path: Path) -> None:
+    """The signal went to the command, stopping already, and ``run`` then ran it again on the
+    retry attempt: a deleted pod's job came back."""
+    setup(tmp_path)
+    log = tmp_path / "log"
+    runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
+                         "--lease-ttl", "1", "--grace", "3")
+    until(log.exists)
+    preempt(tmp_path)
+    until(lambda: "term" in log.read_text())
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM, err
+    assert log.read_text().count("start") == 1
+    assert sorted(statuses(tmp_path)) == [
+        ("high", "allocated", 1), ("low", "cancelled", 2), ("low", "preempted", 1),
+    ]
+    assert reasons(tmp_path)["low"] == "cancelled: interrupted while waiting (SIGTERM)"
+    assert "Retry attempt" in err and "cancelled" in err
+
+
+def test_a_command_that_ends_before_it_hears_of_its_preemption_leaves_no_retry(
+    tmp_path: Path,
+) -> None:
+    """Its release found it preempted (``run`` heard of it no sooner than the next
+    heartbeat): ``run`` exited with the command's code, and left the retry attempt queued,
+    to be granted to nobody."""
+    setup(tmp_path)
+    go = tmp_path / "go"
+    started = tmp_path / "started"
+    script = (f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n")
+    runner = preemptible(tmp_path, script, "--lease-ttl", "60")  # a heartbeat every 20 s
+    until(started.exists)
+    preempt(tmp_path)
+    go.touch()
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert "was preempted as the command ended" in err
+    assert sorted(statuses(tmp_path)) == [
+        ("high", "allocated", 1), ("low", "cancelled", 2), ("low", "preempted", 1),
+    ]
+    assert reasons(tmp_path)["low"] == (
+        "cancelled: not followed: its holder ended before it heard of the preemption")
+
+
+def test_a_retry_granted_while_the_command_stops_keeps_its_lease(tmp_path: Path) -> None:
+    """Granted during a grace longer than its lease, nothing heartbeated it: it expired, and
+    ``run`` exited 1 without running the command again."""
+    setup(tmp_path)
+    log = tmp_path / "log"
+    runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
+                         "--lease-ttl", "1", "--grace", "3")
+    until(log.exists)
+    boss = preempt(tmp_path)
+    until(lambda: "term" in log.read_text())
+    fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert log.read_text().count("start") == 2
+    assert sorted(statuses(tmp_path)) == [
+        ("high", "released", 1), ("low", "preempted", 1), ("low", "released", 2),
+    ]
+
+
+@pytest.mark.parametrize("command", WAITING)
+def test_a_signal_nohup_ignores_leaves_the_wait_be(tmp_path: Path, command: str) -> None:
+    """``nohup fairpool run ... &``: the SIGHUP of a closed session cancelled the request."""
+    setup(tmp_path)
+    boss = preempt(tmp_path)
+    runner = subprocess.Popen(
+        [*CLI, *WAITING[command]], env=cli_env(tmp_path), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
+    runner.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    fairpool(tmp_path, "resource-request", "release", boss).ok()
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert ("low", "cancelled", 1) not in statuses(tmp_path)
+
+
+def test_one_ctrl_c_in_a_terminal_reaches_the_command_once(tmp_path: Path) -> None:
+    """The terminal sends it to its foreground process group, which holds the command too;
+    ``run`` forwarded its own on top, and a second KeyboardInterrupt cut short what the
+    command did on the first (saving a checkpoint)."""
+    import pty
+
+    setup(tmp_path)
+    started = tmp_path / "started"
+    script = (
+        "import time\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "try:\n    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n    time.sleep(1)\n    print('checkpoint saved')\n"
+    )
+    argv = [*CLI, "run", "--component", "low", "--gpu-count", "1", "--",
+            sys.executable, "-c", script]
+    pid, terminal = pty.fork()  # as a shell runs a job: in a terminal, in its foreground
+    if pid == 0:
+        os.execve(argv[0], argv, cli_env(tmp_path))
+    until(started.exists)
+    os.write(terminal, b"\x03")  # Ctrl-C
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's last process is gone
+        while data := os.read(terminal, 65536):
+            out += data
+    os.close(terminal)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    assert (code, b"checkpoint saved" in out) == (0, True), out.decode(errors="replace")
+    assert statuses(tmp_path) == [("low", "released", 1)]
+
+
+def test_a_wait_interrupted_while_the_server_is_down_says_what_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """The cancel could not be sent: ``create --wait`` printed only that the server could not
+    be reached, leaving the request to be granted later to nobody, for ever without a
+    lease."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        setup_pool(server.url, "down-gpus", ["down-orch"], {"gpu": 1})
+        env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
+        held = subprocess.run([*CLI, "resource-request", "create", "--component", "down-orch",
+                               "--gpu-count", "1"], env=env, capture_output=True, check=True)
+        assert held.returncode == 0
+        waiter = start(tmp_path, "resource-request", "create", "--component", "down-orch",
+                       "--gpu-count", "1", "--wait", env=env)
+        assert waiter.stderr is not None
+        assert "queued: position 1" in waiter.stderr.readline()
+        time.sleep(0.3)  # into its wait
+        server.kill()
+        waiter.send_signal(signal.SIGTERM)
+        _, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 128 + signal.SIGTERM, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("Interrupted: resource request `") and "is still waiting (" in line
+    assert ": cancel it with `fairpool resource-request cancel " in line

@@ -368,6 +368,32 @@ def test_decorator_runs_again_on_the_retry_attempt(home: str) -> None:
     assert runs == ["start", "start"]
 
 
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt()])
+def test_a_function_that_raises_before_it_hears_of_its_preemption_is_not_run_again(
+    home: str, error: BaseException
+) -> None:
+    """Its own error, or a Ctrl-C, raised while the preemption was not yet heard of (a
+    heartbeat every 10 s): a Ctrl-C became ``Preempted``, which the decorator took for its
+    cue to run the function again; an error left the retry attempt queued, to be granted
+    to nobody."""
+    client = Client(home=home)
+    runs: list[str] = []
+
+    @client.acquire({"gpu": 2}, component="low", lease_ttl=30, max_retries=1, timeout=20)
+    def train() -> None:
+        runs.append("start")
+        client.submit({"gpu": 2}, component="high")
+        raise error
+
+    with pytest.raises(type(error)):
+        train()
+    assert runs == ["start"]
+    assert sorted((r.attempt, r.status, r.status_reason)
+                  for r in client.list_requests(component="low"))[1] == (
+        2, "cancelled", "cancelled: not followed: its holder ended before it heard of the "
+        "preemption")
+
+
 def test_an_exception_in_the_block_releases_and_goes_up(home: str) -> None:
     client = Client(home=home)
     with pytest.raises(ValueError, match="the step failed"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -14,7 +14,7 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
-from fairpool.errors import Conflict
+from fairpool.errors import Conflict, Unreachable
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted
 from fairpool.views import COMPONENT_TYPES, RequestView
 
@@ -220,6 +220,20 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def catch_ending_signals(handler: Callable[[int, FrameType | None], Any]
+                         ) -> dict[int, Any]:
+    """``handler`` for the ``ENDING_SIGNALS`` this process does not ignore (``nohup``
+    ignores SIGHUP, a shell SIGINT for a job it starts in the background: they must not
+    end it); the handlers it replaced, for ``restore``."""
+    return {s: signal.signal(s, handler) for s in ENDING_SIGNALS
+            if signal.getsignal(s) != signal.SIG_IGN}
+
+
+def restore(previous: Mapping[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any]:
     """``request`` once it no longer waits (``wait_for``), or still queued once ``timeout``
     passed. Interrupted meanwhile (``ENDING_SIGNALS``), the request is cancelled, so that units
@@ -236,7 +250,7 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         if not again:
             raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, interrupt) for s in ENDING_SIGNALS}
+    previous = catch_ending_signals(interrupt)
     signalled = False
     try:
         data = request.as_dict()
@@ -249,14 +263,17 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         # Interrupted, the handlers stay to the exit: a repeated signal landing once they
         # were put back ended us by its default action, before the exit status was ours.
         if not signalled:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            restore(previous)
     try:
         # Allocated meanwhile: that releases it.
         service().cancel_request(request.id, interrupted(signal.Signals(received[0][0]).name))
     except Conflict:
         pass  # it ended meanwhile
-    o.declare(f"Interrupted: resource request `{request.id}` cancelled")
+    except Unreachable as error:  # it would be granted to nobody, for ever without a lease
+        o.declare(f"Interrupted: resource request `{request.id}` is still waiting ({error}): "
+                  f"cancel it with `fairpool resource-request cancel {request.id}`")
+    else:
+        o.declare(f"Interrupted: resource request `{request.id}` cancelled")
     sys.exit(128 + received[0][0])
 
 

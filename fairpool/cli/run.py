@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -19,16 +20,24 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, database_url_option, service
 from fairpool.cli.resource_request import (
-    ENDING_SIGNALS,
     EXIT_TIMEOUT,
+    catch_ending_signals,
     queue_summary,
     reason_of,
     request_fields,
     request_options,
+    restore,
     wait_or_cancel,
 )
-from fairpool.errors import Conflict, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, MAX_LEASE_TTL, gave_up, heartbeat_interval
+from fairpool.errors import Conflict, NotFound, Unreachable
+from fairpool.leases import (
+    DEFAULT_LEASE_TTL,
+    MAX_LEASE_TTL,
+    gave_up,
+    heartbeat_interval,
+    interrupted,
+    not_followed,
+)
 from fairpool.views import RequestView
 
 
@@ -69,29 +78,45 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
             )
         request = svc.get_request(request.id)
         o.declare(f"Allocated on pool `{request.pool}`: {json.dumps(request.resources)}")
-        code, lost = _run_once(request, command, lease_ttl, grace)
+        code, lost, signum = _run_once(request, command, lease_ttl, grace)
         if lost is None:
             try:
                 svc.release_request(request.id)
-            except Conflict:
-                pass  # expired or preempted just as the command ended
+            except Conflict:  # expired or preempted just as the command ended
+                ended = svc.get_request(request.id)
+                o.declare(f"Resource request `{ended.id}` was {ended.status} as the command "
+                          f"ended: {ended.status_reason}")
+                _not_followed(ended, not_followed())
             except Unreachable as error:
                 o.declare(f"Warning: {error}; the units go back when the lease expires")
             sys.exit(code)
         o.declare(f"Resource request `{lost.id}` was {lost.status}: {lost.status_reason}")
+        if signum is not None:  # stopped from outside meanwhile: nobody wants the retry
+            _not_followed(lost, interrupted(signal.Signals(signum).name))
+            sys.exit(128 + signum)
         if lost.retried_as_id is None:
             sys.exit(code if code != 0 else 1)
         request = svc.get_request(lost.retried_as_id)
         o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
 
 
+def _not_followed(request: RequestView, reason: str) -> None:
+    """Cancel the retry attempt of ``request``, if it has one, which nobody will run."""
+    if request.retried_as_id is None:
+        return
+    with contextlib.suppress(Conflict):  # it ended meanwhile
+        service().cancel_request(request.retried_as_id, reason)
+    o.declare(f"Retry attempt `{request.retried_as_id}` cancelled: {reason}")
+
+
 def _run_once(
     request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
-) -> tuple[int, RequestView | None]:
-    """Run the command while heartbeating; (exit code, the request if its units were lost).
-    While the server cannot be reached the command goes on (its lease covers the outage, or
-    the next heartbeat that gets through finds the units gone); on any other failure the
-    command is stopped before the error goes up, never left running alone."""
+) -> tuple[int, RequestView | None, int | None]:
+    """Run the command while heartbeating; (exit code, the request if its units were lost,
+    the first ending signal we received meanwhile). While the server cannot be reached the
+    command goes on (its lease covers the outage, or the next heartbeat that gets through
+    finds the units gone); on any other failure the command is stopped before the error goes
+    up, never left running alone."""
     svc = service()
     env = {
         **os.environ,
@@ -106,17 +131,20 @@ def _run_once(
         svc.release_request(request.id)
         failure = _NotFound if isinstance(error, FileNotFoundError) else _NotRunnable
         raise failure(f"cannot run {command[0]!r}: {error}") from None
+    received: list[int] = []
 
     def forward(signum: int, _: FrameType | None) -> None:
-        child.send_signal(signum)
+        received.append(signum)
+        if not _the_terminal_sent_it(signum):
+            child.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in ENDING_SIGNALS}
+    previous = catch_ending_signals(forward)
     unreachable = False
+    interval = heartbeat_interval(lease_ttl)
     try:
-        interval = heartbeat_interval(lease_ttl)
         while True:
             try:
-                return _exit_code(child.wait(timeout=interval)), None
+                return _exit_code(child.wait(timeout=interval)), None, next(iter(received), None)
             except subprocess.TimeoutExpired:
                 pass
             try:
@@ -130,17 +158,38 @@ def _run_once(
                 o.declare("The fairpool server answers again")
                 unreachable = False
             if current.status != "allocated":
-                return _stop(child, grace), current
+                keep = functools.partial(_keep, current.retried_as_id)
+                return _stop(child, grace, interval, keep), current, next(iter(received), None)
     except BaseException:
-        _stop(child, grace)
+        _stop(child, grace, interval)
         raise
     finally:
         left = _stop_leftovers(others | {child.pid}, grace)
         if left:
             o.declare(f"Stopped {left} process{'es' if left > 1 else ''} the command left "
                       "running: its units are given back")
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore(previous)
+
+
+def _the_terminal_sent_it(signum: int) -> bool:
+    """Ctrl-C, or a hang-up, in a terminal where we run in the foreground: the terminal sent
+    it to our whole process group, the command's too, which must not get it twice (a
+    second Ctrl-C cuts short what a program does on the first, saving a checkpoint, say)."""
+    if signum not in (signal.SIGINT, signal.SIGHUP):
+        return False
+    try:
+        with open("/dev/tty", "rb", buffering=0) as tty:
+            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
+    except OSError:  # no controlling terminal
+        return False
+
+
+def _keep(retry: str | None) -> None:
+    """Heartbeat the retry attempt while the preempted command stops: granted meanwhile, its
+    lease runs from then, and a grace period longer than the lease would let it expire."""
+    if retry is not None:
+        with contextlib.suppress(Conflict, NotFound, Unreachable):
+            service().heartbeat(retry)
 
 
 class _NotFound(click.ClickException):
@@ -219,15 +268,22 @@ def _stop_leftovers(ours: set[int], grace: float) -> int:
         time.sleep(0.05)
 
 
-def _stop(child: subprocess.Popen[bytes], grace: float) -> int:
-    """SIGTERM, then SIGKILL if the command has not ended after ``grace`` seconds; its exit
-    code."""
+def _stop(child: subprocess.Popen[bytes], grace: float, every: float,
+          meanwhile: Callable[[], None] = lambda: None) -> int:
+    """SIGTERM, then SIGKILL if the command has not ended after ``grace`` seconds, calling
+    ``meanwhile`` ``every`` seconds while it stops; its exit code."""
     if child.poll() is None:
         child.terminate()
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            child.kill()
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                child.wait(timeout=max(0.0, min(every, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    break
+                meanwhile()
     return _exit_code(child.wait())
 
 
