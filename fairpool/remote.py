@@ -11,7 +11,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 from urllib.parse import quote
 
@@ -77,7 +78,11 @@ class RemoteService:
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
         body = {"name": name, "capacity": dict(capacity), "description": description}
-        return PoolView.from_dict(self._call("POST", "/pools", json=body))
+
+        def done() -> Any:
+            return _showing([self._call("GET", f"/pools/{_segment(name, 'pool')}")], body)
+
+        return PoolView.from_dict(self._once("POST", "/pools", 409, done, json=body))
 
     def update_pool(
         self,
@@ -87,10 +92,23 @@ class RemoteService:
     ) -> PoolView:
         body = {"capacity": dict(capacity) if capacity is not None else None,
                 "description": description}
-        return PoolView.from_dict(self._call("PATCH", f"/pools/{_segment(ref, 'pool')}", json=body))
+        path = f"/pools/{_segment(ref, 'pool')}"
+
+        def done() -> Any:
+            # Only a key asked 0 makes the retry fail: the lost attempt removed it, and it is
+            # "no key of the pool" now (422). Done if the pool holds what was asked.
+            if capacity is None or 0 not in capacity.values():
+                return None
+            pool = self._call("GET", path)
+            merged = {**pool["capacity"], **capacity}
+            asked = {key: value for key, value in body.items() if value is not None}
+            asked["capacity"] = {key: value for key, value in merged.items() if value != 0}
+            return _showing([pool], asked)
+
+        return PoolView.from_dict(self._once("PATCH", path, 422, done, json=body))
 
     def delete_pool(self, ref: str) -> None:
-        self._call("DELETE", f"/pools/{_segment(ref, 'pool')}")
+        self._once("DELETE", f"/pools/{_segment(ref, 'pool')}", 404)
 
     def get_pool(self, ref: str) -> PoolView:
         return PoolView.from_dict(self._call("GET", f"/pools/{_segment(ref, 'pool')}"))
@@ -117,7 +135,12 @@ class RemoteService:
                 "priority": priority, "reserved": dict(reserved or {}),
                 "limit": dict(limit or {})}
         path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
-        return PolicyView.from_dict(self._call("POST", path, json=body))
+
+        def done() -> Any:
+            mine = {"pool": pool_ref, "component": component, "component_type": component_type}
+            return _showing(self._call("GET", "/policies", params=mine)["items"], body)
+
+        return PolicyView.from_dict(self._once("POST", path, 409, done, json=body))
 
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
@@ -129,7 +152,7 @@ class RemoteService:
             return NotFound.of_policy(kind, name, self._call("GET", f"/pools/{pool}")["name"])
 
         path = f"/pools/{pool}/policies/{_segment(component, missing)}"
-        self._call("DELETE", path, params={"component_type": component_type})
+        self._once("DELETE", path, 404, params={"component_type": component_type})
 
     def list_policies(
         self,
@@ -250,10 +273,7 @@ class RemoteService:
         return self._finish(ref, "cancel", "cancelled", reason)
 
     def delete_request(self, ref: str) -> None:
-        response, maybe_done = self._send("DELETE", f"/requests/{_segment(ref, 'request')}")
-        if maybe_done and response.status_code == 404:
-            return  # the lost attempt deleted it
-        _answer(response)
+        self._once("DELETE", f"/requests/{_segment(ref, 'request')}", 404)
 
     def reconcile(self) -> PassSummary:
         return PassSummary.from_dict(self._call("POST", "/reconcile"))
@@ -310,15 +330,45 @@ class RemoteService:
 
     def _ending(self, path: str, status: str, **kwargs: Any) -> Any:
         """The answer to ``POST path``, which ends what the path's parent names in
-        ``status`` (a release, a cancel, a completion). When the answer to an earlier attempt
-        was lost, that attempt may have done it: the retry's conflict then only means it is
-        done already, if it reads so."""
-        response, maybe_done = self._send("POST", path, **kwargs)
-        if maybe_done and response.status_code == 409:
-            current = self._call("GET", path.rsplit("/", 1)[0])
-            if current["status"] == status:
-                return current
+        ``status`` (a release, a cancel, a completion)."""
+
+        def done() -> Any:
+            return _showing([self._call("GET", path.rsplit("/", 1)[0])], {"status": status})
+
+        return self._once("POST", path, 409, done, **kwargs)
+
+    def _once(
+        self,
+        method: str,
+        path: str,
+        refused: int,
+        done: Callable[[], Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The answer to ``method path``, a call done once. When an earlier attempt may have
+        been carried out although its answer was lost (``_send``), the retry is refused for
+        what that attempt did, with ``refused``: 409 for a create (the name is taken) or an
+        ending (it is over), 404 for a delete, 422 for an update removing a key. Then
+        ``done()`` reads the server's state: the view the call would have answered if it
+        shows what the call asked, else None, and the refusal stands (someone else's, asking
+        otherwise). Without ``done``, the refusal itself shows it: a delete's 404."""
+        response, maybe_done = self._send(method, path, **kwargs)
+        if maybe_done and response.status_code == refused:
+            if done is None:
+                return None
+            with suppress(FairpoolError):  # unreadable (gone meanwhile, unreachable): refused
+                found = done()
+                if found is not None:
+                    return found
         return _answer(response)
+
+
+def _showing(found: Iterable[Mapping[str, Any]], asked: Mapping[str, Any]) -> Any:
+    """The first of ``found`` (the server's views) whose fields hold each value of ``asked``
+    as JSON carries it, or None."""
+    sent = json.loads(json.dumps(asked, allow_nan=True))
+    return next((view for view in found
+                 if all(view.get(key) == value for key, value in sent.items())), None)
 
 
 def _reason(reason: str | None) -> dict[str, Any]:
@@ -522,19 +572,34 @@ class RemoteTrees:
         self, name: str, tags: Sequence[str], resources: Mapping[str, object]
     ) -> Answer:
         body = {"name": name, "tags": list(tags), "resources": dict(resources)}
-        return Answer(self._call("POST", "/nodes", json=body))
+
+        def done() -> Any:
+            # As the service stores it (tags sorted once, "64GiB" in bytes). Only now: the
+            # CLI starts without the front-end.
+            from fairpool.frontends.trees import ClusterNode
+
+            node = ClusterNode.create(name, tags, resources)
+            asked = {"name": node.name, "tags": sorted(node.tags),
+                     "resources": dict(node.resources)}
+            return _showing(self._call("GET", "/nodes")["items"], asked)
+
+        return Answer(self._remote._once("POST", "/nodes", 409, done, json=body))
 
     def list_nodes(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/nodes")["items"]]
 
     def remove_node(self, name: str) -> None:
-        self._call("DELETE", f"/nodes/{_segment(name, 'node')}")
+        self._remote._once("DELETE", f"/nodes/{_segment(name, 'node')}", 404)
 
     # -- trees -------------------------------------------------------------------------------
 
     def create_tree(self, name: str, options: Mapping[str, object] | None = None) -> Answer:
         body = {"name": name, "config": dict(options or {})}
-        return Answer(self._call("POST", "/pool-trees", json=body))
+
+        def done() -> Any:  # the options as given: the service keeps them so
+            return _showing(self._call("GET", "/pool-trees")["items"], body)
+
+        return Answer(self._remote._once("POST", "/pool-trees", 409, done, json=body))
 
     def apply_tree(self, document: str, name: str | None = None) -> Answer:
         body = {"document": document, "name": name}
@@ -545,7 +610,7 @@ class RemoteTrees:
         return Answer(self._call("PATCH", f"/pool-trees/{_segment(name, 'pool tree')}", json=body))
 
     def delete_tree(self, name: str) -> None:
-        self._call("DELETE", f"/pool-trees/{_segment(name, 'pool tree')}")
+        self._remote._once("DELETE", f"/pool-trees/{_segment(name, 'pool tree')}", 404)
 
     def show_tree(self, name: str | None = None) -> Answer:
         return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name), 'pool tree')}"))
@@ -572,7 +637,15 @@ class RemoteTrees:
     ) -> Answer:
         body = {"name": name, "parent": parent, "config": dict(options or {})}
         path = f"/pool-trees/{_segment(tree, 'pool tree')}/pools"
-        return Answer(self._call("POST", path, json=body))
+
+        def done() -> Any:
+            from fairpool.frontends.trees import PoolConfig  # only now, as add_node's
+
+            config = PoolConfig.from_mapping(dict(options or {})).to_mapping()  # as stored
+            asked = {**body, "config": config, "ephemeral": False}
+            return _showing([self._call("GET", self._pool_path(tree, name))], asked)
+
+        return Answer(self._remote._once("POST", path, 409, done, json=body))
 
     def set_pool(self, tree: str, name: str, option: str, value: str) -> Answer:
         body = {"option": option, "value": value}
@@ -582,7 +655,7 @@ class RemoteTrees:
         return Answer(self._call("GET", self._pool_path(self._tree(tree), name)))
 
     def delete_pool(self, tree: str, name: str) -> None:
-        self._call("DELETE", self._pool_path(tree, name))
+        self._remote._once("DELETE", self._pool_path(tree, name), 404)
 
     def _pool_path(self, tree: str, name: str) -> str:
         path = f"/pool-trees/{_segment(tree, 'pool tree')}"

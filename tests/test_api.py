@@ -777,3 +777,73 @@ def test_a_sigterm_while_the_loop_holds_the_notifiers_lock_shuts_down(tmp_path: 
         server.handle_exit(signal.SIGTERM, None)  # no loop: at once
     finally:
         service.close()
+
+
+@pytest.mark.parametrize("how", ["forced", "grace over", "graceful"])
+def test_a_write_in_flight_when_the_server_stops_is_not_answered_500(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Ctrl-C twice (uvicorn's force quit), or the shutdown's grace running out, cancels the
+    requests in flight, whose writes commit all the same (here one waits for the write lock
+    that another process holds): uvicorn answered 500, which no client retries. It is 503,
+    and the retry with the same idempotency key answers what the write made. One Ctrl-C still
+    lets the request finish."""
+    import signal
+    import sqlite3
+
+    import uvicorn
+
+    from fairpool.api.app import create_app
+    from fairpool.api.server import _Server
+    from tests.test_service import team_service
+
+    database = tmp_path / "fairpool.db"
+    with team_service(f"sqlite:///{database}", gpus=1) as service:
+        app = create_app(service, tick=3600.0)
+        api = app.state.api
+        queued = threading.Event()
+        write = api.write
+
+        async def noted(*args: Any, **kwargs: Any) -> Any:
+            queued.set()  # the write is queued before the loop turns again
+            return await write(*args, **kwargs)
+
+        monkeypatch.setattr(api, "write", noted)
+        config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                                timeout_graceful_shutdown=0.2 if how == "grace over" else 30)
+        server = _Server(config, on_exit=api.begin_shutdown)
+        running = threading.Thread(target=server.run, daemon=True)
+        running.start()
+        lock = sqlite3.connect(database, isolation_level=None)
+        try:
+            while not server.started:
+                time.sleep(0.01)
+            lock.execute("BEGIN IMMEDIATE")
+            body = {"component": "team", "resources": {"gpu": 1}, "idempotency_key": how}
+            with httpx.Client(base_url=f"http://127.0.0.1:{config.port}{API}",
+                              timeout=30.0) as client, ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(client.post, "/requests", json=body)
+                assert queued.wait(10)
+                server.handle_exit(signal.SIGINT, None)
+                if how == "forced":
+                    server.handle_exit(signal.SIGINT, None)
+                elif how == "graceful":
+                    time.sleep(0.3)  # shutting down, waiting for the request
+                    lock.execute("COMMIT")
+                response = answer.result(10)
+        finally:
+            if lock.in_transaction:
+                lock.execute("COMMIT")
+            lock.close()
+        running.join(10)  # once the write it waits for has ended
+        assert not running.is_alive()
+        if how == "graceful":
+            assert response.status_code == 201, response.text
+        else:
+            assert response.status_code == 503, response.text
+            assert response.json()["detail"].startswith("server shutting down; retry later")
+            assert response.headers["Retry-After"] == "1"
+            poll_until(lambda: len(service.list_requests(component="team")) == 1, 10)
+        retried = service.create_request("team", demand={"gpu": 1}, idempotency_key=how)
+        [made] = service.list_requests(component="team")
+        assert (retried.id, retried.status) == (made.id, "allocated")

@@ -1134,6 +1134,68 @@ def test_workloads_and_operations_whose_answers_were_lost_are_made_and_ended_onc
         assert "asked otherwise" in again.json()["detail"]
 
 
+@pytest.mark.parametrize("how", ["drop", "503 after"])
+def test_admin_calls_whose_answers_were_lost_are_done_once(server: ApiServer, how: str) -> None:
+    """A pool, a policy, a node, a pool tree or a tree's pool made, a pool's key removed, or
+    any of them deleted by an attempt whose answer was lost: the retry was refused (409
+    "already exists", 422 "no key of the pool", 404) for what was done. It answers what the
+    server holds if that is what was asked; one asking otherwise still is refused."""
+    name = "admin-" + how.split()[0]
+    orch, node, pool = f"{name}-orch", f"{name}-node", f"{name}-pool"
+    with closing(RemoteService(server.url)) as plain:
+        with losing(server, "POST", "/pools", how) as service:
+            made = service.create_pool(name, {"gpu": 2, "cpu": 4}, description="lost")
+        assert (made.name, made.capacity, made.description) == (name, {"gpu": 2, "cpu": 4}, "lost")
+        with losing(server, "POST", "/policies", how) as service:
+            policy = service.attach_policy(name, orch, priority=3, reserved={"gpu": 1},
+                                           limit={"gpu": 2})
+        assert (policy.component, policy.priority, policy.reserved, policy.limit) == (
+            orch, 3, {"gpu": 1}, {"gpu": 2})
+        with losing(server, "PATCH", f"/pools/{name}", how) as service:
+            assert service.update_pool(name, {"cpu": 0, "gpu": 3}).capacity == {"gpu": 3}
+        with losing(server, "DELETE", f"/policies/{orch}", how) as service:
+            service.detach_policy(name, orch)
+        with losing(server, "DELETE", f"/pools/{name}", how) as service:
+            service.delete_pool(name)
+        assert name not in [p.name for p in plain.list_pools()]
+
+        with losing(server, "POST", "/nodes", how) as service:
+            added = RemoteTrees(service).add_node(node, [name, name], {"cpu": 8, "memory": "1GiB"})
+        assert (added["tags"], added["resources"]) == ([name], {"cpu": 8, "memory": 2**30})
+        with losing(server, "POST", "/pool-trees", how) as service:
+            tree = RemoteTrees(service).create_tree(name, {"node_tag_filter": name})
+        assert (tree["config"], tree["nodes"]) == ({"node_tag_filter": name}, [node])
+        with losing(server, "POST", "/pools", how) as service:
+            made_pool = RemoteTrees(service).create_pool(name, pool, None, {"weight": "10"})
+        assert (made_pool["parent"], made_pool["config"]) == (None, {"weight": 10})
+
+        # Another's, asking otherwise: the name is taken, as the refusal says.
+        theirs = f"{name}-theirs"
+        plain.create_pool(theirs, {"gpu": 2})
+        plain.attach_policy(theirs, orch)
+        for path, again in (
+            ("/pools", lambda s: s.create_pool(theirs, {"gpu": 1})),
+            ("/policies", lambda s: s.attach_policy(theirs, orch, priority=1)),
+            ("/nodes", lambda s: RemoteTrees(s).add_node(node, [name], {"cpu": 9})),
+            ("/pool-trees", lambda s: RemoteTrees(s).create_tree(name, {"main_resource": "cpu"})),
+            ("/pools", lambda s: RemoteTrees(s).create_pool(name, pool, None, {"weight": 2})),
+        ):
+            with losing(server, "POST", path, how) as service, pytest.raises(
+                Conflict, match="already"
+            ):
+                again(service)
+
+        with losing(server, "DELETE", f"/pools/{pool}", how) as service:
+            RemoteTrees(service).delete_pool(name, pool)
+        with losing(server, "DELETE", f"/pool-trees/{name}", how) as service:
+            RemoteTrees(service).delete_tree(name)
+        with losing(server, "DELETE", f"/nodes/{node}", how) as service:
+            RemoteTrees(service).remove_node(node)
+        trees = RemoteTrees(plain)
+        assert name not in [t["name"] for t in trees.list_trees()]
+        assert node not in [n["name"] for n in trees.list_nodes()]
+
+
 def test_the_light_vocabulary_agrees_with_the_stores_enums() -> None:
     """Remote mode and the CLI's options use ``views``' tuples, which must not load
     SQLAlchemy; the store and the API have their own spelling of the same values."""

@@ -35,6 +35,7 @@ from fairpool.api.auth import (
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
 from fairpool.api.docs_pages import serve_docs
 from fairpool.api.errors import (
+    AnswerCancelled,
     BodySizeLimit,
     error_response,
     install_error_handlers,
@@ -256,8 +257,9 @@ def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 class FairpoolApp(FastAPI):
-    """FastAPI, whose HTTP requests pass ``front`` first (``create_app`` sets it): the body's
-    size limit, then the busy routes, ahead of FastAPI's own layers. What the front does not
+    """FastAPI, whose HTTP requests pass ``front`` first (``create_app`` sets it): the 503
+    for a request the shutdown cuts short, the body's size limit, then the busy routes, ahead
+    of FastAPI's own layers. What the front does not
     answer it hands to ``fastapi``: FastAPI itself, as if the front were not there.
 
     FastAPI (0.165) runs three layers around every request before the app's middleware: its
@@ -577,5 +579,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
               for action in (release, heartbeat, cancel)),
         ]
         front = BusyRoutes(front, busy, app.exception_handlers)
-    app.front = BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
+    app.front = AnswerCancelled(
+        BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
+    )
     return app

@@ -2,12 +2,14 @@
 
 Mapping: ``InvalidInput`` and body/query/path validation → 422 naming the field; malformed
 JSON → 400; a body not sent as JSON → 415; ``NotFound`` → 404; ``AmbiguousReference`` and
-``Conflict`` → 409; bodies over ``MAX_BODY_BYTES`` → 413; the database busy or away → 503.
-Anything else is a bug: 500.
+``Conflict`` → 409; bodies over ``MAX_BODY_BYTES`` → 413; the database busy or away → 503;
+a request the server's shutdown cuts short → 503 (``AnswerCancelled``). Anything else is a
+bug: 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -280,6 +282,44 @@ def _allowed_methods(request: Request) -> list[str]:
         if match is not Match.NONE:
             allowed |= set(getattr(route, "methods", None) or ())
     return sorted(allowed)
+
+
+class AnswerCancelled:
+    """A request whose task is cancelled before its answer began is answered 503.
+
+    uvicorn cancels the requests in flight when it is forced to quit (a second Ctrl-C) or
+    when the shutdown's grace is over, and answered them 500, which clients take for a bug
+    and do not retry: yet a write they made may commit all the same (queued for group
+    commit, or in a worker thread, which no cancellation stops). A 503 the CLI and the SDK
+    retry, and the retry finds what was done (a create's idempotency key, ``RemoteService``'s
+    checks). An answer already begun cannot be taken back: the connection drops. Knowing
+    whether it began (a wrapped ``send``) costs ~0.2 µs a request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            log.warning("%s %s: the server stopped before answering; answered 503",
+                        scope["method"], scope["path"])
+            response = error_response(
+                503, "server shutting down; retry later (what was asked may be done)",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
+            # Answered: the task ends here, which is all its cancellation asked (re-raised,
+            # uvicorn would log it as an error of the app).
+            await response(scope, receive, send)
 
 
 class BodySizeLimit:

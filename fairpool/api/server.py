@@ -3,7 +3,8 @@
 Shutdown on SIGTERM or SIGINT is graceful: the listening socket closes, long-polls answer at
 once, in-flight requests finish (for at most ``GRACE_SECONDS``), the reconciler thread ends
 its pass and stops, and the database is closed. The process then exits normally (status 0).
-A second SIGINT forces the exit.
+A second SIGINT forces the exit: requests still in flight are answered 503
+(``errors.AnswerCancelled``), as they are when the grace is over.
 """
 
 from __future__ import annotations
