@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from fairpool.api.app import PREFIX, create_app
 from fairpool.api.busy_routes import BusyRoutes
-from fairpool.api.errors import BodySizeLimit
+from fairpool.api.errors import AnswerCancelled, BodySizeLimit
 from fairpool.service import Service, open_service
 from fairpool.store.db import Database
 from tests.conftest import BACKENDS, database_on
@@ -100,7 +100,8 @@ class Apps:
             service.create_pool(POOL, {"gpu": 4})
             service.attach_policy(POOL, COMPONENT)
             app = create_app(service, tick=3600.0)
-            limit = app.front
+            assert isinstance(app.front, AnswerCancelled)
+            limit = app.front.app
             assert isinstance(limit, BodySizeLimit) and isinstance(limit.app, BusyRoutes)
             if name == "fastapi":  # the body's limit hands every request to FastAPI
                 limit.app = app.fastapi
@@ -391,7 +392,8 @@ def test_with_fastapis_telemetry_on_fastapi_serves_the_busy_routes(
     service.attach_policy(POOL, COMPONENT)
     try:
         app = create_app(service, tick=3600.0)
-        limit = app.front
+        assert isinstance(app.front, AnswerCancelled)
+        limit = app.front.app
         assert isinstance(limit, BodySizeLimit) and limit.app == app.fastapi
 
         async def submit() -> Answer:
