@@ -35,11 +35,12 @@ from fairpool.client import (
     NotGranted,
     Preempted,
     WaitTimeout,
+    deleted,
     not_granted,
     runs_once,
     stopped_waiting,
 )
-from fairpool.errors import Conflict, FairpoolError, Unreachable
+from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import DEFAULT_LEASE_TTL, holding, not_followed, wait_timeout
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
@@ -293,6 +294,8 @@ class AsyncAcquire:
             await asyncio.sleep(self._interval)
             try:
                 request = await self._client.heartbeat(grant.id)
+            except NotFound:
+                request = deleted(grant.request)
             except (FairpoolError, OSError):
                 continue  # the next beat tries again; the lease covers a few misses
             if request.status != "allocated":

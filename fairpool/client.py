@@ -26,10 +26,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
-from fairpool.errors import Conflict, FairpoolError, InvalidInput, Unreachable, validate_int
+from fairpool.errors import (
+    Conflict,
+    FairpoolError,
+    InvalidInput,
+    NotFound,
+    Unreachable,
+    validate_int,
+)
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_RETRIES,
@@ -89,6 +97,11 @@ _ENDINGS: dict[str, type[NotGranted]] = {
     "preempted": Preempted,
     "released": Cancelled,
 }
+
+
+def deleted(request: RequestView) -> RequestView:
+    """``request`` as its holder learns it was deleted (its units are free for others)."""
+    return replace(request, status="deleted", status_reason="deleted while held")
 
 
 def not_granted(request: RequestView) -> NotGranted:
@@ -179,6 +192,8 @@ class Grant:
         while not self._stop.wait(interval):
             try:
                 request = self._client.heartbeat(self.request.id)
+            except NotFound:
+                request = deleted(self.request)
             except (FairpoolError, OSError):
                 continue  # the next beat tries again; the lease covers a few misses
             if request.status != "allocated":

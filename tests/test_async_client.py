@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fairpool import AsyncClient, ResourceSettings
-from fairpool.client import Preempted, Rejected, WaitTimeout
+from fairpool.client import NotGranted, Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, InvalidInput
 from tests.servers import ApiServer, running
 
@@ -278,6 +278,21 @@ def test_a_function_that_raises_before_it_hears_of_its_preemption_leaves_no_retr
                           for r in await client.list_requests(component="own-low"))
         assert attempts[1] == (2, "cancelled", "cancelled: not followed: its holder ended "
                                "before it heard of the preemption")
+        await client.close()
+
+    run(main())
+
+
+def test_a_holder_hears_within_a_heartbeat_that_its_request_was_deleted(
+    target: dict[str, str]
+) -> None:
+    async def main() -> None:
+        client = AsyncClient(**target)
+        await setup(client, "gone", 2)
+        with pytest.raises(NotGranted, match=r"was deleted: deleted while held$"):
+            async with client.acquire({"gpu": 2}, component="gone-low", lease_ttl=1) as grant:
+                await client.delete(grant.id)
+                await asyncio.sleep(10)  # cancelled
         await client.close()
 
     run(main())

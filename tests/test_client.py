@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fairpool import Client, ResourceSettings
-from fairpool.client import Preempted, Rejected, WaitTimeout
+from fairpool.client import NotGranted, Preempted, Rejected, WaitTimeout
 from fairpool.errors import InvalidInput
 from fairpool.service import open_service
 
@@ -392,6 +392,17 @@ def test_a_function_that_raises_before_it_hears_of_its_preemption_is_not_run_aga
                   for r in client.list_requests(component="low"))[1] == (
         2, "cancelled", "cancelled: not followed: its holder ended before it heard of the "
         "preemption")
+
+
+def test_a_holder_hears_within_a_heartbeat_that_its_request_was_deleted(home: str) -> None:
+    """Its heartbeat's NotFound was taken for a missed beat: the block ran on, on units
+    free for others, and NotFound came only from the release."""
+    client = Client(home=home)
+    with pytest.raises(NotGranted, match=r"was deleted: deleted while held$"):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=1) as grant:
+            client.delete(grant.id)
+            time.sleep(10)  # interrupted
+    assert client.submit({"gpu": 2}, component="low").status == "allocated"
 
 
 def test_an_exception_in_the_block_releases_and_goes_up(home: str) -> None:
