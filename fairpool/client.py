@@ -162,17 +162,17 @@ class Grant:
                 self._stop.set()
             self._thread.join(timeout=10)
             if term is not None:
-                term.releasing += 1
+                term.shielded += 1
             try:
                 if self.lost is None:
                     self._release()
             finally:
                 if term is not None:
-                    term.releasing -= 1
+                    term.shielded -= 1
         finally:
             for held in self._held:
                 held.let_go()
-        if term is not None and term.deferred and not term.releasing:
+        if term is not None and term.deferred and not term.shielded:
             term.deferred = False
             raise SystemExit(128 + signal.SIGTERM)
         return self.lost
@@ -417,7 +417,7 @@ class _Acquire:
 
     def __enter__(self) -> Grant:
         runs_once(self._max_retries)
-        self._grant = self._start(self._submit())
+        self._grant = self._start(self._submit)
         return self._grant
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
@@ -438,7 +438,7 @@ class _Acquire:
 
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
-            request = self._submit()
+            request = self._submit
             while True:
                 # Its own grant per call: the function may run in several threads at once,
                 # or call itself.
@@ -456,17 +456,29 @@ class _Acquire:
                     retry = self._client.get(preempted.request.id).retried_as_id
                     if retry is None:
                         raise
-                    request = self._client.get(retry)
+                    request = functools.partial(self._client.get, retry)
 
         return run
 
-    def _start(self, request: RequestView) -> Grant:
-        """Wait for the request, then hold it; a request still queued on the way out
-        (timeout, Ctrl-C) is cancelled so it does not get units nobody will use."""
+    def _start(self, make: Callable[[], RequestView]) -> Grant:
+        """Make the request (submit it, or read the retry attempt), wait for it, then hold
+        it; a request still queued on the way out (timeout, Ctrl-C, SIGTERM) is cancelled so
+        it does not get units nobody will use. A SIGTERM during the submit waits for its
+        answer, which tells what to cancel."""
         main = threading.current_thread() is threading.main_thread()
-        held = _HeldSignal.hold(signal.SIGTERM) if main else None  # a SIGTERM cancels too
+        held = _HeldSignal.hold(signal.SIGTERM) if main else None
         try:
+            if held is not None:
+                held.shielded += 1
             try:
+                request = make()
+            finally:
+                if held is not None:
+                    held.shielded -= 1
+            try:
+                if held is not None and held.deferred and not held.shielded:
+                    held.deferred = False
+                    raise SystemExit(128 + signal.SIGTERM)
                 if request.status == "queued":
                     request = self._client.wait(request.id, self._timeout)
                 if request.status == "queued":
@@ -544,8 +556,9 @@ class _HeldSignal:
         self.signum = signum
         self.before = before
         self.holders = 0
-        #: SIGTERM: grants giving their units back now, and whether one came meanwhile.
-        self.releasing = 0
+        #: SIGTERM: calls under way that it must not cut short (a submit, a release), and
+        #: whether one came meanwhile.
+        self.shielded = 0
         self.deferred = False
 
     @classmethod
@@ -575,7 +588,7 @@ class _HeldSignal:
 
     def __call__(self, signum: int, frame: object) -> None:
         if signum == signal.SIGTERM:
-            if self.releasing:  # the release goes on; the grant raises once it is done
+            if self.shielded:  # the call goes on; its caller raises once it is done
                 self.deferred = True
                 return
             raise SystemExit(128 + signum)

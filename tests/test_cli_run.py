@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.servers import ApiServer, running, setup_pool
@@ -454,3 +455,28 @@ def test_a_wait_interrupted_while_the_server_is_down_says_what_it_leaves(
     line = err.strip().splitlines()[-1]
     assert line.startswith("Interrupted: resource request `") and "is still waiting (" in line
     assert ": cancel it with `fairpool resource-request cancel " in line
+
+
+@pytest.mark.parametrize("command", WAITING)
+def test_a_signal_during_the_submit_cancels_the_request_it_makes(
+    tmp_path: Path, command: str
+) -> None:
+    """The handlers came after the submit: a SIGTERM while the server had not answered yet
+    ended the process by the default action, leaving the request it made queued."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        setup_pool(server.url, "slow-gpus", ["low"], {"gpu": 1})
+        env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # the submit waits for its answer
+        try:
+            waiter = start(tmp_path, *WAITING[command], env=env)
+            time.sleep(1.5)  # started, and sent its submit
+            waiter.send_signal(signal.SIGTERM)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        _, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 128 + signal.SIGTERM, err
+        requests = httpx.get(f"{server.url}/api/v1/requests").json()["items"]
+    assert [(r["status"], r["status_reason"]) for r in requests] == [
+        ("cancelled", "cancelled: interrupted while waiting (SIGTERM)")]

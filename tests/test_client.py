@@ -20,6 +20,7 @@ from fairpool import Client, ResourceSettings
 from fairpool.client import NotGranted, Preempted, Rejected, WaitTimeout
 from fairpool.errors import InvalidInput
 from fairpool.service import open_service
+from tests.servers import ApiServer, running, setup_pool
 
 
 @pytest.fixture
@@ -472,3 +473,32 @@ def test_the_decorator_refuses_what_would_run_after_it_let_go(home: str) -> None
         with pytest.raises(TypeError, match="decorates a plain function"):
             client.acquire({"gpu": 1}, component="low")(function)  # type: ignore[arg-type]
     assert client.list_requests() == []
+
+
+def test_a_sigterm_during_the_submit_cancels_the_request_it_makes(tmp_path: Path) -> None:
+    """The handler came after the submit, although the docs promised it from the submit: a
+    SIGTERM while the server had not answered yet ended the process by the default action,
+    leaving the request it made queued."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    script = ("import sys\nfrom fairpool import Client\n"
+              "with Client(sys.argv[1]).acquire({'gpu': 1}, component='low', timeout=60):\n"
+              "    print('held')\n")
+    with running(server):
+        setup_pool(server.url, "slow-gpus", ["low"], {"gpu": 1})
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # the submit waits for its answer
+        try:
+            holder = subprocess.Popen([sys.executable, "-c", script, server.url],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(1.5)  # started, and sent its submit
+            holder.send_signal(signal.SIGTERM)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        out, err = holder.communicate(timeout=60)
+        assert (holder.returncode, out) == (128 + signal.SIGTERM, ""), err
+        client = Client(server.url)
+        try:
+            assert [(r.status, r.status_reason) for r in client.list_requests()] == [
+                ("cancelled", "cancelled: interrupted while waiting (SystemExit)")]
+        finally:
+            client.close()

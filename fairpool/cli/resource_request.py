@@ -6,9 +6,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -183,8 +184,13 @@ def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait.")
     request = request_fields(**fields)
-    with o.spinner(f"Creating resource request for component '{request['component']}'...\n"):
+    # Without --wait, an interrupted create is just that (the request made or not, as asked).
+    guard: AbstractContextManager[list[int]] = submitting() if wait else nullcontext([])
+    with (o.spinner(f"Creating resource request for component '{request['component']}'...\n"),
+          guard as received):
         created = service().create_request(**request, lease_ttl=lease_ttl)
+    if received:
+        cancel_and_exit(created, received[0])
     data = created.as_dict()
     declare_status(data)
     if wait:
@@ -264,9 +270,14 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         # were put back ended us by its default action, before the exit status was ours.
         if not signalled:
             restore(previous)
+    cancel_and_exit(request, received[0][0])
+
+
+def cancel_and_exit(request: RequestView, signum: int) -> NoReturn:
+    """Interrupted by ``signum``: cancel ``request`` and exit with 128 + its number."""
     try:
         # Allocated meanwhile: that releases it.
-        service().cancel_request(request.id, interrupted(signal.Signals(received[0][0]).name))
+        service().cancel_request(request.id, interrupted(signal.Signals(signum).name))
     except Conflict:
         pass  # it ended meanwhile
     except Unreachable as error:  # it would be granted to nobody, for ever without a lease
@@ -274,7 +285,20 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
                   f"cancel it with `fairpool resource-request cancel {request.id}`")
     else:
         o.declare(f"Interrupted: resource request `{request.id}` cancelled")
-    sys.exit(128 + received[0][0])
+    sys.exit(128 + signum)
+
+
+@contextmanager
+def submitting() -> Iterator[list[int]]:
+    """The ending signals received while the block submits a request, held until it is
+    made: cut short, the submit would leave a request nobody knows of, to be granted to
+    nobody. The caller then ``cancel_and_exit``s."""
+    received: list[int] = []
+    previous = catch_ending_signals(lambda signum, _: received.append(signum))
+    try:
+        yield received
+    finally:
+        restore(previous)
 
 
 def finish_wait(data: dict[str, Any]) -> None:

@@ -21,12 +21,14 @@ from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, database_url_option, service
 from fairpool.cli.resource_request import (
     EXIT_TIMEOUT,
+    cancel_and_exit,
     catch_ending_signals,
     queue_summary,
     reason_of,
     request_fields,
     request_options,
     restore,
+    submitting,
     wait_or_cancel,
 )
 from fairpool.errors import Conflict, NotFound, Unreachable
@@ -64,7 +66,10 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     --max-retries allows.
     """
     svc = service()
-    request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
+    with submitting() as received:
+        request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
+    if received:
+        cancel_and_exit(request, received[0])
     _adopt_orphans()
     while True:
         data = wait_or_cancel(request, timeout)
