@@ -533,6 +533,40 @@ def test_a_write_whose_connection_is_lost_while_it_waits_for_the_lock(
         assert outcome == ["written"]
 
 
+def test_writes_whose_connections_are_lost_at_any_moment_fail_as_unreachable(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """Backends terminated at random moments of a stream of writes: each write fails as
+    ``Unreachable`` or succeeds. Over a FATAL error met in a pipeline psycopg raised
+    "cannot exit pipeline mode while busy" and took the connection for alive, so that a
+    quarter of the failures were no lost connection's: an OperationalError (``fairpool
+    run`` died of it), and the pool logged an error failing to reset the connection."""
+    failures: list[Exception] = []
+    stop = threading.Event()
+
+    def writes(service: Service) -> None:
+        while not stop.is_set():
+            try:
+                service.release_request(service.create_request("team", demand={"gpu": 1}).id)
+            except Exception as error:
+                failures.append(error)
+
+    with team_service(url, gpus=100) as service:  # a release that failed holds its unit
+        thread = threading.Thread(target=writes, args=(service,))
+        thread.start()
+        try:
+            while len(failures) < 30:
+                time.sleep(0.01)
+                other.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+        finally:
+            stop.set()
+            thread.join(30)
+        assert [f for f in failures if not isinstance(f, Unreachable)] == []
+        assert service.create_request("team", demand={"gpu": 1}).status == "allocated"
+
 def test_the_sdk_on_the_database_rides_out_lost_connections(
     url: str, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
