@@ -1,5 +1,6 @@
 """``fairpool run`` in a subprocess: env, exit codes, release, preemption with retry, timeout,
-signals (while waiting and while running), SIGKILL after the grace, an unreachable server."""
+signals (while waiting and while running), SIGKILL after the grace, an unreachable server, lost
+connections to the database it works on directly."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
+from sqlalchemy import make_url
 
+from fairpool import Client
+from tests.conftest import POSTGRES_CONNINFO
 from tests.servers import ApiServer, running, setup_pool
 from tests.test_cli import CLI, cli_env, fairpool
+from tests.test_postgres import terminate_all
 
 
 def setup(home: Path) -> None:
@@ -264,6 +270,41 @@ def test_a_preempted_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_
     # The grace, then at most the preempting command's run, a heartbeat interval (1/3 s) and
     # slack.
     assert 2 <= took < 2 + 1 + 3
+
+
+def test_the_command_goes_on_when_its_database_connections_are_lost(
+    tmp_path: Path, new_database: Callable[..., str]
+) -> None:
+    """Working directly on PostgreSQL (FAIRPOOL_DATABASE_URL, no server), its connections
+    ended once (a restart, a failover): the next heartbeat stopped the command and `fairpool
+    run` exited 1, its request allocated until the lease ran out. The heartbeats now run on
+    new connections: the command runs to its end, and its units are released."""
+    url = new_database("postgresql", migrated=True)
+    with Client(database_url=url) as client:
+        client.create_pool("p", {"gpu": 1})
+        client.attach_policy("p", "low")
+    started, go = tmp_path / "started", tmp_path / "go"
+    script = (
+        "import os, time\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        "print('finished')\n"
+    )
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "2",
+                   "--", sys.executable, "-c", script,
+                   env={**cli_env(tmp_path), "FAIRPOOL_DATABASE_URL": url})
+    until(started.exists)
+    dbname = make_url(url).database
+    with psycopg.connect(POSTGRES_CONNINFO, dbname=dbname, autocommit=True) as other:
+        assert terminate_all(other) >= 1
+    time.sleep(1.5)  # two heartbeats (every 2/3 s)
+    go.touch()
+    out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert out == "finished\n"
+    with Client(database_url=url) as client:
+        assert [(r.status, r.status_reason) for r in client.list_requests()] == [
+            ("released", "released by its holder")]
 
 
 def test_the_command_goes_on_while_the_server_cannot_be_reached(tmp_path: Path) -> None:

@@ -22,14 +22,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, func, make_url, select
 from sqlalchemy.exc import OperationalError
 
-from fairpool.api.app import Api
-from fairpool.errors import Conflict
+from fairpool import Client
+from fairpool.api.app import PREFIX, Api, create_app
+from fairpool.errors import Conflict, Unreachable
 from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
 from fairpool.store.db import WRITE_LOCK_KEY, Database, generation, migration_config
 from fairpool.views import RequestView
 from tests.conftest import POSTGRES_CONNINFO
+from tests.test_busy_routes import call
 from tests.test_service import team_service
 from tests.test_store import (
     NOW,
@@ -338,15 +340,18 @@ def test_a_lost_writer_connection_fails_a_deferred_write_as_unreachable(
     url: str, db: Database, other: psycopg.Connection[Any], needs_the_database: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """As an ``OperationalError`` (a 503 the SDK retries), not the ``PendingRollbackError``
-    that dropping the lost connection's queue raised over it (a 500); the next write
-    reconnects. (Lost as the write goes out: a loss while idle is seen before, below.)"""
+    """As ``Unreachable`` (a 503 the SDK retries), not the ``PendingRollbackError``
+    that dropping the lost connection's queue raised over it (a 500), saying whether the
+    COMMIT went out with the writes; the next write reconnects. (Lost as the write goes
+    out: a loss while idle is seen before, below.)"""
     monkeypatch.setattr(store_db, "closed_while_idle", lambda pgconn: False)
     with db.write() as connection:
         seen = generation(connection)
         pid = connection.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
     other.execute("SELECT pg_terminate_backend(%s)", [pid])
-    with pytest.raises(OperationalError), db.write(defer=True, last_seen=seen + 1) as writer:
+    outcome = "nothing was written" if needs_the_database else "a COMMIT sent may have taken"
+    with pytest.raises(Unreachable, match=f"^lost the connection .*; {outcome}"), \
+            db.write(defer=True, last_seen=seen + 1) as writer:
         repo.insert_events(writer, [repo.event_row("note", "queued", NOW)])
         if needs_the_database:  # sends the queue first
             writer.execute(select(schema.pool.c.id)).all()
@@ -361,7 +366,7 @@ def test_an_operation_meeting_a_lost_connection_fails_with_its_error(
 ) -> None:
     """An operation that fails in a batch whose state is only believed current sends the
     queued writes to tell a stale state from its own failure; on a lost connection that
-    raised PendingRollbackError (a 500) over the OperationalError (a 503)."""
+    raised PendingRollbackError (a 500) over the lost connection's error (a 503)."""
     with team_service(url, gpus=2) as service:
         service.create_request("team", demand={"gpu": 1})  # the next batch starts believed
 
@@ -370,7 +375,7 @@ def test_an_operation_meeting_a_lost_connection_fails_with_its_error(
             other.execute("SELECT pg_terminate_backend(%s)", [pid])
             tx.conn.execute(select(1))  # a read the operation needs: the connection is lost
 
-        with pytest.raises(OperationalError):
+        with pytest.raises(Unreachable, match=r"; nothing was written$"):
             service._write(change, tracked=True)
         assert service.create_request("team", demand={"gpu": 1}).status == "allocated"
 
@@ -400,6 +405,229 @@ def test_a_writer_connection_lost_while_idle_is_replaced_before_the_next_write(
                 await service.stop_driving()
 
         assert asyncio.run(asyncio.wait_for(main(), 30)).status == "released"
+
+
+def terminate_all(other: psycopg.Connection[Any]) -> int:
+    """End every other backend on ``other``'s database, as a restart or a failover ends a
+    client's connections, and wait until they are gone: how many there were."""
+    pids = [pid for pid, in other.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    )]
+    for pid in pids:
+        terminate(other, pid)
+    return len(pids)
+
+
+def lose_all(other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, seen: bool) -> int:
+    """``terminate_all``; unless ``seen``, the next poll of an idle connection's socket sees
+    nothing, as when a connection is closed just as it is handed out (its server's goodbye
+    still on its way)."""
+    lost = terminate_all(other)
+    if not seen:
+        polls = itertools.count()
+        poll = store_db.closed_while_idle
+        monkeypatch.setattr(store_db, "closed_while_idle",
+                            lambda pgconn: next(polls) > 0 and poll(pgconn))
+    return lost
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["seen", "unseen"])
+def test_a_read_after_its_connection_was_lost_runs_on_a_new_one(
+    db: Database, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, seen: bool
+) -> None:
+    """Connections closed by the server between reads: the next read runs on a new one,
+    where it raised OperationalError (the SDK's first read after a restart). A connection
+    the pool would hand out is polled first; one lost unseen is found by the read's BEGIN,
+    sent again on a new connection. A read of one statement has no BEGIN: lost unseen, it
+    fails in one line as ``Unreachable``, and the next one reconnects."""
+    with db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+    for _ in range(2):
+        assert lose_all(other, monkeypatch, seen) >= 1
+        with db.read() as connection:
+            assert [pool.name for pool in repo.list_pools(connection)] == ["gpus"]
+    assert lose_all(other, monkeypatch, seen) == 1
+    if not seen:
+        with pytest.raises(Unreachable, match=(
+            r"^lost the connection to the database postgresql\+psycopg://\S+: "
+            "terminating connection due to administrator command$"
+        )), db.read(statement=True) as connection:
+            repo.list_pools(connection)
+    with db.read(statement=True) as connection:
+        assert [pool.name for pool in repo.list_pools(connection)] == ["gpus"]
+
+
+def test_a_read_whose_connection_is_lost_at_its_commit_keeps_its_answer(
+    db: Database, other: psycopg.Connection[Any]
+) -> None:
+    """Everything it read came from one snapshot: its answer stands, where it raised (a
+    server's reconciler logged a failed pass)."""
+    with db.write() as connection:
+        repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+    with db.read() as connection:
+        pools = repo.list_pools(connection)
+        terminate(other, connection.connection.dbapi_connection.info.backend_pid)  # type: ignore[union-attr]
+    assert [pool.name for pool in pools] == ["gpus"]
+
+@pytest.mark.parametrize("seen", [True, False], ids=["seen", "unseen"])
+def test_a_write_after_its_connections_were_lost_runs_on_new_ones(
+    db: Database, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, seen: bool
+) -> None:
+    """The kept writer connection and the pool's lost between writes: the next write runs
+    on a new one. Lost unseen, the first round trip (BEGIN, the lock, the generation,
+    nothing that commits) finds it, and it is sent again on a new connection."""
+    for defer in (False, False, True):
+        with db.write(defer=defer) as connection:  # kept
+            repo.insert_events(connection, [repo.event_row("note", f"{defer}", NOW)])
+        with db.read() as connection:  # the pool keeps one, idle
+            repo.list_events(connection)
+        assert lose_all(other, monkeypatch, seen) == 2
+    with db.write() as connection:
+        repo.insert_events(connection, [repo.event_row("note", "last", NOW)])
+    with db.read() as connection:
+        assert [e.message for e in repo.list_events(connection)] == [
+            "False", "False", "True", "last"]
+
+
+@pytest.mark.parametrize("believed", [False, True], ids=["begun", "believed"])
+def test_a_write_whose_connection_is_lost_while_it_waits_for_the_lock(
+    db: Database, other: psycopg.Connection[Any], believed: bool
+) -> None:
+    """Its backend terminated as it waits for the write lock. Begun alone (BEGIN, the lock
+    and the generation: one round trip, no COMMIT) the write runs again on a new connection;
+    believed current, its COMMIT went out with them: it fails as ``Unreachable``, saying it
+    may have taken effect (a 503 a server's client retries, a heartbeat ``fairpool run``
+    rides out), where it raised OperationalError."""
+    with db.write() as connection:
+        seen = generation(connection)
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            with db.write(defer=believed, last_seen=seen + 1 if believed else None) as writer:
+                repo.insert_events(writer, [repo.event_row("note", "written", NOW)])
+            outcome.append("written")
+        except Exception as error:
+            outcome.append(error)
+
+    # Another session holds the lock (``other``'s transaction would keep one snapshot of
+    # pg_stat_activity).
+    with psycopg.connect(POSTGRES_CONNINFO, dbname=other.info.dbname) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK_KEY])
+        thread = threading.Thread(target=write)
+        thread.start()
+        waiting: list[tuple[int]] = []
+        while not waiting:
+            time.sleep(0.01)
+            waiting = other.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            ).fetchall()
+        terminate(other, waiting[0][0])
+    thread.join(30)
+    if believed:
+        assert len(outcome) == 1 and isinstance(outcome[0], Unreachable), outcome
+        assert str(outcome[0]).endswith("; a COMMIT sent may have taken effect")
+    else:
+        assert outcome == ["written"]
+
+
+def test_writes_whose_connections_are_lost_at_any_moment_fail_as_unreachable(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """Backends terminated at random moments of a stream of writes: each write fails as
+    ``Unreachable`` or succeeds. Over a FATAL error met in a pipeline psycopg raised
+    "cannot exit pipeline mode while busy" and took the connection for alive, so that a
+    quarter of the failures were no lost connection's: an OperationalError (``fairpool
+    run`` died of it), and the pool logged an error failing to reset the connection."""
+    failures: list[Exception] = []
+    stop = threading.Event()
+
+    def writes(service: Service) -> None:
+        while not stop.is_set():
+            try:
+                service.release_request(service.create_request("team", demand={"gpu": 1}).id)
+            except Exception as error:
+                failures.append(error)
+
+    with team_service(url, gpus=100) as service:  # a release that failed holds its unit
+        thread = threading.Thread(target=writes, args=(service,))
+        thread.start()
+        try:
+            while len(failures) < 30:
+                time.sleep(0.01)
+                other.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+        finally:
+            stop.set()
+            thread.join(30)
+        assert [f for f in failures if not isinstance(f, Unreachable)] == []
+        assert service.create_request("team", demand={"gpu": 1}).status == "allocated"
+
+def test_the_sdk_on_the_database_rides_out_lost_connections(
+    url: str, other: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Client(database_url=...)``: after its connections are lost (a restart, a failover)
+    its reads and heartbeats run on new ones, where they raised OperationalError, which also
+    ended a held grant's heartbeat thread. A heartbeat whose COMMIT went out on a connection
+    lost unseen may have taken effect: it fails as ``Unreachable`` (one line; the grant's
+    thread, as ``fairpool run``, goes on), and the next one gets through."""
+    with Client(database_url=url) as client:
+        client.create_pool("gpus", {"gpu": 2})
+        client.attach_policy("gpus", "team")
+        held = client.submit({"gpu": 1}, component="team", lease_ttl=60)
+        terminate_all(other)
+        assert client.get(held.id).status == "allocated"
+        terminate_all(other)
+        assert client.heartbeat(held.id).status == "allocated"
+        lose_all(other, monkeypatch, seen=False)
+        with pytest.raises(Unreachable, match=(
+            r"^lost the connection to the database \S+: .*; a COMMIT sent may have taken effect$"
+        )):
+            client.heartbeat(held.id)
+        assert client.heartbeat(held.id).status == "allocated"
+        with client.acquire({"gpu": 1}, component="team", lease_ttl=2) as grant:
+            time.sleep(0.2)
+            lose_all(other, monkeypatch, seen=False)  # a heartbeat fails, the next gets through
+            time.sleep(1.8)
+            grant.check()
+            assert grant._thread.is_alive()
+        assert client.get(grant.id).status == "released"
+        assert client.release(held.id).status == "released"
+
+
+def test_a_server_rides_out_lost_connections_and_answers_503_while_the_database_is_away(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """Connections lost between requests: the next request is served on new ones, where
+    the first read answered 503. While no connection can be made (a restart), the
+    database's ``Unreachable`` is a 503, as its ``OperationalError`` was, not a 400."""
+    dbname = make_url(url).database
+
+    async def main(service: Service) -> list[int]:
+        app = create_app(service, tick=3600.0)
+        statuses = []
+        async with app.router.lifespan_context(app):
+            for _ in range(2):
+                terminate_all(other)
+                statuses.append((await call(app, "GET", PREFIX + "/pools")).status)
+            with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+                try:
+                    terminate_all(other)
+                    away = await call(app, "GET", PREFIX + "/pools")
+                    statuses.append(away.status)
+                    assert away.json()["detail"] == "database busy or unreachable; retry later"
+                finally:
+                    admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            statuses.append((await call(app, "GET", PREFIX + "/pools")).status)
+        return statuses
+
+    with team_service(url, gpus=1) as service:
+        assert asyncio.run(asyncio.wait_for(main(service), 30)) == [200, 200, 503, 200]
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

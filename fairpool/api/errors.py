@@ -32,6 +32,7 @@ from fairpool.errors import (
     FairpoolError,
     InvalidInput,
     NotFound,
+    Unreachable,
     at_least,
     clipped,
     one_line,
@@ -235,7 +236,9 @@ def install_error_handlers(app: FastAPI) -> None:
             return await refused(request) or validation_error(exc.errors())
         return validation_error(exc.errors())
 
-    async def on_fairpool(_: Request, exc: Exception) -> JSONResponse:
+    async def on_fairpool(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, Unreachable):  # the database lost or away: as an OperationalError
+            return await on_database(request, exc)
         if isinstance(exc, InvalidInput):
             return error_response(422, str(exc), exc.field)
         if isinstance(exc, NotFound):

@@ -118,7 +118,8 @@ def _run_once(
     request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
 ) -> tuple[int, RequestView | None, int | None]:
     """Run the command while heartbeating; (exit code, the request if its units were lost,
-    the first ending signal we received meanwhile). While the server cannot be reached the
+    the first ending signal we received meanwhile). While the server, or the database worked
+    on directly, cannot be reached (``Unreachable``: a connection lost, a restart) the
     command goes on (its lease covers the outage, or the next heartbeat that gets through
     finds the units gone); on any other failure the command is stopped before the error goes
     up, never left running alone."""
@@ -160,7 +161,7 @@ def _run_once(
                 unreachable = True
                 continue
             if unreachable:
-                o.declare("The fairpool server answers again")
+                o.declare("Heartbeats get through again")
                 unreachable = False
             if current.status != "allocated":
                 keep = functools.partial(_keep, current.retried_as_id)

@@ -17,6 +17,13 @@ lock_timeout), then fails with ``sqlalchemy.exc.OperationalError`` before it wro
 Readers run on one consistent snapshot (SQLite: WAL; PostgreSQL: REPEATABLE READ, READ ONLY)
 and never block writers. Opening a database migrates it under the write lock, so several
 processes may open a brand-new database at once.
+
+PostgreSQL connections may be lost between transactions (a restart, a failover, a backend
+terminated): one found closed as it is handed out is replaced, and a read's BEGIN or a
+write's first round trip (BEGIN, the lock, the generation) that finds its connection lost
+runs again, once, on a new one, nothing having been committed. Lost later, or with none to
+be made, the transaction fails with ``DatabaseUnreachable`` (an ``Unreachable``, a server's
+503), which says whether a COMMIT sent may have taken effect; it is never run again.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 import platformdirs
 from sqlalchemy import Connection, Engine, RootTransaction, create_engine, event, text
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    OperationalError,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -83,6 +96,7 @@ _BUMP_FROM = Direct(
 )
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
+_BEGIN_REPEATABLE_READ = Direct(text("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
 _BEGIN_WRITE, _BEGIN_READ = Direct(text("BEGIN IMMEDIATE")), Direct(text("BEGIN"))
 # The writer connection's, while a thread checkpoints instead (``checkpoint_apart``).
 _NO_AUTOCHECKPOINT = Direct(text("PRAGMA wal_autocheckpoint = 0"))
@@ -104,6 +118,17 @@ _SQLITE_PRAGMAS = (
     # ``Database.checkpoint_apart``) is cut back to this once checkpointed, not kept.
     f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}",
 )
+
+
+class DatabaseUnreachable(Unreachable):
+    """PostgreSQL could not be reached, or the connection to it was lost (a restart, a
+    failover, its backend terminated): perhaps a passing outage, as a server's, which
+    ``fairpool run`` and the SDK's heartbeats ride out and a server answers with 503.
+    ``orig``: the driver's error."""
+
+    def __init__(self, message: str, orig: BaseException | None) -> None:
+        super().__init__(message)
+        self.orig = orig
 
 
 def fairpool_home(explicit: str | None = None) -> Path:
@@ -251,8 +276,8 @@ class Database:
         db = cls(engine)
         try:
             db._upgrade()
-        except DBAPIError as error:  # not there, unreachable, not a database: one line
-            db.close()
+        except (DBAPIError, DatabaseUnreachable) as error:
+            db.close()  # not there, unreachable, not a database: one line
             raise Unreachable(f"cannot open the database {db.where}: {error.orig}") from None
         except BaseException:
             db.close()
@@ -432,25 +457,52 @@ class Database:
         if not self._write_lock.acquire(blocking=wait):
             raise WouldWait("another write of this process is running")
         try:
-            connection = self._kept_writer() or self._connect_writer()
+            mode = "migrate" if migrate else "write" if wait else "write_now"
+            deferring = defer and not self.embedded
+            connection, transaction = self._begun_writer(mode, bump, deferring, last_seen)
+            committing = False
             try:
-                mode = "migrate" if migrate else "write" if wait else "write_now"
-                with self._begin(connection, mode):
-                    deferring = defer and not self.embedded
-                    if deferring:
-                        defer_writes(connection)
-                    _start(connection, bump, last_seen if deferring else None)
+                with transaction:
                     try:
                         yield connection
+                        committing = True
                         send_deferred(connection, commit=True)
                     finally:
                         stop_deferring(connection)
-            except BaseException:
+            except BaseException as error:
                 connection.close()
+                # Lost before COMMIT went out, the transaction died with its backend.
+                self._raise_if_lost(error, "; a COMMIT sent may have taken effect" if committing
+                                    else "; nothing was written")
                 raise
             self._writer = connection
         finally:
             self._write_lock.release()
+
+    def _begun_writer(
+        self, mode: str, bump: bool, deferring: bool, last_seen: int | None
+    ) -> tuple[Connection, RootTransaction]:
+        """The writer connection, its write transaction begun (``_start``). PostgreSQL: one
+        that this first round trip finds lost (its server closed it unseen by the polls of
+        ``_kept_writer`` and the pool, or as it went out) is replaced, once: nothing but
+        BEGIN, the lock and the generation was sent on it, none of it committed."""
+        retry = not self.embedded
+        while True:
+            connection = self._kept_writer() or self._connect_writer()
+            try:
+                transaction = self._begin(connection, mode)
+                if deferring:
+                    defer_writes(connection)
+                _start(connection, bump, last_seen if deferring else None)
+                return connection, transaction
+            except BaseException as error:
+                stop_deferring(connection)  # else its pooled connection would defer next time
+                connection.close()
+                if retry and _lost(error):
+                    retry = False
+                    continue
+                self._raise_if_lost(error, "; nothing was written")
+                raise
 
     def _kept_writer(self) -> Connection | None:
         """The writer connection the last write kept, unless its server closed it since."""
@@ -465,7 +517,7 @@ class Database:
         return None
 
     def _connect_writer(self) -> Connection:
-        connection = self._engine.connect()
+        connection = self._connect()
         if not self.embedded:  # see _opening
             connection.execution_options(isolation_level="AUTOCOMMIT")
         elif self._checkpointer is not None:
@@ -568,13 +620,25 @@ class Database:
         itself. On PostgreSQL it then runs outside a transaction, in autocommit mode: one
         round trip where BEGIN and COMMIT made three (a long-poll's status check, 250 → 110
         µs of CPU in process). Nothing then refuses a write: the block must only read."""
-        if wait:
-            if statement and not self.embedded:
-                with self._connect_reader("AUTOCOMMIT") as connection:
+        if wait and self.embedded:
+            with self._connect() as connection:
+                connection.execution_options(**{_MODE: "read"})  # for the begin hook
+                with connection.begin():
                     yield connection
-                return
-            with self._connect_reader() as connection, connection.begin():
-                yield connection
+            return
+        if wait:
+            try:
+                with self._postgresql_reader(statement) as connection:
+                    yield connection
+                    if not statement:
+                        try:
+                            connection.commit()
+                        except DBAPIError as error:
+                            if not _lost(error):
+                                raise  # lost: the snapshot was read whole, its answer stands
+            except BaseException as error:
+                self._raise_if_lost(error)
+                raise
             return
         if not self.embedded:
             raise WouldWait("a PostgreSQL read waits for the network")
@@ -598,14 +662,52 @@ class Database:
         finally:
             self._reader_now_lock.release()
 
-    @contextmanager
-    def _connect_reader(self, isolation: str = "REPEATABLE READ") -> Iterator[Connection]:
-        """A pooled connection for reads; on PostgreSQL at ``isolation``, read-only."""
-        with self._engine.connect() as connection:
-            connection.execution_options(**{_MODE: "read"})
-            if connection.dialect.name == "postgresql":
-                connection.execution_options(isolation_level=isolation, postgresql_readonly=True)
-            yield connection
+    def _postgresql_reader(self, statement: bool) -> Connection:
+        """A pooled connection for reads, in autocommit mode; unless ``statement``, in a
+        REPEATABLE READ, READ ONLY transaction begun here. That BEGIN is the round trip
+        psycopg made before the block's first statement; sent before the block, it finds a
+        connection lost unseen by the pool's poll (closed as it went out, say) while the
+        block can still be given another: it is, once."""
+        retry = True
+        while True:
+            connection = self._connect()
+            connection.execution_options(isolation_level="AUTOCOMMIT")
+            if statement:
+                return connection
+            connection.begin()
+            try:
+                _BEGIN_REPEATABLE_READ.execute(connection)
+            except BaseException as error:
+                connection.close()
+                if retry and _lost(error):
+                    retry = False
+                    continue
+                raise
+            return connection
+
+    def _connect(self) -> Connection:
+        """A pooled connection. PostgreSQL: one its server closed while it sat in the pool
+        is replaced first (``_configure_postgresql``); none to be made is
+        ``DatabaseUnreachable``."""
+        try:
+            return self._engine.connect()
+        except DBAPIError as error:
+            if self.embedded:
+                raise
+            raise DatabaseUnreachable(
+                f"cannot reach the database {self.where}: {_reason(error.orig)}", error.orig
+            ) from error
+
+    def _raise_if_lost(self, error: BaseException, outcome: str = "") -> None:
+        """PostgreSQL: ``DatabaseUnreachable`` from ``error`` if it is the loss of the
+        connection, with ``outcome`` (what became of the transaction) said; else nothing."""
+        if self.embedded or not _lost(error):
+            return
+        assert isinstance(error, DBAPIError)
+        raise DatabaseUnreachable(
+            f"lost the connection to the database {self.where}: {_reason(error.orig)}{outcome}",
+            error.orig,
+        ) from error
 
     def _upgrade(self) -> None:
         with self.read() as connection:
@@ -642,6 +744,17 @@ _DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
 def _password_hidden(url: str) -> str:
     """A URL SQLAlchemy cannot parse, shown without what looks like its password."""
     return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def _lost(error: BaseException) -> bool:
+    """The connection itself failed (its backend terminated, a restart, the network), not a
+    statement on it: SQLAlchemy invalidated it."""
+    return isinstance(error, DBAPIError) and error.connection_invalidated
+
+
+def _reason(orig: BaseException | None) -> str:
+    """The driver's error in its first line (psycopg's next ones guess at causes)."""
+    return next(iter(str(orig).strip().splitlines()), type(orig).__name__)
 
 
 def _busy(error: OperationalError) -> bool:
@@ -752,6 +865,13 @@ def _configure_postgresql(engine: Engine) -> None:
         cursor.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         cursor.close()
         dbapi_connection.commit()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        # Closed by its server while in the pool (a restart, its backend terminated): the
+        # pool replaces it, rather than hand it to a read or write that would fail on it.
+        if closed_while_idle(dbapi_connection.pgconn):
+            raise DisconnectionError("closed by the server while idle in the pool")
 
     @event.listens_for(engine, "before_cursor_execute")
     def _before_statement(connection: Connection, *_: Any) -> None:

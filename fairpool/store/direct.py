@@ -358,12 +358,26 @@ def _wrapped(connection: Connection, sql: str | None, error: Exception) -> Excep
     OperationalError, StatementError around a bind processor's error...); a lost connection
     is invalidated. So callers handle one kind of error."""
     dialect = connection.dialect
-    invalidated = isinstance(error, dialect.loaded_dbapi.Error) and dialect.is_disconnect(
-        error, connection.connection.driver_connection, None
+    invalidated = isinstance(error, dialect.loaded_dbapi.Error) and (
+        dialect.is_disconnect(error, connection.connection.driver_connection, None)
+        or _ends_the_session(error)
     )
     if invalidated:
         connection.invalidate(error)
     return _as_sqlalchemy(error, dialect, sql, invalidated)
+
+
+def _ends_the_session(error: BaseException | None) -> bool:
+    """Whether ``error``, or one it was raised over, is an error the server ends the session
+    with (FATAL: its backend terminated, the server shutting down). psycopg may not know the
+    connection lost yet: over a FATAL met in a pipeline it raises "cannot exit pipeline mode
+    while busy", and the ROLLBACK after it failed in turn, over the error that said why."""
+    while error is not None:
+        diag = getattr(error, "diag", None)
+        if getattr(diag, "severity_nonlocalized", None) in ("FATAL", "PANIC"):
+            return True
+        error = error.__context__
+    return False
 
 
 def _as_sqlalchemy(
