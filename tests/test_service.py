@@ -15,7 +15,7 @@ from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
-from fairpool.views import PassSummary
+from fairpool.views import PassSummary, RequestView
 from tests.worlds import demand
 
 
@@ -403,6 +403,15 @@ def test_an_expired_lease_returns_the_units_with_an_event(svc: Service, clock: C
         assert [e.kind for e in repo.list_events(conn, request_id=held.id)][-1] == "lease_expired"
 
 
+def two_holders_and_a_waiter(svc: Service) -> tuple[RequestView, RequestView, RequestView]:
+    """Of 2 GPUs, one held on a 60 s lease, one on a 120 s lease; a third request waits."""
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "orch")
+    return (svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60),
+            svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=120),
+            svc.create_request("orch", demand=demand(gpu_count=1)))
+
+
 def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
     svc: Service, clock: Clock
 ) -> None:
@@ -410,11 +419,7 @@ def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
     run out and showed it allocated until the next write; a heartbeat that expired another
     holder's lease freed its units but granted them to nobody (and then no read was due)."""
     svc.catch_up = True
-    svc.create_pool("p", {"gpu": 2})
-    svc.attach_policy("p", "orch")
-    first = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60)
-    second = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=120)
-    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    first, second, waiting = two_holders_and_a_waiter(svc)
     clock.now += timedelta(seconds=61)
     assert svc.heartbeat(second.id).status == "allocated"  # it expires the first's lease
     assert svc.get_request(first.id).status == "released"
@@ -432,11 +437,7 @@ def test_leases_a_heartbeat_expires_on_a_server_are_granted_and_counted_at_once(
     expiry."""
     passes: list[PassSummary] = []
     svc.on_pass = lambda summary, _: passes.append(summary)
-    svc.create_pool("p", {"gpu": 2})
-    svc.attach_policy("p", "orch")
-    first = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=60)
-    second = svc.create_request("orch", demand=demand(gpu_count=1), lease_ttl=120)
-    waiting = svc.create_request("orch", demand=demand(gpu_count=1))
+    first, second, waiting = two_holders_and_a_waiter(svc)
     clock.now += timedelta(seconds=30)
     passes.clear()
     assert svc.heartbeat(second.id).status == "allocated"
