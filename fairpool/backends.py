@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from fairpool.errors import InvalidInput
+from fairpool.errors import InvalidInput, password_hidden
 
 if TYPE_CHECKING:
     from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
@@ -29,7 +29,7 @@ def target(url: str | None, database_url: str | None, given: Collection[str]
     arguments) or taken from the environment. One given outright wins over the environment:
     ``home`` too, which then drops both; of the environment's, the server wins."""
     if {"url", "database_url"} <= set(given):
-        raise InvalidInput("database-url", database_url,
+        raise InvalidInput("database-url", password_hidden(str(database_url)),
                            f"give a server (url {url!r}) or a database, not both")
     if "url" in given:
         return url, database_url

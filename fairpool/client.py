@@ -518,8 +518,8 @@ def runs_once(max_retries: int) -> None:
 
 def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     """Release ``grant`` as its block ends (by ``kind``, or normally); a grant lost on the way
-    (preempted, expired) raises unless the block raised already, of its own accord: its
-    retry attempt, which nobody will run then, is cancelled."""
+    (preempted, expired) raises unless the block raised of its own accord, before it was
+    told: its retry attempt, which nobody will run then, is cancelled."""
     try:
         lost = grant.finish()
     except KeyboardInterrupt:
@@ -529,9 +529,9 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
         lost = grant.lost
     if lost is None:
         return
-    if kind is None or issubclass(kind, NotGranted) or (
-        issubclass(kind, KeyboardInterrupt) and grant.interrupted
-    ):
+    # Told of the loss (the heartbeat's interrupt), whatever the block made of it (a
+    # SystemExit, a RuntimeError of a framework's), it is the loss that ended the block.
+    if kind is None or issubclass(kind, NotGranted) or grant.interrupted:
         raise not_granted(lost) from None
     if lost.retried_as_id is not None:
         with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease will

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,12 @@ def clipped(text: str) -> str:
 def counted(count: int, noun: str) -> str:
     """``1 job``, ``2 jobs``: a count as a message writes it (regular plurals only)."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def password_hidden(url: str) -> str:
+    """A URL as shown in a message: what stands for its password (up to the last ``@`` of
+    its authority) as ``***``."""
+    return re.sub(r"(://[^/:@]*:)[^/]*@", r"\1***@", url)
 
 
 class FairpoolError(Exception):

@@ -494,6 +494,8 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
     assert_one_error(run("--url", "http://127.0.0.1:1", "--database-url", database),
                      "database-url: give a server (url 'http://127.0.0.1:1') or a database, "
                      "not both")
+    refused = run("--url", "http://127.0.0.1:1", "--database-url", "postgresql://me:pw@db/fp")
+    assert_one_error(refused, "(got 'postgresql://me:***@db/fp')")
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:

@@ -440,16 +440,20 @@ def test_a_signal_nohup_ignores_leaves_the_wait_be(tmp_path: Path, command: str)
     assert ("low", "cancelled", 1) not in statuses(tmp_path)
 
 
-def test_one_ctrl_c_in_a_terminal_reaches_the_command_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_group", [False, True], ids=["in-ours", "in-its-own"])
+def test_one_ctrl_c_in_a_terminal_reaches_the_command_once(tmp_path: Path, own_group: bool
+                                                          ) -> None:
     """The terminal sends it to its foreground process group, which holds the command too;
     ``run`` forwarded its own on top, and a second KeyboardInterrupt cut short what the
-    command did on the first (saving a checkpoint)."""
+    command did on the first (saving a checkpoint). A command in a group of its own
+    (``timeout``, ``setsid``) gets it from ``run`` only."""
     import pty
 
     setup(tmp_path)
     started = tmp_path / "started"
     script = (
-        "import time\n"
+        "import os, time\n"
+        f"{'os.setpgid(0, 0)' if own_group else ''}\n"
         f"open({str(started)!r}, 'w').close()\n"
         "try:\n    time.sleep(30)\n"
         "except KeyboardInterrupt:\n    time.sleep(1)\n    print('checkpoint saved')\n"
@@ -521,3 +525,61 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
         requests = httpx.get(f"{server.url}/api/v1/requests").json()["items"]
     assert [(r["status"], r["status_reason"]) for r in requests] == [
         ("cancelled", "cancelled: interrupted while waiting (SIGTERM)")]
+
+
+def test_a_command_that_ends_while_the_heartbeat_tells_of_its_preemption_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """The command ended by itself while the heartbeat that told of its preemption was on
+    its way (slow: the write lock is held meanwhile): ``run`` found it ended when it came to
+    stop it, took it for stopped, and ran the finished command again on the retry."""
+    import sqlite3
+
+    setup(tmp_path)
+    log, go = tmp_path / "log", tmp_path / "go"
+    script = (f"import os, time\nopen({str(log)!r}, 'a').write('run\\n')\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n")
+    runner = preemptible(tmp_path, script, "--lease-ttl", "6")  # a heartbeat every 2 s
+    until(log.exists)
+    started = time.monotonic()
+
+    def at(seconds: float) -> None:
+        time.sleep(max(0.0, started + seconds - time.monotonic()))
+
+    preempt(tmp_path)
+    at(1.6)
+    lock = sqlite3.connect(tmp_path / "fairpool.db", isolation_level=None, timeout=30)
+    lock.execute("BEGIN IMMEDIATE")  # the heartbeat at 2 s waits for it
+    try:
+        at(2.6)
+        go.touch()  # the command ends now, by itself
+        at(3.2)
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert log.read_text() == "run\n"
+    assert reasons(tmp_path)["low"] == (
+        "cancelled: not followed: its holder ended before it heard of the preemption")
+
+
+def test_a_retry_preempted_while_the_command_stops_is_followed(tmp_path: Path) -> None:
+    """Granted during the grace and preempted again, the retry attempt was taken for the
+    end: ``run`` exited 1, leaving the next attempt queued, to be granted to nobody."""
+    setup(tmp_path)
+    log = tmp_path / "log"
+    runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
+                         "--lease-ttl", "1", "--grace", "5", "--max-retries", "2")
+    until(log.exists)
+    boss = preempt(tmp_path)
+    until(lambda: "term" in log.read_text())
+    fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
+    until(lambda: ("low", "allocated", 2) in statuses(tmp_path))
+    boss = preempt(tmp_path)  # and preempted, the command still stopping
+    fairpool(tmp_path, "resource-request", "release", boss).ok()
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert log.read_text().count("start") == 2
+    assert [s for s in sorted(statuses(tmp_path)) if s[0] == "low"] == [
+        ("low", "preempted", 1), ("low", "preempted", 2), ("low", "released", 3)]

@@ -199,12 +199,13 @@ def _dump(engine: Engine) -> dict[str, list[Any]]:
      "or sqlite+pysqlite://"),
     ("postgresql://me:secret@db:abc/fp", "has a port that is not a number: use sqlite:///PATH "
      "or postgresql://USER@HOST/DATABASE (got 'postgresql://me:***@db:abc/fp')"),
+    ("postgresql://me:sec@ret@db:abc/fp", "(got 'postgresql://me:***@db:abc/fp')"),
 ])
 def test_a_database_url_fairpool_cannot_use_is_one_error(url: str, message: str) -> None:
     with pytest.raises(InvalidInput, match=re.escape(message)) as refused:
         Database.open(url)
     assert str(refused.value).startswith("database-url: ")
-    assert "secret" not in str(refused.value)
+    assert "secret" not in str(refused.value) and "ret@" not in str(refused.value)
 
 
 def test_unsupported_databases_are_refused() -> None:

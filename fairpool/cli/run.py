@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import json
 import os
 import signal
@@ -73,6 +72,13 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     _adopt_orphans()
     while True:
         data = wait_or_cancel(request, timeout)
+        if data["status"] == "preempted" and data["retried_as_id"]:
+            # A retry granted, and preempted again, while the command stopped: its own retry.
+            request = svc.get_request(data["retried_as_id"])
+            o.declare(f"Resource request `{data['id']}` was preempted before it ran: "
+                      f"{reason_of(data)}; retrying as attempt {request.attempt} "
+                      f"(request `{request.id}`)")
+            continue
         if data["status"] == "queued":  # only with a --timeout
             svc.cancel_request(request.id, gave_up(timeout or 0))
             o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
@@ -86,7 +92,8 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
         code, lost, signum = _run_once(request, command, lease_ttl, grace)
         if lost is None:
             try:
-                svc.release_request(request.id)
+                with submitting():  # a second signal waits for the release
+                    svc.release_request(request.id)
             except Conflict:  # expired or preempted just as the command ended
                 ended = svc.get_request(request.id)
                 o.declare(f"Resource request `{ended.id}` was {ended.status} as the command "
@@ -107,11 +114,18 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
 
 def _not_followed(request: RequestView, reason: str) -> None:
     """Cancel the retry attempt of ``request``, if it has one, which nobody will run."""
-    if request.retried_as_id is None:
+    retry = request.retried_as_id
+    if retry is None:
         return
-    with contextlib.suppress(Conflict):  # it ended meanwhile
-        service().cancel_request(request.retried_as_id, reason)
-    o.declare(f"Retry attempt `{request.retried_as_id}` cancelled: {reason}")
+    try:
+        service().cancel_request(retry, reason)
+    except Conflict:
+        pass  # it ended meanwhile
+    except Unreachable as error:
+        o.declare(f"Retry attempt `{retry}` is still waiting ({error}): cancel it with "
+                  f"`fairpool resource-request cancel {retry}`")
+        return
+    o.declare(f"Retry attempt `{retry}` cancelled: {reason}")
 
 
 def _run_once(
@@ -141,7 +155,7 @@ def _run_once(
 
     def forward(signum: int, _: FrameType | None) -> None:
         received.append(signum)
-        if not _the_terminal_sent_it(signum):
+        if not _the_terminal_sent_it(signum, child):
             child.send_signal(signum)
 
     previous = catch_ending_signals(forward)
@@ -164,7 +178,9 @@ def _run_once(
                 o.declare("Heartbeats get through again")
                 unreachable = False
             if current.status != "allocated":
-                keep = functools.partial(_keep, current.retried_as_id)
+                if child.poll() is not None:  # it ended by itself meanwhile: not stopped by us
+                    return _exit_code(child.returncode), None, next(iter(received), None)
+                keep = _keeping(current.retried_as_id)
                 return _stop(child, grace, interval, keep), current, next(iter(received), None)
     except BaseException:
         _stop(child, grace, interval)
@@ -177,25 +193,35 @@ def _run_once(
         restore(previous)
 
 
-def _the_terminal_sent_it(signum: int) -> bool:
-    """Ctrl-C, or a hang-up, in a terminal where we run in the foreground: the terminal sent
-    it to our whole process group, the command's too, which must not get it twice (a
-    second Ctrl-C cuts short what a program does on the first, saving a checkpoint, say)."""
+def _the_terminal_sent_it(signum: int, child: subprocess.Popen[bytes]) -> bool:
+    """Ctrl-C, or a hang-up, in a terminal whose foreground process group is ours and the
+    command's: the terminal sent it to the command too, which must not get it twice (a
+    second Ctrl-C cuts short what a program does on the first, saving a checkpoint, say).
+    A command in a group of its own (``timeout``, ``setsid``) gets it from us. (Sent to our
+    pid alone by ``kill -INT`` then, it is not forwarded: SIGTERM always is.)"""
     if signum not in (signal.SIGINT, signal.SIGHUP):
         return False
     try:
         with open("/dev/tty", "rb", buffering=0) as tty:
-            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
-    except OSError:  # no controlling terminal
+            foreground = os.tcgetpgrp(tty.fileno())
+        return foreground == os.getpgrp() == os.getpgid(child.pid)
+    except OSError:  # no controlling terminal; the command gone
         return False
 
 
-def _keep(retry: str | None) -> None:
-    """Heartbeat the retry attempt while the preempted command stops: granted meanwhile, its
-    lease runs from then, and a grace period longer than the lease would let it expire."""
-    if retry is not None:
-        with contextlib.suppress(Conflict, NotFound, Unreachable):
-            service().heartbeat(retry)
+def _keeping(retry: str | None) -> Callable[[], None]:
+    """What heartbeats the retry attempt while the preempted command stops: granted
+    meanwhile, its lease runs from then, and a grace longer than the lease would let it
+    expire. Preempted in turn, it is its own retry attempt that is kept."""
+    def keep() -> None:
+        nonlocal retry
+        if retry is not None:
+            with contextlib.suppress(Conflict, NotFound, Unreachable):
+                kept = service().heartbeat(retry)
+                if kept.status == "preempted":
+                    retry = kept.retried_as_id
+
+    return keep
 
 
 class _NotFound(click.ClickException):

@@ -32,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 from sqlalchemy.engine import make_url
 
-from fairpool.errors import InvalidInput, Unreachable, WouldWait, counted
+from fairpool.errors import InvalidInput, Unreachable, WouldWait, counted, password_hidden
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
@@ -247,7 +246,7 @@ class Database:
         except (ArgumentError, ValueError) as error:  # ValueError: a port not a number
             problem = "has a port that is not a number" if isinstance(error, ValueError) else (
                 "is not a database URL")
-            raise InvalidInput("database-url", _password_hidden(url), f"{problem}: use "
+            raise InvalidInput("database-url", password_hidden(url), f"{problem}: use "
                                "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
         backend = parsed.get_backend_name()
         driver = _DRIVERS.get(backend)
@@ -739,11 +738,6 @@ class Database:
 
 #: The driver fairpool installs, by backend.
 _DRIVERS = {"sqlite": "pysqlite", "postgresql": "psycopg"}
-
-
-def _password_hidden(url: str) -> str:
-    """A URL SQLAlchemy cannot parse, shown without what looks like its password."""
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
 
 
 def _lost(error: BaseException) -> bool:
