@@ -172,9 +172,8 @@ class Grant:
         finally:
             for held in self._held:
                 held.let_go()
-        if term is not None and term.deferred and not term.shielded:
-            term.deferred = False
-            raise SystemExit(128 + signal.SIGTERM)
+        if term is not None:
+            term.replay()
         return self.lost
 
     def _release(self) -> None:
@@ -463,22 +462,21 @@ class _Acquire:
     def _start(self, make: Callable[[], RequestView]) -> Grant:
         """Make the request (submit it, or read the retry attempt), wait for it, then hold
         it; a request still queued on the way out (timeout, Ctrl-C, SIGTERM) is cancelled so
-        it does not get units nobody will use. A SIGTERM during the submit waits for its
-        answer, which tells what to cancel."""
+        it does not get units nobody will use. A SIGTERM or a Ctrl-C during the submit waits
+        for its answer, which tells what to cancel."""
         main = threading.current_thread() is threading.main_thread()
-        held = _HeldSignal.hold(signal.SIGTERM) if main else None
+        held = [h for s in (signal.SIGTERM, signal.SIGINT) if main and (h := _HeldSignal.hold(s))]
         try:
-            if held is not None:
-                held.shielded += 1
+            for signalled in held:
+                signalled.shielded += 1
             try:
                 request = make()
             finally:
-                if held is not None:
-                    held.shielded -= 1
+                for signalled in held:
+                    signalled.shielded -= 1
             try:
-                if held is not None and held.deferred and not held.shielded:
-                    held.deferred = False
-                    raise SystemExit(128 + signal.SIGTERM)
+                for signalled in held:
+                    signalled.replay()
                 if request.status == "queued":
                     request = self._client.wait(request.id, self._timeout)
                 if request.status == "queued":
@@ -494,8 +492,8 @@ class _Acquire:
                 raise not_granted(request)
             return Grant(self._client, request, self._interval)
         finally:
-            if held is not None:
-                held.let_go()
+            for signalled in held:
+                signalled.let_go()
 
 
 def stopped_waiting(error: BaseException, timeout: float | None) -> str:
@@ -587,10 +585,19 @@ class _HeldSignal:
             signal.signal(self.signum, self.before)
 
     def __call__(self, signum: int, frame: object) -> None:
+        if self.shielded and not _interrupting.is_set():
+            self.deferred = True  # the call goes on; ``replay`` once it is done
+            return
+        self._act(signum, frame)
+
+    def replay(self) -> None:
+        """What a signal deferred during the shielded calls does, once the last is done."""
+        if self.deferred and not self.shielded:
+            self.deferred = False
+            self._act(self.signum, None)
+
+    def _act(self, signum: int, frame: object) -> None:
         if signum == signal.SIGTERM:
-            if self.shielded:  # the call goes on; its caller raises once it is done
-                self.deferred = True
-                return
             raise SystemExit(128 + signum)
         if _interrupting.is_set():
             _interrupting.clear()

@@ -484,10 +484,16 @@ def test_the_decorator_refuses_what_would_run_after_it_let_go(home: str) -> None
     assert client.list_requests() == []
 
 
-def test_a_sigterm_during_the_submit_cancels_the_request_it_makes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "ended"), [
+    (signal.SIGTERM, (128 + signal.SIGTERM, "SystemExit")),
+    (signal.SIGINT, (-signal.SIGINT, "KeyboardInterrupt")),  # as Python dies of a Ctrl-C
+])
+def test_a_signal_during_the_submit_cancels_the_request_it_makes(
+    tmp_path: Path, signum: int, ended: tuple[int, str]
+) -> None:
     """The handler came after the submit, although the docs promised it from the submit: a
     SIGTERM while the server had not answered yet ended the process by the default action,
-    leaving the request it made queued."""
+    and a Ctrl-C interrupted the submit; either left the request it made queued."""
     server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
     script = ("import sys\nfrom fairpool import Client\n"
               "with Client(sys.argv[1]).acquire({'gpu': 1}, component='low', timeout=60):\n"
@@ -500,14 +506,14 @@ def test_a_sigterm_during_the_submit_cancels_the_request_it_makes(tmp_path: Path
             holder = subprocess.Popen([sys.executable, "-c", script, server.url],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(1.5)  # started, and sent its submit
-            holder.send_signal(signal.SIGTERM)
+            holder.send_signal(signum)
         finally:
             server.process.send_signal(signal.SIGCONT)
         out, err = holder.communicate(timeout=60)
-        assert (holder.returncode, out) == (128 + signal.SIGTERM, ""), err
+        assert (holder.returncode, out) == (ended[0], ""), err
         client = Client(server.url)
         try:
             assert [(r.status, r.status_reason) for r in client.list_requests()] == [
-                ("cancelled", "cancelled: interrupted while waiting (SystemExit)")]
+                ("cancelled", f"cancelled: interrupted while waiting ({ended[1]})")]
         finally:
             client.close()
