@@ -20,6 +20,7 @@ from fairpool import Client, ResourceSettings
 from fairpool.client import NotGranted, Preempted, Rejected, WaitTimeout
 from fairpool.errors import InvalidInput
 from fairpool.service import open_service
+from fairpool.views import RequestView
 from tests.servers import ApiServer, running, setup_pool
 
 
@@ -413,6 +414,29 @@ def test_a_holder_hears_within_a_heartbeat_that_its_request_was_deleted(home: st
             client.delete(grant.id)
             time.sleep(10)  # interrupted
     assert client.submit({"gpu": 2}, component="low").status == "allocated"
+
+
+def test_a_wait_given_up_as_its_request_is_granted_gives_the_units_back(
+    home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Granted between the wait's last answer and the check before the cancel: it was
+    cancelled only if still queued, and stayed allocated to nobody until its lease ran out."""
+    client = Client(home=home)
+    blocker = client.submit({"gpu": 2}, component="high", lease_ttl=None)
+    waited = client.wait
+
+    def wait(ref: str, timeout: float | None) -> RequestView:
+        still = waited(ref, 0)  # queued, as the wait answers
+        client.release(blocker.id)  # and granted just after
+        return still
+
+    monkeypatch.setattr(client, "wait", wait)
+    with pytest.raises(WaitTimeout):
+        with client.acquire({"gpu": 2}, component="low", timeout=0.1):
+            pytest.fail("never held")
+    (mine,) = client.list_requests(component="low")
+    assert mine.status == "cancelled" and mine.allocated_at is not None
+    assert client.get_pool("p").occupied == {"gpu": 0}
 
 
 def test_an_exception_in_the_block_releases_and_goes_up(home: str) -> None:
