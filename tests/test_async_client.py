@@ -298,6 +298,34 @@ def test_a_holder_hears_within_a_heartbeat_that_its_request_was_deleted(
     run(main())
 
 
+def test_a_wait_given_up_as_its_request_is_granted_gives_the_units_back(
+    target: dict[str, str]
+) -> None:
+    """Granted between the wait's last answer and the check before the cancel: it was
+    cancelled only if still queued, and stayed allocated to nobody until its lease ran out."""
+    async def main() -> None:
+        client = AsyncClient(**target)
+        await setup(client, "late", 2)
+        blocker = await client.submit({"gpu": 2}, component="late-high", lease_ttl=None)
+        waited = client.wait
+
+        async def wait(ref: str, timeout: float | None) -> object:
+            still = await waited(ref, 0)  # queued, as the wait answers
+            await client.release(blocker.id)  # and granted just after
+            return still
+
+        client.wait = wait  # type: ignore[method-assign]
+        with pytest.raises(WaitTimeout):
+            async with client.acquire({"gpu": 2}, component="late-low", timeout=0.1):
+                pytest.fail("never held")
+        (mine,) = await client.list_requests(component="late-low")
+        assert mine.status == "cancelled" and mine.allocated_at is not None
+        assert (await client.get_pool("late")).occupied == {"gpu": 0}
+        await client.close()
+
+    run(main())
+
+
 def test_a_with_block_refuses_retries_before_submitting(target: dict[str, str]) -> None:
     """Its retry attempt got the units after the preemption, for nobody, until its lease
     ended: a with block runs once (the decorator runs again)."""
