@@ -185,7 +185,7 @@ def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str
         raise click.UsageError("--timeout only applies with --wait.")
     request = request_fields(**fields)
     # Without --wait, an interrupted create is just that (the request made or not, as asked).
-    guard: AbstractContextManager[list[int]] = submitting() if wait else nullcontext([])
+    guard: AbstractContextManager[list[int]] = holding_signals() if wait else nullcontext([])
     with (o.spinner(f"Creating resource request for component '{request['component']}'...\n"),
           guard as received):
         created = service().create_request(**request, lease_ttl=lease_ttl)
@@ -275,24 +275,31 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
 
 def cancel_and_exit(request: RequestView, signum: int) -> NoReturn:
     """Interrupted by ``signum``: cancel ``request`` and exit with 128 + its number."""
-    try:
-        # Allocated meanwhile: that releases it.
-        service().cancel_request(request.id, interrupted(signal.Signals(signum).name))
-    except Conflict:
-        pass  # it ended meanwhile
-    except Unreachable as error:  # it would be granted to nobody, for ever without a lease
-        o.declare(f"Interrupted: resource request `{request.id}` is still waiting ({error}): "
-                  f"cancel it with `fairpool resource-request cancel {request.id}`")
-    else:
-        o.declare(f"Interrupted: resource request `{request.id}` cancelled")
+    cancel_saying("Interrupted: resource request", request.id,
+                  interrupted(signal.Signals(signum).name))
     sys.exit(128 + signum)
 
 
+def cancel_saying(what: str, request_id: str, reason: str) -> None:
+    """Cancel a request nobody will use (allocated meanwhile, that releases it) and say so.
+    The server out of reach, say what is left waiting, to be granted to nobody (for ever
+    without a lease), and how to cancel it."""
+    try:
+        service().cancel_request(request_id, reason)
+    except Conflict:
+        return  # it ended meanwhile
+    except Unreachable as error:
+        o.declare(f"{what} `{request_id}` is still waiting ({error}): cancel it with "
+                  f"`fairpool resource-request cancel {request_id}`")
+        return
+    o.declare(f"{what} `{request_id}` cancelled: {reason}")
+
+
 @contextmanager
-def submitting() -> Iterator[list[int]]:
-    """The ending signals received while the block submits a request, held until it is
-    made: cut short, the submit would leave a request nobody knows of, to be granted to
-    nobody. The caller then ``cancel_and_exit``s."""
+def holding_signals() -> Iterator[list[int]]:
+    """The ending signals received while the block runs, held until it ends: a submit cut
+    short would leave a request nobody knows of, to be granted to nobody (the caller then
+    ``cancel_and_exit``s); a release cut short, units held until the lease ran out."""
     received: list[int] = []
     previous = catch_ending_signals(lambda signum, _: received.append(signum))
     try:

@@ -21,13 +21,14 @@ from fairpool.cli.common import Seconds, database_url_option, service
 from fairpool.cli.resource_request import (
     EXIT_TIMEOUT,
     cancel_and_exit,
+    cancel_saying,
     catch_ending_signals,
+    holding_signals,
     queue_summary,
     reason_of,
     request_fields,
     request_options,
     restore,
-    submitting,
     wait_or_cancel,
 )
 from fairpool.errors import Conflict, NotFound, Unreachable
@@ -65,7 +66,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     --max-retries allows.
     """
     svc = service()
-    with submitting() as received:
+    with holding_signals() as received:
         request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
     if received:
         cancel_and_exit(request, received[0])
@@ -92,7 +93,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
         code, lost, signum = _run_once(request, command, lease_ttl, grace)
         if lost is None:
             try:
-                with submitting():  # a second signal waits for the release
+                with holding_signals():
                     svc.release_request(request.id)
             except Conflict:  # expired or preempted just as the command ended
                 ended = svc.get_request(request.id)
@@ -114,18 +115,8 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
 
 def _not_followed(request: RequestView, reason: str) -> None:
     """Cancel the retry attempt of ``request``, if it has one, which nobody will run."""
-    retry = request.retried_as_id
-    if retry is None:
-        return
-    try:
-        service().cancel_request(retry, reason)
-    except Conflict:
-        pass  # it ended meanwhile
-    except Unreachable as error:
-        o.declare(f"Retry attempt `{retry}` is still waiting ({error}): cancel it with "
-                  f"`fairpool resource-request cancel {retry}`")
-        return
-    o.declare(f"Retry attempt `{retry}` cancelled: {reason}")
+    if request.retried_as_id is not None:
+        cancel_saying("Retry attempt", request.retried_as_id, reason)
 
 
 def _run_once(
