@@ -30,6 +30,7 @@ from fairpool.errors import (
 )
 from fairpool.frontends.names import check_unicode
 from fairpool.ids import new_id
+from fairpool.outage import Outage
 from fairpool.views import (
     COMPONENT_TYPES,
     REQUEST_STATUSES,
@@ -44,13 +45,6 @@ from fairpool.views import (
 #: times in all, backing off.
 _ATTEMPTS = 6
 
-#: How long a wait rides out a server it cannot reach (a restart, an upgrade, its database's
-#: failover) before it gives up: a queued request waits on in the database meanwhile.
-WAIT_OUTAGE = 120.0
-
-#: The most queued requests a client remembers for that.
-_HEARD = 1000
-
 log = logging.getLogger(__name__)
 
 
@@ -63,11 +57,8 @@ class RemoteService:
             headers=headers,
             timeout=httpx.Timeout(10.0, read=75.0),
         )
-        #: The queued requests by id, as last heard of (created, got, waited for): a wait
-        #: answers that again while the server cannot be reached (``_unheard``), since when
-        #: it cannot.
-        self._heard: dict[str, RequestView] = {}
-        self._unreachable_since: float | None = None
+        #: What a wait rides out while the server cannot be reached.
+        self._outage = Outage("server")
 
     def close(self) -> None:
         self.http.close()
@@ -194,11 +185,13 @@ class RemoteService:
                 "resources": dict(demand or {}), "preemptible": preemptible,
                 "max_retries": max_retries, "labels": dict(labels or {}),
                 "lease_ttl": lease_ttl, "idempotency_key": new_id()}
-        return self._hear(RequestView.from_dict(self._call("POST", "/requests", json=body)))
+        return self._outage.hear(
+            RequestView.from_dict(self._call("POST", "/requests", json=body))
+        )
 
     def get_request(self, ref: str) -> RequestView:
         path = f"/requests/{_segment(ref, 'request')}"
-        return self._hear(RequestView.from_dict(self._call("GET", path)))
+        return self._outage.hear(RequestView.from_dict(self._call("GET", path)))
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
@@ -228,39 +221,10 @@ class RemoteService:
                     self._call("GET", path, params={"timeout": min(left, 60.0)})
                 )
             except Unreachable as error:
-                return self._unheard(ref, error)
-            if self._unreachable_since is not None:
-                log.warning("The fairpool server answers again")
-                self._unreachable_since = None
-            self._hear(request)
+                return self._outage.unheard(ref, error)
+            self._outage.hear(request)
             if request.status != "queued" or deadline - time.monotonic() <= 0:
                 return request
-
-    def _hear(self, request: RequestView) -> RequestView:
-        if request.status != "queued":
-            self._heard.pop(request.id, None)
-            return request
-        self._heard[request.id] = request
-        if len(self._heard) > _HEARD:  # the oldest, most likely decided since unheard of
-            self._heard.pop(next(iter(self._heard)), None)
-        return request
-
-    def _unheard(self, ref: str, error: Unreachable) -> RequestView:
-        now = time.monotonic()
-        since = now if self._unreachable_since is None else self._unreachable_since
-        # A copy: the waits of other threads (AsyncClient's) may change it meanwhile.
-        heard = list(self._heard.items())
-        last = next((r for id_, r in heard if id_.startswith(ref.lower())), None)
-        if last is None or now - since >= WAIT_OUTAGE:
-            self._unreachable_since = None
-            raise Unreachable(
-                f"{error}; resource request `{ref}` may still be queued there (once it "
-                f"answers: fairpool resource-request cancel {ref})"
-            ) from None
-        if self._unreachable_since is None:
-            self._unreachable_since = now
-            log.warning("%s; still waiting, for up to %d s", error, WAIT_OUTAGE)
-        return last
 
     def heartbeat(self, ref: str) -> RequestView:
         path = f"/requests/{_segment(ref, 'request')}/heartbeat"

@@ -40,8 +40,9 @@ from fairpool.frontends.names import (
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.idempotency import validate_key
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
+from fairpool.outage import Outage
 from fairpool.store import repo
-from fairpool.store.db import Database, default_url, fairpool_home
+from fairpool.store.db import Database, DatabaseUnreachable, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
 from fairpool.store.direct import DeferredWriteFailed, send_deferred
 from fairpool.store.records import (
@@ -348,6 +349,8 @@ class Service:
         #: commands, so a read of requests, pools or components first runs the pass a server's
         #: tick would have run by now, when one is due (``_catch_up``).
         self.catch_up = catch_up
+        #: A client's (``catch_up``) waits ride out the database out of reach for a while.
+        self._outage = Outage("database") if catch_up else None
         #: Called with every committed pass's summary and the views of the requests it took
         #: out of the queue (``PassSummary.dequeued``) as committed: the server's metrics and
         #: long-poll wake-ups, which answer with those views instead of reading them. After
@@ -690,12 +693,17 @@ class Service:
             tx.unwritten[request.id] = idempotency_key
             return lambda tx, done: self._request_view_after(tx, done, request.id)
 
-        return self._write(change, tracked=True)
+        return self._heard(self._write(change, tracked=True))
 
     def get_request(self, ref: str) -> RequestView:
         self._catch_up()
         with self.db.read() as conn:
-            return self._request_view(conn, ref)
+            return self._heard(self._request_view(conn, ref))
+
+    def _heard(self, request: RequestView) -> RequestView:
+        if self._outage is not None:
+            self._outage.hear(request)
+        return request
 
     def decided_request(self, ref: str, wait: bool = True) -> tuple[str, RequestView | None]:
         """The id of request ``ref`` and, unless it still waits, its view, without the
@@ -754,13 +762,19 @@ class Service:
 
         Embedded, nobody else runs passes for us: reconcile, then poll with capped backoff
         (other processes' releases reach us only through the file). Holds no transaction
-        while sleeping.
+        while sleeping. A client's wait polls on through a database out of reach, for up to
+        ``WAIT_OUTAGE`` (``Outage``).
         """
         deadline = time.monotonic() + seconds
         delay = 0.1
         while True:
-            self.reconcile()
-            request = self.get_request(ref)
+            try:
+                self.reconcile()
+                request = self.get_request(ref)
+            except DatabaseUnreachable as error:
+                if self._outage is None:
+                    raise
+                request = self._outage.unheard(ref, error)
             left = deadline - time.monotonic()
             if request.status != RequestStatus.QUEUED.value or left <= 0:
                 return request

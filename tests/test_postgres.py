@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -378,6 +379,88 @@ def test_an_operation_meeting_a_lost_connection_fails_with_its_error(
         with pytest.raises(Unreachable, match=r"; nothing was written$"):
             service._write(change, tracked=True)
         assert service.create_request("team", demand={"gpu": 1}).status == "allocated"
+
+
+@contextmanager
+def out_of_reach(url: str) -> Iterator[None]:
+    """The database at ``url`` refuses connections and its sessions are ended (a restart, a
+    failover), until the block ends."""
+    dbname = make_url(url).database
+    with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE datname = %s", [dbname])
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+
+
+def test_a_wait_on_the_database_rides_out_an_outage_and_says_what_is_left_when_it_gives_up(
+    url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Working on the database directly (``--database-url``), a wait polls on while the
+    database cannot be reached, as a wait on a server does while the server cannot, and gets
+    the units once it is back and they are released; before, the first refused connection
+    ended it, leaving its request queued. Out of reach for longer than ``WAIT_OUTAGE``:
+    ``Unreachable``, naming the request left queued."""
+    with team_service(url, gpus=1) as admin, Client(database_url=url) as client:
+        holder = admin.create_request("team", demand={"gpu": 1})
+        queued = client.submit({"gpu": 1}, component="team", lease_ttl=None)
+        found: list[Any] = []
+
+        def wait() -> None:
+            try:
+                found.append(client.wait(queued.id, 60))
+            except Exception as error:  # the assertion below shows it
+                found.append(error)
+
+        waiter = threading.Thread(target=wait)
+        with out_of_reach(url):
+            waiter.start()
+            time.sleep(2)  # several polls refused
+        admin.release_request(holder.id)
+        waiter.join(timeout=60)
+        assert [getattr(r, "status", r) for r in found] == ["allocated"]
+        assert "still waiting, for up to 120 s" in caplog.text
+        assert "The fairpool database answers again" in caplog.text
+
+        client.release(queued.id)
+        admin.create_request("team", demand={"gpu": 1})
+        left = client.submit({"gpu": 1}, component="team", lease_ttl=None)
+        monkeypatch.setattr("fairpool.outage.WAIT_OUTAGE", 1.0)
+        with out_of_reach(url), pytest.raises(
+            Unreachable, match=f"resource request `{left.id}` may still be queued there "
+                               f".*fairpool resource-request cancel {left.id}"
+        ):
+            client.wait(left.id, 60)
+
+
+def test_a_database_host_that_does_not_answer_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that takes the connection and then says nothing (hung, or failing over):
+    ``Unreachable`` after ``CONNECT_TIMEOUT``. libpq's default waits for ever, a wait with
+    it far past ``WAIT_OUTAGE``."""
+    monkeypatch.setattr(store_db, "CONNECT_TIMEOUT", 2)  # libpq's least
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody reads
+        port = silent.getsockname()[1]
+        failed: list[BaseException] = []
+
+        def open_it() -> None:
+            try:
+                Database.open(f"postgresql+psycopg://fp@127.0.0.1:{port}/fp").close()
+            except BaseException as error:  # the assertion below shows it
+                failed.append(error)
+
+        opener = threading.Thread(target=open_it, daemon=True)
+        started = time.monotonic()
+        opener.start()
+        opener.join(timeout=30)
+        assert not opener.is_alive(), "still connecting after 30 s"
+    assert time.monotonic() - started < 10
+    [error] = failed
+    assert isinstance(error, Unreachable) and "timeout" in str(error), error
 
 
 def test_a_writer_connection_lost_while_idle_is_replaced_before_the_next_write(

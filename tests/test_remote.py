@@ -642,7 +642,7 @@ def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(
 
         left = client.submit({"gpu": 1}, component="outage-orch", lease_ttl=None)
         client.wait(left.id, 0)
-        monkeypatch.setattr("fairpool.remote.WAIT_OUTAGE", 1.0)
+        monkeypatch.setattr("fairpool.outage.WAIT_OUTAGE", 1.0)
         monkeypatch.setattr("fairpool.remote._ATTEMPTS", 2)
         server.kill()
         with pytest.raises(Unreachable, match=f"resource request `{left.id}` may still be "

@@ -52,7 +52,7 @@ from sqlalchemy.exc import (
 
 if TYPE_CHECKING:
     from alembic.config import Config
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from fairpool.errors import InvalidInput, Unreachable, WouldWait, counted, password_hidden
 from fairpool.store.direct import (
@@ -71,6 +71,10 @@ log = logging.getLogger("fairpool.store")
 
 #: How long a writer waits for the write lock before it fails, on both backends.
 LOCK_TIMEOUT_MS = 30_000
+#: PostgreSQL: how long making a connection may take (libpq's ``connect_timeout``, unless
+#: the URL gives one; libpq's own default waits for ever, and a host that stopped answering
+#: would hold a command far past what a wait rides out, ``WAIT_OUTAGE``).
+CONNECT_TIMEOUT = 10
 #: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL: under the heaviest
 #: load measured (~60 MB of WAL a second) it stays under ``WAL_SIZE_LIMIT``.
 CHECKPOINT_SECONDS = 1.0
@@ -266,7 +270,8 @@ class Database:
                 # psycopg 3 is the driver fairpool depends on; SQLAlchemy's default is psycopg2.
                 parsed = parsed.set(drivername="postgresql+psycopg")
             # Writes need READ COMMITTED (see _opening); reads switch per connection.
-            engine = create_engine(parsed, isolation_level="READ COMMITTED")
+            engine = create_engine(parsed, isolation_level="READ COMMITTED",
+                                   connect_args=_connect_defaults(parsed))
             _configure_postgresql(engine)
         else:
             raise ValueError(
@@ -409,8 +414,11 @@ class Database:
         """A psycopg ``AsyncConnection`` in autocommit mode, for the loop."""
         import psycopg  # only here: SQLite never needs it
 
-        _, parameters = self._engine.dialect.create_connect_args(self._engine.url)
-        connection = await psycopg.AsyncConnection.connect(**parameters, autocommit=True)
+        url = self._engine.url
+        _, parameters = self._engine.dialect.create_connect_args(url)
+        connection = await psycopg.AsyncConnection.connect(
+            **{**_connect_defaults(url), **parameters}, autocommit=True
+        )
         await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         return connection
 
@@ -844,6 +852,11 @@ def _retry_while_locked(run: Callable[[str], object], statement: str) -> None:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+
+def _connect_defaults(url: URL) -> dict[str, Any]:
+    """What a PostgreSQL connection is made with where ``url`` does not say."""
+    return {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
 
 
 def _configure_postgresql(engine: Engine) -> None:
