@@ -6,17 +6,30 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fairpool.async_client import AsyncClient
-    from fairpool.client import Client
+    from fairpool.client import Cancelled, Client, NotGranted, Preempted, Rejected, WaitTimeout
+    from fairpool.errors import (
+        AmbiguousReference,
+        Conflict,
+        FairpoolError,
+        InvalidInput,
+        NotFound,
+        Unreachable,
+    )
     from fairpool.settings import ResourceSettings
 
-__all__ = ["AsyncClient", "Client", "ResourceSettings"]
+__all__ = ["AmbiguousReference", "AsyncClient", "Cancelled", "Client", "Conflict",
+           "FairpoolError", "InvalidInput", "NotFound", "NotGranted", "Preempted", "Rejected",
+           "ResourceSettings", "Unreachable", "WaitTimeout"]
 __version__ = "0.1.0"
 
 # Loaded on first use: every CLI call imports this package, and most never need pydantic
 # or httpx.
 _LAZY = {
     "AsyncClient": "fairpool.async_client",
-    "Client": "fairpool.client",
+    **dict.fromkeys(["Cancelled", "Client", "NotGranted", "Preempted", "Rejected",
+                     "WaitTimeout"], "fairpool.client"),
+    **dict.fromkeys(["AmbiguousReference", "Conflict", "FairpoolError", "InvalidInput",
+                     "NotFound", "Unreachable"], "fairpool.errors"),
     "ResourceSettings": "fairpool.settings",
 }
 

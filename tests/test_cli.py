@@ -413,22 +413,31 @@ def test_a_database_that_cannot_be_opened_is_one_error_line(
     missing = postgres.url("fairpool_no_such_database").replace("postgres@", "postgres:pw@")
     not_a_database = tmp_path / "notes.txt"
     not_a_database.write_text("not a database")
-    server, tokens, module = (
+    not_listening = "postgresql+psycopg://postgres@127.0.0.1:1/x"
+
+    def module_server(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fairpool.api", "--port", str(free_port()), *args],
+            env={**cli_env(tmp_path), **env}, capture_output=True, text=True, timeout=60,
+            check=False,
+        )
+
+    server, tokens, module, module_env = (
         fairpool(tmp_path, "server", "--port", str(free_port()), "--database-url", missing),
         fairpool(tmp_path, "token", "list", "--database-url", f"sqlite:///{not_a_database}"),
-        subprocess.run(
-            [sys.executable, "-m", "fairpool.api", "--port", str(free_port()), "--database-url",
-             "postgresql+psycopg://postgres@127.0.0.1:1/x"],
-            env=cli_env(tmp_path), capture_output=True, text=True, timeout=120, check=False,
-        ),
+        module_server(["--database-url", not_listening], {}),
+        # Read as `fairpool server` reads it: before, the module served the SQLite store.
+        module_server([], {"FAIRPOOL_DATABASE_URL": not_listening}),
     )
     assert_one_error(server, "cannot open the database", "postgres:***@",
                      'database "fairpool_no_such_database" does not exist')
     assert_one_error(tokens, f"cannot open the database sqlite:///{not_a_database}: "
                              "file is not a database")
-    assert module.returncode == 1 and module.stdout == "", module
-    assert module.stderr.startswith("Error: cannot open the database "), module.stderr
-    assert len(module.stderr.strip().splitlines()) == 1, module.stderr
+    for started in (module, module_env):
+        assert started.returncode == 1 and started.stdout == "", started
+        assert started.stderr.startswith(f"Error: cannot open the database {not_listening}"), \
+            started.stderr
+        assert len(started.stderr.strip().splitlines()) == 1, started.stderr
 
 
 def test_every_command_works_on_the_database_it_is_given(tmp_path: Path, database_url: str
@@ -499,12 +508,15 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
-    missing, bad_choice, no_number, forever = fairpool_many(tour.home, [
+    missing, bad_choice, no_number, forever, no_value, no_output = fairpool_many(tour.home, [
         ("resource-pool", "create", "p3"),
         ("resource-pool", "requests", POOL, "--view", "sideways"),
         # click's FloatRange lets NaN through: a deadline that never comes.
         (*CREATE_REQUEST, COMPONENT, "--gpu-count", "1", "--wait", "--timeout", "nan"),
         ("run", "--component", COMPONENT, "--grace", "inf", "--", "true"),
+        # click's parser raises these without the command's context: it said 'fairpool -h'.
+        ("resource-pool", "create", "p3", "--capacity"),
+        ("--home", str(tour.home), "token", "list", "-o"),
     ])
     assert missing.code == 2 and "--capacity" in missing.err
     assert bad_choice.code == 2 and "sideways" in bad_choice.err
@@ -515,6 +527,11 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
         assert len(result.err.strip().splitlines()) == 1, result.err
     assert missing.err == ("Error: Missing option '--capacity' / '-c'. "
                            "(see 'fairpool resource-pool create -h')\n")
+    assert no_value.code == 2 and no_value.err == (
+        "Error: Option '--capacity' requires an argument. "
+        "(see 'fairpool resource-pool create -h')\n")
+    assert no_output.code == 2 and no_output.err == (
+        "Error: Option '-o' requires an argument. (see 'fairpool token list -h')\n")
 
 
 # -- state-changing tests ----------------------------------------------------------------

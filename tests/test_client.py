@@ -16,9 +16,16 @@ from typing import Any
 
 import pytest
 
-from fairpool import Client, ResourceSettings
-from fairpool.client import NotGranted, Preempted, Rejected, WaitTimeout
-from fairpool.errors import InvalidInput
+import fairpool
+from fairpool import (
+    Client,
+    InvalidInput,
+    NotGranted,
+    Preempted,
+    Rejected,
+    ResourceSettings,
+    WaitTimeout,
+)
 from fairpool.service import open_service
 from fairpool.views import RequestView
 from tests.servers import ApiServer, running, setup_pool
@@ -32,6 +39,20 @@ def home(tmp_path: Path) -> str:
     svc.attach_policy("p", "high", priority=9)
     svc.db.close()
     return str(tmp_path)
+
+
+def test_what_the_docs_name_is_importable_from_fairpool() -> None:
+    """The outcomes and errors docs/service.md names, as ``from fairpool import ...``: they
+    were only in ``fairpool.client`` and ``fairpool.errors``, which no page mentions."""
+    names = ["AsyncClient", "Client", "ResourceSettings", "NotGranted", "Rejected", "Cancelled",
+             "Preempted", "WaitTimeout", "FairpoolError", "InvalidInput", "NotFound",
+             "Conflict", "AmbiguousReference", "Unreachable"]
+    assert sorted(fairpool.__all__) == sorted(names)
+    for name in names:
+        found = getattr(fairpool, name)
+        assert getattr(sys.modules[found.__module__], name) is found
+    assert issubclass(fairpool.Preempted, fairpool.NotGranted)
+    assert issubclass(fairpool.NotGranted, fairpool.FairpoolError)
 
 
 @pytest.fixture

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fairpool.api.auth import AuthSetupError, auth_enabled
 from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
+from fairpool.backends import target
 from fairpool.errors import FairpoolError, one_line
 
 
@@ -21,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         "--home", default=None, help="directory of the embedded SQLite store ($FAIRPOOL_HOME)"
     )
     parser.add_argument(
-        "--database-url", default=None, help="sqlite:///PATH or postgresql+psycopg://..."
+        "--database-url", default=None,
+        help="sqlite:///PATH or postgresql+psycopg://... ($FAIRPOOL_DATABASE_URL)"
     )
     parser.add_argument(
         "--tick", type=float, default=1.0, help="seconds between reconcile passes (default 1)"
@@ -50,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     except AuthSetupError as error:
         parser.error(str(error))
     try:
-        serve(args.host, args.port, args.home, args.database_url, args.tick, args.log_level,
+        # As `fairpool server`: FAIRPOOL_DATABASE_URL unless --home or --database-url is given.
+        given = [name for name in ("home", "database_url") if getattr(args, name) is not None]
+        _, database_url = target(
+            None, args.database_url or os.environ.get("FAIRPOOL_DATABASE_URL"), given
+        )
+        serve(args.host, args.port, args.home, database_url, args.tick, args.log_level,
               auth=args.auth, insecure=args.insecure)
     except FairpoolError as error:  # the database cannot be opened: one line, as the CLI's
         print(f"Error: {one_line(str(error))}", file=sys.stderr)

@@ -69,11 +69,26 @@ class UsageLine(click.ClickException):
     exit_code = 2
 
     @classmethod
-    def of(cls, error: click.UsageError) -> click.UsageError | UsageLine:
+    def of(cls, error: click.UsageError, ctx: click.Context) -> click.UsageError | UsageLine:
         if isinstance(error, NoArgsIsHelpError):  # a group given no command: its help
             return error
-        path = error.ctx.command_path if error.ctx is not None else "fairpool"
+        path = error.ctx.command_path if error.ctx is not None else _command_path(ctx)
         return cls(f"{error.format_message()} (see '{path} -h')")
+
+
+def _command_path(ctx: click.Context) -> str:
+    """The path of the command the arguments name, from the root's context: click's parser
+    raises its errors (an option missing its value) without the command's context."""
+    command, path = ctx.command, [ctx.command_path]
+    for arg in ctx.meta.get(_ARGS, ()):
+        if isinstance(command, click.Group) and arg in command.commands:
+            command = command.commands[arg]
+            path.append(arg)
+    return " ".join(path)
+
+
+#: Where the root keeps its arguments, for ``_command_path``.
+_ARGS = "fairpool.args"
 
 
 class FairpoolGroup(click.Group):
@@ -87,16 +102,17 @@ class FairpoolGroup(click.Group):
                 check_unicode("argument", arg)
             except InvalidInput as error:
                 raise click.ClickException(str(error)) from None
+        ctx.meta[_ARGS] = list(args)
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as error:
-            raise UsageLine.of(error) from None
+            raise UsageLine.of(error, ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
-            raise UsageLine.of(error) from None
+            raise UsageLine.of(error, ctx) from None
         # OSError: e.g. --home names a file, or a directory we may not write to.
         except (FairpoolError, LookupError, ValueError, OSError) as error:
             raise click.ClickException(one_line(error_message(error))) from error

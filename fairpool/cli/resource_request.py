@@ -124,7 +124,8 @@ def request_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--pool-resource", "pool_resources", multiple=True, metavar="KEY=N",
                      help="Any pool resource key (repeatable), e.g. --pool-resource tpu=4."),
         click.option("--non-preemptible", is_flag=True, default=False,
-                     help="Never preempt; must fit within the policy's reserved units."),
+                     help="Never preempted (it may preempt others); must fit within the policy's "
+                     "reserved units."),
         click.option("--max-retries", type=click.IntRange(0, MAX_RETRIES), default=0,
                      show_default=True, help="Times to requeue after a preemption."),
         click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
