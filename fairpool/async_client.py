@@ -93,6 +93,7 @@ class AsyncClient:
     list_components = _on_thread(Client.list_components)
     submit = _on_thread(Client.submit)
     get = _on_thread(Client.get)
+    events = _on_thread(Client.events)
     list_requests = _on_thread(Client.list_requests)
     heartbeat = _on_thread(Client.heartbeat)
     release = _on_thread(Client.release)

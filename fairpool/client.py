@@ -48,7 +48,14 @@ from fairpool.leases import (
     wait_timeout,
 )
 from fairpool.settings import ResourceSettings, request_map
-from fairpool.views import ComponentView, PassSummary, PolicyView, PoolView, RequestView
+from fairpool.views import (
+    ComponentView,
+    EventView,
+    PassSummary,
+    PolicyView,
+    PoolView,
+    RequestView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +338,11 @@ class Client:
     def get(self, ref: str) -> RequestView:
         """The request (id or unique id prefix), with its queue position per pool."""
         return self._service.get_request(ref)
+
+    def events(self, ref: str) -> list[EventView]:
+        """The request's history, oldest first: each change of its status with the reason
+        given then (``created``, ``allocated``, ``preempted``, ``retried``, ...)."""
+        return self._service.request_events(ref)
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None

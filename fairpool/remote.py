@@ -35,6 +35,7 @@ from fairpool.views import (
     COMPONENT_TYPES,
     REQUEST_STATUSES,
     ComponentView,
+    EventView,
     PassSummary,
     PolicyView,
     PoolView,
@@ -192,6 +193,10 @@ class RemoteService:
     def get_request(self, ref: str) -> RequestView:
         path = f"/requests/{_segment(ref, 'request')}"
         return self._outage.hear(RequestView.from_dict(self._call("GET", path)))
+
+    def request_events(self, ref: str) -> list[EventView]:
+        path = f"/requests/{_segment(ref, 'request')}/events"
+        return [EventView.from_dict(e) for e in self._call("GET", path)["items"]]
 
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None

@@ -61,6 +61,7 @@ from fairpool.views import (
     COMPONENT_TYPES,
     REQUEST_STATUSES,
     ComponentView,
+    EventView,
     PassSummary,
     PolicyView,
     PoolView,
@@ -699,6 +700,19 @@ class Service:
         self._catch_up()
         with self.db.read() as conn:
             return self._heard(self._request_view(conn, ref))
+
+    def request_events(self, ref: str) -> list[EventView]:
+        """Request ``ref``'s history, oldest first. The log outlives the request: a deleted
+        one's, ``deleted`` last, is found by its whole id."""
+        with self.db.read() as conn:
+            request_id, events = repo.request_events(conn, ref)
+            names = repo.pool_names(conn, {e.pool_id for e in events if e.pool_id is not None})
+        return [
+            EventView(at=as_utc(e.at), kind=e.kind, request_id=request_id,
+                      pool=names.get(e.pool_id) if e.pool_id is not None else None,
+                      message=e.message, data=e.data)
+            for e in events
+        ]
 
     def _heard(self, request: RequestView) -> RequestView:
         if self._outage is not None:

@@ -114,6 +114,29 @@ class RequestView:
 
 
 @dataclass(frozen=True, slots=True)
+class EventView:
+    """A change in a request's life (``created``, ``allocated``, ``preempted``, ``retried``,
+    ``released``, ``lease_expired``, ...), with the reason given then."""
+
+    at: datetime
+    kind: str
+    request_id: str
+    #: The pool it happened on, when there was one (None once the pool is deleted).
+    pool: str | None
+    message: str
+    #: What the message says, for programs: a preemption's rule and preemptor (``by``), a
+    #: retry attempt's previous attempt.
+    data: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EventView:
+        return cls(**{**data, "at": datetime.fromisoformat(data["at"])})
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyView:
     id: str
     pool: str

@@ -379,6 +379,15 @@ def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: Wo
                                                 "(priority 10 > 1)")
             assert winner["id"] not in json.dumps(answer)
         assert ok(admin.get(f"/requests/{rid}"))["preempted_by_id"] == winner["id"]
+        # Its history says as much, and no more.
+        history = ok(x.get(f"/requests/{rid}/events"))["items"]
+        assert [e["kind"] for e in history] == ["created", "allocated", "preempted"]
+        assert history[-1]["message"] == ("preempted by another request on pool one-gpu "
+                                          "(priority 10 > 1)")
+        assert history[-1]["data"] == {"rule": "priority"}
+        assert winner["id"] not in json.dumps(history)
+        assert ok(admin.get(f"/requests/{rid}/events"))["items"][-1]["data"]["by"] == winner["id"]
+        assert y.get(f"/requests/{rid}/events").status_code == 404
         taken = y.post("/requests", json={"component": "c-high", "resources": {"gpu": 1},
                                           "idempotency_key": "shared-key"})
         assert taken.status_code == 409 and rid not in taken.text, taken.text

@@ -276,6 +276,21 @@ def test_describe_by_id_prefix(tour: Tour) -> None:
         assert text in out, text
 
 
+def test_a_requests_events_are_its_history(tour: Tour) -> None:
+    """Rejected at once: created, then rejected with the reason the request carries."""
+    table, data = fairpool_many(tour.home, [
+        ("resource-request", "events", tour.d["id"][:8]),
+        ("resource-request", "events", tour.d["id"], "-o", "json"),
+    ])
+    items = data.ok().json["items"]
+    assert [(e["kind"], e["request_id"]) for e in items] == [
+        ("created", tour.d["id"]), ("rejected", tour.d["id"])]
+    assert items[-1]["message"] == tour.d["status_reason"]
+    out = table.ok().out
+    for text in ("AT", "KIND", "MESSAGE", "request created", "rejected"):
+        assert text in out, text
+
+
 def test_every_output_format_parses(tour: Tour) -> None:
     """JSON and YAML for each read command not covered above, tables where no other test
     reads them; YAML and JSON carry the same document."""

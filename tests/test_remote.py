@@ -174,6 +174,9 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "describe", a["id"])
     fp("resource-request", "describe", retry)
     fp("resource-request", "describe", "ffffffff")                              # not found
+    fp("resource-request", "events", b["id"])                                   # preempted
+    fp("resource-request", "events", retry[:8], "-o", "json")                   # retried
+    fp("resource-request", "events", "ffffffff")                                # not found
     fp("resource-request", "list", "-o", "json")
     fp("resource-request", "list")
     fp("resource-request", "list", "--status", "queued", "-o", "yaml")
@@ -205,6 +208,8 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "describe", held["id"])
     fp("resource-request", "delete", held["id"])
     fp("resource-request", "delete", held["id"])                                # gone
+    fp("resource-request", "events", held["id"], "-o", "yaml")                  # the log stays
+    fp("resource-request", "events", held["id"][:8])                            # gone by prefix
     fp("resource-pool", "detach-policy", "other", "team-b", "-t", "step_operator")   # live allocation
     fp("resource-request", "release", other["id"][:8])
     fp("resource-pool", "detach-policy", "other", "team-b", "-t", "step_operator")
@@ -890,6 +895,9 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("delete_pool with a live allocation", lambda: client.delete_pool("sdk"))
     step("delete", lambda: client.delete(queued.id))
     step("get deleted", lambda: client.get(queued.id))
+    step("events", lambda: client.events(held.id[:8]))
+    step("events of a deleted request", lambda: client.events(queued.id))
+    step("events unknown", lambda: client.events("ffffffff"))
     step("reconcile", client.reconcile)
     step("detach_policy", lambda: client.detach_policy("sdk", "sdk-high"))
     step("detach_policy again", lambda: client.detach_policy("sdk", "sdk-high"))
@@ -979,6 +987,11 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert answers["wait"]["status"] == "allocated"
     assert answers["delete_pool"] is None
     assert answers["cancel with a reason"]["status_reason"] == "cancelled: node drained"
+    assert [(e["kind"], e["pool"]) for e in answers["events"]] == [
+        ("created", None), ("allocated", "sdk"), ("released", None)]
+    assert [e["kind"] for e in answers["events of a deleted request"]] == [
+        "created", "allocated", "deleted"]
+    assert str(answers["events unknown"]).startswith("NotFound: no request")
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 

@@ -466,6 +466,44 @@ def test_heartbeat_tells_the_holder_it_was_preempted(svc: Service) -> None:
     assert svc.heartbeat(held.id).status == "preempted"
 
 
+def test_a_requests_history_tells_each_change_with_its_reason(
+    svc: Service, clock: Clock
+) -> None:
+    """``request_events``: what ``describe`` shows only the end of (docs/semantics.md: every
+    transition is an event with a reason). Once a pool is deleted its events name none."""
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "low", priority=1)
+    svc.attach_policy("p", "high", priority=2)
+    held = svc.create_request("low", demand={"gpu": 1}, max_retries=1, lease_ttl=30)
+    winner = svc.create_request("high", demand={"gpu": 1})
+    retry = svc.get_request(held.id).retried_as_id
+    assert retry is not None
+    svc.release_request(winner.id)
+    clock.now += timedelta(seconds=31)
+    svc.reconcile()
+    history = [(e.kind, e.pool, e.message, e.data) for e in svc.request_events(held.id[:6])]
+    assert history == [
+        ("created", None, "request created", {}),
+        ("allocated", "p", "allocated on pool p (policy priority 1)", {}),
+        ("preempted", "p", f"preempted by request {winner.id} on pool p (priority 2 > 1)",
+         {"rule": "priority", "by": winner.id}),
+    ]
+    assert [(e.kind, e.message) for e in svc.request_events(retry)] == [
+        ("retried", "attempt 2 of 2 after preemption"),
+        ("allocated", "allocated on pool p (policy priority 1)"),
+        ("lease_expired", "lease expired: no heartbeat for 30 s; units returned"),
+    ]
+    assert [e.at for e in svc.request_events(retry)] == sorted(
+        e.at for e in svc.request_events(retry))
+    svc.delete_request(held.id)
+    svc.delete_request(retry)
+    svc.delete_pool("p")
+    assert [(e.kind, e.pool) for e in svc.request_events(held.id)][-2:] == [
+        ("preempted", None), ("deleted", None)]
+    with pytest.raises(NotFound):
+        svc.request_events(held.id[:6])  # a deleted request is found by its whole id only
+
+
 @pytest.mark.parametrize("call", [
     lambda svc: svc.create_pool("a/b", {"gpu": 1}),
     lambda svc: svc.attach_policy("p", "team/a"),

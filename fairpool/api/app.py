@@ -29,6 +29,7 @@ from fairpool.api.auth import (
     Caller,
     owner_of_new_request,
     shown,
+    shown_events,
     visible_pool,
     visible_requests,
 )
@@ -385,6 +386,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
     def get_request(ref: Ref, caller: Caller) -> JSONResponse:
         """One request: status, reason, pool, and per pool its queue position and reason."""
         return _json(shown(tokens, caller, service.get_request(ref)).as_dict())
+
+    @route("GET", "/requests/{ref}/events", tags=["requests"])
+    def request_events(ref: Ref, caller: Caller) -> JSONResponse:
+        """A request's history, oldest first: each change of its status with the reason
+        given then. A deleted request's, by its whole id (admins)."""
+        events = shown_events(tokens, caller, service.request_events(ref))
+        return _json(_whole([e.as_dict() for e in events]))
 
     @route("GET", "/requests/{ref}/wait", tags=["requests"])
     async def wait_request(

@@ -37,7 +37,7 @@ from fairpool.api.models import TEXT_PATTERN
 from fairpool.frontends.names import MAX_NAME, is_unicode
 from fairpool.store import repo
 from fairpool.store.records import ApiToken, TokenRole
-from fairpool.views import PoolView, RequestView
+from fairpool.views import EventView, PoolView, RequestView
 
 if TYPE_CHECKING:
     from fairpool.service import Service
@@ -104,6 +104,7 @@ RULES: dict[str, Rule] = {
     "create_request": Rule.ANY,
     "list_requests": Rule.ANY,
     "get_request": Rule.OWN_REQUEST,
+    "request_events": Rule.OWN_REQUEST,
     "wait_request": Rule.OWN_REQUEST,
     "heartbeat": Rule.OWN_REQUEST,
     "release": Rule.OWN_REQUEST,
@@ -342,15 +343,38 @@ def shown(auth: Auth, caller: ApiToken | None, view: RequestView) -> RequestView
     return _without_others(view, auth.own_ids(caller, "request", [view.preempted_by_id]))
 
 
+def shown_events(auth: Auth, caller: ApiToken | None, events: list[EventView]
+                 ) -> list[EventView]:
+    """The caller's own request's history as it may see it: a preemptor of another's is not
+    named (``_without_others``)."""
+    if caller is None or caller.role is TokenRole.ADMIN:
+        return events
+    preemptors = [e.data["by"] for e in events if e.data.get("by")]
+    if not preemptors:
+        return events
+    own = auth.own_ids(caller, "request", preemptors)
+    return [
+        e if e.data.get("by") in (None, *own) else replace(
+            e, message=_another(e.message, e.data["by"]),
+            data={k: v for k, v in e.data.items() if k != "by"},
+        )
+        for e in events
+    ]
+
+
 def _without_others(view: RequestView, own: set[str]) -> RequestView:
     """A submitter learns nothing of others' requests: one that preempted ``view`` is not
     named unless it is among ``own`` too."""
     preemptor = view.preempted_by_id
     if preemptor is None or preemptor in own:
         return view
-    reason = view.status_reason and view.status_reason.replace(
-        f"request {preemptor}", "another request")
+    reason = view.status_reason and _another(view.status_reason, preemptor)
     return replace(view, preempted_by_id=None, status_reason=reason)
+
+
+def _another(text: str, preemptor: str) -> str:
+    """``text`` with request ``preemptor`` named as another request."""
+    return text.replace(f"request {preemptor}", "another request")
 
 
 def visible_pool(auth: Auth, caller: ApiToken | None, pool: PoolView) -> PoolView:

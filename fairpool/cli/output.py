@@ -28,7 +28,7 @@ UNBROKEN_COLUMNS = frozenset({"id", "element"})
 
 #: Columns holding ISO timestamps; tables show them to the second, like ZenML.
 TIME_COLUMNS = frozenset(
-    {"created", "updated", "allocated_at", "released_at", "lease_expires_at"}
+    {"created", "updated", "allocated_at", "released_at", "lease_expires_at", "at"}
 )
 
 Row = dict[str, Any]

@@ -349,6 +349,19 @@ def describe(request_id_or_prefix: str, output: str) -> None:
     print_request(service().get_request(request_id_or_prefix).as_dict(), output)
 
 
+EVENT_COLUMNS = ("at", "kind", "pool", "message")
+
+
+@resource_request.command("events")
+@click.argument("request_id_or_prefix")
+@o.output_option
+def events(request_id_or_prefix: str, output: str) -> None:
+    """Show a request's history: each change of its status with the reason given then
+    (a deleted request's too, by its whole id)."""
+    rows = [e.as_dict() for e in service().request_events(request_id_or_prefix)]
+    o.print_list(rows, EVENT_COLUMNS, output, empty_message="No events found.")
+
+
 @resource_request.command("release")
 @click.argument("request_id_or_prefix")
 def release(request_id_or_prefix: str) -> None:

@@ -11,7 +11,7 @@ row.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -921,6 +921,25 @@ def list_events(
         statement = statement.where(table.c.request_id == request_id)
     rows = connection.execute(statement).mappings().all()
     return [Event.from_row(row) for row in reversed(rows)]
+
+
+def request_events(connection: Connection, ref: str) -> tuple[str, list[Event]]:
+    """The id of request ``ref`` and its events, oldest first. The log outlives the request:
+    a deleted one's are found by its whole id."""
+    try:
+        request_id = resolve_id(connection, schema.request, ref, "request")
+    except NotFound:
+        if events := list_events(connection, request_id=ref):
+            return ref, events
+        raise
+    return request_id, list_events(connection, request_id=request_id)
+
+
+def pool_names(connection: Connection, pool_ids: Collection[str]) -> dict[str, str]:
+    """The names of those of ``pool_ids`` that still exist, by id."""
+    table = schema.pool
+    rows = connection.execute(select(table.c.id, table.c.name).where(table.c.id.in_(pool_ids)))
+    return {row.id: row.name for row in rows}
 
 
 # API tokens
