@@ -763,13 +763,17 @@ class TreesService:
                       *(current.pools[p] for p in ephemeral if p not in wanted.pools)]
             PoolTree.build(wanted.name, wanted.config, merged)
             live = store.count_live_operations(conn, wanted.name)
-            for pool_name in sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
-                                    key=lambda p: -len(current.ancestors(p))):
+            removed = sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
+                             key=lambda p: (-len(current.ancestors(p)), p))
+            for pool_name in removed:
                 if live.get(pool_name):
                     raise Conflict(f"pool {pool_name} has {live[pool_name]} started operations; "
                                    "it cannot be removed")
-                store.delete_pool(conn, wanted.name, pool_name)
-                changes.append(f"- pool {pool_name}")
+            changes.extend(f"- pool {pool_name}" for pool_name in removed)
+            # New and moved pools are saved (parents first) before the removed ones go (leaves
+            # first): a kept pool leaves a removed parent before that parent is deleted, and
+            # no statement leaves a pool without its parent (the foreign key is checked per
+            # statement, on SQLite as on PostgreSQL).
             for pool_name in _parents_first(wanted):
                 pool = wanted.pools[pool_name]
                 before = current.pools.get(pool_name)
@@ -780,6 +784,8 @@ class TreesService:
                 if pool_name in ephemeral:  # declared by the file: it stays
                     store.keep_pool(conn, wanted.name, pool_name)
                 changes.append(f"{'~' if before else '+'} pool {pool_name}")
+            for pool_name in removed:
+                store.delete_pool(conn, wanted.name, pool_name)
             self._check_node_membership(conn)
             self._passes(conn, [wanted.name])
         return AppliedTree(wanted.name, tuple(changes))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -270,6 +271,43 @@ def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> No
     ).replace("{weight: 10,", "{weight: 5,")
     assert seed.apply_tree(smaller).changes == ("- pool project-backup", "~ pool project-batch")
     assert seed.describe_pool("physical", "project-batch").config["weight"] == 5
+
+
+@pytest.mark.parametrize(("before", "after", "changes", "parents"), [
+    # The kept child moves under another parent; its old parent goes.
+    ({"A": {"B": {}}, "C": {}}, {"C": {"B": {}}},
+     ("- pool A", "~ pool B"), {"B": "C", "C": None}),
+    # ... under a pool the same file creates.
+    ({"A": {"B": {}}}, {"N": {"B": {}}},
+     ("- pool A", "+ pool N", "~ pool B"), {"B": "N", "N": None}),
+    # A chain of moves: C under D, B under C, their old root removed.
+    ({"A": {"B": {"C": {}}}, "D": {}}, {"D": {"C": {"B": {}}}},
+     ("- pool A", "~ pool C", "~ pool B"), {"B": "C", "C": "D", "D": None}),
+    # The kept grandchild of two removed pools moves to the root.
+    ({"A": {"B": {"C": {}}}}, {"C": {}},
+     ("- pool B", "- pool A", "~ pool C"), {"C": None}),
+])
+def test_apply_moves_kept_pools_out_of_removed_ones(
+    trees: TreesService, before: dict[str, object], after: dict[str, object],
+    changes: tuple[str, ...], parents: dict[str, str | None],
+) -> None:
+    """Before 2026-11-29 a removed pool was deleted while a kept child still named it: an
+    IntegrityError (a traceback, an HTTP 500). The kept child has an operation running."""
+    def document(pools: dict[str, object]) -> str:
+        def nested(level: dict[str, object]) -> dict[str, object]:
+            return {name: {"pools": nested(inner)} if inner else {}  # type: ignore[arg-type]
+                    for name, inner in level.items()}
+        return yaml.safe_dump({"name": "t", "pools": nested(pools)})
+
+    trees.add_node("n", [], {"cpu": 4})
+    trees.apply_tree(document(before))
+    kept = "B" if "B" in parents else "C"  # a kept pool that moves
+    op = trees.start_operation(trees=["t"], pool=kept, user="u", job_resources=CPU, job_count=1)
+    assert op.status == "running"
+    assert trees.apply_tree(document(after)).changes == changes
+    assert {name: trees.describe_pool("t", name).parent for name in parents} == parents
+    assert trees.apply_tree(document(after)).changes == ()
+    assert trees.describe_operation(op.id).running_jobs == 1
 
 
 def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:
