@@ -56,6 +56,7 @@ from fairpool.frontends.trees import (
     matches_tag_filter,
     parse_resources,
     positive,
+    tree_document,
     tree_resources,
 )
 from fairpool.frontends.yaml_text import load_yaml
@@ -741,9 +742,7 @@ class TreesService:
             raise InvalidInput(
                 "name", wanted.name, f"the file describes another tree than {name!r}"
             )
-        raw = load_yaml("tree", document)
-        assert isinstance(raw, dict)  # load_pool_tree took it as a mapping
-        config = dict(raw.get("config") or {})
+        config = dict(tree_document(document).get("config") or {})
         changes: list[str] = []
         with self.db.write() as conn:
             now = self.clock()

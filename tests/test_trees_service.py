@@ -310,6 +310,26 @@ def test_apply_moves_kept_pools_out_of_removed_ones(
     assert trees.describe_operation(op.id).running_jobs == 1
 
 
+@pytest.mark.parametrize(("document", "message"), [
+    # The first `a`, with its child, was dropped without a word, and `child` deleted.
+    ("name: physical\npools:\n  a:\n    weight: 1\n    pools:\n      child: {}\n"
+     "  a: {weight: 2}\n", "pools.a: duplicate key 'a' on line 7 (first on line 3)"),
+    ("name: physical\nname: other\n", "name: duplicate key 'name' on line 2 (first on line 1)"),
+    ("name: physical\npools:\n  a: {weight: 1, weight: 2}\n",
+     "pools.a.weight: duplicate key 'weight' on line 3 (first on line 3)"),
+    # JSON is YAML: a document sent as JSON text, as over HTTP.
+    ('{"name": "physical", "pools": {"a": {}, "a": {}}}',
+     "pools.a: duplicate key 'a' on line 1 (first on line 1)"),
+])
+def test_a_key_given_twice_in_a_document_is_refused(
+    seed: TreesService, document: str, message: str
+) -> None:
+    before = dump(seed)
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        seed.apply_tree(document)
+    assert dump(seed) == before
+
+
 def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:
     op = seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
     assert seed.describe_pool("physical", "scratch").ephemeral

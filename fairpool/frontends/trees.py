@@ -46,6 +46,7 @@ from fairpool.engine.fairshare import (
     TreeSnapshot,
 )
 from fairpool.errors import InvalidInput, clipped
+from fairpool.frontends.config import duplicate_keys
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
@@ -64,6 +65,7 @@ __all__ = [
     "matches_tag_filter",
     "number",
     "parse_resources",
+    "tree_document",
     "tree_resources",
 ]
 
@@ -1133,6 +1135,17 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
     return totals
 
 
+def tree_document(text: str) -> Mapping[str, Any]:
+    """A whole-tree document as YAML. A key given twice in any mapping is refused, with both
+    lines, as the scheduler config refuses it: PyYAML keeps the last one without a word (a
+    pool named twice lost its first definition, and its subtree was deleted)."""
+    bounded = bounded_text("tree", text, MAX_TREE_DOCUMENT)
+    data = _mapping("tree", load_yaml("tree", bounded))
+    for issue in duplicate_keys(bounded):
+        raise InvalidInput.from_message(issue.path, str(issue))
+    return data
+
+
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     """A whole tree from YAML::
 
@@ -1148,7 +1161,7 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     gives equal trees, so an apply can diff the result against the stored tree. A text
     without ``name:`` is the tree ``name``, when given.
     """
-    data = _mapping("tree", load_yaml("tree", bounded_text("tree", text, MAX_TREE_DOCUMENT)))
+    data = tree_document(text)
     unknown = set(data) - {"name", "config", "pools"}
     if unknown:
         key = sorted(unknown)[0]
