@@ -732,11 +732,14 @@ class TreesService:
             self._check_node_membership(conn)
             return self._tree_view(conn, name)
 
-    def apply_tree(self, document: str, name: str | None = None) -> AppliedTree:
+    def apply_tree(
+        self, document: str, name: str | None = None, create: bool = False
+    ) -> AppliedTree:
         """Create or update a whole tree from YAML (``name``, ``config``, nested ``pools``):
         pools not in the document are deleted (ephemeral pools stay; one the document names
         becomes a declared pool). Applying the same document twice changes nothing the
-        second time."""
+        second time. ``create`` (``pool-tree create --config-file``): refused, as a create
+        is, when the tree exists."""
         wanted = load_pool_tree(document, name)
         if name is not None and wanted.name != name:
             raise InvalidInput(
@@ -747,7 +750,7 @@ class TreesService:
         with self.db.write() as conn:
             now = self.clock()
             record = store.find_tree(conn, wanted.name)
-            if record is None:
+            if record is None or create:
                 self._insert_tree(conn, wanted.name, config)
                 changes.append(f"+ tree {wanted.name}")
             elif record.config != config:
@@ -773,7 +776,7 @@ class TreesService:
             # first): a kept pool leaves a removed parent before that parent is deleted, and
             # no statement leaves a pool without its parent (the foreign key is checked per
             # statement, on SQLite as on PostgreSQL).
-            for pool_name in _parents_first(wanted):
+            for pool_name in wanted.parents_first():
                 pool = wanted.pools[pool_name]
                 before = current.pools.get(pool_name)
                 if before == pool:
@@ -820,7 +823,7 @@ class TreesService:
                     f"{', ...' if len(state.operations) > 5 else ''}): "
                     "complete or abort them first"
                 )
-            store.delete_tree(conn, name, _parents_first(state.tree)[::-1])
+            store.delete_tree(conn, name, state.tree.parents_first()[::-1])
 
     def show_tree(self, name: str | None = None) -> TreeView:
         with self.db.read() as conn:
@@ -1438,10 +1441,6 @@ def _operation_counts(state: _State, pool: str) -> tuple[int, int]:
     inside = [placement for placement in map(state.placement, state.operations)
               if placement.pool != ROOT and pool in state.tree.ancestors(placement.pool)]
     return sum(1 for placement in inside if placement.running), len(inside)
-
-
-def _parents_first(tree: PoolTree) -> list[str]:
-    return sorted(tree.pools, key=lambda name: (len(tree.ancestors(name)), name))
 
 
 def _element_rows(state: _State, shares: FairShareResult) -> list[ElementRow]:

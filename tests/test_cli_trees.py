@@ -296,3 +296,17 @@ def test_yaml_output_writes_each_mapping_in_full(tmp_path: Path) -> None:
     assert "&id" not in op.out and "*id" not in op.out
     started = yaml.safe_load(op.out)
     assert started["trees"][0]["detailed"] == started["detailed"]
+
+
+def test_create_from_a_file_refuses_an_existing_tree(tmp_path: Path) -> None:
+    """Before 2026-11-29 the second create applied its file: pool q was deleted."""
+    first, second = tmp_path / "q.yaml", tmp_path / "r.yaml"
+    first.write_text("pools:\n  q: {}\n")
+    second.write_text("pools:\n  r: {}\n")
+    fairpool(tmp_path, "pool-tree", "create", "nn", "--config-file", str(first)).ok()
+    before = db_dump(tmp_path)
+    assert_one_error(fairpool(tmp_path, "pool-tree", "create", "nn", "--config-file",
+                              str(second)), "pool tree nn already exists")
+    assert db_dump(tmp_path) == before
+    assert fairpool(tmp_path, "pool", "describe", "q", "--tree", "nn", "-o",
+                    "json").ok().json["tree"] == "nn"

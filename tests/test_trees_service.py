@@ -330,6 +330,18 @@ def test_a_key_given_twice_in_a_document_is_refused(
     assert dump(seed) == before
 
 
+def test_a_tree_created_from_a_document_is_refused_when_it_exists(seed: TreesService) -> None:
+    """Before 2026-11-29 ``pool-tree create NAME --config-file`` applied the file to an
+    existing tree: its pools missing from the file were deleted."""
+    before = dump(seed)
+    with pytest.raises(Conflict, match=r"^pool tree physical already exists$"):
+        seed.apply_tree("pools: {q: {}}\n", "physical", create=True)
+    assert dump(seed) == before
+    made = seed.apply_tree("config: {node_tag_filter: none}\npools: {q: {}}\n", "new",
+                           create=True)
+    assert made.changes == ("+ tree new", "+ pool q")
+
+
 def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:
     op = seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
     assert seed.describe_pool("physical", "scratch").ephemeral

@@ -116,7 +116,7 @@ def create_tree(
         if options:
             raise click.UsageError("--config-file describes the whole tree; give the other "
                                    "options in it")
-        service.apply_tree(read_config_file(config_file), name)
+        service.apply_tree(read_config_file(config_file), name, create=True)
         _print_tree(service.show_tree(name).as_dict(), output)
         return
     _print_tree(service.create_tree(name, options).as_dict(), output)

@@ -828,6 +828,10 @@ class PoolTree:
             current = self.pools[current].parent
         return chain
 
+    def parents_first(self) -> list[str]:
+        """The pools, each after its parent (by depth, then name)."""
+        return sorted(self.pools, key=lambda name: (len(self.ancestors(name)), name))
+
     # -- changes --------------------------------------------------------------------------
 
     def with_pool(self, pool: Pool) -> PoolTree:
