@@ -212,7 +212,7 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         (lambda: seed.set_pool("physical", "project-batch", "weight", "0"),
          "weight: must be positive (got 0)"),
         (lambda: seed.set_pool("physical", "project-root", "parent", "project-adhoc"),
-         "makes a cycle"),
+         "pool project-root: parent: makes a cycle (got 'project-adhoc')"),
         (lambda: seed.set_tree("physical", "fair_share_starvation_tolerance", "2"),
          "fair_share_starvation_tolerance: must be between 0 and 1"),
         (lambda: seed.create_tree("other"), "node would belong to trees other and physical"),

@@ -790,8 +790,11 @@ class PoolTree:
     effective: Mapping[str, EffectivePool]
 
     @classmethod
-    def build(cls, name: str, config: PoolTreeConfig, pools: Iterable[Pool]) -> PoolTree:
-        """Validates every rule and resolves inheritance; raises ``InvalidInput``."""
+    def build(
+        cls, name: str, config: PoolTreeConfig, pools: Iterable[Pool], changed: str | None = None
+    ) -> PoolTree:
+        """Validates every rule and resolves inheritance; raises ``InvalidInput``. A cycle
+        is blamed on ``changed`` (the pool being set) when it is part of it."""
         _name("tree", name)
         by_name: dict[str, Pool] = {}
         for pool in pools:
@@ -799,7 +802,7 @@ class PoolTree:
             if pool.name in by_name:
                 raise InvalidInput("pool", pool.name, f"pool names must be unique in tree {name!r}")
             by_name[pool.name] = pool
-        order = _topological(by_name)
+        order = _topological(by_name, changed)
         effective: dict[str, EffectivePool] = {}
         depth: dict[str | None, int] = {None: 0}
         for pool_name in order:
@@ -836,7 +839,8 @@ class PoolTree:
 
     def with_pool(self, pool: Pool) -> PoolTree:
         """The tree with ``pool`` added or replaced, validated."""
-        return PoolTree.build(self.name, self.config, {**self.pools, pool.name: pool}.values())
+        return PoolTree.build(self.name, self.config, {**self.pools, pool.name: pool}.values(),
+                              changed=pool.name)
 
     def without_pool(self, name: str) -> PoolTree:
         if self.children(name):
@@ -1029,11 +1033,13 @@ def _check_pool_name(pool: Pool) -> None:
         _name(f"pool {pool.name}: parent", pool.parent)
 
 
-def _topological(pools: Mapping[str, Pool]) -> list[str]:
-    """Parents before children; unknown parents and cycles are errors."""
+def _topological(pools: Mapping[str, Pool], first: str | None = None) -> list[str]:
+    """Parents before children; unknown parents and cycles are errors. The walk starts at
+    ``first``, so a cycle through it names it (``pool p: parent: makes a cycle (got 'c')``
+    for the pool whose parent was set), not whichever of the cycle sorts first."""
     order: list[str] = []
     state: dict[str, bool] = {}  # False: being visited, True: done
-    for start in sorted(pools):
+    for start in [*([first] if first in pools else []), *sorted(pools)]:
         chain = []
         current: str | None = start
         while current is not None and current not in state:
