@@ -45,6 +45,7 @@ from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
     EPHEMERAL_DELIMITER,
     MAX_OPTION_TEXT,
+    NAME_PATTERN,
     ClusterNode,
     Pool,
     PoolConfig,
@@ -631,6 +632,15 @@ def _declared_parent(state: _State, parent: str | None) -> None:
                            "tree's document (pool-tree apply) to keep it")
 
 
+def _user_as_pool(user: str) -> str:
+    """The pool of an operation given none: the user's name, which must then be a pool's
+    (the error names the user, which the caller gave, not the pool, which it did not)."""
+    if not NAME_PATTERN.fullmatch(user):
+        raise InvalidInput("user", user, "used as the pool name (no --pool), must match "
+                           f"{NAME_PATTERN.pattern}")
+    return user
+
+
 def _cluster_node(record: NodeRecord) -> ClusterNode:
     return ClusterNode(record.name, frozenset(record.tags), record.resources)
 
@@ -1037,11 +1047,13 @@ class TreesService:
             if not any(job.values()):
                 raise InvalidInput("job_resources", dict(job_resources), "must ask for something")
             placements = []
-            asked = user if pool is None else pool  # "" is no pool's name, not "none given"
             for name in names:
                 given = options.get(name, _TreeOptions())
+                # "" is no pool's name, not "none given"
+                asked = given.pool if given.pool is not None else pool
                 leaf, state = self._operation_pool(
-                    conn, states[name], asked if given.pool is None else given.pool, user, now
+                    conn, states[name], _user_as_pool(user) if asked is None else asked, user,
+                    now,
                 )
                 _check_some_node_fits(state, _job_in(job, state.total))
                 _check_operation_count(conn, state, leaf)

@@ -103,6 +103,11 @@ def test_the_issues_tour(home: Path) -> None:
         (("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "-0.5"),
          ("fair_share_starvation_tolerance: must be between 0 and 1 (got -0.5)",)),
         (("pool", "describe", "nope", "--tree", "physical"), ("no pool 'nope'",)),
+        # No --pool: the user's name is the pool's, and the error says so (it blamed `pool`).
+        (("operation", "start", "--tree", "physical", "--user", "bad user", "--job-resources",
+          '{"cpu": 1}', "--job-count", "1"),
+         ("user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ "
+          "(got 'bad user')",)),
         (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
           "{guarantee_type: bursty}"),
          ("integral_guarantees.guarantee_type: must be none, burst or relaxed", "bursty")),

@@ -229,7 +229,9 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         # A pool an operation makes is named as one creates: "a$b" would read as pool a's
         # ephemeral subpool for user b; "" is no name, not "none given" (then: the user).
         (lambda: seed.start_operation(user="a$b", job_resources=CPU, job_count=1),
-         "pool: must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
+         "user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
+        (lambda: seed.start_operation(user="bad user", job_resources=CPU, job_count=1),
+         "user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ (got 'bad user')"),
         (lambda: seed.start_operation(pool="project-adhoc$b", user="b", job_resources=CPU,
                                       job_count=1),
          "pool: must match [-_a-zA-Z0-9:]+ (got 'project-adhoc$b')"),
