@@ -1240,9 +1240,10 @@ class TreesService:
                                     j.interrupt_deadline)
                 for j in interrupting
             ),
-            preempted=tuple(
+            preempted=tuple(  # in preemption order (the jobs come in start order)
                 PreemptedJobView(j.id, j.node, j.preempted_by, j.reason, j.finished_at)
-                for j in jobs if j.status is JobStatus.PREEMPTED
+                for j in sorted((j for j in jobs if j.status is JobStatus.PREEMPTED),
+                                key=lambda j: j.finished_at or j.started_at)
             ),
             shares=None if several else first.shares,
             trees=tuple(placements),

@@ -315,3 +315,28 @@ def test_create_from_a_file_refuses_an_existing_tree(tmp_path: Path) -> None:
     assert db_dump(tmp_path) == before
     assert fairpool(tmp_path, "pool", "describe", "q", "--tree", "nn", "-o",
                     "json").ok().json["tree"] == "nn"
+
+
+def test_the_preempted_jobs_table_shows_the_newest_and_says_what_it_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """The table showed the first ten in start order (the oldest preemptions), without a
+    time, and did not say it left 8 out."""
+    fairpool(tmp_path, "node", "add", "n0", "--resources", '{"cpu": 20}').ok()
+    fairpool(tmp_path, "pool-tree", "create", "t", "--config",
+             '{"fair_share_starvation_timeout": 0, "preemptive_scheduling_backoff": 0}').ok()
+    for name, weight in (("x", "1"), ("y", "1"), ("z", "8")):
+        fairpool(tmp_path, "pool", "create", name, "--tree", "t", "--weight", weight).ok()
+    started = {}
+    for name in ("x", "y", "z"):
+        started[name] = fairpool(tmp_path, "operation", "start", "--pool", name, "--user", "u",
+                                 "--job-resources", '{"cpu": 1}', "--job-count", "20", "-o",
+                                 "json").ok().json["id"]
+        fairpool(tmp_path, "pool-tree", "reconcile", "t").ok()
+    shown = fairpool(tmp_path, "operation", "describe", started["x"], "-o", "json").ok().json
+    by = [job["preempted_by"] for job in shown["preempted"]]
+    assert by == [started["y"]] * 10 + [started["z"]] * 8
+    table = fairpool(tmp_path, "operation", "describe", started["x"]).ok().out
+    assert "Preempted jobs (the newest 10; 8 earlier not shown)" in table
+    rows = [line for line in table.splitlines() if started["z"] in line or started["y"] in line]
+    assert sum(started["z"] in row for row in rows) == 8, table

@@ -529,6 +529,29 @@ def test_interruptible_victims_keep_their_units_until_allocation_preemption_time
     assert {j.preempted_by for j in seen.preempted} == {adhoc.id}
 
 
+def test_preempted_jobs_are_listed_in_preemption_order(trees: TreesService, clock: Clock) -> None:
+    """Before 2026-11-29 they came in start order (ties by id), so their times went back and
+    the table's last ten were not the newest."""
+    trees.add_node("n0", [], {"cpu": 20})
+    trees.create_tree("t", {"fair_share_starvation_timeout": 0,
+                            "preemptive_scheduling_backoff": 0})
+    for name, weight in (("x", 1), ("y", 1), ("z", 8)):
+        trees.create_pool("t", name, None, {"weight": weight})
+    x = trees.start_operation(pool="x", user="u", job_resources=CPU, job_count=20)
+    advance(clock, 1)
+    y = trees.start_operation(pool="y", user="u", job_resources=CPU, job_count=20)
+    trees.reconcile("t")
+    advance(clock, 1)
+    z = trees.start_operation(pool="z", user="u", job_resources=CPU, job_count=20)
+    trees.reconcile("t")
+    preempted = trees.describe_operation(x.id).preempted
+    by = [job.preempted_by for job in preempted]
+    assert (by.count(y.id), by.count(z.id)) == (10, 8)
+    assert by == [y.id] * 10 + [z.id] * 8
+    times = [job.at for job in preempted]
+    assert times == sorted(times, key=lambda at: at or NOW)
+
+
 def test_an_interrupting_job_ends_with_its_operation(seed: TreesService, clock: Clock) -> None:
     seed.set_tree("physical", "fair_share_starvation_timeout", "0")
     batch = seed.start_operation(pool="project-batch", user="a", job_resources=CPU,
