@@ -58,6 +58,7 @@ from fairpool.frontends.trees import (
     parse_resources,
     positive,
     tree_document,
+    tree_option_name,
     tree_resources,
 )
 from fairpool.frontends.yaml_text import load_yaml
@@ -813,8 +814,12 @@ class TreesService:
         """Set one tree option (YTsaurus units: milliseconds), validated with every pool."""
         with self.db.write() as conn:
             state = _State.load(conn, name)
-            config = {**canonical_tree_options(state.record.config),
-                      **canonical_tree_options({option: _option_value(option, value)})}
+            config = canonical_tree_options(state.record.config)
+            parsed = _option_value(option, value)
+            if parsed is None:  # null: unset, back to the default
+                config.pop(tree_option_name(option), None)
+            else:
+                config.update(canonical_tree_options({option: parsed}))
             state.tree.with_config(PoolTreeConfig.from_mapping(config))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
@@ -921,6 +926,8 @@ class TreesService:
                 parent = None if parsed in (None, ROOT) else str(parsed)
                 _declared_parent(state, parent)
                 changed = replace(pool, parent=parent)
+            elif parsed is None:  # null: unset, inherited or default again
+                changed = replace(pool, config=pool.config.without(option))
             else:
                 given = PoolConfig.from_mapping({option: parsed})
                 changed = replace(pool, config=pool.config.updated(given))

@@ -340,3 +340,16 @@ def test_the_preempted_jobs_table_shows_the_newest_and_says_what_it_leaves_out(
     assert "Preempted jobs (the newest 10; 8 earlier not shown)" in table
     rows = [line for line in table.splitlines() if started["z"] in line or started["y"] in line]
     assert sum(started["z"] in row for row in rows) == 8, table
+
+
+def test_null_unsets_an_option(tmp_path: Path) -> None:
+    fairpool(tmp_path, "pool-tree", "create", "t").ok()
+    fairpool(tmp_path, "pool", "create", "a", "--tree", "t", "--weight", "3").ok()
+    unset = fairpool(tmp_path, "pool", "set", "a", "--tree", "t", "weight", "null", "-o",
+                     "json").ok().json
+    assert (unset["config"], unset["effective"]["weight"]) == ({}, 1)
+    fairpool(tmp_path, "pool-tree", "set", "t", "infer_weight_from_guarantees_share_multiplier",
+             "2").ok()
+    tree = fairpool(tmp_path, "pool-tree", "set", "t",
+                    "infer_weight_from_guarantees_share_multiplier", "null", "-o", "json").ok()
+    assert tree.json["config"] == {}

@@ -266,6 +266,64 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
     assert dump(seed) == before
 
 
+POOL_OPTIONS = {
+    "weight": "3",
+    "strong_guarantee_resources": "{cpu: 1}",
+    "resource_limits": "{cpu: 1}",
+    "mode": "fifo",
+    "max_running_operation_count": "1",
+    "max_operation_count": "2",
+    "fifo_sort_parameters": "[start_time]",
+    "forbid_immediate_operations": "true",
+    "create_ephemeral_subpools": "true",
+    "ephemeral_subpool_config": "{mode: fifo}",
+    "offloading_settings": "{other: {pool: p}}",
+    "config_presets": "[preset]",
+    "fair_share_starvation_timeout": "5",
+    "fair_share_starvation_tolerance": "0.5",
+    "non_preemptible_resource_usage_threshold": "{cpu: 1}",
+    "integral_guarantees": "{guarantee_type: relaxed, resource_flow: {cpu: 1}}",
+}
+TREE_OPTIONS = {
+    "infer_weight_from_guarantees_share_multiplier": "2",
+    "default_parent_pool": "a",
+    "max_operation_count_per_pool": "60",
+    "fair_share_starvation_timeout": "5",
+    "non_preemptible_resource_usage_threshold": "{cpu: 1}",
+    "pool_config_presets": "{preset: {weight: 2}}",
+}
+
+
+def test_null_unsets_a_pool_or_tree_option(trees: TreesService) -> None:
+    """``pool set`` / ``pool-tree set OPTION null`` (or ``~``, or empty, or by an alias):
+    the option is no longer set (inherited or default again). Before 2026-11-29 every
+    option refused null (``weight: must be a number (got None)``)."""
+    from fairpool.frontends.trees import _POOL_PARSERS, _TREE_PARSERS
+
+    assert set(POOL_OPTIONS) == set(_POOL_PARSERS)  # every pool option is optional
+    assert set(TREE_OPTIONS) <= set(_TREE_PARSERS)
+    trees.create_tree("t", {"pool_config_presets": {"preset": {"weight": 2}}})
+    trees.create_pool("t", "a")
+    for option, value in POOL_OPTIONS.items():
+        assert option in trees.set_pool("t", "a", option, value).config, option
+        unset = trees.set_pool("t", "a", option, "null")
+        assert unset.config == {}, option
+    trees.set_pool("t", "a", "weight", "3")
+    assert trees.set_pool("t", "a", "weight", "~").effective["weight"] == 1
+    trees.set_pool("t", "a", "strong_guarantee_resources", "{cpu: 1}")
+    assert trees.set_pool("t", "a", "min_share_resources", "").config == {}  # by its alias
+    for option, value in TREE_OPTIONS.items():
+        trees.set_tree("t", option, value)
+        assert option not in trees.set_tree("t", option, "null").config, option
+    trees.set_tree("t", "fair_share_preemption_timeout", "7")  # an alias, unset by its name
+    assert trees.set_tree("t", "fair_share_starvation_timeout", "null").config == {}
+    with pytest.raises(InvalidInput, match=re.escape(
+            "wieght: unknown pool option; did you mean 'weight'? (got None)")):
+        trees.set_pool("t", "a", "wieght", "null")
+    with pytest.raises(InvalidInput, match=r"config\.nope: unknown pool tree option"):
+        trees.set_tree("t", "nope", "null")
+
+
 def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> None:
     assert seed.apply_tree(SEED_TREE).changes == ()
     smaller = SEED_TREE.replace(

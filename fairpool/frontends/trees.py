@@ -66,6 +66,7 @@ __all__ = [
     "number",
     "parse_resources",
     "tree_document",
+    "tree_option_name",
     "tree_resources",
 ]
 
@@ -283,15 +284,7 @@ def _options(
     values: dict[str, Any] = {}
     where = path.rstrip(".") or what
     for key, value in _mapping(where, raw).items():
-        bounded_text(f"{where} key", str(key), MAX_NAME)
-        name = aliases.get(str(key), str(key))
-        if name not in parsers:
-            close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
-            else:  # the names themselves, where they are few enough for one line
-                hint = f"; one of {', '.join(parsers)}" if len(parsers) <= 6 else ""
-            raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
+        name = _option_name(key, value, path, parsers, aliases, what)
         if name in values:
             raise InvalidInput(f"{path}{key}", value, f"{name} is given twice (through an alias)")
         _bounded_texts(f"{path}{key}", value)
@@ -299,6 +292,27 @@ def _options(
     known = {f.name for f in fields(cls)}
     assert set(values) <= known
     return values
+
+
+def _option_name(
+    key: object,
+    value: object,
+    path: str,
+    parsers: Mapping[str, object],
+    aliases: Mapping[str, str],
+    what: str,
+) -> str:
+    """An option's own name (an alias resolved); an unknown one is refused, with a hint."""
+    bounded_text(f"{path.rstrip('.') or what} key", str(key), MAX_NAME)
+    name = aliases.get(str(key), str(key))
+    if name not in parsers:
+        close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
+        if close:
+            hint = f"; did you mean {close[0]!r}?"
+        else:  # the names themselves, where they are few enough for one line
+            hint = f"; one of {', '.join(parsers)}" if len(parsers) <= 6 else ""
+        raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
+    return name
 
 
 def _bounded_texts(field_name: str, value: object) -> None:
@@ -579,6 +593,12 @@ class PoolConfig:
         """The options given explicitly, in their YAML form (the inverse of ``from_mapping``)."""
         return {name: _plain(getattr(self, name)) for name in sorted(self.specified)}
 
+    def without(self, option: str) -> PoolConfig:
+        """This config with ``option`` (or its alias) unset: inherited or default again."""
+        name = _option_name(option, None, "", _POOL_PARSERS, _POOL_ALIASES, "pool")
+        unset: dict[str, Any] = {name: _default(next(f for f in fields(self) if f.name == name))}
+        return replace(self, **unset, specified=self.specified - {name})
+
     def updated(self, other: PoolConfig) -> PoolConfig:
         """This config with every option ``other`` specifies replaced."""
         changes = {name: getattr(other, name) for name in other.specified}
@@ -734,6 +754,11 @@ _TREE_ALIASES = {
     "fair_share_preemption_tolerance": "fair_share_starvation_tolerance",
     "job_interrupt_timeout": "allocation_preemption_timeout",
 }
+
+
+def tree_option_name(option: str) -> str:
+    """A tree option's own name (an alias resolved); an unknown one is refused."""
+    return _option_name(option, None, "config.", _TREE_PARSERS, _TREE_ALIASES, "pool tree")
 
 
 def canonical_tree_options(raw: Mapping[str, object]) -> dict[str, object]:
