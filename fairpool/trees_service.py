@@ -633,6 +633,17 @@ def _declared_parent(state: _State, parent: str | None) -> None:
                            "tree's document (pool-tree apply) to keep it")
 
 
+def _check_ephemeral_parents(before: PoolTree, after: PoolTree) -> None:
+    """No change makes a setting under which operations would make an ephemeral pool where
+    none may be (``PoolTree.ephemeral_parent_problems``). One stored before 2026-11-29 is not
+    held against other changes: an ephemeral default_parent_pool now means the root, and a
+    fifo one refuses the operations that would need it, naming it."""
+    stored = {str(problem) for problem in before.ephemeral_parent_problems()}
+    for problem in after.ephemeral_parent_problems():
+        if str(problem) not in stored:
+            raise problem
+
+
 def _user_as_pool(user: str) -> str:
     """The pool of an operation given none: the user's name, which must then be a pool's
     (the error names the user, which the caller gave, not the pool, which it did not)."""
@@ -761,20 +772,20 @@ class TreesService:
         with self.db.write() as conn:
             now = self.clock()
             record = store.find_tree(conn, wanted.name)
+            current = PoolTree.build(wanted.name, wanted.config, ())
+            ephemeral: dict[str, str] = {}
+            if record is not None:  # as stored: before the new config is
+                state = _State.load(conn, wanted.name)
+                current, ephemeral = state.tree, state.ephemeral_users
             if record is None or create:
                 self._insert_tree(conn, wanted.name, config)
                 changes.append(f"+ tree {wanted.name}")
             elif record.config != config:
                 store.set_tree_config(conn, wanted.name, config, now)
                 changes.append(f"~ tree {wanted.name}: config")
-            current = PoolTree.build(wanted.name, wanted.config, ())
-            ephemeral: dict[str, str] = {}
-            if record is not None:
-                state = _State.load(conn, wanted.name)
-                current, ephemeral = state.tree, state.ephemeral_users
             merged = [*wanted.pools.values(),
                       *(current.pools[p] for p in ephemeral if p not in wanted.pools)]
-            PoolTree.build(wanted.name, wanted.config, merged)
+            _check_ephemeral_parents(current, PoolTree.build(wanted.name, wanted.config, merged))
             live = store.count_live_operations(conn, wanted.name)
             removed = sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
                              key=lambda p: (-len(current.ancestors(p)), p))
@@ -820,7 +831,8 @@ class TreesService:
                 config.pop(tree_option_name(option), None)
             else:
                 config.update(canonical_tree_options({option: parsed}))
-            state.tree.with_config(PoolTreeConfig.from_mapping(config))
+            _check_ephemeral_parents(state.tree,
+                                     state.tree.with_config(PoolTreeConfig.from_mapping(config)))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
             self._passes(conn, [name])
@@ -908,7 +920,7 @@ class TreesService:
             if name in state.tree.pools:
                 raise Conflict(f"pool {name} already exists in tree {tree}")
             _declared_parent(state, parent)
-            state.tree.with_pool(Pool(name, parent, config))
+            _check_ephemeral_parents(state.tree, state.tree.with_pool(Pool(name, parent, config)))
             store.save_pool(conn, tree, name, parent, config.to_mapping(), self.clock())
             self._passes(conn, [tree])
             return self._pool_view(conn, tree, name)
@@ -931,7 +943,7 @@ class TreesService:
             else:
                 given = PoolConfig.from_mapping({option: parsed})
                 changed = replace(pool, config=pool.config.updated(given))
-            state.tree.with_pool(changed)
+            _check_ephemeral_parents(state.tree, state.tree.with_pool(changed))
             store.save_pool(conn, tree, name, changed.parent, changed.config.to_mapping(),
                             self.clock())
             self._passes(conn, [tree])
@@ -1089,7 +1101,8 @@ class TreesService:
             return ROOT, state
         if pool in tree.pools:
             resolved = tree.effective[pool]
-            if resolved.create_ephemeral_subpools:
+            # Not in an ephemeral pool (a setting stored before 2026-11-29): it would live on.
+            if resolved.create_ephemeral_subpools and not resolved.is_ephemeral:
                 subpool = tree.ephemeral_subpool(pool, user)
                 if subpool.name not in tree.pools:
                     state = self._add_ephemeral(conn, state, subpool, user, now)
@@ -1168,16 +1181,21 @@ class TreesService:
 
     @staticmethod
     def _drop_unused_ephemeral(conn: Connection, tree: str, pool: str) -> None:
-        """An ephemeral pool goes with its last started operation, as in YTsaurus."""
+        """An ephemeral pool goes with its last started operation, as in YTsaurus; then so
+        does an ephemeral parent it was the last user of (an ephemeral pool under another
+        was made before 2026-11-29: the parent stayed, counted against its user)."""
         records = {p.name: p for p in store.list_pools(conn, tree)}
-        record = records.get(pool)
-        if record is None or record.ephemeral_user is None:
-            return
-        if store.count_live_operations(conn, tree).get(pool):
-            return
-        if any(p.parent == pool for p in records.values()):
-            return
-        store.delete_pool(conn, tree, pool)
+        live = store.count_live_operations(conn, tree)
+        current: str | None = pool
+        while current is not None:
+            record = records.get(current)
+            if record is None or record.ephemeral_user is None or live.get(current):
+                return
+            if any(p.parent == current for p in records.values()):
+                return
+            store.delete_pool(conn, tree, current)
+            del records[current]
+            current = record.parent
 
     def _operation_view(
         self,

@@ -6,7 +6,7 @@ injected clock, operations in several trees, and that a refused command writes n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -497,6 +497,68 @@ def test_ephemeral_pool_rules_as_ytsaurus(trees: TreesService) -> None:
     trees.set_pool("t", "R", "offloading_settings", "{t: {pool: E}}")
     assert trees.describe_pool("t", "R").config["offloading_settings"] == {"t": {"pool": "E"}}
     trees.create_pool("t", "S", options={"offloading_settings": {"t": {"pool": "R"}}})
+
+
+EPHEMERAL = "gone with its last operation; name it in the tree's document (pool-tree apply) to keep it"
+FIFO = "is a fifo pool, which holds operations only"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda t: t.set_tree("t", "default_parent_pool", "carol"),
+     f"config.default_parent_pool: is an ephemeral pool, {EPHEMERAL} (got 'carol')"),
+    (lambda t: t.apply_tree("name: t\nconfig: {default_parent_pool: carol}\n"
+                            "pools: {d: {}, f: {mode: fifo}}\n"),
+     f"config.default_parent_pool: is an ephemeral pool, {EPHEMERAL} (got 'carol')"),
+    (lambda t: t.set_pool("t", "carol", "create_ephemeral_subpools", "true"),
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+    (lambda t: t.set_pool("t", "carol", "config_presets", "[sub]"),  # through a preset
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+    (lambda t: t.set_tree("t", "default_parent_pool", "f"),
+     f"config.default_parent_pool: {FIFO} (got 'f')"),
+    # The default parent switched to fifo, by its mode, a preset or a document.
+    (lambda t: t.set_pool("t", "d", "mode", "fifo"),
+     f"config.default_parent_pool: {FIFO} (got 'd')"),
+    (lambda t: t.set_pool("t", "d", "config_presets", "[fifo]"),
+     f"config.default_parent_pool: {FIFO} (got 'd')"),
+    (lambda t: t.apply_tree("name: u\nconfig: {default_parent_pool: e, node_tag_filter: x}\n"
+                            "pools: {e: {mode: fifo}}\n"),
+     f"config.default_parent_pool: {FIFO} (got 'e')"),
+])
+def test_no_setting_makes_ephemeral_pools_under_an_ephemeral_or_fifo_pool(
+    trees: TreesService, change: Callable[[TreesService], object], message: str
+) -> None:
+    """Before 2026-11-29 these were taken: operations then made ephemeral pools under
+    carol (which lived on after its last operation, counted against carol) or failed under
+    the fifo pool, naming a pool the user never gave."""
+    trees.add_node("n0", [], {"cpu": 4})
+    trees.create_tree("t", {"pool_config_presets": {
+        "sub": {"create_ephemeral_subpools": True}, "fifo": {"mode": "fifo"}}})
+    trees.create_pool("t", "d")
+    trees.create_pool("t", "f", None, {"mode": "fifo"})
+    trees.start_operation(user="carol", job_resources=CPU, job_count=1)
+    trees.set_tree("t", "default_parent_pool", "d")
+    before = dump(trees)
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        change(trees)
+    assert dump(trees) == before
+
+
+def test_an_ephemeral_default_parent_stored_before_means_the_root(trees: TreesService) -> None:
+    """As stored before 2026-11-29 (or an operation's pool named as default_parent_pool):
+    a new ephemeral pool goes to the root; one already under an ephemeral pool goes with its
+    last operation, and its ephemeral parent, if unused, too."""
+    trees.add_node("n0", [], {"cpu": 4})
+    trees.create_tree("t", {"default_parent_pool": "carol"})  # names no pool yet
+    carol = trees.start_operation(user="carol", job_resources=CPU, job_count=1)
+    dave = trees.start_operation(user="dave", job_resources=CPU, job_count=1)
+    assert trees.describe_pool("t", "dave").parent is None
+    with trees.db.write() as conn:  # dave under carol, as before 2026-11-29
+        conn.execute(update(schema.tree_pool).where(schema.tree_pool.c.name == "dave")
+                     .values(parent="carol"))
+    trees.complete_operation(carol.id)
+    assert trees.describe_pool("t", "carol").children == ("dave",)  # dave's keeps it
+    trees.complete_operation(dave.id)
+    assert {row.name for row in trees.show_tree("t").elements} == {"<Root>"}
 
 
 def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:

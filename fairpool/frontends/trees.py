@@ -856,6 +856,27 @@ class PoolTree:
             current = self.pools[current].parent
         return chain
 
+    def ephemeral_parent_problems(self) -> list[InvalidInput]:
+        """Settings under which operations would make ephemeral pools where none may be:
+        under a fifo pool (it holds operations only), or under an ephemeral pool (the child
+        would keep it alive after its last operation, counted against its user's
+        ``max_ephemeral_pool_per_user``)."""
+        problems = []
+        keep = "gone with its last operation; name it in the tree's document (pool-tree " \
+            "apply) to keep it"
+        parent = self.config.default_parent_pool
+        if parent in self.pools and self.pools[parent].is_ephemeral:
+            problems.append(InvalidInput("config.default_parent_pool", parent,
+                                         f"is an ephemeral pool, {keep}"))
+        elif parent in self.pools and self.effective[parent].mode is SchedulingMode.FIFO:
+            problems.append(InvalidInput("config.default_parent_pool", parent,
+                                         "is a fifo pool, which holds operations only"))
+        for name in sorted(self.pools):
+            if self.pools[name].is_ephemeral and self.effective[name].create_ephemeral_subpools:
+                problems.append(InvalidInput(f"pool {name}: create_ephemeral_subpools", True,
+                                             f"pool {name} is ephemeral, {keep}"))
+        return problems
+
     def parents_first(self) -> list[str]:
         """The pools, each after its parent (by depth, then name)."""
         return sorted(self.pools, key=lambda name: (len(self.ancestors(name)), name))
@@ -885,7 +906,9 @@ class PoolTree:
         parent = self.config.default_parent_pool
         # One that names no pool (never made, or deleted since) means the root, as in
         # YTsaurus: every operation into a new pool failed, on an option the user never gave.
-        if parent == ROOT or parent not in self.pools:
+        # So does an ephemeral pool (made by an operation into a pool of that name, or stored
+        # before 2026-11-29): a pool under it would keep it alive.
+        if parent == ROOT or parent not in self.pools or self.pools[parent].is_ephemeral:
             return Pool(name, None, PoolConfig(), True)
         return Pool(name, parent, PoolConfig(), True)
 
