@@ -570,9 +570,24 @@ class RemoteTrees:
 
         return Answer(self._remote._once("POST", "/pool-trees", 409, done, json=body))
 
-    def apply_tree(self, document: str, name: str | None = None) -> Answer:
-        body = {"document": document, "name": name}
-        return Answer(self._call("POST", "/pool-trees/apply", json=body))
+    def apply_tree(self, document: str, name: str | None = None, create: bool = False) -> Answer:
+        body = {"document": document, "name": name, "create": create}
+        if not create:  # create or update: a retry changes nothing
+            return Answer(self._call("POST", "/pool-trees/apply", json=body))
+
+        def done() -> Any:  # the tree as the document makes it: what this create answered
+            from fairpool.frontends.trees import load_pool_tree, tree_document  # as add_node's
+
+            tree = load_pool_tree(document, name)
+            asked = {"name": tree.name, "config": dict(tree_document(document).get("config") or {}),
+                     "pools": len(tree.pools)}
+            if _showing(self._call("GET", "/pool-trees")["items"], asked) is None:
+                return None
+            return {"tree": tree.name,
+                    "changes": [f"+ tree {tree.name}",
+                                *(f"+ pool {pool}" for pool in tree.parents_first())]}
+
+        return Answer(self._remote._once("POST", "/pool-trees/apply", 409, done, json=body))
 
     def set_tree(self, name: str, option: str, value: str) -> Answer:
         body = {"option": option, "value": value}

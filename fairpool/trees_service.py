@@ -45,6 +45,7 @@ from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
     EPHEMERAL_DELIMITER,
     MAX_OPTION_TEXT,
+    NAME_PATTERN,
     ClusterNode,
     Pool,
     PoolConfig,
@@ -56,6 +57,8 @@ from fairpool.frontends.trees import (
     matches_tag_filter,
     parse_resources,
     positive,
+    tree_document,
+    tree_option_name,
     tree_resources,
 )
 from fairpool.frontends.yaml_text import load_yaml
@@ -630,6 +633,26 @@ def _declared_parent(state: _State, parent: str | None) -> None:
                            "tree's document (pool-tree apply) to keep it")
 
 
+def _check_ephemeral_parents(before: PoolTree, after: PoolTree) -> None:
+    """No change makes a setting under which operations would make an ephemeral pool where
+    none may be (``PoolTree.ephemeral_parent_problems``). One stored before 2026-11-29 is not
+    held against other changes: an ephemeral default_parent_pool now means the root, and a
+    fifo one refuses the operations that would need it, naming it."""
+    stored = {str(problem) for problem in before.ephemeral_parent_problems()}
+    for problem in after.ephemeral_parent_problems():
+        if str(problem) not in stored:
+            raise problem
+
+
+def _user_as_pool(user: str) -> str:
+    """The pool of an operation given none: the user's name, which must then be a pool's
+    (the error names the user, which the caller gave, not the pool, which it did not)."""
+    if not NAME_PATTERN.fullmatch(user):
+        raise InvalidInput("user", user, "used as the pool name (no --pool), must match "
+                           f"{NAME_PATTERN.pattern}")
+    return user
+
+
 def _cluster_node(record: NodeRecord) -> ClusterNode:
     return ClusterNode(record.name, frozenset(record.tags), record.resources)
 
@@ -731,46 +754,51 @@ class TreesService:
             self._check_node_membership(conn)
             return self._tree_view(conn, name)
 
-    def apply_tree(self, document: str, name: str | None = None) -> AppliedTree:
+    def apply_tree(
+        self, document: str, name: str | None = None, create: bool = False
+    ) -> AppliedTree:
         """Create or update a whole tree from YAML (``name``, ``config``, nested ``pools``):
         pools not in the document are deleted (ephemeral pools stay; one the document names
         becomes a declared pool). Applying the same document twice changes nothing the
-        second time."""
+        second time. ``create`` (``pool-tree create --config-file``): refused, as a create
+        is, when the tree exists."""
         wanted = load_pool_tree(document, name)
         if name is not None and wanted.name != name:
             raise InvalidInput(
                 "name", wanted.name, f"the file describes another tree than {name!r}"
             )
-        raw = load_yaml("tree", document)
-        assert isinstance(raw, dict)  # load_pool_tree took it as a mapping
-        config = dict(raw.get("config") or {})
+        config = dict(tree_document(document).get("config") or {})
         changes: list[str] = []
         with self.db.write() as conn:
             now = self.clock()
             record = store.find_tree(conn, wanted.name)
-            if record is None:
+            current = PoolTree.build(wanted.name, wanted.config, ())
+            ephemeral: dict[str, str] = {}
+            if record is not None:  # as stored: before the new config is
+                state = _State.load(conn, wanted.name)
+                current, ephemeral = state.tree, state.ephemeral_users
+            if record is None or create:
                 self._insert_tree(conn, wanted.name, config)
                 changes.append(f"+ tree {wanted.name}")
             elif record.config != config:
                 store.set_tree_config(conn, wanted.name, config, now)
                 changes.append(f"~ tree {wanted.name}: config")
-            current = PoolTree.build(wanted.name, wanted.config, ())
-            ephemeral: dict[str, str] = {}
-            if record is not None:
-                state = _State.load(conn, wanted.name)
-                current, ephemeral = state.tree, state.ephemeral_users
             merged = [*wanted.pools.values(),
                       *(current.pools[p] for p in ephemeral if p not in wanted.pools)]
-            PoolTree.build(wanted.name, wanted.config, merged)
+            _check_ephemeral_parents(current, PoolTree.build(wanted.name, wanted.config, merged))
             live = store.count_live_operations(conn, wanted.name)
-            for pool_name in sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
-                                    key=lambda p: -len(current.ancestors(p))):
+            removed = sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
+                             key=lambda p: (-len(current.ancestors(p)), p))
+            for pool_name in removed:
                 if live.get(pool_name):
                     raise Conflict(f"pool {pool_name} has {live[pool_name]} started operations; "
                                    "it cannot be removed")
-                store.delete_pool(conn, wanted.name, pool_name)
-                changes.append(f"- pool {pool_name}")
-            for pool_name in _parents_first(wanted):
+            changes.extend(f"- pool {pool_name}" for pool_name in removed)
+            # New and moved pools are saved (parents first) before the removed ones go (leaves
+            # first): a kept pool leaves a removed parent before that parent is deleted, and
+            # no statement leaves a pool without its parent (the foreign key is checked per
+            # statement, on SQLite as on PostgreSQL).
+            for pool_name in wanted.parents_first():
                 pool = wanted.pools[pool_name]
                 before = current.pools.get(pool_name)
                 if before == pool:
@@ -780,6 +808,8 @@ class TreesService:
                 if pool_name in ephemeral:  # declared by the file: it stays
                     store.keep_pool(conn, wanted.name, pool_name)
                 changes.append(f"{'~' if before else '+'} pool {pool_name}")
+            for pool_name in removed:
+                store.delete_pool(conn, wanted.name, pool_name)
             self._check_node_membership(conn)
             self._passes(conn, [wanted.name])
         return AppliedTree(wanted.name, tuple(changes))
@@ -795,9 +825,14 @@ class TreesService:
         """Set one tree option (YTsaurus units: milliseconds), validated with every pool."""
         with self.db.write() as conn:
             state = _State.load(conn, name)
-            config = {**canonical_tree_options(state.record.config),
-                      **canonical_tree_options({option: _option_value(option, value)})}
-            state.tree.with_config(PoolTreeConfig.from_mapping(config))
+            config = canonical_tree_options(state.record.config)
+            parsed = _option_value(option, value)
+            if parsed is None:  # null: unset, back to the default
+                config.pop(tree_option_name(option), None)
+            else:
+                config.update(canonical_tree_options({option: parsed}))
+            _check_ephemeral_parents(state.tree,
+                                     state.tree.with_config(PoolTreeConfig.from_mapping(config)))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
             self._passes(conn, [name])
@@ -815,7 +850,7 @@ class TreesService:
                     f"{', ...' if len(state.operations) > 5 else ''}): "
                     "complete or abort them first"
                 )
-            store.delete_tree(conn, name, _parents_first(state.tree)[::-1])
+            store.delete_tree(conn, name, state.tree.parents_first()[::-1])
 
     def show_tree(self, name: str | None = None) -> TreeView:
         with self.db.read() as conn:
@@ -885,7 +920,7 @@ class TreesService:
             if name in state.tree.pools:
                 raise Conflict(f"pool {name} already exists in tree {tree}")
             _declared_parent(state, parent)
-            state.tree.with_pool(Pool(name, parent, config))
+            _check_ephemeral_parents(state.tree, state.tree.with_pool(Pool(name, parent, config)))
             store.save_pool(conn, tree, name, parent, config.to_mapping(), self.clock())
             self._passes(conn, [tree])
             return self._pool_view(conn, tree, name)
@@ -903,10 +938,12 @@ class TreesService:
                 parent = None if parsed in (None, ROOT) else str(parsed)
                 _declared_parent(state, parent)
                 changed = replace(pool, parent=parent)
+            elif parsed is None:  # null: unset, inherited or default again
+                changed = replace(pool, config=pool.config.without(option))
             else:
                 given = PoolConfig.from_mapping({option: parsed})
                 changed = replace(pool, config=pool.config.updated(given))
-            state.tree.with_pool(changed)
+            _check_ephemeral_parents(state.tree, state.tree.with_pool(changed))
             store.save_pool(conn, tree, name, changed.parent, changed.config.to_mapping(),
                             self.clock())
             self._passes(conn, [tree])
@@ -1029,11 +1066,13 @@ class TreesService:
             if not any(job.values()):
                 raise InvalidInput("job_resources", dict(job_resources), "must ask for something")
             placements = []
-            asked = user if pool is None else pool  # "" is no pool's name, not "none given"
             for name in names:
                 given = options.get(name, _TreeOptions())
+                # "" is no pool's name, not "none given"
+                asked = given.pool if given.pool is not None else pool
                 leaf, state = self._operation_pool(
-                    conn, states[name], asked if given.pool is None else given.pool, user, now
+                    conn, states[name], _user_as_pool(user) if asked is None else asked, user,
+                    now,
                 )
                 _check_some_node_fits(state, _job_in(job, state.total))
                 _check_operation_count(conn, state, leaf)
@@ -1062,7 +1101,8 @@ class TreesService:
             return ROOT, state
         if pool in tree.pools:
             resolved = tree.effective[pool]
-            if resolved.create_ephemeral_subpools:
+            # Not in an ephemeral pool (a setting stored before 2026-11-29): it would live on.
+            if resolved.create_ephemeral_subpools and not resolved.is_ephemeral:
                 subpool = tree.ephemeral_subpool(pool, user)
                 if subpool.name not in tree.pools:
                     state = self._add_ephemeral(conn, state, subpool, user, now)
@@ -1141,16 +1181,21 @@ class TreesService:
 
     @staticmethod
     def _drop_unused_ephemeral(conn: Connection, tree: str, pool: str) -> None:
-        """An ephemeral pool goes with its last started operation, as in YTsaurus."""
+        """An ephemeral pool goes with its last started operation, as in YTsaurus; then so
+        does an ephemeral parent it was the last user of (an ephemeral pool under another
+        was made before 2026-11-29: the parent stayed, counted against its user)."""
         records = {p.name: p for p in store.list_pools(conn, tree)}
-        record = records.get(pool)
-        if record is None or record.ephemeral_user is None:
-            return
-        if store.count_live_operations(conn, tree).get(pool):
-            return
-        if any(p.parent == pool for p in records.values()):
-            return
-        store.delete_pool(conn, tree, pool)
+        live = store.count_live_operations(conn, tree)
+        current: str | None = pool
+        while current is not None:
+            record = records.get(current)
+            if record is None or record.ephemeral_user is None or live.get(current):
+                return
+            if any(p.parent == current for p in records.values()):
+                return
+            store.delete_pool(conn, tree, current)
+            del records[current]
+            current = record.parent
 
     def _operation_view(
         self,
@@ -1220,9 +1265,10 @@ class TreesService:
                                     j.interrupt_deadline)
                 for j in interrupting
             ),
-            preempted=tuple(
+            preempted=tuple(  # in preemption order (the jobs come in start order)
                 PreemptedJobView(j.id, j.node, j.preempted_by, j.reason, j.finished_at)
-                for j in jobs if j.status is JobStatus.PREEMPTED
+                for j in sorted((j for j in jobs if j.status is JobStatus.PREEMPTED),
+                                key=lambda j: j.finished_at or j.started_at)
             ),
             shares=None if several else first.shares,
             trees=tuple(placements),
@@ -1433,10 +1479,6 @@ def _operation_counts(state: _State, pool: str) -> tuple[int, int]:
     inside = [placement for placement in map(state.placement, state.operations)
               if placement.pool != ROOT and pool in state.tree.ancestors(placement.pool)]
     return sum(1 for placement in inside if placement.running), len(inside)
-
-
-def _parents_first(tree: PoolTree) -> list[str]:
-    return sorted(tree.pools, key=lambda name: (len(tree.ancestors(name)), name))
 
 
 def _element_rows(state: _State, shares: FairShareResult) -> list[ElementRow]:

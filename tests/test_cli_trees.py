@@ -103,6 +103,11 @@ def test_the_issues_tour(home: Path) -> None:
         (("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "-0.5"),
          ("fair_share_starvation_tolerance: must be between 0 and 1 (got -0.5)",)),
         (("pool", "describe", "nope", "--tree", "physical"), ("no pool 'nope'",)),
+        # No --pool: the user's name is the pool's, and the error says so (it blamed `pool`).
+        (("operation", "start", "--tree", "physical", "--user", "bad user", "--job-resources",
+          '{"cpu": 1}', "--job-count", "1"),
+         ("user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ "
+          "(got 'bad user')",)),
         (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
           "{guarantee_type: bursty}"),
          ("integral_guarantees.guarantee_type: must be none, burst or relaxed", "bursty")),
@@ -296,3 +301,55 @@ def test_yaml_output_writes_each_mapping_in_full(tmp_path: Path) -> None:
     assert "&id" not in op.out and "*id" not in op.out
     started = yaml.safe_load(op.out)
     assert started["trees"][0]["detailed"] == started["detailed"]
+
+
+def test_create_from_a_file_refuses_an_existing_tree(tmp_path: Path) -> None:
+    """Before 2026-11-29 the second create applied its file: pool q was deleted."""
+    first, second = tmp_path / "q.yaml", tmp_path / "r.yaml"
+    first.write_text("pools:\n  q: {}\n")
+    second.write_text("pools:\n  r: {}\n")
+    fairpool(tmp_path, "pool-tree", "create", "nn", "--config-file", str(first)).ok()
+    before = db_dump(tmp_path)
+    assert_one_error(fairpool(tmp_path, "pool-tree", "create", "nn", "--config-file",
+                              str(second)), "pool tree nn already exists")
+    assert db_dump(tmp_path) == before
+    assert fairpool(tmp_path, "pool", "describe", "q", "--tree", "nn", "-o",
+                    "json").ok().json["tree"] == "nn"
+
+
+def test_the_preempted_jobs_table_shows_the_newest_and_says_what_it_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """The table showed the first ten in start order (the oldest preemptions), without a
+    time, and did not say it left 8 out."""
+    fairpool(tmp_path, "node", "add", "n0", "--resources", '{"cpu": 20}').ok()
+    fairpool(tmp_path, "pool-tree", "create", "t", "--config",
+             '{"fair_share_starvation_timeout": 0, "preemptive_scheduling_backoff": 0}').ok()
+    for name, weight in (("x", "1"), ("y", "1"), ("z", "8")):
+        fairpool(tmp_path, "pool", "create", name, "--tree", "t", "--weight", weight).ok()
+    started = {}
+    for name in ("x", "y", "z"):
+        started[name] = fairpool(tmp_path, "operation", "start", "--pool", name, "--user", "u",
+                                 "--job-resources", '{"cpu": 1}', "--job-count", "20", "-o",
+                                 "json").ok().json["id"]
+        fairpool(tmp_path, "pool-tree", "reconcile", "t").ok()
+    shown = fairpool(tmp_path, "operation", "describe", started["x"], "-o", "json").ok().json
+    by = [job["preempted_by"] for job in shown["preempted"]]
+    assert by == [started["y"]] * 10 + [started["z"]] * 8
+    table = fairpool(tmp_path, "operation", "describe", started["x"]).ok().out
+    assert "Preempted jobs (the newest 10; 8 earlier not shown)" in table
+    rows = [line for line in table.splitlines() if started["z"] in line or started["y"] in line]
+    assert sum(started["z"] in row for row in rows) == 8, table
+
+
+def test_null_unsets_an_option(tmp_path: Path) -> None:
+    fairpool(tmp_path, "pool-tree", "create", "t").ok()
+    fairpool(tmp_path, "pool", "create", "a", "--tree", "t", "--weight", "3").ok()
+    unset = fairpool(tmp_path, "pool", "set", "a", "--tree", "t", "weight", "null", "-o",
+                     "json").ok().json
+    assert (unset["config"], unset["effective"]["weight"]) == ({}, 1)
+    fairpool(tmp_path, "pool-tree", "set", "t", "infer_weight_from_guarantees_share_multiplier",
+             "2").ok()
+    tree = fairpool(tmp_path, "pool-tree", "set", "t",
+                    "infer_weight_from_guarantees_share_multiplier", "null", "-o", "json").ok()
+    assert tree.json["config"] == {}

@@ -1178,6 +1178,13 @@ def test_admin_calls_whose_answers_were_lost_are_done_once(server: ApiServer, ho
         with losing(server, "POST", "/pool-trees", how) as service:
             tree = RemoteTrees(service).create_tree(name, {"node_tag_filter": name})
         assert (tree["config"], tree["nodes"]) == ({"node_tag_filter": name}, [node])
+        # A tree made from a document (pool-tree create --config-file): refused when it
+        # exists, as a create, so its retry is too.
+        whole = f"{name}-doc"
+        document = f"config: {{node_tag_filter: {whole}}}\npools:\n  q: {{pools: {{r: {{}}}}}}\n"
+        with losing(server, "POST", "/pool-trees/apply", how) as service:
+            applied = RemoteTrees(service).apply_tree(document, whole, create=True)
+        assert applied["changes"] == [f"+ tree {whole}", "+ pool q", "+ pool r"]
         with losing(server, "POST", "/pools", how) as service:
             made_pool = RemoteTrees(service).create_pool(name, pool, None, {"weight": "10"})
         assert (made_pool["parent"], made_pool["config"]) == (None, {"weight": 10})
@@ -1192,6 +1199,8 @@ def test_admin_calls_whose_answers_were_lost_are_done_once(server: ApiServer, ho
             ("/nodes", lambda s: RemoteTrees(s).add_node(node, [name], {"cpu": 9})),
             ("/pool-trees", lambda s: RemoteTrees(s).create_tree(name, {"main_resource": "cpu"})),
             ("/pools", lambda s: RemoteTrees(s).create_pool(name, pool, None, {"weight": 2})),
+            ("/pool-trees/apply",
+             lambda s: RemoteTrees(s).apply_tree("pools: {q: {}}\n", whole, create=True)),
         ):
             with losing(server, "POST", path, how) as service, pytest.raises(
                 Conflict, match="already"
@@ -1202,6 +1211,7 @@ def test_admin_calls_whose_answers_were_lost_are_done_once(server: ApiServer, ho
             RemoteTrees(service).delete_pool(name, pool)
         with losing(server, "DELETE", f"/pool-trees/{name}", how) as service:
             RemoteTrees(service).delete_tree(name)
+        RemoteTrees(plain).delete_tree(whole)
         with losing(server, "DELETE", f"/nodes/{node}", how) as service:
             RemoteTrees(service).remove_node(node)
         trees = RemoteTrees(plain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction as F
 
 import pytest
@@ -464,3 +465,21 @@ def test_changes_return_new_validated_trees() -> None:
     assert grown.without_pool("c") == tree
     with pytest.raises(InvalidInput, match="main_resource 'gpu'"):
         grown.with_config(PoolTreeConfig(main_resource="gpu"))
+
+
+@pytest.mark.parametrize(("pools", "moved", "parent"), [
+    # The pool set sorts first or last, in a cycle of two or of three.
+    ((("p", None), ("c", "p")), "p", "c"),
+    ((("x", None), ("y", "x")), "x", "y"),
+    ((("a", None), ("b", "a"), ("c", "b")), "a", "c"),
+    ((("z", None), ("b", "z"), ("a", "b")), "z", "a"),
+])
+def test_a_cycle_names_the_pool_being_moved_and_its_new_parent(
+    pools: tuple[tuple[str, str | None], ...], moved: str, parent: str
+) -> None:
+    """Before 2026-11-29 the walk started at the first name of the cycle: ``pool set p parent
+    c`` was reported as ``pool c: parent: makes a cycle (got 'p')``."""
+    tree = build(*(pool(name, up) for name, up in pools))
+    with pytest.raises(InvalidInput, match=re.escape(
+            f"pool {moved}: parent: makes a cycle (got {parent!r})")):
+        tree.with_pool(pool(moved, parent))

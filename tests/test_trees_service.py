@@ -6,10 +6,11 @@ injected clock, operations in several trees, and that a refused command writes n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -211,7 +212,7 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         (lambda: seed.set_pool("physical", "project-batch", "weight", "0"),
          "weight: must be positive (got 0)"),
         (lambda: seed.set_pool("physical", "project-root", "parent", "project-adhoc"),
-         "makes a cycle"),
+         "pool project-root: parent: makes a cycle (got 'project-adhoc')"),
         (lambda: seed.set_tree("physical", "fair_share_starvation_tolerance", "2"),
          "fair_share_starvation_tolerance: must be between 0 and 1"),
         (lambda: seed.create_tree("other"), "node would belong to trees other and physical"),
@@ -228,7 +229,9 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         # A pool an operation makes is named as one creates: "a$b" would read as pool a's
         # ephemeral subpool for user b; "" is no name, not "none given" (then: the user).
         (lambda: seed.start_operation(user="a$b", job_resources=CPU, job_count=1),
-         "pool: must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
+         "user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ (got 'a$b')"),
+        (lambda: seed.start_operation(user="bad user", job_resources=CPU, job_count=1),
+         "user: used as the pool name (no --pool), must match [-_a-zA-Z0-9:]+ (got 'bad user')"),
         (lambda: seed.start_operation(pool="project-adhoc$b", user="b", job_resources=CPU,
                                       job_count=1),
          "pool: must match [-_a-zA-Z0-9:]+ (got 'project-adhoc$b')"),
@@ -263,6 +266,64 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
     assert dump(seed) == before
 
 
+POOL_OPTIONS = {
+    "weight": "3",
+    "strong_guarantee_resources": "{cpu: 1}",
+    "resource_limits": "{cpu: 1}",
+    "mode": "fifo",
+    "max_running_operation_count": "1",
+    "max_operation_count": "2",
+    "fifo_sort_parameters": "[start_time]",
+    "forbid_immediate_operations": "true",
+    "create_ephemeral_subpools": "true",
+    "ephemeral_subpool_config": "{mode: fifo}",
+    "offloading_settings": "{other: {pool: p}}",
+    "config_presets": "[preset]",
+    "fair_share_starvation_timeout": "5",
+    "fair_share_starvation_tolerance": "0.5",
+    "non_preemptible_resource_usage_threshold": "{cpu: 1}",
+    "integral_guarantees": "{guarantee_type: relaxed, resource_flow: {cpu: 1}}",
+}
+TREE_OPTIONS = {
+    "infer_weight_from_guarantees_share_multiplier": "2",
+    "default_parent_pool": "a",
+    "max_operation_count_per_pool": "60",
+    "fair_share_starvation_timeout": "5",
+    "non_preemptible_resource_usage_threshold": "{cpu: 1}",
+    "pool_config_presets": "{preset: {weight: 2}}",
+}
+
+
+def test_null_unsets_a_pool_or_tree_option(trees: TreesService) -> None:
+    """``pool set`` / ``pool-tree set OPTION null`` (or ``~``, or empty, or by an alias):
+    the option is no longer set (inherited or default again). Before 2026-11-29 every
+    option refused null (``weight: must be a number (got None)``)."""
+    from fairpool.frontends.trees import _POOL_PARSERS, _TREE_PARSERS
+
+    assert set(POOL_OPTIONS) == set(_POOL_PARSERS)  # every pool option is optional
+    assert set(TREE_OPTIONS) <= set(_TREE_PARSERS)
+    trees.create_tree("t", {"pool_config_presets": {"preset": {"weight": 2}}})
+    trees.create_pool("t", "a")
+    for option, value in POOL_OPTIONS.items():
+        assert option in trees.set_pool("t", "a", option, value).config, option
+        unset = trees.set_pool("t", "a", option, "null")
+        assert unset.config == {}, option
+    trees.set_pool("t", "a", "weight", "3")
+    assert trees.set_pool("t", "a", "weight", "~").effective["weight"] == 1
+    trees.set_pool("t", "a", "strong_guarantee_resources", "{cpu: 1}")
+    assert trees.set_pool("t", "a", "min_share_resources", "").config == {}  # by its alias
+    for option, value in TREE_OPTIONS.items():
+        trees.set_tree("t", option, value)
+        assert option not in trees.set_tree("t", option, "null").config, option
+    trees.set_tree("t", "fair_share_preemption_timeout", "7")  # an alias, unset by its name
+    assert trees.set_tree("t", "fair_share_starvation_timeout", "null").config == {}
+    with pytest.raises(InvalidInput, match=re.escape(
+            "wieght: unknown pool option; did you mean 'weight'? (got None)")):
+        trees.set_pool("t", "a", "wieght", "null")
+    with pytest.raises(InvalidInput, match=r"config\.nope: unknown pool tree option"):
+        trees.set_tree("t", "nope", "null")
+
+
 def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> None:
     assert seed.apply_tree(SEED_TREE).changes == ()
     smaller = SEED_TREE.replace(
@@ -270,6 +331,75 @@ def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> No
     ).replace("{weight: 10,", "{weight: 5,")
     assert seed.apply_tree(smaller).changes == ("- pool project-backup", "~ pool project-batch")
     assert seed.describe_pool("physical", "project-batch").config["weight"] == 5
+
+
+@pytest.mark.parametrize(("before", "after", "changes", "parents"), [
+    # The kept child moves under another parent; its old parent goes.
+    ({"A": {"B": {}}, "C": {}}, {"C": {"B": {}}},
+     ("- pool A", "~ pool B"), {"B": "C", "C": None}),
+    # ... under a pool the same file creates.
+    ({"A": {"B": {}}}, {"N": {"B": {}}},
+     ("- pool A", "+ pool N", "~ pool B"), {"B": "N", "N": None}),
+    # A chain of moves: C under D, B under C, their old root removed.
+    ({"A": {"B": {"C": {}}}, "D": {}}, {"D": {"C": {"B": {}}}},
+     ("- pool A", "~ pool C", "~ pool B"), {"B": "C", "C": "D", "D": None}),
+    # The kept grandchild of two removed pools moves to the root.
+    ({"A": {"B": {"C": {}}}}, {"C": {}},
+     ("- pool B", "- pool A", "~ pool C"), {"C": None}),
+])
+def test_apply_moves_kept_pools_out_of_removed_ones(
+    trees: TreesService, before: dict[str, object], after: dict[str, object],
+    changes: tuple[str, ...], parents: dict[str, str | None],
+) -> None:
+    """Before 2026-11-29 a removed pool was deleted while a kept child still named it: an
+    IntegrityError (a traceback, an HTTP 500). The kept child has an operation running."""
+    def document(pools: dict[str, object]) -> str:
+        def nested(level: dict[str, object]) -> dict[str, object]:
+            return {name: {"pools": nested(inner)} if inner else {}  # type: ignore[arg-type]
+                    for name, inner in level.items()}
+        return yaml.safe_dump({"name": "t", "pools": nested(pools)})
+
+    trees.add_node("n", [], {"cpu": 4})
+    trees.apply_tree(document(before))
+    kept = "B" if "B" in parents else "C"  # a kept pool that moves
+    op = trees.start_operation(trees=["t"], pool=kept, user="u", job_resources=CPU, job_count=1)
+    assert op.status == "running"
+    assert trees.apply_tree(document(after)).changes == changes
+    assert {name: trees.describe_pool("t", name).parent for name in parents} == parents
+    assert trees.apply_tree(document(after)).changes == ()
+    assert trees.describe_operation(op.id).running_jobs == 1
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    # The first `a`, with its child, was dropped without a word, and `child` deleted.
+    ("name: physical\npools:\n  a:\n    weight: 1\n    pools:\n      child: {}\n"
+     "  a: {weight: 2}\n", "pools.a: duplicate key 'a' on line 7 (first on line 3)"),
+    ("name: physical\nname: other\n", "name: duplicate key 'name' on line 2 (first on line 1)"),
+    ("name: physical\npools:\n  a: {weight: 1, weight: 2}\n",
+     "pools.a.weight: duplicate key 'weight' on line 3 (first on line 3)"),
+    # JSON is YAML: a document sent as JSON text, as over HTTP.
+    ('{"name": "physical", "pools": {"a": {}, "a": {}}}',
+     "pools.a: duplicate key 'a' on line 1 (first on line 1)"),
+])
+def test_a_key_given_twice_in_a_document_is_refused(
+    seed: TreesService, document: str, message: str
+) -> None:
+    before = dump(seed)
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        seed.apply_tree(document)
+    assert dump(seed) == before
+
+
+def test_a_tree_created_from_a_document_is_refused_when_it_exists(seed: TreesService) -> None:
+    """Before 2026-11-29 ``pool-tree create NAME --config-file`` applied the file to an
+    existing tree: its pools missing from the file were deleted."""
+    before = dump(seed)
+    with pytest.raises(Conflict, match=r"^pool tree physical already exists$"):
+        seed.apply_tree("pools: {q: {}}\n", "physical", create=True)
+    assert dump(seed) == before
+    made = seed.apply_tree("config: {node_tag_filter: none}\npools: {q: {}}\n", "new",
+                           create=True)
+    assert made.changes == ("+ tree new", "+ pool q")
 
 
 def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:
@@ -369,6 +499,68 @@ def test_ephemeral_pool_rules_as_ytsaurus(trees: TreesService) -> None:
     trees.create_pool("t", "S", options={"offloading_settings": {"t": {"pool": "R"}}})
 
 
+EPHEMERAL = "gone with its last operation; name it in the tree's document (pool-tree apply) to keep it"
+FIFO = "is a fifo pool, which holds operations only"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda t: t.set_tree("t", "default_parent_pool", "carol"),
+     f"config.default_parent_pool: is an ephemeral pool, {EPHEMERAL} (got 'carol')"),
+    (lambda t: t.apply_tree("name: t\nconfig: {default_parent_pool: carol}\n"
+                            "pools: {d: {}, f: {mode: fifo}}\n"),
+     f"config.default_parent_pool: is an ephemeral pool, {EPHEMERAL} (got 'carol')"),
+    (lambda t: t.set_pool("t", "carol", "create_ephemeral_subpools", "true"),
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+    (lambda t: t.set_pool("t", "carol", "config_presets", "[sub]"),  # through a preset
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+    (lambda t: t.set_tree("t", "default_parent_pool", "f"),
+     f"config.default_parent_pool: {FIFO} (got 'f')"),
+    # The default parent switched to fifo, by its mode, a preset or a document.
+    (lambda t: t.set_pool("t", "d", "mode", "fifo"),
+     f"config.default_parent_pool: {FIFO} (got 'd')"),
+    (lambda t: t.set_pool("t", "d", "config_presets", "[fifo]"),
+     f"config.default_parent_pool: {FIFO} (got 'd')"),
+    (lambda t: t.apply_tree("name: u\nconfig: {default_parent_pool: e, node_tag_filter: x}\n"
+                            "pools: {e: {mode: fifo}}\n"),
+     f"config.default_parent_pool: {FIFO} (got 'e')"),
+])
+def test_no_setting_makes_ephemeral_pools_under_an_ephemeral_or_fifo_pool(
+    trees: TreesService, change: Callable[[TreesService], object], message: str
+) -> None:
+    """Before 2026-11-29 these were taken: operations then made ephemeral pools under
+    carol (which lived on after its last operation, counted against carol) or failed under
+    the fifo pool, naming a pool the user never gave."""
+    trees.add_node("n0", [], {"cpu": 4})
+    trees.create_tree("t", {"pool_config_presets": {
+        "sub": {"create_ephemeral_subpools": True}, "fifo": {"mode": "fifo"}}})
+    trees.create_pool("t", "d")
+    trees.create_pool("t", "f", None, {"mode": "fifo"})
+    trees.start_operation(user="carol", job_resources=CPU, job_count=1)
+    trees.set_tree("t", "default_parent_pool", "d")
+    before = dump(trees)
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        change(trees)
+    assert dump(trees) == before
+
+
+def test_an_ephemeral_default_parent_stored_before_means_the_root(trees: TreesService) -> None:
+    """As stored before 2026-11-29 (or an operation's pool named as default_parent_pool):
+    a new ephemeral pool goes to the root; one already under an ephemeral pool goes with its
+    last operation, and its ephemeral parent, if unused, too."""
+    trees.add_node("n0", [], {"cpu": 4})
+    trees.create_tree("t", {"default_parent_pool": "carol"})  # names no pool yet
+    carol = trees.start_operation(user="carol", job_resources=CPU, job_count=1)
+    dave = trees.start_operation(user="dave", job_resources=CPU, job_count=1)
+    assert trees.describe_pool("t", "dave").parent is None
+    with trees.db.write() as conn:  # dave under carol, as before 2026-11-29
+        conn.execute(update(schema.tree_pool).where(schema.tree_pool.c.name == "dave")
+                     .values(parent="carol"))
+    trees.complete_operation(carol.id)
+    assert trees.describe_pool("t", "carol").children == ("dave",)  # dave's keeps it
+    trees.complete_operation(dave.id)
+    assert {row.name for row in trees.show_tree("t").elements} == {"<Root>"}
+
+
 def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:
     with pytest.raises(NotFound, match="no pool tree 'nope'"):
         seed.list_operations(tree="nope")
@@ -455,6 +647,29 @@ def test_interruptible_victims_keep_their_units_until_allocation_preemption_time
     assert (seen.running_jobs, len(seen.interrupting), len(seen.preempted)) == (90, 0, 10)
     assert seen.pending_jobs == 10
     assert {j.preempted_by for j in seen.preempted} == {adhoc.id}
+
+
+def test_preempted_jobs_are_listed_in_preemption_order(trees: TreesService, clock: Clock) -> None:
+    """Before 2026-11-29 they came in start order (ties by id), so their times went back and
+    the table's last ten were not the newest."""
+    trees.add_node("n0", [], {"cpu": 20})
+    trees.create_tree("t", {"fair_share_starvation_timeout": 0,
+                            "preemptive_scheduling_backoff": 0})
+    for name, weight in (("x", 1), ("y", 1), ("z", 8)):
+        trees.create_pool("t", name, None, {"weight": weight})
+    x = trees.start_operation(pool="x", user="u", job_resources=CPU, job_count=20)
+    advance(clock, 1)
+    y = trees.start_operation(pool="y", user="u", job_resources=CPU, job_count=20)
+    trees.reconcile("t")
+    advance(clock, 1)
+    z = trees.start_operation(pool="z", user="u", job_resources=CPU, job_count=20)
+    trees.reconcile("t")
+    preempted = trees.describe_operation(x.id).preempted
+    by = [job.preempted_by for job in preempted]
+    assert (by.count(y.id), by.count(z.id)) == (10, 8)
+    assert by == [y.id] * 10 + [z.id] * 8
+    times = [job.at for job in preempted]
+    assert times == sorted(times, key=lambda at: at or NOW)
 
 
 def test_an_interrupting_job_ends_with_its_operation(seed: TreesService, clock: Clock) -> None:

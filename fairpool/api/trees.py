@@ -104,6 +104,11 @@ class TreeApply(Strict):
     name: BodyName | None = Field(
         default=None, description="Refuse the document unless it describes this tree."
     )
+    create: bool = Field(
+        default=False,
+        description="Refuse (409) an existing tree, as a create does (pool-tree create "
+        "--config-file).",
+    )
 
 
 class OptionSet(Strict):
@@ -187,8 +192,9 @@ def trees_router(
     @router.post("/pool-trees/apply", tags=["pool trees"])
     def apply_pool_tree(body: TreeApply) -> JSONResponse:
         """Create or update a whole tree from YAML; pools missing from it are deleted.
-        Idempotent: the answer lists what changed (nothing, the second time)."""
-        return _json(trees.apply_tree(body.document, body.name).as_dict())
+        Idempotent: the answer lists what changed (nothing, the second time). With
+        ``create``, an existing tree is refused (409)."""
+        return _json(trees.apply_tree(body.document, body.name, body.create).as_dict())
 
     @router.get("/pool-trees", tags=["pool trees"])
     def list_pool_trees() -> JSONResponse:

@@ -28,6 +28,9 @@ PLACEMENT_SHARES = ("fair_share", "usage_share", "demand_share", "dominant_resou
 PLACEMENT_COLUMNS = ("tree", "pool", "weight", "resource_limits", "status", "running_jobs",
                      *PLACEMENT_SHARES, "reason")
 
+#: Preempted jobs ``operation describe`` lists in its table (all of them in JSON / YAML).
+PREEMPTED_ROWS = 10
+
 #: ``pool set p weight -1``: a VALUE starting with '-' is the value, not an unknown option.
 NEGATIVE_VALUES = {"ignore_unknown_options": True}
 
@@ -116,7 +119,7 @@ def create_tree(
         if options:
             raise click.UsageError("--config-file describes the whole tree; give the other "
                                    "options in it")
-        service.apply_tree(read_config_file(config_file), name)
+        service.apply_tree(read_config_file(config_file), name, create=True)
         _print_tree(service.show_tree(name).as_dict(), output)
         return
     _print_tree(service.create_tree(name, options).as_dict(), output)
@@ -401,6 +404,10 @@ def _print_operation(data: dict[str, Any], output: str) -> None:
     if data["interrupting"]:
         o.print_section("Interrupting jobs", data["interrupting"],
                         ("job", "node", "preempted_by", "deadline", "reason"), empty_message="")
-    if data["preempted"]:
-        o.print_section("Preempted jobs", data["preempted"][-10:],
-                        ("job", "node", "preempted_by", "reason"), empty_message="")
+    if data["preempted"]:  # in preemption order: the newest ten, saying what is left out
+        shown = data["preempted"][-PREEMPTED_ROWS:]
+        earlier = len(data["preempted"]) - len(shown)
+        title = "Preempted jobs" + (
+            f" (the newest {len(shown)}; {earlier} earlier not shown)" if earlier else "")
+        o.print_section(title, shown, ("job", "node", "preempted_by", "at", "reason"),
+                        empty_message="")

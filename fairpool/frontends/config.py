@@ -531,6 +531,20 @@ def _parse(text: str) -> tuple[Any, _ConfigLoader]:
             loader.dispose()
 
 
+def duplicate_keys(text: str) -> tuple[ConfigIssue, ...]:
+    """Every key given twice in a mapping of ``text`` (each with both lines), as
+    ``load_config`` refuses them: for another front-end's document, which it has read
+    already (so ``text`` is valid YAML)."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            loader.survey(node)
+        return tuple(loader.duplicates)
+    finally:
+        loader.dispose()
+
+
 def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
     mark = error.problem_mark or error.context_mark
     words = [part for part in (error.context, error.problem) if part]

@@ -46,6 +46,7 @@ from fairpool.engine.fairshare import (
     TreeSnapshot,
 )
 from fairpool.errors import InvalidInput, clipped
+from fairpool.frontends.config import duplicate_keys
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
@@ -64,6 +65,8 @@ __all__ = [
     "matches_tag_filter",
     "number",
     "parse_resources",
+    "tree_document",
+    "tree_option_name",
     "tree_resources",
 ]
 
@@ -281,15 +284,7 @@ def _options(
     values: dict[str, Any] = {}
     where = path.rstrip(".") or what
     for key, value in _mapping(where, raw).items():
-        bounded_text(f"{where} key", str(key), MAX_NAME)
-        name = aliases.get(str(key), str(key))
-        if name not in parsers:
-            close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
-            else:  # the names themselves, where they are few enough for one line
-                hint = f"; one of {', '.join(parsers)}" if len(parsers) <= 6 else ""
-            raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
+        name = _option_name(key, value, path, parsers, aliases, what)
         if name in values:
             raise InvalidInput(f"{path}{key}", value, f"{name} is given twice (through an alias)")
         _bounded_texts(f"{path}{key}", value)
@@ -297,6 +292,27 @@ def _options(
     known = {f.name for f in fields(cls)}
     assert set(values) <= known
     return values
+
+
+def _option_name(
+    key: object,
+    value: object,
+    path: str,
+    parsers: Mapping[str, object],
+    aliases: Mapping[str, str],
+    what: str,
+) -> str:
+    """An option's own name (an alias resolved); an unknown one is refused, with a hint."""
+    bounded_text(f"{path.rstrip('.') or what} key", str(key), MAX_NAME)
+    name = aliases.get(str(key), str(key))
+    if name not in parsers:
+        close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
+        if close:
+            hint = f"; did you mean {close[0]!r}?"
+        else:  # the names themselves, where they are few enough for one line
+            hint = f"; one of {', '.join(parsers)}" if len(parsers) <= 6 else ""
+        raise InvalidInput(f"{path}{key}", value, f"unknown {what} option{hint}")
+    return name
 
 
 def _bounded_texts(field_name: str, value: object) -> None:
@@ -577,6 +593,12 @@ class PoolConfig:
         """The options given explicitly, in their YAML form (the inverse of ``from_mapping``)."""
         return {name: _plain(getattr(self, name)) for name in sorted(self.specified)}
 
+    def without(self, option: str) -> PoolConfig:
+        """This config with ``option`` (or its alias) unset: inherited or default again."""
+        name = _option_name(option, None, "", _POOL_PARSERS, _POOL_ALIASES, "pool")
+        unset: dict[str, Any] = {name: _default(next(f for f in fields(self) if f.name == name))}
+        return replace(self, **unset, specified=self.specified - {name})
+
     def updated(self, other: PoolConfig) -> PoolConfig:
         """This config with every option ``other`` specifies replaced."""
         changes = {name: getattr(other, name) for name in other.specified}
@@ -734,6 +756,11 @@ _TREE_ALIASES = {
 }
 
 
+def tree_option_name(option: str) -> str:
+    """A tree option's own name (an alias resolved); an unknown one is refused."""
+    return _option_name(option, None, "config.", _TREE_PARSERS, _TREE_ALIASES, "pool tree")
+
+
 def canonical_tree_options(raw: Mapping[str, object]) -> dict[str, object]:
     """Tree options under their own names, not YTsaurus's aliases: one option set once by
     an alias and again by its name is the same option, changed."""
@@ -788,8 +815,11 @@ class PoolTree:
     effective: Mapping[str, EffectivePool]
 
     @classmethod
-    def build(cls, name: str, config: PoolTreeConfig, pools: Iterable[Pool]) -> PoolTree:
-        """Validates every rule and resolves inheritance; raises ``InvalidInput``."""
+    def build(
+        cls, name: str, config: PoolTreeConfig, pools: Iterable[Pool], changed: str | None = None
+    ) -> PoolTree:
+        """Validates every rule and resolves inheritance; raises ``InvalidInput``. A cycle
+        is blamed on ``changed`` (the pool being set) when it is part of it."""
         _name("tree", name)
         by_name: dict[str, Pool] = {}
         for pool in pools:
@@ -797,7 +827,7 @@ class PoolTree:
             if pool.name in by_name:
                 raise InvalidInput("pool", pool.name, f"pool names must be unique in tree {name!r}")
             by_name[pool.name] = pool
-        order = _topological(by_name)
+        order = _topological(by_name, changed)
         effective: dict[str, EffectivePool] = {}
         depth: dict[str | None, int] = {None: 0}
         for pool_name in order:
@@ -826,11 +856,37 @@ class PoolTree:
             current = self.pools[current].parent
         return chain
 
+    def ephemeral_parent_problems(self) -> list[InvalidInput]:
+        """Settings under which operations would make ephemeral pools where none may be:
+        under a fifo pool (it holds operations only), or under an ephemeral pool (the child
+        would keep it alive after its last operation, counted against its user's
+        ``max_ephemeral_pool_per_user``)."""
+        problems = []
+        keep = "gone with its last operation; name it in the tree's document (pool-tree " \
+            "apply) to keep it"
+        parent = self.config.default_parent_pool
+        if parent in self.pools and self.pools[parent].is_ephemeral:
+            problems.append(InvalidInput("config.default_parent_pool", parent,
+                                         f"is an ephemeral pool, {keep}"))
+        elif parent in self.pools and self.effective[parent].mode is SchedulingMode.FIFO:
+            problems.append(InvalidInput("config.default_parent_pool", parent,
+                                         "is a fifo pool, which holds operations only"))
+        for name in sorted(self.pools):
+            if self.pools[name].is_ephemeral and self.effective[name].create_ephemeral_subpools:
+                problems.append(InvalidInput(f"pool {name}: create_ephemeral_subpools", True,
+                                             f"pool {name} is ephemeral, {keep}"))
+        return problems
+
+    def parents_first(self) -> list[str]:
+        """The pools, each after its parent (by depth, then name)."""
+        return sorted(self.pools, key=lambda name: (len(self.ancestors(name)), name))
+
     # -- changes --------------------------------------------------------------------------
 
     def with_pool(self, pool: Pool) -> PoolTree:
         """The tree with ``pool`` added or replaced, validated."""
-        return PoolTree.build(self.name, self.config, {**self.pools, pool.name: pool}.values())
+        return PoolTree.build(self.name, self.config, {**self.pools, pool.name: pool}.values(),
+                              changed=pool.name)
 
     def without_pool(self, name: str) -> PoolTree:
         if self.children(name):
@@ -850,7 +906,9 @@ class PoolTree:
         parent = self.config.default_parent_pool
         # One that names no pool (never made, or deleted since) means the root, as in
         # YTsaurus: every operation into a new pool failed, on an option the user never gave.
-        if parent == ROOT or parent not in self.pools:
+        # So does an ephemeral pool (made by an operation into a pool of that name, or stored
+        # before 2026-11-29): a pool under it would keep it alive.
+        if parent == ROOT or parent not in self.pools or self.pools[parent].is_ephemeral:
             return Pool(name, None, PoolConfig(), True)
         return Pool(name, parent, PoolConfig(), True)
 
@@ -1023,11 +1081,13 @@ def _check_pool_name(pool: Pool) -> None:
         _name(f"pool {pool.name}: parent", pool.parent)
 
 
-def _topological(pools: Mapping[str, Pool]) -> list[str]:
-    """Parents before children; unknown parents and cycles are errors."""
+def _topological(pools: Mapping[str, Pool], first: str | None = None) -> list[str]:
+    """Parents before children; unknown parents and cycles are errors. The walk starts at
+    ``first``, so a cycle through it names it (``pool p: parent: makes a cycle (got 'c')``
+    for the pool whose parent was set), not whichever of the cycle sorts first."""
     order: list[str] = []
     state: dict[str, bool] = {}  # False: being visited, True: done
-    for start in sorted(pools):
+    for start in [*([first] if first in pools else []), *sorted(pools)]:
         chain = []
         current: str | None = start
         while current is not None and current not in state:
@@ -1133,6 +1193,17 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
     return totals
 
 
+def tree_document(text: str) -> Mapping[str, Any]:
+    """A whole-tree document as YAML. A key given twice in any mapping is refused, with both
+    lines, as the scheduler config refuses it: PyYAML keeps the last one without a word (a
+    pool named twice lost its first definition, and its subtree was deleted)."""
+    bounded = bounded_text("tree", text, MAX_TREE_DOCUMENT)
+    data = _mapping("tree", load_yaml("tree", bounded))
+    for issue in duplicate_keys(bounded):
+        raise InvalidInput.from_message(issue.path, str(issue))
+    return data
+
+
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     """A whole tree from YAML::
 
@@ -1148,7 +1219,7 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     gives equal trees, so an apply can diff the result against the stored tree. A text
     without ``name:`` is the tree ``name``, when given.
     """
-    data = _mapping("tree", load_yaml("tree", bounded_text("tree", text, MAX_TREE_DOCUMENT)))
+    data = tree_document(text)
     unknown = set(data) - {"name", "config", "pools"}
     if unknown:
         key = sorted(unknown)[0]
