@@ -88,7 +88,7 @@ def _iso(value: datetime | None) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _parsed(document: str) -> SchedulerConfig:
     """A stored version's config (it was valid when applied, so it parses again)."""
-    return load_config(document)
+    return load_config(document, stored=True)
 
 
 # -- views -----------------------------------------------------------------------------------

@@ -809,3 +809,18 @@ def test_a_database_locked_too_long_is_one_error_line(tmp_path: Path) -> None:
     assert (result.exit_code, result.output.splitlines()) == (1, [
         "Error: the database stayed locked by other fairpool processes for 30 s (a long "
         "write, or many writing at once); try again"]), result.output
+
+
+def test_config_apply_refuses_a_name_that_would_forge_a_line_in_the_diff(tmp_path: Path) -> None:
+    """A queue name with a newline and ESC printed as a line of the diff of its own
+    (``- queue prod: removed``) and coloured the table; it is refused, naming the field."""
+    path = tmp_path / "forged.yaml"
+    path.write_text('resource_queues:\n  - name: "ok\\n  - queue prod: removed\\e[31m"\n'
+                    "  - name: prod\nscheduling_rules: [{resource_queue: prod}]\n")
+    result = fairpool(tmp_path, "config", "apply", "-f", str(path), "--yes")
+    assert result.code == 1, result
+    assert result.err_lines == [
+        f"Error: {path} is not a valid scheduler config (1 problem):",
+        "resource_queues[0].name: must not contain control or other non-printing characters "
+        "(got 'ok\\n  - queue prod: removed\\x1b[31m', with U+000A)"]
+    assert fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"] == []

@@ -347,6 +347,18 @@ INVALID: list[tuple[str, str, str, str]] = [
      "duplicate key 'name' on line 3 (first on line 2)"),
     ("duplicate merge key", "resource_flavors:\n  - <<: {name: a}\n    <<: {name: b}\n",
      'resource_flavors[0]["<<"]', "duplicate key '<<' on line 3 (first on line 2)"),
+    # -- names print as they are: no control or other non-printing characters
+    ("flavor name with a newline", 'resource_flavors: [{name: "ok\\n  - queue prod: removed"}]\n', "resource_flavors[0].name",
+     "must not contain control or other non-printing characters (got 'ok\\n  - queue prod: removed', with U+000A)"),
+    ("queue name with ESC", 'resource_queues: [{name: "p\\e[31m"}]\n', "resource_queues[0].name",
+     "must not contain control or other non-printing characters (got 'p\\x1b[31m', with U+001B)"),
+    ("flavor reference with a tab", 'resource_flavors: [{name: a}]\nresource_queues: [{name: q, resource_groups: [{covered_resources: [gpu], flavors: [{name: "a\\t"}]}]}]\n',
+     "resource_queues[0].resource_groups[0].flavors[0].name",
+     "must not contain control or other non-printing characters (got 'a\\t', with U+0009)"),
+    ("rule resource_queue with DEL", 'resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: "q\\x7f"}]\n',
+     "scheduling_rules[0].resource_queue", "must not contain control or other non-printing characters (got 'q\\x7f', with U+007F)"),
+    ("selector key with a bidi override", 'resource_flavors: [{name: a, selector: [{key: "\\u202ez", operator: exists}]}]\n',
+     "resource_flavors[0].selector[0].key", "must not contain control or other non-printing characters (got '\\u202ez', with U+202E)"),
     # -- values are shown as written, not as YAML 1.1 reads them
     ("octal as written", "resource_flavors: [{name: a, selector: [{key: z, operator: in, values: [010]}]}]\n",
      "resource_flavors[0].selector[0].values[0]", "must be a string (got integer 010; quote it to make it a string)"),
@@ -889,3 +901,20 @@ def test_cli_validate_a_json_document_with_exponent_numbers(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     assert load_config(path.read_text()).resource_queues[0].resource_groups[0].flavors[0].quota_milli(
         "gpu") == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("document", "reading"),
+    [
+        ('resource_queues: [{name: "p\\e[31m"}]\n', {"resource_queues": [{"name": "p\x1b[31m"}]}),
+        ("resource_flavors:\n  - <<: {name: a}\n    <<: {name: b}\n", {"resource_flavors": [{"name": "b"}]}),
+        ("resource_flavors: [{name: 1e3}]\n", {"resource_flavors": [{"name": "1e3"}]}),
+    ],
+    ids=["non-printing name", "second merge key", "1e3 as text"],
+)
+def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: dict[str, Any]) -> None:
+    """What rules added on 2026-11-29 refuse, a version applied before may hold: it must
+    still load (each pass reads the active version, each apply every version)."""
+    with pytest.raises(ConfigError):
+        load_config(document)
+    assert load_config(document, stored=True).to_dict() == reading

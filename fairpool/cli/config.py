@@ -175,7 +175,7 @@ def apply(path: str, yes: bool, output: str) -> None:
     based_on = None
     if not yes:
         active = svc.get_config()
-        current = load_config(active.as_dict()["document"]) if active else load_config("")
+        current = load_config(active.as_dict()["document"] if active else "", stored=True)
         _print_change(diff_configs(current, parsed),
                       [issue.as_dict() for issue in warnings(parsed)], "would change")
         click.confirm("Apply it as a new version?", abort=True, err=True)
@@ -202,7 +202,8 @@ def rollback(version: int, yes: bool, output: str) -> None:
         active = svc.get_config()
         changes = svc.diff_config(version)  # first: it names an unknown version
         found = svc.get_config(version)
-        advisories = warnings(load_config(found.as_dict()["document"])) if found else ()
+        advisories = (warnings(load_config(found.as_dict()["document"], stored=True))
+                      if found else ())
         _print_change(changes, [issue.as_dict() for issue in advisories], "would change")
         click.confirm(f"Apply version {version} again as a new version?", abort=True, err=True)
         based_on = _version_of(active)
@@ -231,7 +232,7 @@ def get(version: int | None, output: str) -> None:
         click.echo(data["document"], nl=not data["document"].endswith("\n"))
     else:
         data.pop("document")
-        data["config"] = load_config(found.as_dict()["document"]).to_dict()
+        data["config"] = load_config(found.as_dict()["document"], stored=True).to_dict()
         o.dump(data, output)
 
 

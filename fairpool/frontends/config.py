@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -37,7 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, nonprinting
 
 __all__ = [
     "MAX_DOCUMENT",
@@ -458,6 +458,9 @@ class _ConfigLoader(yaml.SafeLoader):
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
+    #: A second merge key in one mapping is an error.
+    one_merge: ClassVar[bool] = True
+
     def __init__(self, text: str) -> None:
         super().__init__(text)
         #: Per path, a typed scalar's value and its text.
@@ -503,6 +506,8 @@ class _ConfigLoader(yaml.SafeLoader):
                     continue  # non-scalar keys fail later
                 line = key_node.start_mark.line + 1
                 merge = key_node.tag == _MERGE_TAG
+                if merge and not self.one_merge:
+                    continue
                 # The keys a merge brings may be overridden, but not the merge key itself.
                 key = "<<" if merge else self.construct_object(key_node)
                 child = (*path, key)
@@ -526,10 +531,24 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_implicit_resolver(_FLOAT_TAG, _JSON_EXPONENT, list("-0123456789"))
 
 
-def _parse(text: str) -> tuple[Any, _ConfigLoader]:
+class _StoredLoader(_ConfigLoader):
+    """A version as the fairpool that stored it read it: before 2026-11-29, ``1e3`` was a
+    string and a second merge key won silently (and names could hold non-printing
+    characters: ``_Checker.stored``). A deployment's versions must keep loading (every pass
+    reads the active one, every apply all of them), whatever rules came since."""
+
+    yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML's own class attribute)
+        first: [(tag, regexp) for tag, regexp in resolvers if regexp is not _JSON_EXPONENT]
+        for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()
+    }
+    one_merge = False
+
+
+def _parse(text: str, stored: bool) -> tuple[Any, _ConfigLoader]:
     loader: _ConfigLoader | None = None
     try:
-        loader = made = _ConfigLoader(text)  # checks that every character is printable
+        # The reader checks that every character is one YAML allows.
+        loader = made = (_StoredLoader if stored else _ConfigLoader)(text)
         node = loader.get_single_node()
         if node is None:
             return None, made
@@ -560,18 +579,19 @@ def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
 # -- entry points ----------------------------------------------------------------------------
 
 
-def load_config(text: str) -> SchedulerConfig:
+def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
     """Parse and validate a scheduler config document.
 
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
-    one holding only comments, ``null`` or ``{}`` is the empty config.
+    one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
+    already applied, read as the fairpool that applied it did (``_StoredLoader``).
     """
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
         )])
-    data, loader = _parse(text)
-    config, issues = _check(data, loader.lines, loader.written)
+    data, loader = _parse(text, stored)
+    config, issues = _check(data, loader.lines, loader.written, stored)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
     # its fields': sorted by line (stably), they come in document order. Duplicate keys
     # first: the rest was checked on the value PyYAML kept (the last one).
@@ -593,16 +613,17 @@ def validate_config(
     ``lines`` maps paths to source lines and ``written`` paths to a number's or boolean's
     value and its source    text; both come from the YAML loader and are optional.
     """
-    config, issues = _check(data, lines or {}, written or {})
+    config, issues = _check(data, lines or {}, written or {}, False)
     if issues or config is None:
         raise ConfigError(issues)
     return config
 
 
 def _check(
-    data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]]
+    data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
+    stored: bool,
 ) -> tuple[SchedulerConfig | None, list[ConfigIssue]]:
-    checker = _Checker(lines, written)
+    checker = _Checker(lines, written, stored)
     config = checker.config(data)
     return config, checker.issues
 
@@ -617,10 +638,13 @@ class _Checker:
     that is valid. The result is only used when no issue was found."""
 
     def __init__(
-        self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]]
+        self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
+        stored: bool,
     ) -> None:
         self.lines = lines
         self.written = written
+        #: A version applied already: its names are let through as they were then.
+        self.stored = stored
         self.issues: list[ConfigIssue] = []
 
     def error(self, path: Path, message: str, *, reference: bool = False) -> None:
@@ -674,8 +698,11 @@ class _Checker:
         return list(value)
 
     def text(
-        self, value: object, path: Path, *, allow_empty: bool = False, max_length: int = 0
+        self, value: object, path: Path, *, allow_empty: bool = False, max_length: int = 0,
+        name: bool = False,
     ) -> str | None:
+        """A string; ``name``: one that names something (a flavor, a queue, a label key),
+        printed raw in diffs and tables, so every character of it prints."""
         if not isinstance(value, str):
             hint = "; quote it to make it a string" if _is_scalar(value) else ""
             self.error(path, f"must be a string (got {self.describe(value, path)}{hint})")
@@ -689,6 +716,11 @@ class _Checker:
             return None
         if max_length and len(value) > max_length:
             self.error(path, f"must be at most {max_length} characters (got {len(value)})")
+            return None
+        unprinted = nonprinting(value) if name and not self.stored else None
+        if unprinted:
+            self.error(path, f"must not contain control or other non-printing characters "
+                             f"(got {_short(repr(value))}, with {unprinted})")
             return None
         return value
 
@@ -829,7 +861,7 @@ class _Checker:
         first: dict[str, Path],
         names: set[str],
     ) -> str | None:
-        name = self.text(value, path, max_length=MAX_NAME)
+        name = self.text(value, path, max_length=MAX_NAME, name=True)
         if name is None:
             return None
         if "/" in name:
@@ -885,7 +917,7 @@ class _Checker:
         spec = self.fields(value, path, _EXPRESSION_KEYS, required=("key", "operator"))
         if spec is None:
             return None
-        key = self.text(spec["key"], (*path, "key")) if "key" in spec else None
+        key = self.text(spec["key"], (*path, "key"), name=True) if "key" in spec else None
         operator = None
         if "operator" in spec:
             operator = self.choice(spec["operator"], (*path, "operator"), Operator)
@@ -1078,7 +1110,7 @@ class _Checker:
         if "name" not in spec:
             return None
         name_path = (*path, "name")
-        name = self.text(spec["name"], name_path)
+        name = self.text(spec["name"], name_path, name=True)
         if name is None:
             return None
         ok = True
@@ -1159,7 +1191,7 @@ class _Checker:
         queue = None
         if "resource_queue" in spec:
             queue_path = (*path, "resource_queue")
-            queue = self.text(spec["resource_queue"], queue_path)
+            queue = self.text(spec["resource_queue"], queue_path, name=True)
             if queue is not None and queue_names is not None and queue not in queue_names:
                 self.error(
                     queue_path, f"unknown queue {queue!r}; {_defined('queues', queue_names)}",
