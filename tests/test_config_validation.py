@@ -43,6 +43,7 @@ from fairpool.frontends.config import (
     validate_config,
     warnings,
 )
+from fairpool.frontends.config_diff import changed_queues, diff_configs
 
 # -- the seed's examples, verbatim (indentation restored) ------------------------------------
 
@@ -918,3 +919,32 @@ def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: d
     with pytest.raises(ConfigError):
         load_config(document)
     assert load_config(document, stored=True).to_dict() == reading
+
+
+PASSTHROUGH = "resource_queues:\n  - name: p\n"
+GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
+          "    resource_groups: [{covered_resources: [gpu, cpu], flavors: [{name: f, resources: %s}]}]\n")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "path"),
+    [
+        # Equivalent spellings: the same queue, no change.
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {within_resource_queue: never}\n", None),
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {}\n", None),
+        (PASSTHROUGH, PASSTHROUGH + "    preemption:\n    resource_groups: []\n", None),
+        (GROUPS % "[]", GROUPS % "[{name: gpu}]", None),
+        (GROUPS % "[{name: gpu, nominal_quota: 1}, {name: cpu, nominal_quota: 2}]",
+         (GROUPS % "[{name: cpu, nominal_quota: 2.0}, {name: gpu, nominal_quota: 1}]")
+         .replace("[gpu, cpu]", "[cpu, gpu]"), None),
+        # Real changes, at the field that changes.
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {within_resource_queue: lower_priority}\n",
+         "resource_queues[0].preemption"),
+        (GROUPS % "[]", GROUPS % "[{name: gpu, nominal_quota: 1}]", "resource_queues[0].resource_groups"),
+    ],
+)
+def test_a_queue_spec_is_compared_as_what_it_does(before: str, after: str, path: str | None) -> None:
+    old, new = load_config(before), load_config(after)
+    problems = changed_queues([(1, old)], new)
+    assert [issue.path for issue in problems] == ([] if path is None else [path])
+    assert bool(diff_configs(old, new)) == (path is not None)

@@ -163,7 +163,7 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
 def apply(path: str, yes: bool, output: str) -> None:
     """Validate a config and make it the new active version (warns when no catch-all rule)."""
     from fairpool.frontends.config import ConfigError, load_config, warnings
-    from fairpool.frontends.config_diff import diff_configs
+    from fairpool.frontends.config_diff import changed_queues, diff_configs
 
     text = read_config_file(path)
     try:
@@ -174,6 +174,14 @@ def apply(path: str, yes: bool, output: str) -> None:
     svc = scheduling()
     based_on = None
     if not yes:
+        # A changed queue is refused before the change is shown and confirmed, not after.
+        versions = [v.as_dict() for v in svc.list_configs()]  # newest first
+        history = [(int(v["version"]), load_config(v["document"], stored=True))
+                   for v in reversed(versions)]
+        problems = changed_queues(history, parsed)
+        if problems:
+            _print_invalid(path, ConfigError(problems), output)
+            return
         active = svc.get_config()
         current = load_config(active.as_dict()["document"] if active else "", stored=True)
         _print_change(diff_configs(current, parsed),
