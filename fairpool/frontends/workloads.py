@@ -58,7 +58,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, validate_int
+from fairpool.errors import InvalidInput, clipped, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -208,6 +208,8 @@ def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     return bounded_text(field_name, value, MAX_NAME)
 
 
+#: Characters of an amount written as text: 13 digits, a point, 3 decimals and then some.
+MAX_DEMAND_TEXT: Final = 40
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?", re.ASCII)
 
 
@@ -217,6 +219,9 @@ def _milli(resource: str, value: object) -> int:
     field_name = f"demand.{resource}"
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise InvalidInput(field_name, value, "must be a number")
+    if isinstance(value, str) and len(value) > MAX_DEMAND_TEXT:
+        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_DEMAND_TEXT} "
+                           "characters")
     # Text is a plain decimal: Decimal alone takes "1_000", "+1", " 1" and other scripts'
     # decimal digits (Arabic-Indic, full-width), none of which a user means as a count.
     if isinstance(value, str) and not _DECIMAL.fullmatch(value):
