@@ -27,7 +27,7 @@ from fairpool.frontends.config import (
     load_config,
     warnings,
 )
-from fairpool.frontends.config_diff import diff_configs
+from fairpool.frontends.config_diff import changed_queues, diff_configs
 from fairpool.frontends.pools import cancel_reason, validate_filter
 from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
@@ -88,7 +88,7 @@ def _iso(value: datetime | None) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _parsed(document: str) -> SchedulerConfig:
     """A stored version's config (it was valid when applied, so it parses again)."""
-    return load_config(document)
+    return load_config(document, stored=True)
 
 
 # -- views -----------------------------------------------------------------------------------
@@ -622,19 +622,8 @@ def _validate(
 
 def _check_queues_unchanged(conn: Connection, config: SchedulerConfig) -> None:
     """A queue's spec is immutable per name across versions: a changed one needs a new name."""
-    latest: dict[str, tuple[int, Any]] = {}
-    for version in reversed(store.list_config_versions(conn)):
-        for queue in _parsed(version.document).resource_queues:
-            latest[queue.name] = (version.version, queue)
-    problems = []
-    for index, queue in enumerate(config.resource_queues):
-        seen = latest.get(queue.name)
-        if seen is not None and seen[1] != queue:
-            problems.append(ConfigIssue(
-                f"resource_queues[{index}]",
-                f"queue {queue.name!r} differs from its spec in version {seen[0]}; a queue's "
-                "spec cannot change once applied: give the changed queue a new name",
-                reference=True,
-            ))
+    history = [(v.version, _parsed(v.document))
+               for v in reversed(store.list_config_versions(conn))]
+    problems = changed_queues(history, config)
     if problems:
         raise ConfigError(problems)

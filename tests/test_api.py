@@ -847,3 +847,21 @@ def test_a_write_in_flight_when_the_server_stops_is_not_answered_500(
         retried = service.create_request("team", demand={"gpu": 1}, idempotency_key=how)
         [made] = service.list_requests(component="team")
         assert (retried.id, retried.status) == (made.id, "allocated")
+
+
+@pytest.mark.parametrize(
+    "amount", [True, None, "abc", -1, "1.2345", [1], {"a": 1}, "1" * 41, 10**13, "1e400"],
+    ids=repr,
+)
+def test_a_bad_demand_is_worded_as_embedded(client: httpx.Client, amount: Any) -> None:
+    """The API's own check said "must be an integer (got True)" where the service says "must
+    be a number (got True)": the service's check is the only one now."""
+    from fairpool.errors import InvalidInput
+    from fairpool.frontends.workloads import validate_workload
+
+    with pytest.raises(InvalidInput) as embedded:
+        validate_workload("w", demand={"gpu": amount}, submitted_at=0)
+    for route in ("/workloads", "/config/explain"):
+        answer = client.post(route, json={"demand": {"gpu": amount}})
+        assert answer.status_code == 422, answer.text
+        assert answer.json() == {"detail": str(embedded.value), "field": "demand.gpu"}

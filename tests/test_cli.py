@@ -824,3 +824,50 @@ def test_a_database_locked_too_long_is_one_error_line(tmp_path: Path) -> None:
     assert (result.exit_code, result.output.splitlines()) == (1, [
         "Error: the database stayed locked by other fairpool processes for 30 s (a long "
         "write, or many writing at once); try again"]), result.output
+
+
+def test_config_apply_refuses_a_name_that_would_forge_a_line_in_the_diff(tmp_path: Path) -> None:
+    """A queue name with a newline and ESC printed as a line of the diff of its own
+    (``- queue prod: removed``) and coloured the table; it is refused, naming the field."""
+    path = tmp_path / "forged.yaml"
+    path.write_text('resource_queues:\n  - name: "ok\\n  - queue prod: removed\\e[31m"\n'
+                    "  - name: prod\nscheduling_rules: [{resource_queue: prod}]\n")
+    result = fairpool(tmp_path, "config", "apply", "-f", str(path), "--yes")
+    assert result.code == 1, result
+    assert result.err_lines == [
+        f"Error: {path} is not a valid scheduler config (1 problem):",
+        "resource_queues[0].name: must not contain control or other non-printing characters "
+        "(got 'ok\\n  - queue prod: removed\\x1b[31m', with U+000A)"]
+    assert fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"] == []
+
+
+def test_config_apply_an_equivalent_queue_spec_is_no_change(tmp_path: Path) -> None:
+    """Unset preemption is ``never``: spelling it out is the same queue, not a change."""
+    plain, spelt = tmp_path / "plain.yaml", tmp_path / "spelt.yaml"
+    plain.write_text("resource_queues:\n  - name: p\nscheduling_rules: [{resource_queue: p}]\n")
+    spelt.write_text("resource_queues:\n  - name: p\n    preemption: {within_resource_queue: never}\n"
+                     "scheduling_rules: [{resource_queue: p}]\n")
+    fairpool(tmp_path, "config", "apply", "-f", str(plain), "--yes").ok()
+    asked = fairpool(tmp_path, "config", "apply", "-f", str(spelt), input="y\n").ok()
+    assert "No change from the config in force" in asked.err, asked.err
+    assert "spec changed" not in asked.err
+
+
+@pytest.mark.parametrize("yes", [True, False], ids=["--yes", "asked"])
+def test_config_apply_a_changed_queue_is_refused_before_the_change_is_shown(
+    tmp_path: Path, yes: bool
+) -> None:
+    plain, changed = tmp_path / "plain.yaml", tmp_path / "changed.yaml"
+    plain.write_text("resource_queues:\n  - name: p\nscheduling_rules: [{resource_queue: p}]\n")
+    changed.write_text("resource_queues:\n  - name: p\n    preemption: {within_resource_queue: "
+                       "lower_priority}\nscheduling_rules: [{resource_queue: p}]\n")
+    fairpool(tmp_path, "config", "apply", "-f", str(plain), "--yes").ok()
+    result = fairpool(tmp_path, "config", "apply", "-f", str(changed),
+                      *(["--yes"] if yes else []), input="y\n")
+    assert result.code == 1, result
+    # Nothing shown as a change, nothing asked: the error only.
+    assert result.err_lines == [
+        f"Error: {changed} is not a valid scheduler config (1 problem):",
+        "resource_queues[0].preemption: queue 'p' differs from its spec in version 1; a queue's "
+        "spec cannot change once applied: give the changed queue a new name"]
+    assert len(fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"]) == 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from fairpool.errors import InvalidInput
-from fairpool.frontends.config import load_config
+from fairpool.frontends.config import MatchExpression, Operator, load_config
 from fairpool.frontends.workloads import (
     Admission,
     Outcome,
@@ -25,6 +25,7 @@ from fairpool.frontends.workloads import (
     explain,
     queue_usage,
     schedule,
+    selector_mismatch,
     validate_workload,
 )
 from tests.test_config_validation import COMPLETE_EXAMPLE, M5_CAP_EXAMPLE, RESERVATION_EXAMPLE
@@ -275,14 +276,14 @@ CASES = [
         COMPLETE_EXAMPLE,
         [wl("w", tags=RESEARCH, accel="H100", market="ON_DEMAND", gpu=8, cpu=32)],
         {"w": "admitted ml_training/research_gpu_pool p50"},
-        says={"w": "flavor gpu_a100_spot: selector: accelerator-type is 'H100', not in [A100]"},
+        says={"w": "flavor gpu_a100_spot: selector: accelerator-type is 'H100', not in ['A100']"},
     ),
     Case(
         "complete: not research -> catch-all rule -> default passthrough, no quota",
         COMPLETE_EXAMPLE,
         [wl("w", tags={"team": "infra"}, accel="A100", market="SPOT", gpu=1000)],
         {"w": "admitted default p0"},
-        says={"w": "scheduling_rules[0]: selector: team is 'infra', not in [research]"},
+        says={"w": "scheduling_rules[0]: selector: team is 'infra', not in ['research']"},
     ),
     Case(
         "complete: a requested priority inside [0, 100] is kept",
@@ -416,7 +417,7 @@ CASES = [
         "routing: rules top to bottom, the first match wins",
         TWO_TEAMS, [wl("b", tags={"team": "b"}), wl("a", tags={"team": "a"}), wl("x")],
         {"a": "admitted qa p0", "b": "admitted qb p0", "x": "admitted default p0"},
-        says={"b": "scheduling_rules[0]: selector: team is 'b', not in [a]"},
+        says={"b": "scheduling_rules[0]: selector: team is 'b', not in ['a']"},
     ),
     Case(
         "routing: no rule matches -> the workload fails, with every rule's reason",
@@ -504,7 +505,7 @@ CASES = [
         TWO_GROUPS.replace("- { name: c1, resources: [{ name: cpu, nominal_quota: 4 }] }\n", ""),
         [wl("w", gpu=1)],
         {"w": "rejected"},
-        says={"w": "flavor c2: selector: market-type is not set, not in [SPOT]"},
+        says={"w": "flavor c2: selector: market-type is not set, not in ['SPOT']"},
     ),
     Case(
         "passthrough: admits everything, whatever the demand",
@@ -701,7 +702,7 @@ def test_explain_says_rule_queue_flavor_priority_and_why_not_others() -> None:
     assert decision.admission is not None
     assert decision.admission.flavors == ("research_gpu_pool",)
     assert decision.notes == (
-        "flavor gpu_a100_spot: selector: market-type is 'ON_DEMAND', not in [SPOT]",
+        "flavor gpu_a100_spot: selector: market-type is 'ON_DEMAND', not in ['SPOT']",
     )
     # With the reserved spot capacity in use, a spot workload explains the quota it missed.
     busy = explain(config, spot("w2"), full_ml_training(priority=50), NOW)
@@ -801,3 +802,69 @@ def test_workload_demand_is_exact_milli_units() -> None:
         "team": "research", "accelerator-type": "A100", "workload-type": "job",
     }
     assert workload.submitted_at == 3.0
+
+
+SMALL_THEN_BIG = a_then_b(2, 8, preempts=False)
+
+#: Flavor ``blocked`` (gpu quota 0) listed first; the workloads wait for cpu on ``c``.
+BLOCKED_FIRST_TWO_GROUPS = config("""
+    resource_flavors: [{ name: blocked }, { name: ok }, { name: c }]
+    resource_queues:
+      - name: q
+        resource_groups:
+          - covered_resources: [gpu]
+            flavors:
+              - { name: blocked, resources: [{ name: gpu, nominal_quota: 0 }] }
+              - { name: ok, resources: [{ name: gpu, nominal_quota: 8 }] }
+          - covered_resources: [cpu]
+            flavors: [{ name: c, resources: [{ name: cpu, nominal_quota: 4 }] }]
+    scheduling_rules:
+      - resource_queue: q
+""")
+
+HELD = "free units are held for b, queued longer than 300 s, so that smaller workloads stop passing it"
+
+#: (id, config, running, waiting, now, the last waiting workload's reason). "free" is what
+#: ``queue_usage`` (``queue describe``) shows: quota minus what runs.
+QUEUED_REASONS = [
+    ("a flavor that can never fit is skipped for the one it waits on", SMALL_THEN_BIG,
+     [run(wl("r", gpu=6), "q", "b")], [wl("w", gpu=4)], NOW,
+     "queued in queue q: flavor b: gpu requested 4, free 2 of nominal_quota 8"),
+    ("a nominal_quota 0 flavor first, waiting for cpu in another group",
+     BLOCKED_FIRST_TWO_GROUPS, [run(wl("r", cpu=4), "q", "ok", "c")], [wl("w", gpu=1, cpu=2)],
+     NOW, "queued in queue q: flavor c: cpu requested 2, free 0 of nominal_quota 4"),
+    ("free units held for a long waiter: the true free number, and the hold",
+     one_queue("[{ name: a, resources: [{ name: gpu, nominal_quota: 8 }] }]"),
+     [run(wl("r", gpu=6), "q", "a")], [wl("b", 0.0, gpu=8), wl("w", NOW, gpu=2)], NOW + 301,
+     f"queued in queue q: flavor a: gpu requested 2, free 2 of nominal_quota 8; {HELD}"),
+]
+
+
+@pytest.mark.parametrize(
+    ("document", "running", "waiting", "now", "reason"), [case[1:] for case in QUEUED_REASONS],
+    ids=[case[0] for case in QUEUED_REASONS],
+)
+def test_a_queued_workloads_reason_says_what_it_waits_for(
+    document: str, running: list[RunningWorkload], waiting: list[Workload], now: float,
+    reason: str,
+) -> None:
+    outcome = schedule(load_config(document), waiting, running, now)
+    decision = outcome.decisions[waiting[-1].id]
+    assert decision.status is Status.QUEUED
+    assert decision.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("values", "label", "says"),
+    [
+        ([""], None, "k is not set, not in ['']"),
+        (["us, eu"], "us", "k is 'us', not in ['us, eu']"),
+        (["us, eu"], "us, eu", "k is 'us, eu', which not_in ['us, eu'] excludes"),
+    ],
+)
+def test_selector_values_are_quoted_in_explanations(
+    values: list[str], label: str | None, says: str
+) -> None:
+    operator = Operator.NOT_IN if "not_in" in says else Operator.IN
+    labels = {} if label is None else {"k": label}
+    assert selector_mismatch([MatchExpression("k", operator, tuple(values))], labels) == says

@@ -43,6 +43,7 @@ from fairpool.frontends.config import (
     validate_config,
     warnings,
 )
+from fairpool.frontends.config_diff import changed_queues, diff_configs
 
 # -- the seed's examples, verbatim (indentation restored) ------------------------------------
 
@@ -201,6 +202,11 @@ def test_empty_documents_are_valid_and_admit_everything(text: str) -> None:
         ("999999999999.999", 999_999_999_999_999),
         ("1000000000000", 10**15),
         ("1.0e+3", 1_000_000),
+        # JSON's exponents, which YAML 1.1 alone reads as strings
+        ("1e3", 1_000_000),
+        ("1E-2", 10),
+        ("1.5e3", 1_500_000),
+        ("-0e0", 0),
         ("0x10", 16_000),
     ],
 )
@@ -340,6 +346,31 @@ INVALID: list[tuple[str, str, str, str]] = [
      "duplicate key 'resource_flavors' on line 2 (first on line 1)"),
     ("duplicate nested key", "resource_queues:\n  - name: q\n    name: r\n", "resource_queues[0].name",
      "duplicate key 'name' on line 3 (first on line 2)"),
+    ("duplicate merge key", "resource_flavors:\n  - <<: {name: a}\n    <<: {name: b}\n",
+     'resource_flavors[0]["<<"]', "duplicate key '<<' on line 3 (first on line 2)"),
+    # -- names print as they are: no control or other non-printing characters
+    ("flavor name with a newline", 'resource_flavors: [{name: "ok\\n  - queue prod: removed"}]\n', "resource_flavors[0].name",
+     "must not contain control or other non-printing characters (got 'ok\\n  - queue prod: removed', with U+000A)"),
+    ("queue name with ESC", 'resource_queues: [{name: "p\\e[31m"}]\n', "resource_queues[0].name",
+     "must not contain control or other non-printing characters (got 'p\\x1b[31m', with U+001B)"),
+    ("flavor reference with a tab", 'resource_flavors: [{name: a}]\nresource_queues: [{name: q, resource_groups: [{covered_resources: [gpu], flavors: [{name: "a\\t"}]}]}]\n',
+     "resource_queues[0].resource_groups[0].flavors[0].name",
+     "must not contain control or other non-printing characters (got 'a\\t', with U+0009)"),
+    ("rule resource_queue with DEL", 'resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: "q\\x7f"}]\n',
+     "scheduling_rules[0].resource_queue", "must not contain control or other non-printing characters (got 'q\\x7f', with U+007F)"),
+    ("selector key with a bidi override", 'resource_flavors: [{name: a, selector: [{key: "\\u202ez", operator: exists}]}]\n',
+     "resource_flavors[0].selector[0].key", "must not contain control or other non-printing characters (got '\\u202ez', with U+202E)"),
+    # -- values are shown as written, not as YAML 1.1 reads them
+    ("octal as written", "resource_flavors: [{name: a, selector: [{key: z, operator: in, values: [010]}]}]\n",
+     "resource_flavors[0].selector[0].values[0]", "must be a string (got integer 010; quote it to make it a string)"),
+    ("base 60 as written", "resource_flavors: [{name: a, selector: [{key: z, operator: in, values: [1:30]}]}]\n",
+     "resource_flavors[0].selector[0].values[0]", "must be a string (got integer 1:30; quote it to make it a string)"),
+    ("yes as written", "resource_flavors: [{name: a, selector: [{key: z, operator: in, values: [yes]}]}]\n",
+     "resource_flavors[0].selector[0].values[0]", "must be a string (got boolean yes; quote it to make it a string)"),
+    ("a JSON exponent is a number", "resource_flavors: [{name: 1e3}]\n",
+     "resource_flavors[0].name", "must be a string (got number 1e3; quote it to make it a string)"),
+    ("as written through an alias", "resource_flavors: [{name: a, advanced_instance_config: {n: &n 0x1F}}, {name: *n}]\n",
+     "resource_flavors[1].name", "must be a string (got integer 0x1F; quote it to make it a string)"),
     ("unknown top-level key", "resource_flavours: []\n", "resource_flavours",
      "unknown key 'resource_flavours'; did you mean 'resource_flavors'?"),
     ("unknown key from the API (recycle_policy)", "recycle_policy: {}\n", "recycle_policy",
@@ -474,7 +505,7 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("quota boolean", quota("true"), QUOTA, "must be a number (got boolean true)"),
     ("quota string", quota("'8'"), QUOTA, "must be a number (got string '8')"),
     ("quota with unit", quota("8Gi"), QUOTA, "must be a number (got string '8Gi')"),
-    ("quota infinite", quota(".inf"), QUOTA, "must be a finite number (got number inf)"),
+    ("quota infinite", quota(".inf"), QUOTA, "must be a finite number (got number .inf)"),
     ("quota too large", quota("10000000000001"), QUOTA, "must be at most 1000000000000 (got 10000000000001)"),
     ("quota a list", quota("[8]"), QUOTA, "must be a number (got a list)"),
     # -- scheduling_rules
@@ -853,3 +884,67 @@ def test_cli_validate_missing_file(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr == f"Error: cannot read {tmp_path / 'nope.yaml'}: No such file or directory\n"
+
+
+def test_cli_validate_a_json_document_with_exponent_numbers(tmp_path: Path) -> None:
+    """JSON is YAML too: ``1e3`` is the number 1000, as ``json.load`` reads it."""
+    document = {
+        "resource_flavors": [{"name": "a"}],
+        "resource_queues": [{"name": "q", "resource_groups": [{"covered_resources": ["gpu"], "flavors": [
+            {"name": "a", "resources": [{"name": "gpu", "nominal_quota": "QUOTA"}]}]}]}],
+        "scheduling_rules": [{"resource_queue": "q"}],
+    }
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps(document).replace('"QUOTA"', "1e3"))
+    assert json.loads(path.read_text())["resource_queues"][0]["resource_groups"][0]["flavors"][0][
+        "resources"][0]["nominal_quota"] == 1000
+    result = _run("-f", str(path))
+    assert result.returncode == 0, result.stderr
+    assert load_config(path.read_text()).resource_queues[0].resource_groups[0].flavors[0].quota_milli(
+        "gpu") == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("document", "reading"),
+    [
+        ('resource_queues: [{name: "p\\e[31m"}]\n', {"resource_queues": [{"name": "p\x1b[31m"}]}),
+        ("resource_flavors:\n  - <<: {name: a}\n    <<: {name: b}\n", {"resource_flavors": [{"name": "b"}]}),
+        ("resource_flavors: [{name: 1e3}]\n", {"resource_flavors": [{"name": "1e3"}]}),
+    ],
+    ids=["non-printing name", "second merge key", "1e3 as text"],
+)
+def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: dict[str, Any]) -> None:
+    """What rules added on 2026-11-29 refuse, a version applied before may hold: it must
+    still load (each pass reads the active version, each apply every version)."""
+    with pytest.raises(ConfigError):
+        load_config(document)
+    assert load_config(document, stored=True).to_dict() == reading
+
+
+PASSTHROUGH = "resource_queues:\n  - name: p\n"
+GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
+          "    resource_groups: [{covered_resources: [gpu, cpu], flavors: [{name: f, resources: %s}]}]\n")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "path"),
+    [
+        # Equivalent spellings: the same queue, no change.
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {within_resource_queue: never}\n", None),
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {}\n", None),
+        (PASSTHROUGH, PASSTHROUGH + "    preemption:\n    resource_groups: []\n", None),
+        (GROUPS % "[]", GROUPS % "[{name: gpu}]", None),
+        (GROUPS % "[{name: gpu, nominal_quota: 1}, {name: cpu, nominal_quota: 2}]",
+         (GROUPS % "[{name: cpu, nominal_quota: 2.0}, {name: gpu, nominal_quota: 1}]")
+         .replace("[gpu, cpu]", "[cpu, gpu]"), None),
+        # Real changes, at the field that changes.
+        (PASSTHROUGH, PASSTHROUGH + "    preemption: {within_resource_queue: lower_priority}\n",
+         "resource_queues[0].preemption"),
+        (GROUPS % "[]", GROUPS % "[{name: gpu, nominal_quota: 1}]", "resource_queues[0].resource_groups"),
+    ],
+)
+def test_a_queue_spec_is_compared_as_what_it_does(before: str, after: str, path: str | None) -> None:
+    old, new = load_config(before), load_config(after)
+    problems = changed_queues([(1, old)], new)
+    assert [issue.path for issue in problems] == ([] if path is None else [path])
+    assert bool(diff_configs(old, new)) == (path is not None)

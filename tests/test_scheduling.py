@@ -95,7 +95,7 @@ def test_a_queue_spec_cannot_change_under_the_same_name(sched: SchedulingService
     with pytest.raises(ConfigError) as caught:  # ... but its name stays bound to its spec
         sched.apply_config(changed)
     (issue,) = caught.value.errors
-    assert issue.path == "resource_queues[0]" and issue.reference
+    assert issue.path == "resource_queues[0].resource_groups" and issue.reference
     assert "version 1" in issue.message and "new name" in issue.message
     assert rows(sched, "config_version") == 2
     sched.apply_config(changed.replace("q-m5-2xlarge-cap3", "q-m5-2xlarge-cap4"))

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import (
@@ -39,7 +39,9 @@ from fairpool.scheduling import SchedulingService
 #: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_DOCUMENT_BODY = 12 * MAX_DOCUMENT + 1024
 WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
-Demand = int | float | Annotated[str, StringConstraints(max_length=40)]
+#: Any JSON value: the service checks each amount (``workloads.validate_workload``), so a bad
+#: one is worded the same over HTTP as embedded.
+Demand = JsonValue
 
 
 #: Only if the active version is still this one (0: none yet): a change confirmed against

@@ -163,7 +163,7 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
 def apply(path: str, yes: bool, output: str) -> None:
     """Validate a config and make it the new active version (warns when no catch-all rule)."""
     from fairpool.frontends.config import ConfigError, load_config, warnings
-    from fairpool.frontends.config_diff import diff_configs
+    from fairpool.frontends.config_diff import changed_queues, diff_configs
 
     text = read_config_file(path)
     try:
@@ -174,8 +174,16 @@ def apply(path: str, yes: bool, output: str) -> None:
     svc = scheduling()
     based_on = None
     if not yes:
+        # A changed queue is refused before the change is shown and confirmed, not after.
+        versions = [v.as_dict() for v in svc.list_configs()]  # newest first
+        history = [(int(v["version"]), load_config(v["document"], stored=True))
+                   for v in reversed(versions)]
+        problems = changed_queues(history, parsed)
+        if problems:
+            _print_invalid(path, ConfigError(problems), output)
+            return
         active = svc.get_config()
-        current = load_config(active.as_dict()["document"]) if active else load_config("")
+        current = load_config(active.as_dict()["document"] if active else "", stored=True)
         _print_change(diff_configs(current, parsed),
                       [issue.as_dict() for issue in warnings(parsed)], "would change")
         click.confirm("Apply it as a new version?", abort=True, err=True)
@@ -202,7 +210,8 @@ def rollback(version: int, yes: bool, output: str) -> None:
         active = svc.get_config()
         changes = svc.diff_config(version)  # first: it names an unknown version
         found = svc.get_config(version)
-        advisories = warnings(load_config(found.as_dict()["document"])) if found else ()
+        advisories = (warnings(load_config(found.as_dict()["document"], stored=True))
+                      if found else ())
         _print_change(changes, [issue.as_dict() for issue in advisories], "would change")
         click.confirm(f"Apply version {version} again as a new version?", abort=True, err=True)
         based_on = _version_of(active)
@@ -231,7 +240,7 @@ def get(version: int | None, output: str) -> None:
         click.echo(data["document"], nl=not data["document"].endswith("\n"))
     else:
         data.pop("document")
-        data["config"] = load_config(found.as_dict()["document"]).to_dict()
+        data["config"] = load_config(found.as_dict()["document"], stored=True).to_dict()
         o.dump(data, output)
 
 

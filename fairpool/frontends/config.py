@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import yaml
 from yaml.constructor import ConstructorError
@@ -37,7 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, nonprinting
 
 __all__ = [
     "MAX_DOCUMENT",
@@ -260,6 +260,28 @@ class ResourceQueue:
     def is_passthrough(self) -> bool:
         return not self.resource_groups
 
+    def spec(self) -> tuple[bool, tuple[object, ...]]:
+        """What the queue does, however it is written (its immutability is of this): unset
+        ``preemption``, ``{}`` and ``never`` are one; covered resources are a set; a
+        resource without ``nominal_quota`` is as unlisted (unlimited), and a flavor's quotas
+        are a set. Groups and flavors keep their order: flavors are tried in it, and an
+        admission records one flavor per group in it."""
+        groups = tuple(
+            (
+                frozenset(group.covered_resources),
+                tuple(
+                    (flavor.name, frozenset(
+                        (quota.name, quota.nominal_quota_milli) for quota in flavor.resources
+                        if quota.nominal_quota_milli is not None
+                    ))
+                    for flavor in group.flavors
+                ),
+            )
+            for group in self.resource_groups
+        )
+        preempts = self.preemption is not None and self.preemption.preempts_lower_priority
+        return preempts, groups
+
     def to_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {"name": self.name}
         if self.preemption is not None:
@@ -428,6 +450,15 @@ def _key_text(key: object) -> str:
 
 _TIMESTAMP_TAG: Final = "tag:yaml.org,2002:timestamp"
 _MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+_FLOAT_TAG: Final = "tag:yaml.org,2002:float"
+#: Scalars YAML reads as something else than they are written (``010`` is 8, ``1:30`` 90,
+#: ``yes`` true): messages show them as written.
+_TYPED_TAGS: Final = frozenset(
+    (_FLOAT_TAG, "tag:yaml.org,2002:int", "tag:yaml.org,2002:bool")
+)
+#: A JSON number with an exponent (``1e3``, ``1E-2``, ``1.5e3``): YAML 1.1 reads a float only
+#: with a dot and a signed exponent, so these would be strings, yet JSON is YAML too.
+_JSON_EXPONENT: Final = re.compile(r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?[eE][-+]?[0-9]+$")
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -436,8 +467,10 @@ class _ConfigLoader(yaml.SafeLoader):
     * duplicate keys in a mapping are recorded (with both lines) instead of silently keeping
       the last one;
     * every path's line is recorded, so each error can name its line;
-    * the source text of every float is kept, so ``nominal_quota`` is checked and converted
-      exactly (``Decimal`` of the text, never of a binary float);
+    * the source text of every number and boolean is kept, per path: ``nominal_quota`` is
+      checked and converted exactly (``Decimal`` of the text, never of a binary float), and
+      messages show a value as written (``010``, not YAML 1.1's 8);
+    * JSON numbers with an exponent (``1e3``) are numbers, as in JSON;
     * plain scalars that look like dates stay strings (as in Kubernetes): a label value such as
       ``2024-01-01`` is text, and nothing in the config is a date.
     """
@@ -447,9 +480,13 @@ class _ConfigLoader(yaml.SafeLoader):
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
+    #: A second merge key in one mapping is an error.
+    one_merge: ClassVar[bool] = True
+
     def __init__(self, text: str) -> None:
         super().__init__(text)
-        self.float_text: dict[int, str] = {}
+        #: Per path, a typed scalar's value and its text.
+        self.written: dict[Path, tuple[object, str]] = {}
         self.lines: dict[Path, int] = {}
         self.duplicates: list[ConfigIssue] = []
 
@@ -469,15 +506,14 @@ class _ConfigLoader(yaml.SafeLoader):
                 node.start_mark,
             ) from error
 
-    def construct_float_keeping_text(self, node: ScalarNode) -> float:
-        value = self.construct_yaml_float(node)
-        self.float_text[id(value)] = str(node.value)
-        return value
-
     def survey(self, node: Node, path: Path = (), seen: set[int] | None = None) -> None:
         """Record each path's line and every duplicate key, visiting each node once (an
         alias is not followed again, so alias bombs cost nothing)."""
         seen = set() if seen is None else seen
+        if isinstance(node, ScalarNode) and node.tag in _TYPED_TAGS:
+            # Before the check below: each alias of a scalar has its path (cheap, as it is
+            # one per alias written, collections reached through an alias are not walked).
+            self.written[path] = (self.construct_object(node), str(node.value))
         if id(node) in seen:
             return
         seen.add(id(node))
@@ -488,10 +524,14 @@ class _ConfigLoader(yaml.SafeLoader):
         elif isinstance(node, MappingNode):
             first_line: dict[object, int] = {}
             for key_node, value_node in node.value:
-                if key_node.tag == _MERGE_TAG or not isinstance(key_node, ScalarNode):
-                    continue  # merged keys may be overridden; non-scalar keys fail later
-                key = self.construct_object(key_node)
+                if not isinstance(key_node, ScalarNode):
+                    continue  # non-scalar keys fail later
                 line = key_node.start_mark.line + 1
+                merge = key_node.tag == _MERGE_TAG
+                if merge and not self.one_merge:
+                    continue
+                # The keys a merge brings may be overridden, but not the merge key itself.
+                key = "<<" if merge else self.construct_object(key_node)
                 child = (*path, key)
                 if key in first_line:
                     self.duplicates.append(
@@ -502,19 +542,35 @@ class _ConfigLoader(yaml.SafeLoader):
                             line,
                         )
                     )
+                    self.written.pop(child, None)  # YAML keeps the last one's value
                     continue
                 first_line[key] = line
-                self.lines.setdefault(child, line)
-                self.survey(value_node, child, seen)
+                if not merge:
+                    self.lines.setdefault(child, line)
+                    self.survey(value_node, child, seen)
 
 
-_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_float_keeping_text)
+_ConfigLoader.add_implicit_resolver(_FLOAT_TAG, _JSON_EXPONENT, list("-0123456789"))
 
 
-def _parse(text: str) -> tuple[Any, _ConfigLoader]:
+class _StoredLoader(_ConfigLoader):
+    """A version as the fairpool that stored it read it: before 2026-11-29, ``1e3`` was a
+    string and a second merge key won silently (and names could hold non-printing
+    characters: ``_Checker.stored``). A deployment's versions must keep loading (every pass
+    reads the active one, every apply all of them), whatever rules came since."""
+
+    yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML's own class attribute)
+        first: [(tag, regexp) for tag, regexp in resolvers if regexp is not _JSON_EXPONENT]
+        for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()
+    }
+    one_merge = False
+
+
+def _parse(text: str, stored: bool) -> tuple[Any, _ConfigLoader]:
     loader: _ConfigLoader | None = None
     try:
-        loader = made = _ConfigLoader(text)  # checks that every character is printable
+        # The reader checks that every character is one YAML allows.
+        loader = made = (_StoredLoader if stored else _ConfigLoader)(text)
         node = loader.get_single_node()
         if node is None:
             return None, made
@@ -559,18 +615,19 @@ def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
 # -- entry points ----------------------------------------------------------------------------
 
 
-def load_config(text: str) -> SchedulerConfig:
+def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
     """Parse and validate a scheduler config document.
 
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
-    one holding only comments, ``null`` or ``{}`` is the empty config.
+    one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
+    already applied, read as the fairpool that applied it did (``_StoredLoader``).
     """
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
         )])
-    data, loader = _parse(text)
-    config, issues = _check(data, loader.lines, loader.float_text)
+    data, loader = _parse(text, stored)
+    config, issues = _check(data, loader.lines, loader.written, stored)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
     # its fields': sorted by line (stably), they come in document order. Duplicate keys
     # first: the rest was checked on the value PyYAML kept (the last one).
@@ -585,23 +642,24 @@ def validate_config(
     data: object,
     *,
     lines: Mapping[Path, int] | None = None,
-    float_text: Mapping[int, str] | None = None,
+    written: Mapping[Path, tuple[object, str]] | None = None,
 ) -> SchedulerConfig:
     """Validate an already parsed document (e.g. a JSON body); ``None`` is the empty config.
 
-    ``lines`` maps paths to source lines and ``float_text`` maps ``id(float)`` to its source
-    text; both come from the YAML loader and are optional.
+    ``lines`` maps paths to source lines and ``written`` paths to a number's or boolean's
+    value and its source    text; both come from the YAML loader and are optional.
     """
-    config, issues = _check(data, lines or {}, float_text or {})
+    config, issues = _check(data, lines or {}, written or {}, False)
     if issues or config is None:
         raise ConfigError(issues)
     return config
 
 
 def _check(
-    data: object, lines: Mapping[Path, int], float_text: Mapping[int, str]
+    data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
+    stored: bool,
 ) -> tuple[SchedulerConfig | None, list[ConfigIssue]]:
-    checker = _Checker(lines, float_text)
+    checker = _Checker(lines, written, stored)
     config = checker.config(data)
     return config, checker.issues
 
@@ -615,9 +673,14 @@ class _Checker:
     """Walks a parsed document, collecting every issue; builds the typed objects of each part
     that is valid. The result is only used when no issue was found."""
 
-    def __init__(self, lines: Mapping[Path, int], float_text: Mapping[int, str]) -> None:
+    def __init__(
+        self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
+        stored: bool,
+    ) -> None:
         self.lines = lines
-        self.float_text = float_text
+        self.written = written
+        #: A version applied already: its names are let through as they were then.
+        self.stored = stored
         self.issues: list[ConfigIssue] = []
 
     def error(self, path: Path, message: str, *, reference: bool = False) -> None:
@@ -627,6 +690,16 @@ class _Checker:
             if line is not None:
                 break
         self.issues.append(ConfigIssue(format_path(path), message, line, reference))
+
+    def as_written(self, value: object, path: Path) -> str | None:
+        """The text ``value`` was written as at ``path``, when the document gave it there."""
+        found = self.written.get(path)
+        if found is None or type(found[0]) is not type(value) or found[0] != value:
+            return None
+        return found[1]
+
+    def describe(self, value: object, path: Path) -> str:
+        return _describe(value, self.as_written(value, path))
 
     # -- generic shapes ----------------------------------------------------------------------
 
@@ -661,11 +734,14 @@ class _Checker:
         return list(value)
 
     def text(
-        self, value: object, path: Path, *, allow_empty: bool = False, max_length: int = 0
+        self, value: object, path: Path, *, allow_empty: bool = False, max_length: int = 0,
+        name: bool = False,
     ) -> str | None:
+        """A string; ``name``: one that names something (a flavor, a queue, a label key),
+        printed raw in diffs and tables, so every character of it prints."""
         if not isinstance(value, str):
             hint = "; quote it to make it a string" if _is_scalar(value) else ""
-            self.error(path, f"must be a string (got {_describe(value)}{hint})")
+            self.error(path, f"must be a string (got {self.describe(value, path)}{hint})")
             return None
         if not value and not allow_empty:
             self.error(path, "must not be empty")
@@ -677,13 +753,18 @@ class _Checker:
         if max_length and len(value) > max_length:
             self.error(path, f"must be at most {max_length} characters (got {len(value)})")
             return None
+        unprinted = nonprinting(value) if name and not self.stored else None
+        if unprinted:
+            self.error(path, f"must not contain control or other non-printing characters "
+                             f"(got {_short(repr(value))}, with {unprinted})")
+            return None
         return value
 
     def choice(self, value: object, path: Path, kind: type[_E]) -> _E | None:
         allowed = [member.value for member in kind]
         expected = f"must be one of {', '.join(allowed)}"
         if not isinstance(value, str):
-            self.error(path, f"{expected} (got {_describe(value)})")
+            self.error(path, f"{expected} (got {self.describe(value, path)})")
             return None
         try:
             return kind(value)
@@ -696,25 +777,25 @@ class _Checker:
 
     def priority(self, value: object, path: Path) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int):
-            self.error(path, f"must be an integer >= 0 (got {_describe(value)})")
+            self.error(path, f"must be an integer >= 0 (got {self.describe(value, path)})")
             return None
         if value < 0:
             self.error(path, f"must be >= 0 (got {value})")
             return None
         if value > MAX_PRIORITY:
-            self.error(path, f"must be at most {MAX_PRIORITY} (got {_describe(value)})")
+            self.error(path, f"must be at most {MAX_PRIORITY} (got {self.describe(value, path)})")
             return None
         return value
 
     def quota(self, value: object, path: Path) -> int | None:
         """``nominal_quota`` -> exact milli-units."""
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.error(path, f"must be a number (got {_describe(value)})")
+            self.error(path, f"must be a number (got {self.describe(value, path)})")
             return None
         if isinstance(value, float) and not math.isfinite(value):
-            self.error(path, f"must be a finite number (got {_describe(value)})")
+            self.error(path, f"must be a finite number (got {self.describe(value, path)})")
             return None
-        exact = self.exact(value)
+        exact = self.exact(value, path)
         shown = _short(str(exact) if isinstance(value, float) else _int_text(value))
         if exact < 0:
             self.error(path, f"must be >= 0 (got {shown})")
@@ -735,12 +816,12 @@ class _Checker:
             return None
         return int(mantissa * 10 ** (exponent + QUOTA_DECIMALS))
 
-    def exact(self, value: int | float) -> Decimal:
+    def exact(self, value: int | float, path: Path) -> Decimal:
         """The decimal the user wrote: the YAML text of a float when known, else its repr
         (the shortest text that reads back as the same float)."""
         if isinstance(value, int):
             return Decimal(value)
-        text = self.float_text.get(id(value))
+        text = self.as_written(value, path)
         if text is not None:
             try:
                 written = Decimal(text.replace("_", ""))
@@ -816,7 +897,7 @@ class _Checker:
         first: dict[str, Path],
         names: set[str],
     ) -> str | None:
-        name = self.text(value, path, max_length=MAX_NAME)
+        name = self.text(value, path, max_length=MAX_NAME, name=True)
         if name is None:
             return None
         if "/" in name:
@@ -872,7 +953,7 @@ class _Checker:
         spec = self.fields(value, path, _EXPRESSION_KEYS, required=("key", "operator"))
         if spec is None:
             return None
-        key = self.text(spec["key"], (*path, "key")) if "key" in spec else None
+        key = self.text(spec["key"], (*path, "key"), name=True) if "key" in spec else None
         operator = None
         if "operator" in spec:
             operator = self.choice(spec["operator"], (*path, "operator"), Operator)
@@ -1065,7 +1146,7 @@ class _Checker:
         if "name" not in spec:
             return None
         name_path = (*path, "name")
-        name = self.text(spec["name"], name_path)
+        name = self.text(spec["name"], name_path, name=True)
         if name is None:
             return None
         ok = True
@@ -1146,7 +1227,7 @@ class _Checker:
         queue = None
         if "resource_queue" in spec:
             queue_path = (*path, "resource_queue")
-            queue = self.text(spec["resource_queue"], queue_path)
+            queue = self.text(spec["resource_queue"], queue_path, name=True)
             if queue is not None and queue_names is not None and queue not in queue_names:
                 self.error(
                     queue_path, f"unknown queue {queue!r}; {_defined('queues', queue_names)}",
@@ -1393,16 +1474,17 @@ def _is_scalar(value: object) -> bool:
     return isinstance(value, bool | int | float)
 
 
-def _describe(value: object) -> str:
-    """A value as a message shows it: its kind, and the value itself when short."""
+def _describe(value: object, written: str | None = None) -> str:
+    """A value as a message shows it: its kind, and the value itself when short (as
+    ``written`` in the document, when known)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return f"boolean {'true' if value else 'false'}"
+        return f"boolean {written or ('true' if value else 'false')}"
     if isinstance(value, int):
-        return f"integer {_short(_int_text(value))}"
+        return f"integer {_short(written or _int_text(value))}"
     if isinstance(value, float):
-        return f"number {_short(repr(value))}"
+        return f"number {_short(written or repr(value))}"
     if isinstance(value, str):
         return f"string {_short(repr(value))}"
     if isinstance(value, list | tuple):

@@ -7,8 +7,9 @@ use, then the rules that route to them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
-from fairpool.frontends.config import SchedulerConfig
+from fairpool.frontends.config import ConfigIssue, ResourceQueue, SchedulerConfig
 
 
 def _brief(value: object) -> str:
@@ -24,7 +25,7 @@ def diff_configs(old: SchedulerConfig, new: SchedulerConfig) -> tuple[str, ...]:
         kind = "passthrough queue" if queue.is_passthrough else "queue"
         if name not in old_queues:
             lines.append(f"+ {kind} {name}: added")
-        elif old_queues[name] != queue:  # the store refuses this on apply; say it anyway
+        elif old_queues[name].spec() != queue.spec():  # apply refuses this; say it anyway
             lines.append(f"~ {kind} {name}: spec changed")
     lines += [
         f"- queue {name}: removed (admitted workloads keep running, charged to no quota; "
@@ -58,3 +59,30 @@ def diff_configs(old: SchedulerConfig, new: SchedulerConfig) -> tuple[str, ...]:
             else:
                 lines.append(f"~ scheduling_rules[{index}]: {before} -> {after}")
     return tuple(lines)
+
+
+def changed_queues(
+    history: Iterable[tuple[int, SchedulerConfig]], config: SchedulerConfig
+) -> list[ConfigIssue]:
+    """A queue's spec is immutable per name across versions: each queue of ``config`` whose
+    spec (``ResourceQueue.spec``) differs from the last one its name had in ``history``
+    (version numbers and configs, oldest first), at the field that differs."""
+    latest: dict[str, tuple[int, ResourceQueue]] = {}
+    for number, old in history:
+        latest.update((queue.name, (number, queue)) for queue in old.resource_queues)
+    problems: list[ConfigIssue] = []
+    for index, queue in enumerate(config.resource_queues):
+        if queue.name not in latest:
+            continue
+        number, before = latest[queue.name]
+        (was_preempting, had), (preempts, has) = before.spec(), queue.spec()
+        if (was_preempting, had) == (preempts, has):
+            continue
+        field = "preemption" if was_preempting != preempts else "resource_groups"
+        problems.append(ConfigIssue(
+            f"resource_queues[{index}].{field}",
+            f"queue {queue.name!r} differs from its spec in version {number}; a queue's "
+            "spec cannot change once applied: give the changed queue a new name",
+            reference=True,
+        ))
+    return problems

@@ -47,6 +47,16 @@ def is_unicode(value: str) -> bool:
     return True
 
 
+def nonprinting(value: str) -> str | None:
+    """The first character of ``value`` that does not print as itself (``str.isprintable``:
+    controls such as newline and ESC, format characters, separators but the space), as
+    ``U+001B``; None when there is none. Printed raw, a name holding one could forge lines or
+    send escape sequences in a diff, a table or a terminal."""
+    if value.isprintable():
+        return None
+    return next(f"U+{ord(char):04X}" for char in value if not char.isprintable())
+
+
 def check_key_count(field: str, mapping: Sized, most: int) -> None:
     """At most ``most`` keys, worded as the API words it."""
     if len(mapping) > most:

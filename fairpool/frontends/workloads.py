@@ -46,7 +46,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
-from fairpool.engine.explain import queue_entries
+from fairpool.engine.explain import QueueEntry, queue_entries
 from fairpool.engine.model import (
     Allocation,
     Charge,
@@ -58,7 +58,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, validate_int
+from fairpool.errors import InvalidInput, clipped, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -208,6 +208,8 @@ def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     return bounded_text(field_name, value, MAX_NAME)
 
 
+#: Characters of an amount written as text: 13 digits, a point, 3 decimals and then some.
+MAX_DEMAND_TEXT: Final = 40
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?", re.ASCII)
 
 
@@ -217,6 +219,9 @@ def _milli(resource: str, value: object) -> int:
     field_name = f"demand.{resource}"
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise InvalidInput(field_name, value, "must be a number")
+    if isinstance(value, str) and len(value) > MAX_DEMAND_TEXT:
+        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_DEMAND_TEXT} "
+                           "characters")
     # Text is a plain decimal: Decimal alone takes "1_000", "+1", " 1" and other scripts'
     # decimal digits (Arabic-Indic, full-width), none of which a user means as a count.
     if isinstance(value, str) and not _DECIMAL.fullmatch(value):
@@ -337,7 +342,8 @@ def selector_mismatch(
     semantics: ``not_in`` and ``does_not_exist`` match an absent label)."""
     for expression in selector:
         key, value = expression.key, labels.get(expression.key)
-        listed = f"[{', '.join(expression.values)}]"
+        # Quoted as the label's value is: unquoted, [''] read as [] and ['us, eu'] as two.
+        listed = f"[{', '.join(map(repr, expression.values))}]"
         if expression.operator is Operator.IN and value not in expression.values:
             got = "is not set" if value is None else f"is {value!r}"
             return f"{key} {got}, not in {listed}"
@@ -775,17 +781,20 @@ def decide(compiled: Compiled, plan: Plan) -> Outcome:
     holders = {group.queue: group.holder for group in plan.waiting if group.holder is not None}
     for request_id, entries in queue_entries(plan).items():
         candidate = compiled.candidates[request_id]
-        first = next(e for e in entries if e.position > 0)
-        texts = [_reason_text(e.reason) for e in entries]
-        holder = holders.get(first.queue)
+        # "Free" as ``queue_usage`` counts it: what runs, not what a hold keeps back.
+        texts = [_waiting_text(compiled, usage, candidate, e) for e in entries]
+        # What it waits for is its first flavor that could ever fit (position > 0): those
+        # that never can are skipped, and said in the notes only.
+        main = next(t for t, e in zip(texts, entries, strict=True) if e.position > 0)
+        holder = holders.get(entries[0].queue)
         if holder is not None and holder != request_id:
-            texts.append(
-                f"free units are held for {holder}, queued longer than "
-                f"{BACKFILL_AFTER_SECONDS:g} s, so that smaller workloads stop passing it"
-            )
+            held = (f"free units are held for {holder}, queued longer than "
+                    f"{BACKFILL_AFTER_SECONDS:g} s, so that smaller workloads stop passing it")
+            texts.append(held)
+            main = f"{main}; {held}"
         decisions[request_id] = Decision(
             request_id, Status.QUEUED, candidate.route,
-            f"queued in queue {candidate.route.queue}: {texts[0]}",
+            f"queued in queue {candidate.route.queue}: {main}",
             _notes(candidate, texts),
         )
     _number_queues(compiled, decisions)
@@ -836,6 +845,20 @@ def _shortfall(
             if quota is not None and in_use + amount > quota:
                 return _capacity_text(node.name, key, amount, quota, in_use)
     return f"{' + '.join(nodes[c.leaf].name for c in placement.charges)}: no room when tried"
+
+
+def _waiting_text(
+    compiled: Compiled, usage: Mapping[str, Mapping[str, int]], candidate: Candidate,
+    entry: QueueEntry,
+) -> str:
+    """A waiting placement's reason, with what its flavor's quota has in use after the plan
+    (the engine's count adds the units a hold keeps back, which are free all the same)."""
+    reason = entry.reason
+    for charge in candidate.placements[entry.placement_index].charges:
+        if compiled.snapshot.nodes[charge.leaf].name == reason.node:
+            in_use = usage.get(charge.leaf, {}).get(reason.key, 0)
+            return _capacity_text(reason.node, reason.key, reason.requested, reason.bound, in_use)
+    return _reason_text(reason)
 
 
 def _reason_text(reason: Reason) -> str:
