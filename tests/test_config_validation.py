@@ -921,6 +921,15 @@ def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: d
     assert load_config(document, stored=True).to_dict() == reading
 
 
+def test_a_stored_version_applied_since_reads_by_todays_rules() -> None:
+    """``1e3`` applied today is the number it was read as: read by the older rules (text),
+    the version every pass and apply reads again was refused, and no apply succeeded."""
+    document = GROUPS % "[{name: gpu, nominal_quota: 1e1}]"
+    assert load_config(document, stored=True) == load_config(document)
+    assert load_config(document, stored=True).resource_queues[0].resource_groups[0].flavors[
+        0].quota_milli("gpu") == 10_000
+
+
 PASSTHROUGH = "resource_queues:\n  - name: p\n"
 GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
           "    resource_groups: [{covered_resources: [gpu, cpu], flavors: [{name: f, resources: %s}]}]\n")

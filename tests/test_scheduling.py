@@ -449,3 +449,16 @@ def test_the_ticks_pass_runs_only_when_a_workload_waits(sched: SchedulingService
     views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
     outcome = sched.reconcile_waiting()
     assert outcome is not None and outcome.decisions[views[3].id].status.value == "queued"
+
+
+def test_a_version_with_an_exponent_number_schedules_and_is_applied_over(
+    sched: SchedulingService
+) -> None:
+    """Stored, ``nominal_quota: 1e1`` is read again by every pass and apply, as applied."""
+    document = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
+                "    resource_groups: [{covered_resources: [gpu], flavors: [{name: f, resources:"
+                " [{name: gpu, nominal_quota: 1e1}]}]}]\nscheduling_rules: [{resource_queue: q}]\n")
+    sched.apply_config(document)
+    assert sched.submit_workload(demand={"gpu": 10}).status == "admitted"
+    assert sched.submit_workload(demand={"gpu": 1}).status == "queued"
+    assert sched.apply_config(document + "# again\n").version.version == 2

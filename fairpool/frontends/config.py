@@ -620,8 +620,19 @@ def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
 
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
     one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
-    already applied, read as the fairpool that applied it did (``_StoredLoader``).
+    already applied, read by today's rules, or, where they refuse it, as the fairpool that
+    applied it before 2026-11-29 did (``_StoredLoader``): ``1e3`` was text then, and is a
+    number in versions applied since.
     """
+    if not stored:
+        return _load(text, stored=False)
+    try:
+        return _load(text, stored=False)
+    except ConfigError:
+        return _load(text, stored=True)
+
+
+def _load(text: str, stored: bool) -> SchedulerConfig:
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
