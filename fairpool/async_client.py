@@ -41,7 +41,13 @@ from fairpool.client import (
     stopped_waiting,
 )
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
-from fairpool.leases import DEFAULT_LEASE_TTL, holding, not_followed, wait_timeout
+from fairpool.leases import (
+    DEFAULT_LEASE_TTL,
+    holding,
+    not_followed,
+    still_waiting,
+    wait_timeout,
+)
 from fairpool.settings import ResourceSettings
 from fairpool.views import RequestView
 
@@ -214,8 +220,12 @@ class AsyncAcquire:
                 raise WaitTimeout(request)
         except BaseException as error:  # a cancellation too: a queued request nobody will use
             # Granted meanwhile, perhaps: a cancel releases it then.
-            with contextlib.suppress(Conflict):  # it ended meanwhile
+            try:
                 await client.cancel(request.id, stopped_waiting(error, self._timeout))
+            except Conflict:  # it ended meanwhile
+                pass
+            except Unreachable as unreachable:  # the caller's error stays the error
+                log.warning("%s", still_waiting("Resource request", request.id, unreachable))
             raise
         if request.status != "allocated":
             raise not_granted(request)

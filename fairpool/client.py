@@ -45,6 +45,7 @@ from fairpool.leases import (
     holding,
     interrupted,
     not_followed,
+    still_waiting,
     wait_timeout,
 )
 from fairpool.settings import ResourceSettings, request_map
@@ -497,8 +498,12 @@ class _Acquire:
                 raise
             except BaseException as error:
                 # Granted meanwhile, perhaps: a cancel releases it then.
-                with contextlib.suppress(Conflict):  # it ended meanwhile
+                try:
                     self._client.cancel(request.id, stopped_waiting(error, self._timeout))
+                except Conflict:  # it ended meanwhile
+                    pass
+                except Unreachable as unreachable:  # the caller's error stays the error
+                    log.warning("%s", still_waiting("Resource request", request.id, unreachable))
                 raise
             if request.status != "allocated":
                 raise not_granted(request)

@@ -50,6 +50,13 @@ def gave_up(timeout: float) -> str:
     return f"gave up waiting after {timeout:g} s"
 
 
+def still_waiting(what: str, request_id: str, error: BaseException) -> str:
+    """A request nobody will use that could not be cancelled (``error``): granted later, its
+    units would go to nobody (for ever without a lease) unless it is cancelled by hand."""
+    return (f"{what} `{request_id}` is still waiting ({error}): cancel it with "
+            f"`fairpool resource-request cancel {request_id}`")
+
+
 def interrupted(cause: str) -> str:
     """Why a request still queued when its holder stopped waiting (``cause``: a signal's or an
     exception's name) is cancelled."""

@@ -502,6 +502,30 @@ def test_a_wait_interrupted_while_the_server_is_down_says_what_it_leaves(
     assert ": cancel it with `fairpool resource-request cancel " in line
 
 
+def test_run_that_times_out_while_the_server_is_down_says_what_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """The cancel could not be sent: ``run --timeout`` exited 1 with only the server's
+    error, naming no request, where a timeout exits 2."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        setup_pool(server.url, "down-gpus", ["down-orch"], {"gpu": 1})
+        env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
+        subprocess.run([*CLI, "resource-request", "create", "--component", "down-orch",
+                        "--gpu-count", "1"], env=env, capture_output=True, check=True)
+        waiter = start(tmp_path, "run", "--component", "down-orch", "--gpu-count", "1",
+                       "--timeout", "2", "--", "true", env=env)
+        assert waiter.stderr is not None
+        assert "position 1" in waiter.stderr.readline()
+        server.kill()
+        _, err = waiter.communicate(timeout=90)
+    assert waiter.returncode == 2, err
+    assert "Timed out waiting for units" in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("Resource request `") and "is still waiting (" in line, err
+    assert ": cancel it with `fairpool resource-request cancel " in line
+
+
 @pytest.mark.parametrize("command", WAITING)
 def test_a_signal_during_the_submit_cancels_the_request_it_makes(
     tmp_path: Path, command: str

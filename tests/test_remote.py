@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from fairpool import Client, ResourceSettings
+from fairpool import AsyncClient, Client, ResourceSettings
 from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
@@ -676,6 +677,38 @@ def test_a_block_that_ends_while_the_server_is_down_keeps_its_result(
         server.start()
         [held] = client.list_requests(component="down-orch")
         assert held.status == "allocated" and held.lease_ttl == 60  # until its lease ends
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_an_acquire_that_gives_up_while_the_server_is_down_says_what_it_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    flavour: str,
+) -> None:
+    """The cancel of the request it stopped waiting for could not be sent: its
+    ``Unreachable`` took the place of the ``WaitTimeout``, naming no request."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "store")
+    monkeypatch.setattr("fairpool.remote._ATTEMPTS", 2)  # give up each call sooner
+    with running(server), Client(url=server.url) as client:
+        setup_pool(server.url, "down-gpus", ["down-orch"], {"gpu": 1})
+        client.submit({"gpu": 1}, component="down-orch", lease_ttl=None)
+        threading.Timer(0.5, server.kill).start()  # while it waits, queued
+
+        def sync() -> None:
+            with client.acquire({"gpu": 1}, component="down-orch", timeout=2):
+                pass
+
+        async def in_loop() -> None:
+            async with AsyncClient(url=server.url) as remote, remote.acquire(
+                {"gpu": 1}, component="down-orch", timeout=2
+            ):
+                pass
+
+        with caplog.at_level("WARNING"), pytest.raises(WaitTimeout) as raised:
+            sync() if flavour == "sync" else asyncio.run(in_loop())
+    request_id = raised.value.request.id
+    assert (f"Resource request `{request_id}` is still waiting (cannot reach the fairpool "
+            f"server") in caplog.text
+    assert f"cancel it with `fairpool resource-request cancel {request_id}`" in caplog.text
 
 
 # -- the SDK with Client(url=...) --------------------------------------------------------------

@@ -498,7 +498,7 @@ def test_a_requests_history_tells_each_change_with_its_reason(
     svc.delete_request(held.id)
     svc.delete_request(retry)
     svc.delete_pool("p")
-    assert [(e.kind, e.pool) for e in svc.request_events(held.id)][-2:] == [
+    assert [(e.kind, e.pool) for e in svc.request_events(held.id.upper())][-2:] == [
         ("preempted", None), ("deleted", None)]
     with pytest.raises(NotFound):
         svc.request_events(held.id[:6])  # a deleted request is found by its whole id only

@@ -16,7 +16,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, Unreachable
-from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted
+from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.views import COMPONENT_TYPES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
@@ -290,8 +290,7 @@ def cancel_saying(what: str, request_id: str, reason: str) -> None:
     except Conflict:
         return  # it ended meanwhile
     except Unreachable as error:
-        o.declare(f"{what} `{request_id}` is still waiting ({error}): cancel it with "
-                  f"`fairpool resource-request cancel {request_id}`")
+        o.declare(still_waiting(what, request_id, error))
         return
     o.declare(f"{what} `{request_id}` cancelled: {reason}")
 

@@ -81,8 +81,8 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
                       f"(request `{request.id}`)")
             continue
         if data["status"] == "queued":  # only with a --timeout
-            svc.cancel_request(request.id, gave_up(timeout or 0))
             o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
+            cancel_saying("Resource request", request.id, gave_up(timeout or 0))
             sys.exit(EXIT_TIMEOUT)
         if data["status"] != "allocated":
             raise click.ClickException(

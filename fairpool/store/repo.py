@@ -929,8 +929,8 @@ def request_events(connection: Connection, ref: str) -> tuple[str, list[Event]]:
     try:
         request_id = resolve_id(connection, schema.request, ref, "request")
     except NotFound:
-        if events := list_events(connection, request_id=ref):
-            return ref, events
+        if events := list_events(connection, request_id=ref.lower()):  # ids are lower case
+            return ref.lower(), events
         raise
     return request_id, list_events(connection, request_id=request_id)
 
