@@ -153,8 +153,9 @@ def load_yaml(
     whole document is not worth repeating). A key given twice, or a number written as only
     YAML 1.1 reads it, is refused at its path: under ``field_name`` (``config.weight``), or,
     for a ``document``, its own (``pools.a``). Such a number is refused wherever it is read,
-    not only where a number is expected: where text is (a name, a tag) it was refused
-    anyway, as a number, and the message now says to quote it."""
+    not only where a number is expected: where text is (a name, a tag) a number was refused
+    anyway, or, for ``parent``, taken as its decimal (``1:30`` moved a pool under ``90``);
+    the message says to quote it."""
     loader = UserLoader(text)
     try:
         node = loader.get_single_node()
