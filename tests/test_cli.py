@@ -356,8 +356,9 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("resource-pool", "create", "p2", "-c", '{"gpu": [8'), ("capacity", '{"gpu": [8')),
     (("resource-pool", "create", "p2", "-c", "[" * 2000 + "]" * 2000),
      ("capacity: nested too deeply",)),  # JSON's and YAML's parsers recurse per level
+    # Nothing is a date (2024-13-45 was a ValueError): text, refused as text.
     (("resource-pool", "create", "p2", "-c", "{gpu: 2024-13-45}"),
-     ("capacity: is not valid YAML: month must be in 1..12",)),  # a ValueError, not YAML's own
+     ("capacity.gpu: must be an integer (got '2024-13-45')",)),
     (("resource-pool", "create", "p2", "-c", '{"gpu": %s}' % ("9" * 5000)),
      ("capacity: is not valid YAML: Exceeds the limit (4300 digits)",)),
     (("resource-pool", "update", POOL, "-c", '{"gpu": -1}'), ("capacity.gpu", "-1")),

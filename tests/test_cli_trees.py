@@ -119,6 +119,24 @@ def test_the_issues_tour(home: Path) -> None:
           "{guarantee_type: burst, resource_flow: {cpu: 10}}"),
          ("pool project-root: integral_guarantees.resource_flow.cpu: is less than its "
           "children's sum 10 (got 0)",)),
+        # A key given twice in an option's mapping, as in a tree document (the last was kept).
+        (("pool", "create", "x", "--tree", "physical", "--config", "{weight: 1, weight: 2}"),
+         ("config.weight: duplicate key 'weight' on line 1 (first on line 1)",)),
+        (("pool", "create", "x", "--tree", "physical", "--config", '{"weight": 1, "weight": 2}'),
+         ("config.weight: duplicate key 'weight' on line 1 (first on line 1)",)),
+        (("pool-tree", "create", "t2", "--config", "{main_resource: cpu, main_resource: gpu}"),
+         ("config.main_resource: duplicate key 'main_resource' on line 1 (first on line 1)",)),
+        (("pool", "set", "project-batch", "--tree", "physical", "integral_guarantees",
+          "{guarantee_type: burst,\n guarantee_type: relaxed}"),
+         ("integral_guarantees.guarantee_type: duplicate key 'guarantee_type' on line 2 "
+          "(first on line 1)",)),
+        # YAML 1.1's octal and base 60 (JSON refuses them, YAML 1.2 reads 10 and text).
+        (("pool", "set", "project-batch", "--tree", "physical", "weight", "010"),
+         ("weight: 010 is octal in YAML 1.1 (8): write 8, 10 for decimal, or '010' for text",)),
+        (("pool", "create", "x", "--tree", "physical", "--config",
+          "{strong_guarantee_resources: {cpu: 1:30}}"),
+         ("config.strong_guarantee_resources.cpu: 1:30 is base 60 in YAML 1.1 (90): write 90, "
+          "or '1:30' for text",)),
     ],
 )
 def test_bad_input_is_one_error_line_and_writes_nothing(

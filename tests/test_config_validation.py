@@ -369,6 +369,9 @@ INVALID: list[tuple[str, str, str, str]] = [
      "resource_flavors[0].selector[0].values[0]", "must be a string (got boolean yes; quote it to make it a string)"),
     ("a JSON exponent is a number", "resource_flavors: [{name: 1e3}]\n",
      "resource_flavors[0].name", "must be a string (got number 1e3; quote it to make it a string)"),
+    ("a list as written", "resource_flavors: 0x1F\n", "resource_flavors", "must be a list (got integer 0x1F)"),
+    ("the document as written", "1:30\n", ROOT,
+     "the config must be a mapping with the keys resource_flavors, resource_queues and scheduling_rules (got integer 1:30)"),
     ("as written through an alias", "resource_flavors: [{name: a, advanced_instance_config: {n: &n 0x1F}}, {name: *n}]\n",
      "resource_flavors[1].name", "must be a string (got integer 0x1F; quote it to make it a string)"),
     ("unknown top-level key", "resource_flavours: []\n", "resource_flavours",
@@ -399,7 +402,7 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("advanced_instance_config non-string key", "resource_flavors: [{name: a, advanced_instance_config: {tags: {1: x}}}]\n",
      "resource_flavors[0].advanced_instance_config.tags[1]", "keys must be strings (got integer 1)"),
     ("advanced_instance_config not JSON (nan)", "resource_flavors: [{name: a, advanced_instance_config: {x: .nan}}]\n",
-     "resource_flavors[0].advanced_instance_config.x", "must be a finite number (got number nan)"),
+     "resource_flavors[0].advanced_instance_config.x", "must be a finite number (got number .nan)"),
     ("advanced_instance_config recursive alias", "resource_flavors: [{name: a, advanced_instance_config: &c {self: *c}}]\n",
      "resource_flavors[0].advanced_instance_config.self", "must not contain itself (recursive YAML alias)"),
     # -- match expressions
@@ -532,6 +535,19 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("min <= max", policy("{min: 60, max: 50}"), f"{PP}.min", "min (60) must be <= max (50)"),
     ("default >= min", policy("{default: 5, min: 10}"), f"{PP}.default", "default (5) must be >= min (10)"),
     ("default <= max", policy("{default: 150, max: 100}"), f"{PP}.default", "default (150) must be <= max (100)"),
+    # Compared values are shown as written, not as YAML read them (16, 1000).
+    ("min <= max as written", policy("{min: 0x10, max: 1_0}"), f"{PP}.min", "min (0x10) must be <= max (1_0)"),
+    ("default >= min as written", policy("{default: 0x1, min: 1_000}"), f"{PP}.default",
+     "default (0x1) must be >= min (1_000)"),
+    # -- numbers only YAML 1.1 reads so (JSON refuses them; YAML 1.2 reads 10 and text)
+    ("priority octal", policy("{min: 010, max: 7}"), f"{PP}.min", "010 is octal in YAML 1.1 (8): write 8, or 10 for decimal"),
+    ("priority base 60", policy("{min: 1:30, max: 7}"), f"{PP}.min", "1:30 is base 60 in YAML 1.1 (90): write 90"),
+    ("priority octal zero", policy("{default: 00}"), f"{PP}.default", "00 is octal in YAML 1.1 (0): write 0"),
+    ("quota octal", quota("010"), QUOTA, "010 is octal in YAML 1.1 (8): write 8, or 10 for decimal"),
+    ("quota octal negative", quota("-0_10"), QUOTA, "-0_10 is octal in YAML 1.1 (-8): write -8, or -10 for decimal"),
+    ("quota base 60 float", quota("1:30.5"), QUOTA, "1:30.5 is base 60 in YAML 1.1 (90.5): write 90.5"),
+    ("advanced_instance_config octal", "resource_flavors: [{name: a, advanced_instance_config: {count: [010]}}]\n",
+     "resource_flavors[0].advanced_instance_config.count[0]", "010 is octal in YAML 1.1 (8): write 8, or 10 for decimal"),
     ("on_violation value", policy("{on_violation: clamp}"), f"{PP}.on_violation", "must be one of reject, force_update (got 'clamp')"),
     ("on_violation spelling", policy("{on_violation: force-update}"), f"{PP}.on_violation",
      "must be one of reject, force_update (got 'force-update'; did you mean 'force_update'?)"),
@@ -933,6 +949,26 @@ def test_a_stored_version_applied_since_reads_by_todays_rules() -> None:
 PASSTHROUGH = "resource_queues:\n  - name: p\n"
 GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
           "    resource_groups: [{covered_resources: [gpu, cpu], flavors: [{name: f, resources: %s}]}]\n")
+
+
+@pytest.mark.parametrize(
+    ("document", "as_read"),
+    [
+        (GROUPS % "[{name: gpu, nominal_quota: 010}, {name: cpu, nominal_quota: 1e1}]",
+         GROUPS % "[{name: gpu, nominal_quota: 8}, {name: cpu, nominal_quota: 10}]"),
+        ("resource_flavors: [{name: a, advanced_instance_config: {n: 1:30, m: 1e1}}]\n",
+         "resource_flavors: [{name: a, advanced_instance_config: {n: 90, m: 10.0}}]\n"),
+        ("resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 010}}]\n",
+         "resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 8}}]\n"),
+    ],
+    ids=["octal quota", "base 60 in advanced_instance_config", "octal priority"],
+)
+def test_a_stored_version_with_yaml_11_numbers_reads_as_when_it_was_applied(document: str, as_read: str) -> None:
+    """Applied before ``010`` and ``1:30`` were refused, a version holds YAML 1.1's 8 and 90,
+    with ``1e1`` a number, as it was then (the oldest reading, where it is text, refuses it)."""
+    with pytest.raises(ConfigError):
+        load_config(document)
+    assert load_config(document, stored=True) == load_config(as_read)
 
 
 @pytest.mark.parametrize(

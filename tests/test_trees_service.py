@@ -252,13 +252,14 @@ def test_pool_and_tree_validation_writes_nothing(seed: TreesService) -> None:
         (lambda: seed.set_pool("physical", "project-batch", "weight", "[1"),
          "weight: is not valid YAML: while parsing a flow sequence"),
         # Scalars PyYAML's constructors cannot build raise ValueError, not YAMLError.
-        (lambda: seed.set_tree("physical", "max_operation_count", "2024-13-45"),
-         "max_operation_count: is not valid YAML: month must be in 1..12 (got '2024-13-45')"),
         (lambda: seed.apply_tree("name: t\nconfig: {max_operation_count: " + "1" * 5000 + "}"),
          "tree: is not valid YAML: Exceeds the limit (4300 digits) for integer "
          "string conversion: value has 5000 digits (got '<yaml>')"),
+        # Nothing is a date (it was, and 2024-13-45 a ValueError): text, refused as text.
+        (lambda: seed.set_tree("physical", "max_operation_count", "2024-13-45"),
+         "config.max_operation_count: must be an integer (got '2024-13-45')"),
         (lambda: seed.apply_tree("name: t\nconfig: {max_operation_count: 2024-13-45}"),
-         "tree: is not valid YAML: month must be in 1..12 (got '<yaml>')"),
+         "config.max_operation_count: must be an integer (got '2024-13-45')"),
     ]
     for call, message in cases:
         with pytest.raises((InvalidInput, Conflict), match=re.escape(message)):
@@ -400,6 +401,47 @@ def test_a_tree_created_from_a_document_is_refused_when_it_exists(seed: TreesSer
     made = seed.apply_tree("config: {node_tag_filter: none}\npools: {q: {}}\n", "new",
                            create=True)
     assert made.changes == ("+ tree new", "+ pool q")
+
+
+def test_tree_yaml_is_read_as_the_scheduler_config_reads_it(seed: TreesService) -> None:
+    """JSON's ``8e-1`` is a number (it was kept as the text '8e-1', and served so), and
+    nothing is a date (a pool named 2024-01-01 was refused as one)."""
+    seed.apply_tree("name: t\nconfig: {node_tag_filter: cpu, fair_share_starvation_tolerance: "
+                    "8e-1}\npools:\n  2024-01-01: {weight: 1e1}\n")
+    tolerance = {"node_tag_filter": "cpu", "fair_share_starvation_tolerance": 0.8}
+    assert seed.show_tree("t").config == tolerance
+    assert seed.describe_pool("t", "2024-01-01").config == {"weight": 10}
+    seed.set_tree("t", "fair_share_starvation_tolerance", "5E-1")
+    assert seed.show_tree("t").config == {**tolerance, "fair_share_starvation_tolerance": 0.5}
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda trees: trees.apply_tree("name: physical\nconfig: {max_operation_count: 0100}\n"),
+     "config.max_operation_count: 0100 is octal in YAML 1.1 (64): write 64, 100 for decimal, "
+     "or '0100' for text"),
+    (lambda trees: trees.apply_tree("name: physical\npools:\n  a: {weight: 1:30}\n"),
+     "pools.a.weight: 1:30 is base 60 in YAML 1.1 (90): write 90, or '1:30' for text"),
+    (lambda trees: trees.set_tree("physical", "max_operation_count", "0_100"),
+     "max_operation_count: 0_100 is octal in YAML 1.1 (64): write 64, 100 for decimal, "
+     "or '0_100' for text"),
+    # A name too: the pool was moved under one named 90.
+    (lambda trees: trees.set_pool("physical", "project-batch", "parent", "1:30"),
+     "parent: 1:30 is base 60 in YAML 1.1 (90): write 90, or '1:30' for text"),
+    (lambda trees: trees.set_pool("physical", "project-batch", "integral_guarantees",
+                                  "{guarantee_type: burst, guarantee_type: relaxed}"),
+     "integral_guarantees.guarantee_type: duplicate key 'guarantee_type' on line 1 "
+     "(first on line 1)"),
+])
+def test_yaml_11_numbers_and_keys_given_twice_are_refused(
+    seed: TreesService, call: Callable[[TreesService], object], message: str
+) -> None:
+    """010 is 8 in YAML 1.1 and 1:30 is 90, while JSON refuses them and YAML 1.2 reads 10
+    and text: one line says which was meant, and nothing is written."""
+    before = dump(seed)
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        call(seed)
+    assert dump(seed) == before
+    assert seed.describe_pool("physical", "project-batch").parent == "project-root"
 
 
 def test_apply_declares_an_ephemeral_pool_its_file_names(seed: TreesService) -> None:

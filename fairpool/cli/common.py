@@ -85,16 +85,24 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        parsed: Any = json.loads(text)
+        parsed: Any = json.loads(text, object_pairs_hook=_once_each)
     except RecursionError:  # it recurses per level (so does YAML's)
         raise InvalidInput(field, clipped(text), "nested too deeply") from None
-    except ValueError:
+    except ValueError:  # not JSON, or a key given twice: YAML's reading says where
         from fairpool.frontends.yaml_text import load_yaml
 
         parsed = load_yaml(field, text, text)
     if not isinstance(parsed, dict):
         raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
     return parsed
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are given once each (``json`` keeps the last one)."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("a key given twice")
+    return result
 
 
 def parse_pairs(field: str, pairs: Iterable[str]) -> dict[str, str]:

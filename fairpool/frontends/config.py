@@ -21,7 +21,6 @@ method per field.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,15 +28,25 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import yaml
 from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node
 
 from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, nonprinting
+from fairpool.frontends.yaml_text import (
+    JSON_EXPONENT,
+    ROOT,
+    Path,
+    UserLoader,
+    format_path,
+    number_problem,
+)
+from fairpool.frontends.yaml_text import int_text as _int_text
+from fairpool.frontends.yaml_text import short as _short
 
 __all__ = [
     "MAX_DOCUMENT",
@@ -121,9 +130,6 @@ MAX_DOCUMENT: Final = 60_000
 MAX_OPAQUE_VALUES: Final = 100_000
 #: Decimal places allowed in ``nominal_quota``; milli-units are then exact.
 QUOTA_DECIMALS: Final = 3
-
-#: The path of the document itself.
-ROOT: Final = "(root)"
 
 _TOP_KEYS: Final = ("resource_flavors", "resource_queues", "scheduling_rules")
 _FLAVOR_KEYS: Final = ("name", "selector", "advanced_instance_config")
@@ -414,81 +420,23 @@ class ConfigError(FairpoolError, ValueError):
         return [(issue.path, issue.message) for issue in self.errors]
 
 
-# -- paths -----------------------------------------------------------------------------------
-
-Path = tuple[object, ...]
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
-
-
-def format_path(path: Sequence[object]) -> str:
-    """``("resource_queues", 0, "name")`` -> ``resource_queues[0].name``; keys that are not
-    identifiers are written as JSON in brackets (``advanced_instance_config["a.b/c"]``)."""
-    if not path:
-        return ROOT
-    parts: list[str] = []
-    for segment in path:
-        if isinstance(segment, int) and not isinstance(segment, bool):
-            parts.append(f"[{segment}]")
-        elif isinstance(segment, str) and _IDENTIFIER.match(segment):
-            parts.append(f".{segment}" if parts else segment)
-        else:
-            parts.append(f"[{_key_text(segment)}]")
-    return "".join(parts)
-
-
-def _key_text(key: object) -> str:
-    if isinstance(key, str | bool | float) or key is None:
-        try:
-            return json.dumps(key)
-        except ValueError:  # nan/inf keys
-            pass
-    return _short(repr(key))
-
-
 # -- YAML ------------------------------------------------------------------------------------
 
-_TIMESTAMP_TAG: Final = "tag:yaml.org,2002:timestamp"
-_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
-_FLOAT_TAG: Final = "tag:yaml.org,2002:float"
-#: Scalars YAML reads as something else than they are written (``010`` is 8, ``1:30`` 90,
-#: ``yes`` true): messages show them as written.
-_TYPED_TAGS: Final = frozenset(
-    (_FLOAT_TAG, "tag:yaml.org,2002:int", "tag:yaml.org,2002:bool")
-)
-#: A JSON number with an exponent (``1e3``, ``1E-2``, ``1.5e3``): YAML 1.1 reads a float only
-#: with a dot and a signed exponent, so these would be strings, yet JSON is YAML too.
-_JSON_EXPONENT: Final = re.compile(r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?[eE][-+]?[0-9]+$")
 
-
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, plus what validation needs:
-
-    * duplicate keys in a mapping are recorded (with both lines) instead of silently keeping
-      the last one;
-    * every path's line is recorded, so each error can name its line;
-    * the source text of every number and boolean is kept, per path: ``nominal_quota`` is
-      checked and converted exactly (``Decimal`` of the text, never of a binary float), and
-      messages show a value as written (``010``, not YAML 1.1's 8);
-    * JSON numbers with an exponent (``1e3``) are numbers, as in JSON;
-    * plain scalars that look like dates stay strings (as in Kubernetes): a label value such as
-      ``2024-01-01`` is text, and nothing in the config is a date.
-    """
-
-    yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML's own class attribute)
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
-    #: A second merge key in one mapping is an error.
-    one_merge: ClassVar[bool] = True
+class _ConfigLoader(UserLoader):
+    """User-written YAML as everywhere (``UserLoader``: duplicate keys recorded with both lines,
+    ``1e3`` a number, dates text, the text of every number and boolean kept), plus what the
+    config's messages need: every path's line, and any value YAML cannot build (``!!int abc``)
+    an error at its line and column. The kept text makes ``nominal_quota`` exact (``Decimal``
+    of the text, never of a binary float) and messages show a value as written (``010``, not
+    YAML 1.1's 8)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
-        #: Per path, a typed scalar's value and its text.
-        self.written: dict[Path, tuple[object, str]] = {}
         self.lines: dict[Path, int] = {}
-        self.duplicates: list[ConfigIssue] = []
+
+    def at_line(self, path: Path, line: int) -> None:
+        self.lines.setdefault(path, line)
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
         """Any failure to build a value (``!!int abc``, an integer with too many digits)
@@ -506,71 +454,44 @@ class _ConfigLoader(yaml.SafeLoader):
                 node.start_mark,
             ) from error
 
-    def survey(self, node: Node, path: Path = (), seen: set[int] | None = None) -> None:
-        """Record each path's line and every duplicate key, visiting each node once (an
-        alias is not followed again, so alias bombs cost nothing)."""
-        seen = set() if seen is None else seen
-        if isinstance(node, ScalarNode) and node.tag in _TYPED_TAGS:
-            # Before the check below: each alias of a scalar has its path (cheap, as it is
-            # one per alias written, collections reached through an alias are not walked).
-            self.written[path] = (self.construct_object(node), str(node.value))
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, SequenceNode):
-            for index, item in enumerate(node.value):
-                self.survey(item, (*path, index), seen)
-        elif isinstance(node, MappingNode):
-            first_line: dict[object, int] = {}
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, ScalarNode):
-                    continue  # non-scalar keys fail later
-                line = key_node.start_mark.line + 1
-                merge = key_node.tag == _MERGE_TAG
-                if merge and not self.one_merge:
-                    continue
-                # The keys a merge brings may be overridden, but not the merge key itself.
-                key = "<<" if merge else self.construct_object(key_node)
-                child = (*path, key)
-                if key in first_line:
-                    self.duplicates.append(
-                        ConfigIssue(
-                            format_path(child),
-                            f"duplicate key {_short(repr(key))} on line {line} "
-                            f"(first on line {first_line[key]})",
-                            line,
-                        )
-                    )
-                    self.written.pop(child, None)  # YAML keeps the last one's value
-                    continue
-                first_line[key] = line
-                if not merge:
-                    self.lines.setdefault(child, line)
-                    self.survey(value_node, child, seen)
-
-
-_ConfigLoader.add_implicit_resolver(_FLOAT_TAG, _JSON_EXPONENT, list("-0123456789"))
-
 
 class _StoredLoader(_ConfigLoader):
-    """A version as the fairpool that stored it read it: before 2026-11-29, ``1e3`` was a
-    string and a second merge key won silently (and names could hold non-printing
-    characters: ``_Checker.stored``). A deployment's versions must keep loading (every pass
-    reads the active one, every apply all of them), whatever rules came since."""
+    """YAML as fairpool read it before 2026-11-29: ``1e3`` was a string and a second merge key
+    won silently."""
 
     yaml_implicit_resolvers = {  # noqa: RUF012 (PyYAML's own class attribute)
-        first: [(tag, regexp) for tag, regexp in resolvers if regexp is not _JSON_EXPONENT]
+        first: [(tag, regexp) for tag, regexp in resolvers if regexp is not JSON_EXPONENT]
         for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()
     }
     one_merge = False
 
 
-def _parse(text: str, stored: bool) -> tuple[Any, _ConfigLoader]:
+@dataclass(frozen=True)
+class _Reading:
+    """How a fairpool read a document: its loader, and what its checks let through."""
+
+    loader: type[_ConfigLoader] = _ConfigLoader
+    #: ``010`` and ``1:30`` where a number is expected (YAML 1.1's 8 and 90).
+    yaml11_numbers: bool = False
+    #: Control and other non-printing characters in names.
+    nonprinting_names: bool = False
+
+
+_TODAY: Final = _Reading()
+#: The readings of versions applied earlier, newest first. A deployment's versions must keep
+#: loading (every pass reads the active one, every apply all of them), whatever rules came
+#: since: a stored version is read by the first reading, today's included, that accepts it.
+_EARLIER: Final = (
+    _Reading(yaml11_numbers=True),  # 2026-11-29, until 010 and 1:30 were refused
+    _Reading(_StoredLoader, yaml11_numbers=True, nonprinting_names=True),  # before
+)
+
+
+def _parse(text: str, reading: _Reading) -> tuple[Any, _ConfigLoader]:
     loader: _ConfigLoader | None = None
     try:
         # The reader checks that every character is one YAML allows.
-        loader = made = (_StoredLoader if stored else _ConfigLoader)(text)
+        loader = made = reading.loader(text)
         node = loader.get_single_node()
         if node is None:
             return None, made
@@ -585,20 +506,6 @@ def _parse(text: str, stored: bool) -> tuple[Any, _ConfigLoader]:
     finally:
         if loader is not None:
             loader.dispose()
-
-
-def duplicate_keys(text: str) -> tuple[ConfigIssue, ...]:
-    """Every key given twice in a mapping of ``text`` (each with both lines), as
-    ``load_config`` refuses them: for another front-end's document, which it has read
-    already (so ``text`` is valid YAML)."""
-    loader = _ConfigLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            loader.survey(node)
-        return tuple(loader.duplicates)
-    finally:
-        loader.dispose()
 
 
 def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
@@ -620,32 +527,34 @@ def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
 
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
     one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
-    already applied, read by today's rules, or, where they refuse it, as the fairpool that
-    applied it before 2026-11-29 did (``_StoredLoader``): ``1e3`` was text then, and is a
-    number in versions applied since.
+    already applied, read by today's rules, or, where they refuse it, by the newest earlier
+    ones that accept it (``_EARLIER``): ``1e3`` was text before 2026-11-29, and is a number
+    in versions applied since; ``nominal_quota: 010`` was 8 until refused.
     """
-    if not stored:
-        return _load(text, stored=False)
-    try:
-        return _load(text, stored=False)
-    except ConfigError:
-        return _load(text, stored=True)
+    readings = (_TODAY, *_EARLIER) if stored else (_TODAY,)
+    for reading in readings[:-1]:
+        try:
+            return _load(text, reading)
+        except ConfigError:
+            pass  # an earlier reading may accept it
+    return _load(text, readings[-1])
 
 
-def _load(text: str, stored: bool) -> SchedulerConfig:
+def _load(text: str, reading: _Reading) -> SchedulerConfig:
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
         )])
-    data, loader = _parse(text, stored)
-    config, issues = _check(data, loader.lines, loader.written, stored)
+    data, loader = _parse(text, reading)
+    config, issues = _check(data, loader.lines, loader.written, reading)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
     # its fields': sorted by line (stably), they come in document order. Duplicate keys
     # first: the rest was checked on the value PyYAML kept (the last one).
     issues.sort(key=lambda issue: issue.line or 0)
-    issues = [*loader.duplicates, *issues]
-    if issues or config is None:
-        raise ConfigError(issues)
+    twice = [ConfigIssue(format_path(path), message, line)
+             for path, message, line in loader.duplicates]
+    if twice or issues or config is None:
+        raise ConfigError([*twice, *issues])
     return config
 
 
@@ -660,7 +569,7 @@ def validate_config(
     ``lines`` maps paths to source lines and ``written`` paths to a number's or boolean's
     value and its source    text; both come from the YAML loader and are optional.
     """
-    config, issues = _check(data, lines or {}, written or {}, False)
+    config, issues = _check(data, lines or {}, written or {}, _TODAY)
     if issues or config is None:
         raise ConfigError(issues)
     return config
@@ -668,9 +577,9 @@ def validate_config(
 
 def _check(
     data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-    stored: bool,
+    reading: _Reading,
 ) -> tuple[SchedulerConfig | None, list[ConfigIssue]]:
-    checker = _Checker(lines, written, stored)
+    checker = _Checker(lines, written, reading)
     config = checker.config(data)
     return config, checker.issues
 
@@ -686,12 +595,12 @@ class _Checker:
 
     def __init__(
         self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-        stored: bool,
+        reading: _Reading,
     ) -> None:
         self.lines = lines
         self.written = written
-        #: A version applied already: its names are let through as they were then.
-        self.stored = stored
+        #: A version applied already is let through as it was then.
+        self.reading = reading
         self.issues: list[ConfigIssue] = []
 
     def error(self, path: Path, message: str, *, reference: bool = False) -> None:
@@ -705,12 +614,28 @@ class _Checker:
     def as_written(self, value: object, path: Path) -> str | None:
         """The text ``value`` was written as at ``path``, when the document gave it there."""
         found = self.written.get(path)
-        if found is None or type(found[0]) is not type(value) or found[0] != value:
+        if found is None or type(found[0]) is not type(value):
             return None
-        return found[1]
+        same = found[0] == value or (value != value and found[0] != found[0])  # NaN is NaN
+        return found[1] if same else None
 
     def describe(self, value: object, path: Path) -> str:
         return _describe(value, self.as_written(value, path))
+
+    def shown(self, value: int, path: Path) -> str:
+        """An integer as a message shows it: as written (``0x10``), when known."""
+        return _short(self.as_written(value, path) or _int_text(value))
+
+    def yaml11(self, value: object, path: Path) -> bool:
+        """Whether ``value``, where a number is expected, is refused as written in a form only
+        YAML 1.1 reads so (``010`` is 8 there, 10 in YAML 1.2, an error in JSON)."""
+        text = self.as_written(value, path)
+        if text is None or self.reading.yaml11_numbers:
+            return False
+        problem = number_problem(text, value)
+        if problem is not None:
+            self.error(path, problem)
+        return problem is not None
 
     # -- generic shapes ----------------------------------------------------------------------
 
@@ -720,7 +645,7 @@ class _Checker:
         """A mapping with only ``allowed`` keys and all ``required`` ones; returns the allowed
         keys whose value is not null (an optional field set to null counts as omitted)."""
         if not isinstance(value, Mapping):
-            self.error(path, f"must be a mapping (got {_describe(value)})")
+            self.error(path, f"must be a mapping (got {self.describe(value, path)})")
             return None
         result: dict[str, Any] = {}
         for key, item in value.items():
@@ -737,7 +662,7 @@ class _Checker:
 
     def items(self, value: object, path: Path, *, non_empty: bool = False) -> list[Any] | None:
         if not isinstance(value, list | tuple):
-            self.error(path, f"must be a list (got {_describe(value)})")
+            self.error(path, f"must be a list (got {self.describe(value, path)})")
             return None
         if non_empty and not value:
             self.error(path, "must not be empty")
@@ -764,7 +689,7 @@ class _Checker:
         if max_length and len(value) > max_length:
             self.error(path, f"must be at most {max_length} characters (got {len(value)})")
             return None
-        unprinted = nonprinting(value) if name and not self.stored else None
+        unprinted = nonprinting(value) if name and not self.reading.nonprinting_names else None
         if unprinted:
             self.error(path, f"must not contain control or other non-printing characters "
                              f"(got {_short(repr(value))}, with {unprinted})")
@@ -790,8 +715,10 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, int):
             self.error(path, f"must be an integer >= 0 (got {self.describe(value, path)})")
             return None
+        if self.yaml11(value, path):
+            return None
         if value < 0:
-            self.error(path, f"must be >= 0 (got {value})")
+            self.error(path, f"must be >= 0 (got {self.shown(value, path)})")
             return None
         if value > MAX_PRIORITY:
             self.error(path, f"must be at most {MAX_PRIORITY} (got {self.describe(value, path)})")
@@ -805,6 +732,8 @@ class _Checker:
             return None
         if isinstance(value, float) and not math.isfinite(value):
             self.error(path, f"must be a finite number (got {self.describe(value, path)})")
+            return None
+        if self.yaml11(value, path):
             return None
         exact = self.exact(value, path)
         shown = _short(str(exact) if isinstance(value, float) else _int_text(value))
@@ -852,7 +781,7 @@ class _Checker:
             self.error(
                 (),
                 "the config must be a mapping with the keys resource_flavors, resource_queues "
-                f"and scheduling_rules (got {_describe(data)})",
+                f"and scheduling_rules (got {self.describe(data, ())})",
             )
             return None
         top = self.fields(data, (), _TOP_KEYS) or {}
@@ -943,7 +872,8 @@ class _Checker:
                 frozen, config_ok = _Opaque(self).freeze(raw, config_path)
                 config = frozen if isinstance(frozen, Mapping) else None
             else:
-                self.error(config_path, f"must be a mapping (got {_describe(raw)})")
+                shown = self.describe(raw, config_path)
+                self.error(config_path, f"must be a mapping (got {shown})")
                 config_ok = False
         if name is None or selector is None or not config_ok:
             return None
@@ -1270,15 +1200,19 @@ class _Checker:
             on_violation = self.choice(spec["on_violation"], (*path, "on_violation"), OnViolation)
             ok = ok and on_violation is not None
         default, low, high = numbers["default"], numbers["min"], numbers["max"]
+        shown = {key: self.shown(number, (*path, key))
+                 for key, number in numbers.items() if number is not None}
         # Each pair that is given is checked; an unset default is 0 (see ``warnings``).
         if low is not None and high is not None and low > high:
-            self.error((*path, "min"), f"min ({low}) must be <= max ({high})")
+            self.error((*path, "min"), f"min ({shown['min']}) must be <= max ({shown['max']})")
             ok = False
         if default is not None and low is not None and default < low:
-            self.error((*path, "default"), f"default ({default}) must be >= min ({low})")
+            self.error((*path, "default"),
+                       f"default ({shown['default']}) must be >= min ({shown['min']})")
             ok = False
         if default is not None and high is not None and default > high:
-            self.error((*path, "default"), f"default ({default}) must be <= max ({high})")
+            self.error((*path, "default"),
+                       f"default ({shown['default']}) must be <= max ({shown['max']})")
             ok = False
         if not ok:
             return None
@@ -1313,11 +1247,15 @@ class _Opaque:
             if self.budget == -1:
                 self.fail(path, f"too large: more than {MAX_OPAQUE_VALUES} values")
             return None
-        if value is None or isinstance(value, bool | int):
+        if value is None or isinstance(value, bool):
             return value
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                self.fail(path, f"must be a finite number (got {_describe(value)})")
+        if isinstance(value, int | float):
+            # Sent on as the number YAML 1.1 reads (8 for 010): refused, as in a quota.
+            if self.checker.yaml11(value, path):
+                self.ok = False
+            elif isinstance(value, float) and not math.isfinite(value):
+                shown = self.checker.describe(value, path)
+                self.fail(path, f"must be a finite number (got {shown})")
             return value
         if isinstance(value, str):
             problem = _text_problem(value)
@@ -1470,15 +1408,6 @@ _T = TypeVar("_T")
 
 def _present(values: Iterable[_T | None]) -> Iterable[_T]:
     return (value for value in values if value is not None)
-
-
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _int_text(value: int) -> str:
-    # str() of an int with more than 4300 digits raises ValueError.
-    return str(value) if value.bit_length() < 1000 else f"an integer of {value.bit_length()} bits"
 
 
 def _is_scalar(value: object) -> bool:

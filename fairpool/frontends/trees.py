@@ -46,7 +46,6 @@ from fairpool.engine.fairshare import (
     TreeSnapshot,
 )
 from fairpool.errors import InvalidInput, clipped
-from fairpool.frontends.config import duplicate_keys
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
@@ -1194,14 +1193,11 @@ def tree_resources(config: PoolTreeConfig, nodes: Iterable[ClusterNode]) -> dict
 
 
 def tree_document(text: str) -> Mapping[str, Any]:
-    """A whole-tree document as YAML. A key given twice in any mapping is refused, with both
-    lines, as the scheduler config refuses it: PyYAML keeps the last one without a word (a
-    pool named twice lost its first definition, and its subtree was deleted)."""
+    """A whole-tree document as YAML, read as the scheduler config is (``load_yaml``): a key
+    given twice in any mapping is refused, with both lines (PyYAML kept the last one without
+    a word: a pool named twice lost its first definition, and its subtree was deleted)."""
     bounded = bounded_text("tree", text, MAX_TREE_DOCUMENT)
-    data = _mapping("tree", load_yaml("tree", bounded))
-    for issue in duplicate_keys(bounded):
-        raise InvalidInput.from_message(issue.path, str(issue))
-    return data
+    return _mapping("tree", load_yaml("tree", bounded, document=True))
 
 
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
