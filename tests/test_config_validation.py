@@ -954,18 +954,18 @@ GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
 @pytest.mark.parametrize(
     ("document", "as_read"),
     [
-        (GROUPS % "[{name: gpu, nominal_quota: 010}, {name: cpu, nominal_quota: 1e1}]",
-         GROUPS % "[{name: gpu, nominal_quota: 8}, {name: cpu, nominal_quota: 10}]"),
+        (GROUPS % "[{name: gpu, nominal_quota: 010}, {name: cpu, nominal_quota: 2}]",
+         GROUPS % "[{name: gpu, nominal_quota: 8}, {name: cpu, nominal_quota: 2}]"),
         ("resource_flavors: [{name: a, advanced_instance_config: {n: 1:30, m: 1e1}}]\n",
-         "resource_flavors: [{name: a, advanced_instance_config: {n: 90, m: 10.0}}]\n"),
+         "resource_flavors: [{name: a, advanced_instance_config: {n: 90, m: '1e1'}}]\n"),
         ("resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 010}}]\n",
          "resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 8}}]\n"),
     ],
     ids=["octal quota", "base 60 in advanced_instance_config", "octal priority"],
 )
 def test_a_stored_version_with_yaml_11_numbers_reads_as_when_it_was_applied(document: str, as_read: str) -> None:
-    """Applied before ``010`` and ``1:30`` were refused, a version holds YAML 1.1's 8 and 90,
-    with ``1e1`` a number, as it was then (the oldest reading, where it is text, refuses it)."""
+    """Applied before 2026-11-29, a version holds YAML 1.1's 8 and 90 for ``010`` and
+    ``1:30``, and ``1e1`` as text, as they were read then."""
     with pytest.raises(ConfigError):
         load_config(document)
     assert load_config(document, stored=True) == load_config(as_read)

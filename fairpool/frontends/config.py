@@ -482,8 +482,7 @@ _TODAY: Final = _Reading()
 #: loading (every pass reads the active one, every apply all of them), whatever rules came
 #: since: a stored version is read by the first reading, today's included, that accepts it.
 _EARLIER: Final = (
-    _Reading(yaml11_numbers=True),  # 2026-11-29, until 010 and 1:30 were refused
-    _Reading(_StoredLoader, yaml11_numbers=True, nonprinting_names=True),  # before
+    _Reading(_StoredLoader, yaml11_numbers=True, nonprinting_names=True),  # before 2026-11-29
 )
 
 
