@@ -9,11 +9,13 @@ flavors, compilation to the engine).
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
@@ -33,7 +35,7 @@ from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store import schema
-from fairpool.store.db import Database
+from fairpool.store.db import Database, generation
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 
 _EMPTY = SchedulerConfig()
@@ -83,6 +85,10 @@ def _utcnow() -> datetime:
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+def _config(version: ConfigVersion | None) -> SchedulerConfig:
+    return _EMPTY if version is None else _parsed(version.document)
 
 
 @functools.lru_cache(maxsize=16)
@@ -231,31 +237,143 @@ class QueueView:
 
 @dataclass(frozen=True, slots=True)
 class _Live:
-    """What a pass reads: the active config and the live workloads."""
+    """What a pass reads: the active config and the live workloads, each tuple in the
+    store's order (submitted, then id), and the same workloads as ``wl.schedule`` takes them
+    (``pure_waiting``, ``pure_running``, same order)."""
 
     version: ConfigVersion | None
     config: SchedulerConfig
     waiting: tuple[Workload, ...]
     running: tuple[Workload, ...]
+    pure_waiting: tuple[wl.Workload, ...]
+    pure_running: tuple[wl.RunningWorkload, ...]
 
     @classmethod
     def load(cls, conn: Connection) -> _Live:
         version = store.active_config_version(conn)
         live = store.live_workloads(conn)
+        waiting = tuple(w for w in live if w.status is WorkloadStatus.QUEUED)
+        running = tuple(w for w in live if w.status is WorkloadStatus.ADMITTED)
         return cls(
             version,
-            _EMPTY if version is None else _parsed(version.document),
-            tuple(w for w in live if w.status is WorkloadStatus.QUEUED),
-            tuple(w for w in live if w.status is WorkloadStatus.ADMITTED),
+            _config(version),
+            waiting,
+            running,
+            tuple(_pure(w) for w in waiting),
+            tuple(_running(w) for w in running),
         )
 
-    def outcome(self, now: datetime) -> wl.Outcome:
-        return wl.schedule(
-            self.config,
-            [_pure(w) for w in self.waiting],
-            [_running(w) for w in self.running],
-            now.timestamp(),
+    def refreshed(self, conn: Connection, ids: Collection[str], applied: bool) -> _Live:
+        """This state after its own transaction wrote the workloads ``ids`` (and, when
+        ``applied``, a config version): those are read again, the other rows are unchanged.
+        The pure workloads of the rows not read again are kept as they were: a compile that
+        finds the same objects reuses what it worked out for them (``wl.Parts``)."""
+        version, config = self.version, self.config
+        if applied:
+            version = store.active_config_version(conn)
+            config = _config(version)
+        read = store.workloads_by_id(conn, ids)
+        waiting = _merged(
+            [(w, p) for w, p in zip(self.waiting, self.pure_waiting, strict=True)
+             if w.id not in ids],
+            [(w, _pure(w)) for w in read if w.status is WorkloadStatus.QUEUED],
         )
+        running = _merged(
+            [(w, p) for w, p in zip(self.running, self.pure_running, strict=True)
+             if w.id not in ids],
+            [(w, _running(w)) for w in read if w.status is WorkloadStatus.ADMITTED],
+        )
+        return _Live(
+            version,
+            config,
+            tuple(w for w, _ in waiting),
+            tuple(w for w, _ in running),
+            tuple(p for _, p in waiting),
+            tuple(p for _, p in running),
+        )
+
+    def outcome(self, now: datetime, reuse: wl.Parts | None = None) -> wl.Outcome:
+        return wl.schedule(
+            self.config, self.pure_waiting, self.pure_running, now.timestamp(), reuse
+        )
+
+
+_P = TypeVar("_P")
+
+
+def _store_order(pair: tuple[Workload, object]) -> tuple[datetime, str]:
+    """``store.list_workloads``' order."""
+    return pair[0].submitted_at, pair[0].id
+
+
+def _merged(
+    kept: list[tuple[Workload, _P]], read: list[tuple[Workload, _P]]
+) -> list[tuple[Workload, _P]]:
+    """``kept`` (in store order) with the rows ``read`` again put in their places."""
+    for pair in read:
+        bisect.insort(kept, pair, key=_store_order)
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """What a committed write leaves for the next: the live state, with the store's
+    generation it is current at, and what the last pass compiled."""
+
+    generation: int
+    live: _Live | None
+    #: Good whoever wrote since: a part is reused only for an equal workload and config.
+    parts: wl.Parts | None
+
+
+class _Tx:
+    """One write transaction of the service: the live state as of its last read, what the
+    transaction wrote since (``live`` reads that again), and what the last pass compiled."""
+
+    def __init__(self, conn: Connection, live: _Live | None, parts: wl.Parts | None) -> None:
+        self.conn = conn
+        self.parts = parts
+        self._live = live
+        self._written: set[str] = set()
+        self._applied = False
+
+    def live(self) -> _Live:
+        """The live state now: loaded at first (unless given), then kept current by
+        reading again only what this transaction wrote."""
+        if self._live is None:
+            self._live = _Live.load(self.conn)
+        elif self._written or self._applied:
+            self._live = self._live.refreshed(self.conn, self._written, self._applied)
+        self._written, self._applied = set(), False
+        return self._live
+
+    def kept(self) -> _Live | None:
+        """The live state at the end of the transaction, if it has one to keep."""
+        return None if self._live is None else self.live()
+
+    def insert_config_version(
+        self, document: str, now: datetime, rolled_back_from: int | None,
+        idempotency: tuple[str, str] | None,
+    ) -> ConfigVersion:
+        self._applied = True
+        return store.insert_config_version(
+            self.conn, document, now, rolled_back_from, idempotency
+        )
+
+    def insert_workload(
+        self, checked: wl.Workload, now: datetime, created_by: str | None,
+        idempotency: tuple[str, str] | None,
+    ) -> str:
+        workload_id = store.insert_workload(
+            self.conn, checked.labels, checked.priority, checked.demand, now, created_by,
+            idempotency,
+        )
+        self._written.add(workload_id)
+        return workload_id
+
+    def update_workload(self, workload_id: str, now: datetime, **values: Any) -> None:
+        store.update_workload(self.conn, workload_id, now, **values)
+        self._written.add(workload_id)
 
 
 def _pure(workload: Workload) -> wl.Workload:
@@ -279,9 +397,35 @@ def _running(workload: Workload) -> wl.RunningWorkload:
 
 
 class SchedulingService:
-    def __init__(self, db: Database, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(
+        self, db: Database, clock: Callable[[], datetime] = _utcnow, reuse: bool = True
+    ) -> None:
+        """``reuse``: a write starts from the live state the last one committed, when
+        nobody wrote since (``_write``); off, each pass loads it afresh (for comparisons)."""
         self.db = db
         self.clock = clock
+        self.reuse = reuse
+        #: What this service's last write transaction committed.
+        self._committed: _Kept | None = None
+
+    @contextmanager
+    def _write(self) -> Iterator[_Tx]:
+        """A write transaction (``Database.write``). It starts from the live state the last
+        one committed if the store's generation shows that nobody wrote since (another
+        process, another replica, a write of ``Service``'s): else that is loaded afresh
+        when needed. Only a commit leaves its state behind, for the next."""
+        with self.db.write() as conn:
+            committed, self._committed = self._committed, None
+            current = generation(conn)
+            if committed is None:
+                tx = _Tx(conn, None, None)
+            else:
+                fresh = committed.generation == current - 1
+                tx = _Tx(conn, committed.live if fresh else None, committed.parts)
+            yield tx
+            kept = _Kept(current, tx.kept(), tx.parts)
+        if self.reuse:
+            self._committed = kept
 
     # -- config versions ---------------------------------------------------------------------
 
@@ -296,12 +440,12 @@ class SchedulingService:
         config = load_config(document)
         based_on = _based_on(based_on)
         key = Keyed.of(idempotency_key, {"document": document, "based_on": based_on})
-        with self.db.write() as conn:
-            made = key.made(conn, schema.config_version, "a config version", None)
+        with self._write() as tx:
+            made = key.made(tx.conn, schema.config_version, "a config version", None)
             if made is not None:
-                return _applied_again(conn, int(made))
-            _check_based_on(conn, based_on)
-            return self._apply(conn, document, config, None, key.columns)
+                return _applied_again(tx.conn, int(made))
+            _check_based_on(tx.conn, based_on)
+            return self._apply(tx, document, config, None, key.columns)
 
     def rollback_config(
         self, version: int, based_on: int | None = None, idempotency_key: str | None = None
@@ -310,14 +454,14 @@ class SchedulingService:
         ``based_on`` and ``idempotency_key``: as ``apply_config``'s."""
         based_on = _based_on(based_on)
         key = Keyed.of(idempotency_key, {"rollback": version, "based_on": based_on})
-        with self.db.write() as conn:
-            made = key.made(conn, schema.config_version, "a config version", None)
+        with self._write() as tx:
+            made = key.made(tx.conn, schema.config_version, "a config version", None)
             if made is not None:
-                return _applied_again(conn, int(made))
-            _check_based_on(conn, based_on)
-            old = store.get_config_version(conn, _version(version))
+                return _applied_again(tx.conn, int(made))
+            _check_based_on(tx.conn, based_on)
+            old = store.get_config_version(tx.conn, _version(version))
             return self._apply(
-                conn, old.document, _parsed(old.document), old.version, key.columns
+                tx, old.document, _parsed(old.document), old.version, key.columns
             )
 
     def get_config(self, version: int | None = None) -> ConfigVersionView | None:
@@ -343,21 +487,19 @@ class SchedulingService:
         return diff_configs(current, _parsed(target.document))
 
     def _apply(
-        self, conn: Connection, document: str, config: SchedulerConfig,
+        self, tx: _Tx, document: str, config: SchedulerConfig,
         rolled_back_from: int | None, idempotency: tuple[str, str] | None,
     ) -> Applied:
-        _check_queues_unchanged(conn, config)
-        before = _Live.load(conn)
-        version = store.insert_config_version(
-            conn, document, self.clock(), rolled_back_from, idempotency
-        )
-        outcome = self._pass(conn)
+        _check_queues_unchanged(tx.conn, config)
+        before = tx.live()
+        version = tx.insert_config_version(document, self.clock(), rolled_back_from, idempotency)
+        outcome = self._pass(tx)
         # Those whose queue or flavor this version removes (not those an earlier one did).
         orphaned = tuple(
-            w.id for w in before.running
-            if w.queue is not None
-            and wl.admitted_queue(before.config, _running(w).admission) is not None
-            and wl.admitted_queue(config, _running(w).admission) is None
+            w.workload.id for w in before.pure_running
+            if w.admission.queue is not None
+            and wl.admitted_queue(before.config, w.admission) is not None
+            and wl.admitted_queue(config, w.admission) is None
         )
         waited = [w.id for w in before.waiting]
         return Applied(
@@ -405,15 +547,12 @@ class SchedulingService:
         checked = _validate(labels, priority, demand, reserved, now)
         key = Keyed.of(idempotency_key, {"labels": checked.labels,
                                          "priority": checked.priority, "demand": checked.demand})
-        with self.db.write() as conn:
-            made = key.made(conn, schema.workload, "a workload", created_by)
+        with self._write() as tx:
+            made = key.made(tx.conn, schema.workload, "a workload", created_by)
             if made is None:
-                workload_id = store.insert_workload(
-                    conn, checked.labels, checked.priority, checked.demand, now, created_by,
-                    key.columns,
-                )
-                outcome = self._pass(conn)
-                return self._view(store.get_workload(conn, workload_id), outcome)
+                workload_id = tx.insert_workload(checked, now, created_by, key.columns)
+                outcome = self._pass(tx)
+                return self._view(store.get_workload(tx.conn, workload_id), outcome)
         return self.get_workload(made)
 
     def explain(
@@ -430,7 +569,7 @@ class SchedulingService:
         with self.db.read() as conn:
             live = _Live.load(conn)
         decision = wl.explain(
-            live.config, checked, [_running(w) for w in live.running], now.timestamp()
+            live.config, checked, live.pure_running, now.timestamp()
         )
         return ExplainView(
             decision.status.value,
@@ -480,20 +619,19 @@ class SchedulingService:
     def _end(
         self, ref: str, status: WorkloadStatus, why: str, allowed: Sequence[WorkloadStatus]
     ) -> WorkloadView:
-        with self.db.write() as conn:
-            workload = store.get_workload(conn, ref)
+        with self._write() as tx:
+            workload = store.get_workload(tx.conn, ref)
             if workload.status not in allowed:
                 hint = ": use cancel" if workload.status is WorkloadStatus.QUEUED else ""
                 raise Conflict(f"workload {workload.id} is {workload.status.value}, not "
                                f"{' or '.join(s.value for s in allowed)}{hint}")
-            store.update_workload(conn, workload.id, self.clock(), status=status,
-                                  status_reason=why)
-            outcome = self._pass(conn)
-            return self._view(store.get_workload(conn, workload.id), outcome)
+            tx.update_workload(workload.id, self.clock(), status=status, status_reason=why)
+            outcome = self._pass(tx)
+            return self._view(store.get_workload(tx.conn, workload.id), outcome)
 
     def reconcile(self) -> wl.Outcome:
-        with self.db.write() as conn:
-            return self._pass(conn)
+        with self._write() as tx:
+            return self._pass(tx)
 
     def reconcile_waiting(self) -> wl.Outcome | None:
         """A pass when some workload waits (the server's tick); None, after one small read,
@@ -507,7 +645,7 @@ class SchedulingService:
     def list_queues(self) -> list[QueueView]:
         with self.db.read() as conn:
             live = _Live.load(conn)
-        usage = wl.queue_usage(live.config, [_running(w) for w in live.running])
+        usage = wl.queue_usage(live.config, live.pure_running)
         views = []
         for queue in live.config.resource_queues:
             policy = queue.preemption.within_resource_queue if queue.preemption else None
@@ -529,10 +667,11 @@ class SchedulingService:
 
     # -- the pass ----------------------------------------------------------------------------
 
-    def _pass(self, conn: Connection) -> wl.Outcome:
+    def _pass(self, tx: _Tx) -> wl.Outcome:
         now = self.clock()
-        live = _Live.load(conn)
-        outcome = live.outcome(now)
+        live = tx.live()
+        outcome = live.outcome(now, tx.parts)
+        tx.parts = outcome.parts
         version = None if live.version is None else live.version.version
         waiting = {w.id: w for w in live.waiting}
         running = {w.id: w for w in live.running}
@@ -562,11 +701,10 @@ class SchedulingService:
                 values["status"] = WorkloadStatus(decision.status.value)
             elif all(getattr(workload, key) == value for key, value in values.items()):
                 continue  # still queued for the same reason: a long idle queue costs no writes
-            store.update_workload(conn, workload_id, now, **values)
+            tx.update_workload(workload_id, now, **values)
         for workload_id, priority in outcome.repriced.items():
             if workload_id not in outcome.decisions:  # still running, at its rule's priority now
-                store.update_workload(conn, workload_id, now, priority=priority,
-                                      config_version=version)
+                tx.update_workload(workload_id, now, priority=priority, config_version=version)
         return outcome
 
     def _view(self, workload: Workload, outcome: wl.Outcome | None) -> WorkloadView:

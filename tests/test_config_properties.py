@@ -347,3 +347,20 @@ def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
         assert {i: (d.reason, d.position) for i, d in again.decisions.items()} == {
             w.id: (step.outcome.decisions[w.id].reason, step.outcome.decisions[w.id].position)
             for w in queued}
+
+
+@settings(max_examples=150, deadline=None)
+@given(SCENARIOS)
+def test_a_pass_reusing_the_last_ones_parts_decides_as_one_afresh(
+    scenario: tuple[SchedulerConfig, list[Submit | Release]]
+) -> None:
+    """``schedule(..., reuse=)`` takes the routes, flavors and allocations the last pass
+    worked out for equal workloads (the requeued ones are not equal: they wait from later):
+    the outcome is the same, to its order and its words."""
+    config, ops = scenario
+    parts = None
+    for step in simulate(config, ops):
+        reused = schedule(config, step.waiting, step.running, step.now, reuse=parts)
+        assert repr(reused) == repr(step.outcome)
+        assert list(reused.decisions) == list(step.outcome.decisions)
+        parts = reused.parts

@@ -86,6 +86,7 @@ __all__ = [
     "Decision",
     "Eviction",
     "Outcome",
+    "Parts",
     "QuotaUsage",
     "Route",
     "RuleMiss",
@@ -592,6 +593,7 @@ class Compiled:
     its plan."""
 
     snapshot: Snapshot
+    #: The waiting workloads the engine decides (``decide`` adds the requeued victims').
     candidates: Mapping[str, Candidate]
     #: Decided without the engine: routing failures, no flavor matched, no rules at all.
     decided: Mapping[str, Decision]
@@ -607,6 +609,69 @@ class Compiled:
     #: Running workloads that cannot queue again (no rule routes them now, say): their
     #: decision, should they be preempted.
     unqueueable: Mapping[str, Decision] = field(default_factory=dict)
+    #: For the next compile (``compile_snapshot``'s ``reuse``).
+    parts: Parts = field(default_factory=lambda: Parts())
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """A routed workload's flavor combinations and their placements (one each, same order),
+    and why other flavors did not match: its ``Candidate`` but for the time it queues from."""
+
+    #: What workloads of one shape share (``shapes``): queue, priority, demand, combinations.
+    shape: tuple[object, ...]
+    placements: tuple[Placement, ...]
+    combinations: tuple[tuple[str, ...], ...]
+    mismatches: tuple[str, ...]
+
+    def candidate(self, workload: Workload, path: Route) -> Candidate:
+        return Candidate(workload, path, self.placements, self.combinations, self.mismatches)
+
+
+#: A workload's fit, or its decision when the engine has none to make (no rule routes it, no
+#: flavor matched); None when that depends on the time: no rules at all, admitted ``now``.
+_Found = _Fit | Decision | None
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """What a compile worked out for a waiting workload."""
+
+    workload: Workload
+    route: Route
+    found: _Found
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What a compile worked out for a running workload."""
+
+    running: RunningWorkload
+    #: The queue its admission charges (None: none in this config, ``admitted_queue``); then
+    #: its route now, its admission at the priority it competes at, and its allocation.
+    queue: ResourceQueue | None
+    route: Route | None = None
+    admission: Admission | None = None
+    allocation: Allocation | None = None
+    #: In a queue that preempts, what it would queue again as, once ``fitted``: not worked
+    #: out until a pass has something waiting.
+    found: _Found = None
+    fitted: bool = False
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What ``compile_snapshot`` worked out per workload under ``config``, none of it
+    depending on the time: routes, flavor fits, a running workload's allocation. Given to the
+    next compile (``Compiled.parts``), a workload equal to the one a part was worked out from
+    (usually the very object) takes it as it is: routing and flavors depend on the config and
+    the workload only. Another config takes none."""
+
+    config: SchedulerConfig | None = None
+    waiting: Mapping[str, _Routed] = field(default_factory=dict)
+    running: Mapping[str, _Held] = field(default_factory=dict)
+    #: The placements tuple of each shape in use, so that new workloads share it (``_fit``).
+    shapes: Mapping[tuple[object, ...], tuple[Placement, ...]] = field(default_factory=dict)
 
 
 def compile_snapshot(
@@ -614,14 +679,21 @@ def compile_snapshot(
     waiting: Sequence[Workload],
     running: Sequence[RunningWorkload],
     now: float,
+    reuse: Parts | None = None,
 ) -> Compiled:
-    """Route every waiting workload, assign its candidate flavors and build the snapshot.
+    """Route every waiting workload, assign its candidate flavors and build the snapshot,
+    taking what ``reuse`` (the last compile's ``Compiled.parts``) worked out for equal
+    workloads under this config.
 
     A running workload the engine preempts queues again in the same pass, from ``now``."""
+    if reuse is None or reuse.config is not config:
+        reuse = Parts()
     nodes = _nodes(config)
     selectors = {flavor.name: flavor.selector for flavor in config.resource_flavors}
     # Workloads of one shape share one placements tuple, so the engine groups them cheaply.
-    shapes: dict[tuple[object, ...], tuple[Placement, ...]] = {}
+    shapes = dict(reuse.shapes)
+    held: dict[str, _Held] = {}
+    routed: dict[str, _Routed] = {}
     candidates: dict[str, Candidate] = {}
     allocations: list[Allocation] = []
     requeue: dict[str, Request] = {}
@@ -631,68 +703,86 @@ def compile_snapshot(
     unqueueable: dict[str, Decision] = {}
     # Only running work in a queue that preempts can be a victim, and only when something
     # waits: those get what they would queue again as (the rest of a pass is cheaper).
-    victims: list[tuple[Workload, Route]] = []
+    victims: list[_Held] = []
     for item in running:
-        queue = admitted_queue(config, item.admission)
-        if queue is None:
+        part = reuse.running.get(item.workload.id)
+        if part is None or not (part.running is item or part.running == item):
+            part = _held(config, item)
+        held[item.workload.id] = part
+        if part.queue is None:
             if item.admission.queue is not None:
                 orphans.append(item.workload.id)
             continue
-        admission = item.admission
-        # It competes at the priority the config in force gives it, as it would waiting: one
-        # admitted at 10 whose rule now says 50 is not preempted by a 30 it would then preempt.
-        path = route(config, item.workload)
-        if path.queue == admission.queue and path.priority != admission.priority:
-            admission = replace(admission, priority=path.priority)
-            repriced[item.workload.id] = path.priority
-        admissions[item.workload.id] = admission
-        placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
-        allocations.append(Allocation(item.workload.id, placement, admission.admitted_at))
-        if queue.preemption is not None and queue.preemption.preempts_lower_priority:
-            victims.append((item.workload, path))
+        assert part.admission is not None and part.allocation is not None
+        admissions[item.workload.id] = part.admission
+        if part.admission.priority != item.admission.priority:
+            repriced[item.workload.id] = part.admission.priority
+        allocations.append(part.allocation)
+        if part.queue.preemption is not None and part.queue.preemption.preempts_lower_priority:
+            victims.append(part)
 
     requests: list[Request] = []
     decided: dict[str, Decision] = {}
     for workload in waiting:
-        found = _candidate(config, selectors, shapes, workload, route(config, workload), now)
-        if isinstance(found, Decision):
-            decided[workload.id] = found
+        waits = reuse.waiting.get(workload.id)
+        if waits is None or not (waits.workload is workload or waits.workload == workload):
+            path = route(config, workload)
+            waits = _Routed(workload, path, _fit(config, selectors, shapes, workload, path))
+        routed[workload.id] = waits
+        if not isinstance(waits.found, _Fit):
+            decided[workload.id] = _refusal(workload.id, waits.route, waits.found, now)
             continue
-        requests.append(Request(workload.id, workload.submitted_at, found.placements))
-        candidates[workload.id] = found
-    for workload, path in victims if requests else ():
-        workload = replace(workload, submitted_at=now)
-        found = _candidate(config, selectors, shapes, workload, path, now)
-        if isinstance(found, Candidate):
-            candidates[workload.id] = found
-            requeue[workload.id] = Request(workload.id, now, found.placements)
+        requests.append(Request(workload.id, workload.submitted_at, waits.found.placements))
+        candidates[workload.id] = waits.found.candidate(workload, waits.route)
+    for part in victims if requests else ():
+        workload, again = part.running.workload, part.route
+        assert again is not None
+        if not part.fitted:
+            part = held[workload.id] = replace(
+                part, found=_fit(config, selectors, shapes, workload, again), fitted=True
+            )
+        # Its candidate is made by ``decide`` once preempted: most never are.
+        if isinstance(part.found, _Fit):
+            requeue[workload.id] = Request(workload.id, now, part.found.placements)
         else:
-            unqueueable[workload.id] = found
+            unqueueable[workload.id] = _refusal(workload.id, again, part.found, now)
     snapshot = Snapshot(now, nodes, tuple(allocations), tuple(requests), requeue)
+    in_use = [p.found for p in routed.values()] + [p.found for p in held.values()]
+    parts = Parts(config, routed, held,
+                  {f.shape: f.placements for f in in_use if isinstance(f, _Fit)})
     return Compiled(
         snapshot, candidates, decided, tuple(orphans), admissions,
-        tuple(w.id for w in waiting), repriced, unqueueable,
+        tuple(w.id for w in waiting), repriced, unqueueable, parts,
     )
 
 
-def _candidate(
+def _held(config: SchedulerConfig, item: RunningWorkload) -> _Held:
+    queue = admitted_queue(config, item.admission)
+    if queue is None:
+        return _Held(item, None)
+    admission = item.admission
+    # It competes at the priority the config in force gives it, as it would waiting: one
+    # admitted at 10 whose rule now says 50 is not preempted by a 30 it would then preempt.
+    path = route(config, item.workload)
+    if path.queue == admission.queue and path.priority != admission.priority:
+        admission = replace(admission, priority=path.priority)
+    placement = _placement(queue, admission.flavors, item.workload.demand, admission.priority)
+    return _Held(item, queue, path, admission,
+                 Allocation(item.workload.id, placement, admission.admitted_at))
+
+
+def _fit(
     config: SchedulerConfig,
     selectors: Mapping[str, Sequence[MatchExpression]],
     shapes: dict[tuple[object, ...], tuple[Placement, ...]],
     workload: Workload,
     path: Route,
-    now: float,
-) -> Candidate | Decision:
-    """The workload as the engine's candidate, or its decision when the engine has none to
-    make: no rule routes it, no rules at all, no flavor matched."""
+) -> _Found:
+    """The routed workload's flavors, or its decision when the engine has none to make."""
     if path.failure is not None:
         return Decision(workload.id, Status.FAILED, path, path.failure, path.notes())
     if path.queue is None:
-        return Decision(
-            workload.id, Status.ADMITTED, path,
-            "admitted: the scheduler config has no scheduling rules (no quota)",
-            admission=Admission(None, (), path.priority, now),
-        )
+        return None
     queue = config.queue(path.queue)
     matching, mismatches = _matching_flavors(selectors, queue, workload.labels)
     if not all(matching):
@@ -708,7 +798,31 @@ def _candidate(
             _placement(queue, combination, workload.demand, path.priority)
             for combination in combinations
         )
-    return Candidate(workload, path, placements, combinations, tuple(mismatches))
+    return _Fit(key, placements, combinations, tuple(mismatches))
+
+
+def _refusal(workload_id: str, path: Route, found: Decision | None, now: float) -> Decision:
+    """The decision of a workload the engine has none to make for: no rule routes it, no
+    flavor matched (``found``), or no rules at all (None: admitted ``now``)."""
+    if found is not None:
+        return found
+    return Decision(
+        workload_id, Status.ADMITTED, path,
+        "admitted: the scheduler config has no scheduling rules (no quota)",
+        admission=Admission(None, (), path.priority, now),
+    )
+
+
+def _requeued(compiled: Compiled, victim_id: str) -> Candidate:
+    """A preempted workload's candidate, queued again from the pass's time."""
+    part = compiled.parts.running[victim_id]
+    workload = part.running.workload
+    assert isinstance(part.found, _Fit) and part.route is not None
+    return part.found.candidate(
+        Workload(workload.id, workload.labels, workload.priority, workload.demand,
+                 compiled.snapshot.now),
+        part.route,
+    )
 
 
 # -- reading the plan back -------------------------------------------------------------------
@@ -722,11 +836,18 @@ class Outcome:
     evictions: tuple[Eviction, ...] = ()
     #: Running workloads whose rule now gives another priority: the one they compete at.
     repriced: Mapping[str, int] = field(default_factory=dict)
+    #: What the compile worked out, for the next pass (``schedule``'s ``reuse``).
+    parts: Parts | None = field(default=None, compare=False, repr=False)
 
 
 def decide(compiled: Compiled, plan: Plan) -> Outcome:
     """The engine's plan as one ``Decision`` per waiting workload, plus the evictions and
     what the evicted got once requeued."""
+    requeued = [p.victim_id for p in plan.preemptions if p.victim_id in compiled.snapshot.requeue]
+    if requeued:
+        compiled = replace(compiled, candidates={
+            **compiled.candidates, **{v: _requeued(compiled, v) for v in requeued}
+        })
     evictions: list[Eviction] = []
     victims: dict[str, list[str]] = defaultdict(list)
     for preemption in plan.preemptions:
@@ -800,7 +921,8 @@ def decide(compiled: Compiled, plan: Plan) -> Outcome:
     _number_queues(compiled, decisions)
     # The preempted follow the waiting: what they got once requeued.
     order = (*compiled.order, *(e.workload_id for e in evictions))
-    return Outcome({i: decisions[i] for i in order}, tuple(evictions), compiled.repriced)
+    return Outcome({i: decisions[i] for i in order}, tuple(evictions), compiled.repriced,
+                   compiled.parts)
 
 
 def _notes(candidate: Candidate, flavor_notes: Iterable[str]) -> tuple[str, ...]:
@@ -882,14 +1004,16 @@ def schedule(
     waiting: Sequence[Workload],
     running: Sequence[RunningWorkload],
     now: float,
+    reuse: Parts | None = None,
 ) -> Outcome:
-    """One pass: compile, run the engine, read its plan back.
+    """One pass: compile (taking what ``reuse`` worked out, ``compile_snapshot``), run the
+    engine, read its plan back.
 
     A preempted workload is requeued, and decided again in the same pass, in queue order with
     the waiting ones (so before those it outranks): another flavor may have room for it (seed
     004: the first flavor whose selector matches and has quota), and the pass's answer must
     not change when the next pass runs with nothing new."""
-    compiled = compile_snapshot(config, waiting, running, now)
+    compiled = compile_snapshot(config, waiting, running, now, reuse)
     return decide(compiled, reconcile(compiled.snapshot))
 
 

@@ -145,6 +145,22 @@ def live_workloads(connection: Connection) -> list[Workload]:
     return list_workloads(connection, (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
 
 
+#: Ids per statement of ``workloads_by_id``: well under SQLite's bound on parameters.
+_IDS_PER_READ = 1000
+
+
+def workloads_by_id(connection: Connection, ids: Iterable[str]) -> list[Workload]:
+    """The workloads with these ids (in no particular order; those not found are left out)."""
+    table = schema.workload
+    wanted = sorted(ids)
+    found: list[Workload] = []
+    for start in range(0, len(wanted), _IDS_PER_READ):
+        chunk = wanted[start:start + _IDS_PER_READ]
+        rows = connection.execute(select(table).where(table.c.id.in_(chunk))).mappings()
+        found.extend(Workload.from_row(row) for row in rows)
+    return found
+
+
 def update_workload(connection: Connection, workload_id: str, now: datetime, **values: Any) -> None:
     """Set columns of one workload (and its ``updated_at``)."""
     table = schema.workload
