@@ -264,9 +264,13 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         # Nested past Python's recursion limit (PyYAML composes recursively): a 500 until
         # the service refused it.
         ("POST", "/pool-trees/apply", {"json": {"document": "[" * 1000}}, 422, "tree"),
-        # A scalar PyYAML's constructors cannot build (a ValueError, not a YAMLError): a 500.
+        # A scalar PyYAML's constructors could not build (a ValueError, not a YAMLError): a
+        # 500. Dates are text now: refused as text, at its field.
         ("POST", "/pool-trees/apply", {"json": {
-            "document": "name: u3\nconfig: {max_operation_count: 2024-13-45}"}}, 422, "tree"),
+            "document": "name: u3\nconfig: {max_operation_count: 2024-13-45}"}}, 422,
+         "config.max_operation_count"),
+        # Characters YAML does not take: the loader refuses them as it starts (a 500).
+        ("POST", "/pool-trees/apply", {"json": {"document": "a: \x9a"}}, 422, "tree"),
         # A lone surrogate a YAML escape makes, in the field an error names: its answer
         # could not be encoded (a 500). Escaped, as a terminal shows it.
         ("POST", "/pool-trees/apply", {"json": {

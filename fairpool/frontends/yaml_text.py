@@ -156,8 +156,9 @@ def load_yaml(
     not only where a number is expected: where text is (a name, a tag) a number was refused
     anyway, or, for ``parent``, taken as its decimal (``1:30`` moved a pool under ``90``);
     the message says to quote it."""
-    loader = UserLoader(text)
+    loader: UserLoader | None = None
     try:
+        loader = UserLoader(text)  # reads the characters first: not all are YAML's
         node = loader.get_single_node()
         if node is None:
             return None
@@ -181,7 +182,8 @@ def load_yaml(
         where = format_path(path) if document else _under(field_name, path)
         raise InvalidInput.from_message(where, f"{where}: {message}")
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     raise InvalidInput(field_name, shown, f"is not valid YAML: {problem}")
 
 
