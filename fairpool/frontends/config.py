@@ -466,31 +466,11 @@ class _StoredLoader(_ConfigLoader):
     one_merge = False
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """How a fairpool read a document: its loader, and what its checks let through."""
-
-    loader: type[_ConfigLoader] = _ConfigLoader
-    #: ``010`` and ``1:30`` where a number is expected (YAML 1.1's 8 and 90).
-    yaml11_numbers: bool = False
-    #: Control and other non-printing characters in names.
-    nonprinting_names: bool = False
-
-
-_TODAY: Final = _Reading()
-#: The readings of versions applied earlier, newest first. A deployment's versions must keep
-#: loading (every pass reads the active one, every apply all of them), whatever rules came
-#: since: a stored version is read by the first reading, today's included, that accepts it.
-_EARLIER: Final = (
-    _Reading(_StoredLoader, yaml11_numbers=True, nonprinting_names=True),  # before 2026-11-29
-)
-
-
-def _parse(text: str, reading: _Reading) -> tuple[Any, _ConfigLoader]:
+def _parse(text: str, earlier: bool) -> tuple[Any, _ConfigLoader]:
     loader: _ConfigLoader | None = None
     try:
         # The reader checks that every character is one YAML allows.
-        loader = made = reading.loader(text)
+        loader = made = (_StoredLoader if earlier else _ConfigLoader)(text)
         node = loader.get_single_node()
         if node is None:
             return None, made
@@ -526,26 +506,26 @@ def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
 
     Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
     one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
-    already applied, read by today's rules, or, where they refuse it, by the newest earlier
-    ones that accept it (``_EARLIER``): ``1e3`` was text before 2026-11-29, and is a number
-    in versions applied since; ``nominal_quota: 010`` was 8 until refused.
+    already applied, read by today's rules, or, where they refuse it, by those before
+    2026-11-29 (``earlier``), so that every version keeps loading (every pass reads the active
+    one, every apply all of them): ``1e3`` was text then, and is a number in versions applied
+    since; ``nominal_quota: 010`` was 8.
     """
-    readings = (_TODAY, *_EARLIER) if stored else (_TODAY,)
-    for reading in readings[:-1]:
+    if stored:
         try:
-            return _load(text, reading)
+            return _load(text, earlier=False)
         except ConfigError:
-            pass  # an earlier reading may accept it
-    return _load(text, readings[-1])
+            pass  # applied under the earlier rules
+    return _load(text, earlier=stored)
 
 
-def _load(text: str, reading: _Reading) -> SchedulerConfig:
+def _load(text: str, earlier: bool) -> SchedulerConfig:
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
         )])
-    data, loader = _parse(text, reading)
-    config, issues = _check(data, loader.lines, loader.written, reading)
+    data, loader = _parse(text, earlier)
+    config, issues = _check(data, loader.lines, loader.written, earlier)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
     # its fields': sorted by line (stably), they come in document order. Duplicate keys
     # first: the rest was checked on the value PyYAML kept (the last one).
@@ -568,7 +548,7 @@ def validate_config(
     ``lines`` maps paths to source lines and ``written`` paths to a number's or boolean's
     value and its source    text; both come from the YAML loader and are optional.
     """
-    config, issues = _check(data, lines or {}, written or {}, _TODAY)
+    config, issues = _check(data, lines or {}, written or {}, False)
     if issues or config is None:
         raise ConfigError(issues)
     return config
@@ -576,9 +556,9 @@ def validate_config(
 
 def _check(
     data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-    reading: _Reading,
+    earlier: bool,
 ) -> tuple[SchedulerConfig | None, list[ConfigIssue]]:
-    checker = _Checker(lines, written, reading)
+    checker = _Checker(lines, written, earlier)
     config = checker.config(data)
     return config, checker.issues
 
@@ -594,12 +574,13 @@ class _Checker:
 
     def __init__(
         self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-        reading: _Reading,
+        earlier: bool,
     ) -> None:
         self.lines = lines
         self.written = written
-        #: A version applied already is let through as it was then.
-        self.reading = reading
+        #: The rules before 2026-11-29, for a version applied then: YAML 1.1's numbers
+        #: (``010``, ``1:30``) and non-printing characters in names let through.
+        self.earlier = earlier
         self.issues: list[ConfigIssue] = []
 
     def error(self, path: Path, message: str, *, reference: bool = False) -> None:
@@ -629,7 +610,7 @@ class _Checker:
         """Whether ``value``, where a number is expected, is refused as written in a form only
         YAML 1.1 reads so (``010`` is 8 there, 10 in YAML 1.2, an error in JSON)."""
         text = self.as_written(value, path)
-        if text is None or self.reading.yaml11_numbers:
+        if text is None or self.earlier:
             return False
         problem = number_problem(text, value)
         if problem is not None:
@@ -688,7 +669,7 @@ class _Checker:
         if max_length and len(value) > max_length:
             self.error(path, f"must be at most {max_length} characters (got {len(value)})")
             return None
-        unprinted = nonprinting(value) if name and not self.reading.nonprinting_names else None
+        unprinted = nonprinting(value) if name and not self.earlier else None
         if unprinted:
             self.error(path, f"must not contain control or other non-printing characters "
                              f"(got {_short(repr(value))}, with {unprinted})")
