@@ -225,6 +225,9 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         # A key, not a value, is wrong: named as the service names it (was "capacity..[key]").
         ("POST", "/pools", {"json": {"name": "new", "capacity": {"": 1}}}, 422, "capacity key"),
         ("POST", "/requests", {"json": {**request, "labels": {"a\x00": "v"}}}, 422, "labels key"),
+        # Names print as themselves (the service's rule, in its words).
+        ("POST", "/pools", {"json": {"name": "new\x1b[2J", "capacity": {"gpu": 1}}}, 422, "name"),
+        ("POST", "/requests", {"json": {**request, "labels": {"a\n": "v"}}}, 422, "labels key"),
         ("POST", "/pools", {"json": {"name": "new", "capacity": {"gpu": 1}, "extra": 1}}, 422, "extra"),
         ("POST", "/pools", {"json": {"name": 5, "capacity": {"gpu": 1}}}, 422, "name"),
         ("POST", "/pools", {"json": {"name": "", "capacity": {"gpu": 1}}}, 422, "name"),

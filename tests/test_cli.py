@@ -259,6 +259,26 @@ def test_tables_keep_ids_whole_at_a_common_terminal_width(tour: Tour) -> None:
             assert request_id in out, (args, request_id, out)
 
 
+def test_tables_print_what_others_wrote_as_text(tmp_path: Path) -> None:
+    """A label value holding an escape sequence or a bidirectional override is shown escaped,
+    and a name holding rich's markup as it is: neither rewrites the reader's terminal."""
+    home = tmp_path / "home"
+    fairpool(home, "resource-pool", "create", "[bold red]loud", "-c", '{"gpu": 1}').ok()
+    fairpool(home, "resource-pool", "attach-policy", "[bold red]loud", "orch", "-p", "1").ok()
+    created = fairpool(home, *CREATE_REQUEST, "orch", "--gpu-count", "1",
+                       "--label", "note=v\x1b[2J\u202eX", "-o", "json").ok().json
+    assert created["labels"] == {"note": "v\x1b[2J\u202eX"}  # kept as written
+    for args in (("resource-pool", "describe", "[bold red]loud"),
+                 ("resource-pool", "requests", "[bold red]loud", "--view", "all"),
+                 ("resource-request", "describe", created["id"])):
+        out = fairpool(home, *args).ok().out
+        assert "\x1b" not in out and "\u202e" not in out, (args, out)
+    described = fairpool(home, "resource-request", "describe", created["id"]).out
+    assert "note v\\x1b[2J\\u202eX" in described
+    assert "Resource pool '[bold red]loud'" in fairpool(
+        home, "resource-pool", "describe", "[bold red]loud").out
+
+
 def test_describe_by_id_prefix(tour: Tour) -> None:
     pool, request, table = fairpool_many(tour.home, [
         ("resource-pool", "describe", tour.pool["id"][:8], "-o", "json"),
@@ -378,6 +398,8 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
      ("reserved.gpu", "8")),  # 2 + 7 reserved > 8
     (("resource-pool", "attach-policy", "no-such-pool", "c2", "-p", "1"), ("no-such-pool",)),
     (("resource-pool", "list-policies"), ("resource pool", "--component")),
+    (("resource-pool", "create", "p\x1b[2J", "-c", '{"gpu": 1}'),
+     ("name: must not contain control or other non-printing characters", "U+001B")),
 ]
 
 

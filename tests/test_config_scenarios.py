@@ -769,6 +769,11 @@ def test_compiled_snapshot_shape() -> None:
          "workload-type: must be one of service, job, workspace (got 'batch')"),
         ({"instance_type": " "}, "instance-type: must be a non-empty string (got ' ')"),
         ({"labels": {" ": "x"}}, "labels key: must be a non-empty string (got ' ')"),
+        # Printed in tables and explanations: as itself, or refused.
+        ({"labels": {"team\n": "x"}}, "labels key: must not contain control or other "
+         "non-printing characters (got 'team\\n', with U+000A)"),
+        ({"instance_type": "m5\x1b[2J"}, "instance-type: must not contain control or other "
+         "non-printing characters (got 'm5\\x1b[2J', with U+001B)"),
         ({"priority": -1}, "priority: must be a non-negative integer (got -1)"),
         ({"priority": 2**31}, "priority: must be at most 2147483647 (got 2147483648)"),
         ({"priority": True}, "priority: must be an integer (got True)"),

@@ -164,6 +164,14 @@ def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Servic
         (lambda s: s.create_request("orch", demand={"gpu": 0}), "resources.gpu"),
         (lambda s: s.create_request("orch", demand={"gpu": 1}, max_retries=-1), "max_retries"),
         (lambda s: s.list_requests(status="sleeping"), "status"),
+        # Names print as themselves: a newline forged a table's lines, an escape sequence
+        # recoloured the reader's terminal.
+        (lambda s: s.create_pool("q\x1b[31m", {"gpu": 1}), "name"),
+        (lambda s: s.attach_policy("p", "x\ny", priority=1), "component"),
+        (lambda s: s.create_request("o\u202ez", demand={"gpu": 1}), "component"),
+        (lambda s: s.create_request("orch", demand={"gpu": 1}, labels={"k\t": "v"}), "labels key"),
+        (lambda s: s.create_pool("q", {"g\x7fpu": 1}), "capacity key"),
+        (lambda s: s.cancel_request("x", reason="line\nforged"), "reason"),
     ],
 )
 def test_bad_input_names_the_field_and_writes_nothing(svc: Service, call, field: str) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ YAML go out as plain text (no rich markup, no wrapping) so that they always pars
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,10 +54,23 @@ def err() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+#: What a table shows escaped (``\x1b``): controls but newline and tab, which rich lays out,
+#: and the bidirectional overrides, which reorder what follows them. Printed raw, text another
+#: user wrote (a label, a description, a name stored before names had to print) could
+#: recolour, move or rewrite what the reader's terminal shows.
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(value: str) -> str:
+    """``value`` with every ``_UNSHOWN`` character written as its Python escape."""
+    return _UNSHOWN.sub(lambda found: found.group().encode("unicode_escape").decode(), value)
+
+
 def _text(value: str) -> Any:
+    """A rich ``Text``: printed as it is, never read as markup (``[bold]`` in a name)."""
     from rich.text import Text
 
-    return Text(value)
+    return Text(shown(value))
 
 
 @contextmanager
@@ -151,7 +165,8 @@ def table(
 ) -> Table:
     from rich.table import Table
 
-    result = Table(title=title, title_justify="left", show_lines=False)
+    result = Table(title=None if title is None else _text(title), title_justify="left",
+                   show_lines=False)
     for column in columns:
         # Ids (and a tree's elements, ids among them) are copied into the next command: the
         # other columns wrap first. Where they cannot, rich still folds these last.
@@ -187,7 +202,7 @@ def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:
     """A key/value table, like ``cli_utils.print_pydantic_model``."""
     from rich.table import Table
 
-    result = Table(title=title, title_justify="left")
+    result = Table(title=_text(title), title_justify="left")
     result.add_column("PROPERTY", no_wrap=True)
     result.add_column("VALUE", overflow="fold")
     for key, value in properties:

@@ -57,6 +57,19 @@ def nonprinting(value: str) -> str | None:
     return next(f"U+{ord(char):04X}" for char in value if not char.isprintable())
 
 
+def check_printing(field: str, value: str) -> str:
+    """``value`` unless ``nonprinting`` finds a character in it; worded as the scheduler
+    config words it, so every name a table, a message or a diff prints is refused alike."""
+    unprinted = nonprinting(value)
+    if unprinted:
+        raise InvalidInput.from_message(
+            field,
+            f"{field}: must not contain control or other non-printing characters "
+            f"(got {clipped(value)!r}, with {unprinted})",
+        )
+    return value
+
+
 def check_key_count(field: str, mapping: Sized, most: int) -> None:
     """At most ``most`` keys, worded as the API words it."""
     if len(mapping) > most:

@@ -17,6 +17,7 @@ from fairpool.frontends.names import (
     SLASH_REASON,
     bounded_text,
     check_key_count,
+    check_printing,
 )
 from fairpool.store.records import Policy, Pool
 
@@ -74,10 +75,11 @@ MAX_PRIORITY = 1_000_000
 
 
 def validate_name(field: str, value: object, most: int = MAX_NAME) -> str:
-    """A name or key: non-empty text up to ``most`` characters, no NUL."""
+    """A name or key: non-empty text up to ``most`` characters that prints as itself (a
+    newline or an escape sequence in it would forge lines or recolour a reader's terminal)."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, value, "must be a non-empty string")
-    return bounded_text(field, value, most)
+    return check_printing(field, bounded_text(field, value, most))
 
 
 def validate_filter(field: str, value: str | None) -> str | None:

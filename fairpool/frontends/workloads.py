@@ -74,7 +74,7 @@ from fairpool.frontends.config import (
     ResourceQueue,
     SchedulerConfig,
 )
-from fairpool.frontends.names import MAX_LABELS, bounded_text, check_key_count
+from fairpool.frontends.names import MAX_LABELS, bounded_text, check_key_count, check_printing
 from fairpool.frontends.pools import BACKFILL_AFTER_SECONDS
 
 __all__ = [
@@ -206,7 +206,8 @@ def validate_workload(
 def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not value.strip() and not allow_empty):
         raise InvalidInput(field_name, value, "must be a non-empty string")
-    return bounded_text(field_name, value, MAX_NAME)
+    # Printing text only: ids and labels are printed in tables and explanations.
+    return check_printing(field_name, bounded_text(field_name, value, MAX_NAME))
 
 
 #: Characters of an amount written as text: 13 digits, a point, 3 decimals and then some.
