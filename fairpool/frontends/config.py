@@ -126,7 +126,9 @@ MAX_PRIORITY: Final = 2**31 - 1
 MAX_VERSION: Final = 2**31 - 1
 #: Characters of one document: seed configs are a few KB; a stored version stays bounded.
 MAX_DOCUMENT: Final = 60_000
-#: At most this many values inside one ``advanced_instance_config`` (guards alias bombs).
+#: At most this many values in all of a document's ``advanced_instance_config`` mappings, a
+#: value counted each time an alias reaches it: what a document expands to (in memory, in
+#: ``config get -o json``) stays bounded, however many flavors alias one large anchor.
 MAX_OPAQUE_VALUES: Final = 100_000
 #: Decimal places allowed in ``nominal_quota``; milli-units are then exact.
 QUOTA_DECIMALS: Final = 3
@@ -582,6 +584,8 @@ class _Checker:
         #: (``010``, ``1:30``) and non-printing characters in names let through.
         self.earlier = earlier
         self.issues: list[ConfigIssue] = []
+        #: Values ``advanced_instance_config`` may still hold, across the whole document.
+        self.opaque_budget = MAX_OPAQUE_VALUES
 
     def error(self, path: Path, message: str, *, reference: bool = False) -> None:
         line = None
@@ -1204,12 +1208,12 @@ class _Opaque:
 
     It is sent on to a cloud provider as JSON, so keys must be strings and values strings,
     finite numbers, booleans, null, lists or mappings; a value that contains itself (a
-    recursive YAML alias) or more than ``MAX_OPAQUE_VALUES`` values is refused.
+    recursive YAML alias), or that takes the document past ``MAX_OPAQUE_VALUES`` values, is
+    refused.
     """
 
     def __init__(self, checker: _Checker) -> None:
         self.checker = checker
-        self.budget = MAX_OPAQUE_VALUES
         self.active: set[int] = set()
         self.ok = True
 
@@ -1222,10 +1226,13 @@ class _Opaque:
         self.ok = False
 
     def walk(self, value: object, path: Path) -> object:
-        self.budget -= 1
-        if self.budget < 0:
-            if self.budget == -1:
-                self.fail(path, f"too large: more than {MAX_OPAQUE_VALUES} values")
+        self.checker.opaque_budget -= 1
+        if self.checker.opaque_budget < 0:
+            if self.checker.opaque_budget == -1:
+                self.fail(path, f"too large: the document's advanced_instance_config values "
+                                f"number more than {MAX_OPAQUE_VALUES}")
+            else:
+                self.ok = False
             return None
         if value is None or isinstance(value, bool):
             return value
