@@ -1015,3 +1015,20 @@ def test_a_queue_spec_is_compared_as_what_it_does(before: str, after: str, path:
     problems = changed_queues([(1, old)], new)
     assert [issue.path for issue in problems] == ([] if path is None else [path])
     assert bool(diff_configs(old, new)) == (path is not None)
+
+
+def test_a_stored_version_past_todays_opaque_budget_still_loads() -> None:
+    """Applied before 2026-11-29, ten flavors could each alias 11,111 values (each flavor had
+    a budget of its own): read back, the version still loads."""
+    anchor = "{a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], " + ", ".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 4)
+    ) + "}"
+    document = "resource_flavors:\n" + "".join(
+        f"  - {{name: f{i}, advanced_instance_config: {'&big ' + anchor if i == 0 else '*big'}}}\n"
+        for i in range(10)
+    )
+    with pytest.raises(ConfigError):
+        load_config(document)
+    flavors = load_config(document, stored=True).resource_flavors
+    assert len(flavors) == 10
+    assert all(len(f.advanced_instance_config["a3"]) == 10 for f in flavors)

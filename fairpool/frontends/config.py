@@ -581,7 +581,8 @@ class _Checker:
         self.lines = lines
         self.written = written
         #: The rules before 2026-11-29, for a version applied then: YAML 1.1's numbers
-        #: (``010``, ``1:30``) and non-printing characters in names let through.
+        #: (``010``, ``1:30``) and non-printing characters in names let through, and each
+        #: flavor's ``advanced_instance_config`` given a budget of its own.
         self.earlier = earlier
         self.issues: list[ConfigIssue] = []
         #: Values ``advanced_instance_config`` may still hold, across the whole document.
@@ -853,6 +854,8 @@ class _Checker:
             config_path = (*path, "advanced_instance_config")
             raw = spec["advanced_instance_config"]
             if isinstance(raw, Mapping):
+                if self.earlier:  # a budget per flavor, before 2026-11-29
+                    self.opaque_budget = MAX_OPAQUE_VALUES
                 frozen, config_ok = _Opaque(self).freeze(raw, config_path)
                 config = frozen if isinstance(frozen, Mapping) else None
             else:
