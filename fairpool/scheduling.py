@@ -743,16 +743,11 @@ def _validate(
     reserved: Mapping[str, str | None],
     now: datetime,
 ) -> wl.Workload:
-    # Mappings of object: the validator accepts anything and names what is wrong.
-    given_labels: dict[object, object] = {}
-    given_labels.update(labels or {})
-    given_demand: dict[object, object] = {}
-    given_demand.update(demand or {})
     return wl.validate_workload(
         new_id(),
-        labels=given_labels,
+        labels=labels,
         priority=priority,
-        demand=given_demand,
+        demand=demand,
         submitted_at=now.timestamp(),
         **reserved,
     )

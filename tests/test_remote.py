@@ -942,10 +942,30 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
          lambda: client.scheduling.rollback_config(1, based_on=-1))
     step("scheduling.rollback_config based on the active one",
          lambda: client.scheduling.rollback_config(1, based_on=1))
+    for label, bad, _ in BAD_WORKLOADS:
+        step(f"scheduling.submit_workload {label}",
+             lambda bad=bad: client.scheduling.submit_workload(**bad))
     step("scheduling.list_configs", client.scheduling.list_configs)
     step("trees.create_tree", lambda: client.trees.create_tree("tpus"))
     step("trees.list_trees", client.trees.list_trees)
     return steps
+
+
+#: Workloads the service refuses: the API took some of them as its own (a label value by a
+#: request's bound, 9 demand keys, ``instance_type`` by its argument's name), and the
+#: embedded SDK let Python's own errors out for a list.
+BAD_WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
+    ("a long label value", {"labels": {"a": "v" * 1025}},
+     "InvalidInput: labels.a: must be at most 255 characters"),
+    ("nine demand keys", {"demand": {f"k{i}": 1 for i in range(9)}},
+     "InvalidInput: demand: unknown resource"),
+    ("labels as a list", {"labels": ["a"]}, "InvalidInput: labels: must be a mapping (got ['a'])"),
+    ("demand as a list", {"demand": [1]}, "InvalidInput: demand: must be a mapping (got [1])"),
+    ("instance_type a number", {"instance_type": 5},
+     "InvalidInput: instance-type: must be a non-empty string (got 5)"),
+    ("a label value None", {"labels": {"a": None}},
+     "InvalidInput: labels.a: must be a non-empty string (got None)"),
+]
 
 
 def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, database_url: str) -> None:
@@ -1025,6 +1045,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert [e["kind"] for e in answers["events of a deleted request"]] == [
         "created", "allocated", "deleted"]
     assert str(answers["events unknown"]).startswith("NotFound: no request")
+    for label, _, needle in BAD_WORKLOADS:
+        assert str(answers[f"scheduling.submit_workload {label}"]).startswith(needle), label
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 

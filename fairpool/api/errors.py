@@ -84,6 +84,8 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "must be a finite number"
     if kind == "string_type":
         return "must be a string"
+    if kind == "dict_type":
+        return "must be a mapping"
     if kind == "string_unicode":  # a lone surrogate, as the service words it
         return "must be valid Unicode text"
     if kind == "literal_error" and isinstance(ctx.get("expected"), str):

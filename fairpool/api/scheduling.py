@@ -18,8 +18,6 @@ from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import (
     Cancel,
     IdempotencyKey,
-    Key,
-    LabelValue,
     PathText,
     QueryText,
     UrlInt,
@@ -32,16 +30,12 @@ from fairpool.frontends.config import (
     load_config,
     warnings,
 )
-from fairpool.frontends.names import MAX_LABELS
 from fairpool.scheduling import SchedulingService
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
 #: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_DOCUMENT_BODY = 12 * MAX_DOCUMENT + 1024
 WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
-#: Any JSON value: the service checks each amount (``workloads.validate_workload``), so a bad
-#: one is worded the same over HTTP as embedded.
-Demand = JsonValue
 
 
 #: Only if the active version is still this one (0: none yet): a change confirmed against
@@ -64,17 +58,20 @@ class RollbackBody(BaseModel):
 
 
 class WorkloadBody(BaseModel):
+    """The values of labels and demand, and the reserved labels, are any JSON here: the
+    service checks them (``workloads.validate_workload``) and words each problem as it does
+    embedded (a reserved label named by its key, ``instance-type``). The body limit bounds
+    them."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
-    labels: Annotated[dict[Key, LabelValue], Field(max_length=MAX_LABELS)] = {}
-    # Reserved labels: the service checks them and names each by its label key
-    # (``instance-type``), as the embedded CLI and SDK do.
-    instance_type: str | None = None
-    accelerator_type: str | None = None
-    market_type: str | None = None
-    cloud_resource_id: str | None = None
-    workload_type: str | None = None
+    labels: dict[str, JsonValue] | None = None
+    instance_type: JsonValue = None
+    accelerator_type: JsonValue = None
+    market_type: JsonValue = None
+    cloud_resource_id: JsonValue = None
+    workload_type: JsonValue = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
-    demand: Annotated[dict[Key, Demand], Field(max_length=8)] = {}
+    demand: dict[str, JsonValue] | None = None
 
 
 class WorkloadSubmit(WorkloadBody):

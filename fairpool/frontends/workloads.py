@@ -136,14 +136,14 @@ class Workload:
 def validate_workload(
     workload_id: object,
     *,
-    labels: Mapping[Any, object] | None = None,
+    labels: object = None,
     instance_type: object = None,
     accelerator_type: object = None,
     market_type: object = None,
     cloud_resource_id: object = None,
     workload_type: object = None,
     priority: object = None,
-    demand: Mapping[Any, object] | None = None,
+    demand: object = None,
     submitted_at: object,
 ) -> Workload:
     """Check a submission and build its ``Workload``; raises ``InvalidInput`` naming the field.
@@ -153,9 +153,10 @@ def validate_workload(
     ``"1.25"``), at most 3 decimals; it is stored as exact milli-units.
     """
     ident = _text("id", workload_id)
-    check_key_count("labels", labels or {}, MAX_LABELS)
+    labels = _mapping("labels", labels)
+    check_key_count("labels", labels, MAX_LABELS)
     merged: dict[str, str] = {}
-    for key, value in (labels or {}).items():
+    for key, value in labels.items():
         name = _text("labels key", key)
         if name in RESERVED_LABEL_KEYS:
             raise InvalidInput(
@@ -181,7 +182,7 @@ def validate_workload(
         merged[key] = text
     requested = None if priority is None else validate_int("priority", priority, 0, MAX_PRIORITY)
     amounts: dict[str, int] = {}
-    for key, value in (demand or {}).items():
+    for key, value in _mapping("demand", demand).items():
         if key not in _RESOURCES:
             raise InvalidInput(
                 "demand", key, f"unknown resource; one of {', '.join(r.value for r in Resource)}"
@@ -201,6 +202,15 @@ def validate_workload(
         demand=MappingProxyType(amounts),
         submitted_at=float(submitted_at),
     )
+
+
+def _mapping(field_name: str, value: object) -> Mapping[Any, object]:
+    """A mapping given (None: an empty one)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field_name, value, "must be a mapping")
+    return value
 
 
 def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
