@@ -273,14 +273,17 @@ class RemoteService:
             try:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as error:
+                if not isinstance(error, _NOT_SENT):
+                    maybe_done = True
                 if last:
                     server = str(self.http.base_url).removesuffix("/api/v1/")
+                    # A write whose answer was lost may stand: sent again blindly, it would
+                    # be made twice (a workload holding quota nobody runs on).
                     raise Unreachable(
                         f"cannot reach the fairpool server at {server} "
                         f"after {_ATTEMPTS} attempts: {error}"
+                        + (MAYBE_DONE if maybe_done and method != "GET" else "")
                     ) from None
-                if not isinstance(error, _NOT_SENT):
-                    maybe_done = True
             else:
                 if response.status_code != 503 or last:
                     return response, maybe_done
@@ -346,6 +349,10 @@ def _reason(reason: str | None) -> dict[str, Any]:
 
 
 #: Transport failures that mean the request never reached the server.
+#: What an ``Unreachable`` adds when a write's answer was lost on the way.
+MAYBE_DONE = ("; an attempt reached the server and its answer was lost, so it may have been "
+              "carried out: look before sending it again")
+
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 

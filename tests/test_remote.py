@@ -1058,7 +1058,8 @@ class LosesOneAnswer(httpx.BaseTransport):
     method and path end match, as ``how`` says: "drop" it, as when the server dies between
     its commit and its answer; "503 after", answer 503 once the server did it (its database
     failed at the commit, which may have taken effect); "503 before", answer 503 without
-    sending it on (the database is away)."""
+    sending it on (the database is away); "drop, then away": drop it, then refuse every
+    connection after (the server died then)."""
 
     def __init__(self, method: str, path_end: str, how: str = "drop") -> None:
         self.real = httpx.HTTPTransport()
@@ -1066,6 +1067,8 @@ class LosesOneAnswer(httpx.BaseTransport):
         self.lost = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.lost and self.how == "drop, then away":
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         spoil = not self.lost and request.method == self.method and request.url.path.endswith(self.path_end)
         if spoil and self.how == "503 before":
             self.lost += 1
@@ -1095,6 +1098,32 @@ def losing(server: ApiServer, method: str, path_end: str, how: str = "drop") -> 
     finally:
         service.close()
     assert transport.lost == 1
+
+
+def test_a_write_whose_answer_was_lost_before_the_server_went_away_may_stand(
+    server: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error says the write may have been carried out (it was: the workload holds
+    quota), so that it is looked for before it is sent again; a read, or a write no attempt
+    of which was sent, says only that the server cannot be reached."""
+    monkeypatch.setattr("fairpool.remote.jittered", lambda delay: 0.0)
+    with losing(server, "POST", "/workloads", "drop, then away") as lost:
+        with pytest.raises(Unreachable) as raised:
+            RemoteScheduling(lost).submit_workload(labels={"lost": "answer"})
+        with pytest.raises(Unreachable) as read:
+            RemoteScheduling(lost).list_workloads()
+    assert str(raised.value).endswith(
+        "after 6 attempts: [Errno 111] Connection refused; an attempt reached the server and "
+        "its answer was lost, so it may have been carried out: look before sending it again")
+    assert str(read.value).endswith("after 6 attempts: [Errno 111] Connection refused")
+    with closing(RemoteService(server.url)) as plain:
+        made = [w for w in RemoteScheduling(plain).list_workloads()
+                if w["labels"].get("lost") == "answer"]
+    assert [w["status"] for w in made] == ["admitted"]
+    with closing(RemoteService("http://127.0.0.1:9")) as nowhere:  # never sent
+        with pytest.raises(Unreachable) as refused:
+            RemoteScheduling(nowhere).submit_workload()
+    assert "may have been carried out" not in str(refused.value)
 
 
 @pytest.mark.parametrize("how", ["503 before", "503 after"])
