@@ -436,6 +436,9 @@ class RemoteScheduling:
     def diff_config(self, version: int) -> tuple[str, ...]:
         return tuple(self._call("GET", f"/config/versions/{version}/diff")["changes"])
 
+    def preview_config(self, document: str) -> Answer:
+        return Answer(self._call("POST", "/config/preview", json={"document": document}))
+
     def explain(self, **fields: Any) -> Answer:
         return Answer(self._call("POST", "/config/explain", json=fields))
 

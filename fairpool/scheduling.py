@@ -29,7 +29,7 @@ from fairpool.frontends.config import (
     load_config,
     warnings,
 )
-from fairpool.frontends.config_diff import changed_queues, diff_configs
+from fairpool.frontends.config_diff import changed_queues, diff_configs, summary
 from fairpool.frontends.pools import cancel_reason, validate_filter
 from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
@@ -170,6 +170,20 @@ class ConfigVersionView:
         data = asdict(self)
         data["applied_at"] = _iso(self.applied_at)
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigPreview:
+    """What an apply would do (``preview_config``)."""
+
+    #: The active version it was worked out against (0: none yet).
+    based_on: int
+    changes: tuple[str, ...]
+    warnings: tuple[ConfigIssue, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"based_on": self.based_on, "changes": list(self.changes),
+                "warnings": [issue.as_dict() for issue in self.warnings]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,12 +366,12 @@ class _Tx:
         return None if self._live is None else self.live()
 
     def insert_config_version(
-        self, document: str, now: datetime, rolled_back_from: int | None,
-        idempotency: tuple[str, str] | None,
+        self, document: str, config: SchedulerConfig, now: datetime,
+        rolled_back_from: int | None, idempotency: tuple[str, str] | None,
     ) -> ConfigVersion:
         self._applied = True
         return store.insert_config_version(
-            self.conn, document, now, rolled_back_from, idempotency
+            self.conn, document, summary(config), now, rolled_back_from, idempotency
         )
 
     def insert_workload(
@@ -486,13 +500,28 @@ class SchedulingService:
         current = _EMPTY if active is None else _parsed(active.document)
         return diff_configs(current, _parsed(target.document))
 
+    def preview_config(self, document: str) -> ConfigPreview:
+        """What applying ``document`` would change, without applying it: refused as an apply
+        refuses it (``ConfigError``: invalid, or a queue whose spec an earlier version fixed),
+        else the change from the active version and the advisories, with that version's
+        number to apply it ``based_on`` (so what was shown is what changes)."""
+        config = load_config(document)
+        with self.db.read() as conn:
+            _check_queues_unchanged(conn, config, record=False)
+            active = store.active_config_version(conn)
+        current = _config(active)
+        return ConfigPreview(0 if active is None else active.version,
+                             diff_configs(current, config), tuple(warnings(config)))
+
     def _apply(
         self, tx: _Tx, document: str, config: SchedulerConfig,
         rolled_back_from: int | None, idempotency: tuple[str, str] | None,
     ) -> Applied:
-        _check_queues_unchanged(tx.conn, config)
+        _check_queues_unchanged(tx.conn, config, record=True)
         before = tx.live()
-        version = tx.insert_config_version(document, self.clock(), rolled_back_from, idempotency)
+        version = tx.insert_config_version(
+            document, config, self.clock(), rolled_back_from, idempotency
+        )
         outcome = self._pass(tx)
         # Those whose queue or flavor this version removes (not those an earlier one did).
         orphaned = tuple(
@@ -515,15 +544,15 @@ class SchedulingService:
 
     @staticmethod
     def _version_view(version: ConfigVersion, active: ConfigVersion | None) -> ConfigVersionView:
-        config = _parsed(version.document)
+        counts = version.summary or summary(_parsed(version.document))
         return ConfigVersionView(
             version.version,
             version.applied_at,
             active is not None and active.version == version.version,
             version.rolled_back_from,
-            len(config.resource_flavors),
-            len(config.resource_queues),
-            len(config.scheduling_rules),
+            counts["flavors"],
+            counts["queues"],
+            counts["rules"],
             version.document,
         )
 
@@ -753,10 +782,17 @@ def _validate(
     )
 
 
-def _check_queues_unchanged(conn: Connection, config: SchedulerConfig) -> None:
-    """A queue's spec is immutable per name across versions: a changed one needs a new name."""
-    history = [(v.version, _parsed(v.document))
-               for v in reversed(store.list_config_versions(conn))]
+def _check_queues_unchanged(conn: Connection, config: SchedulerConfig, *, record: bool) -> None:
+    """A queue's spec is immutable per name across versions: a changed one needs a new name.
+    Read from the versions' summaries; one applied before they were kept is parsed, and its
+    summary recorded when ``record`` (``conn`` writes), so only once."""
+    history = []
+    for number, known in store.config_summaries(conn):
+        if known is None:
+            known = summary(_parsed(store.get_config_version(conn, number).document))
+            if record:
+                store.record_summary(conn, number, known)
+        history.append((number, known["queue_specs"]))
     problems = changed_queues(history, config)
     if problems:
         raise ConfigError(problems)

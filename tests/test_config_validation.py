@@ -43,7 +43,7 @@ from fairpool.frontends.config import (
     validate_config,
     warnings,
 )
-from fairpool.frontends.config_diff import changed_queues, diff_configs
+from fairpool.frontends.config_diff import changed_queues, diff_configs, summary
 
 # -- the seed's examples, verbatim (indentation restored) ------------------------------------
 
@@ -1012,7 +1012,8 @@ def test_a_stored_version_with_yaml_11_numbers_reads_as_when_it_was_applied(docu
 )
 def test_a_queue_spec_is_compared_as_what_it_does(before: str, after: str, path: str | None) -> None:
     old, new = load_config(before), load_config(after)
-    problems = changed_queues([(1, old)], new)
+    stored = json.loads(json.dumps(summary(old)))  # as a version's record holds it
+    problems = changed_queues([(1, stored["queue_specs"])], new)
     assert [issue.path for issue in problems] == ([] if path is None else [path])
     assert bool(diff_configs(old, new)) == (path is not None)
 

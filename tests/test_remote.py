@@ -935,7 +935,11 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("detach_policy", lambda: client.detach_policy("sdk", "sdk-high"))
     step("detach_policy again", lambda: client.detach_policy("sdk", "sdk-high"))
     step("delete_pool", lambda: client.delete_pool("sdk"))
+    step("scheduling.preview_config", lambda: client.scheduling.preview_config(
+        (EXAMPLES / "complete.yaml").read_text()))
     step("scheduling.apply_config", lambda: client.scheduling.apply_config((EXAMPLES / "complete.yaml").read_text()))
+    step("scheduling.preview_config of a changed queue", lambda: client.scheduling.preview_config(
+        (EXAMPLES / "complete.yaml").read_text().replace("nominal_quota: 64", "nominal_quota: 65")))
     step("scheduling.apply_config based on another",
          lambda: client.scheduling.apply_config("resource_queues: [{name: q}]\n", based_on=7))
     step("scheduling.rollback_config based on a bad version",
@@ -1045,6 +1049,11 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert [e["kind"] for e in answers["events of a deleted request"]] == [
         "created", "allocated", "deleted"]
     assert str(answers["events unknown"]).startswith("NotFound: no request")
+    assert answers["scheduling.preview_config"]["based_on"] == 0
+    assert "+ queue ml_training: added" in answers["scheduling.preview_config"]["changes"]
+    assert str(answers["scheduling.preview_config of a changed queue"]).startswith(
+        "ConfigError: invalid scheduler config (1 problem): resource_queues[0].resource_groups: "
+        "queue 'ml_training' differs from its spec in version 1")
     for label, _, needle in BAD_WORKLOADS:
         assert str(answers[f"scheduling.submit_workload {label}"]).startswith(needle), label
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]

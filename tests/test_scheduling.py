@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, null, select
 
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.frontends.config import ConfigError
@@ -99,6 +99,51 @@ def test_a_queue_spec_cannot_change_under_the_same_name(sched: SchedulingService
     assert "version 1" in issue.message and "new name" in issue.message
     assert rows(sched, "config_version") == 2
     sched.apply_config(changed.replace("q-m5-2xlarge-cap3", "q-m5-2xlarge-cap4"))
+
+
+def test_a_version_applied_before_summaries_were_kept_is_summarised_by_the_next_apply(
+    sched: SchedulingService,
+) -> None:
+    """Versions keep their counts and queue specs (migration 0015); one applied before has
+    none, and is read from its document: listed, then checked and recorded by an apply."""
+    sched.apply_config(M5_CAP)
+    sched.apply_config("resource_queues: [{name: other}]\n")
+    table = schema.config_version
+    with sched.db.write() as conn:
+        conn.execute(table.update().values(summary=null()))  # as migration 0015 leaves them
+    assert [(v.version, v.flavors, v.queues, v.rules) for v in sched.list_configs()] == [
+        (2, 0, 1, 0), (1, 1, 2, 2)]
+    changed = M5_CAP.replace("nominal_quota: 24", "nominal_quota: 32")
+    with pytest.raises(ConfigError, match="differs from its spec in version 1"):
+        sched.preview_config(changed)
+    with pytest.raises(ConfigError, match="differs from its spec in version 1"):
+        sched.apply_config(changed)
+    with sched.db.read() as conn:  # the failed apply's transaction recorded nothing
+        assert conn.scalar(select(func.count()).where(table.c.summary.is_not(None))) == 0
+    sched.apply_config(changed.replace("q-m5-2xlarge-cap3", "q-m5-2xlarge-cap4"))
+    with sched.db.read() as conn:
+        recorded = dict(conn.execute(select(table.c.version, table.c.summary)).all())
+    assert recorded[1]["queue_specs"].keys() == {"q-m5-2xlarge-cap3", "default"}
+    assert recorded[2] == {"flavors": 0, "queues": 1, "rules": 0,
+                           "queue_specs": {"other": {"preempts": False, "resource_groups": []}}}
+    assert recorded[3]["queue_specs"].keys() == {"q-m5-2xlarge-cap4", "default"}
+
+
+def test_a_preview_says_what_an_apply_would_change_and_writes_nothing(
+    sched: SchedulingService,
+) -> None:
+    empty = sched.preview_config(M5_CAP)
+    assert empty.based_on == 0 and "+ queue q-m5-2xlarge-cap3: added" in empty.changes
+    sched.apply_config(M5_CAP)
+    before = rows(sched, "config_version")
+    preview = sched.preview_config(RESERVATION)
+    applied = sched.apply_config(RESERVATION, based_on=preview.based_on)
+    assert preview.based_on == 1 and before == 1
+    assert preview.changes == applied.changes and preview.warnings == applied.warnings
+    assert sched.preview_config(RESERVATION).changes == ()
+    with pytest.raises(ConfigError):
+        sched.preview_config("resource_queues: [{name: q, colour: red}]\n")
+    assert rows(sched, "config_version") == 2
 
 
 # -- workloads -------------------------------------------------------------------------------

@@ -116,7 +116,8 @@ RULES: dict[str, Rule] = {
     "apply_config": Rule.ADMIN,
     "rollback_config": Rule.ADMIN,
     **{name: Rule.ANY for name in (
-        "validate_config", "get_config", "list_configs", "diff_config", "explain",
+        "validate_config", "preview_config", "get_config", "list_configs", "diff_config",
+        "explain",
         "submit_workload", "list_workloads", "list_queues", "describe_queue",
     )},
     **{name: Rule.OWN_WORKLOAD for name in (

@@ -51,6 +51,12 @@ class ConfigBody(BaseModel):
     idempotency_key: IdempotencyKey = None
 
 
+class Document(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    #: The YAML document, as a user writes it in a file.
+    document: str
+
+
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     based_on: BasedOn = None
@@ -113,6 +119,16 @@ def scheduling_router(
             "errors": [],
             "warnings": [issue.as_dict() for issue in warnings(config)],
         })
+
+    @router.post("/config/preview", tags=["scheduler config"])
+    def preview_config(body: Document) -> JSONResponse:
+        """What applying a document would change, without applying it: refused as an apply
+        would refuse it, else the change from the active version (``based_on``: its number,
+        to apply it only if it is still active) and the advisories."""
+        try:
+            return JSONResponse(scheduling.preview_config(body.document).as_dict())
+        except ConfigError as error:
+            return invalid_config(error)
 
     @router.post("/config", status_code=201, tags=["scheduler config"])
     def apply_config(body: ConfigBody) -> JSONResponse:

@@ -162,12 +162,11 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
 @o.output_option
 def apply(path: str, yes: bool, output: str) -> None:
     """Validate a config and make it the new active version (warns when no catch-all rule)."""
-    from fairpool.frontends.config import ConfigError, load_config, warnings
-    from fairpool.frontends.config_diff import changed_queues, diff_configs
+    from fairpool.frontends.config import ConfigError, load_config
 
     text = read_config_file(path)
     try:
-        parsed = load_config(text)
+        load_config(text)
     except ConfigError as error:
         _print_invalid(path, error, output)
         return
@@ -175,19 +174,14 @@ def apply(path: str, yes: bool, output: str) -> None:
     based_on = None
     if not yes:
         # A changed queue is refused before the change is shown and confirmed, not after.
-        versions = [v.as_dict() for v in svc.list_configs()]  # newest first
-        history = [(int(v["version"]), load_config(v["document"], stored=True))
-                   for v in reversed(versions)]
-        problems = changed_queues(history, parsed)
-        if problems:
-            _print_invalid(path, ConfigError(problems), output)
+        try:
+            preview = svc.preview_config(text).as_dict()
+        except ConfigError as error:
+            _print_invalid(path, error, output)
             return
-        active = svc.get_config()
-        current = load_config(active.as_dict()["document"] if active else "", stored=True)
-        _print_change(diff_configs(current, parsed),
-                      [issue.as_dict() for issue in warnings(parsed)], "would change")
+        _print_change(preview["changes"], preview["warnings"], "would change")
         click.confirm("Apply it as a new version?", abort=True, err=True)
-        based_on = _version_of(active)  # what was confirmed is what changes
+        based_on = int(preview["based_on"])  # what was confirmed is what changes
     try:
         applied = svc.apply_config(text, based_on)
     except ConfigError as error:  # e.g. a queue whose spec differs from an earlier version

@@ -268,27 +268,28 @@ class ResourceQueue:
     def is_passthrough(self) -> bool:
         return not self.resource_groups
 
-    def spec(self) -> tuple[bool, tuple[object, ...]]:
-        """What the queue does, however it is written (its immutability is of this): unset
-        ``preemption``, ``{}`` and ``never`` are one; covered resources are a set; a
-        resource without ``nominal_quota`` is as unlisted (unlimited), and a flavor's quotas
-        are a set. Groups and flavors keep their order: flavors are tried in it, and an
-        admission records one flavor per group in it."""
-        groups = tuple(
-            (
-                frozenset(group.covered_resources),
-                tuple(
-                    (flavor.name, frozenset(
-                        (quota.name, quota.nominal_quota_milli) for quota in flavor.resources
+    def spec(self) -> dict[str, Any]:
+        """What the queue does, however it is written (its immutability is of this), as JSON
+        holds it (each version stores its queues' specs): unset ``preemption``, ``{}`` and
+        ``never`` are one; covered resources are a set, sorted; a resource without
+        ``nominal_quota`` is as unlisted (unlimited), and a flavor's quotas are a set, sorted.
+        Groups and flavors keep their order: flavors are tried in it, and an admission
+        records one flavor per group in it."""
+        groups = [
+            [
+                sorted(set(group.covered_resources)),
+                [
+                    [flavor.name, sorted(
+                        [quota.name, quota.nominal_quota_milli] for quota in flavor.resources
                         if quota.nominal_quota_milli is not None
-                    ))
+                    )]
                     for flavor in group.flavors
-                ),
-            )
+                ],
+            ]
             for group in self.resource_groups
-        )
+        ]
         preempts = self.preemption is not None and self.preemption.preempts_lower_priority
-        return preempts, groups
+        return {"preempts": preempts, "resource_groups": groups}
 
     def to_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {"name": self.name}

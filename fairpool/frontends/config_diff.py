@@ -7,9 +7,10 @@ use, then the rules that route to them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from fairpool.frontends.config import ConfigIssue, ResourceQueue, SchedulerConfig
+from fairpool.frontends.config import ConfigIssue, SchedulerConfig
 
 
 def _brief(value: object) -> str:
@@ -61,24 +62,36 @@ def diff_configs(old: SchedulerConfig, new: SchedulerConfig) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def summary(config: SchedulerConfig) -> dict[str, Any]:
+    """What a version's record keeps of its config, so that listing versions and checking a
+    new one against them never parses their documents again: its counts, and each queue's
+    spec (``ResourceQueue.spec``) by name. JSON."""
+    return {
+        "flavors": len(config.resource_flavors),
+        "queues": len(config.resource_queues),
+        "rules": len(config.scheduling_rules),
+        "queue_specs": {queue.name: queue.spec() for queue in config.resource_queues},
+    }
+
+
 def changed_queues(
-    history: Iterable[tuple[int, SchedulerConfig]], config: SchedulerConfig
+    history: Iterable[tuple[int, Mapping[str, Any]]], config: SchedulerConfig
 ) -> list[ConfigIssue]:
     """A queue's spec is immutable per name across versions: each queue of ``config`` whose
-    spec (``ResourceQueue.spec``) differs from the last one its name had in ``history``
-    (version numbers and configs, oldest first), at the field that differs."""
-    latest: dict[str, tuple[int, ResourceQueue]] = {}
-    for number, old in history:
-        latest.update((queue.name, (number, queue)) for queue in old.resource_queues)
+    spec differs from the last one its name had in ``history`` (version numbers and their
+    ``summary``'s ``queue_specs``, oldest first), at the field that differs."""
+    latest: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for number, specs in history:
+        latest.update((name, (number, spec)) for name, spec in specs.items())
     problems: list[ConfigIssue] = []
     for index, queue in enumerate(config.resource_queues):
         if queue.name not in latest:
             continue
         number, before = latest[queue.name]
-        (was_preempting, had), (preempts, has) = before.spec(), queue.spec()
-        if (was_preempting, had) == (preempts, has):
+        now = queue.spec()
+        if before == now:
             continue
-        field = "preemption" if was_preempting != preempts else "resource_groups"
+        field = "preemption" if before["preempts"] != now["preempts"] else "resource_groups"
         problems.append(ConfigIssue(
             f"resource_queues[{index}].{field}",
             f"queue {queue.name!r} differs from its spec in version {number}; a queue's "

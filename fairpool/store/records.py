@@ -292,6 +292,9 @@ class ConfigVersion:
     applied_at: datetime
     #: Set when this version re-applied an older one (``fairpool config rollback``).
     rolled_back_from: int | None
+    #: ``config_diff.summary`` of its config; None for a version applied before migration
+    #: 0015 that no apply has read since.
+    summary: Mapping[str, Any] | None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> ConfigVersion:
@@ -300,6 +303,7 @@ class ConfigVersion:
             document=row["document"],
             applied_at=row["applied_at"],
             rolled_back_from=row["rolled_back_from"],
+            summary=row["summary"],
         )
 
 

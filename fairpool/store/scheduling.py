@@ -27,11 +27,12 @@ from fairpool.store.schema import as_utc
 
 
 def insert_config_version(
-    connection: Connection, document: str, now: datetime, rolled_back_from: int | None = None,
-    idempotency: tuple[str, str] | None = None,
+    connection: Connection, document: str, summary: Mapping[str, Any], now: datetime,
+    rolled_back_from: int | None = None, idempotency: tuple[str, str] | None = None,
 ) -> ConfigVersion:
     """The next version, active from now. Callers hold the write lock, so max + 1 is free.
-    ``idempotency``: the key it was applied with and the digest of what was asked."""
+    ``summary``: its config's (``config_diff.summary``). ``idempotency``: the key it was
+    applied with and the digest of what was asked."""
     table = schema.config_version
     latest = connection.scalar(select(func.max(table.c.version)))
     version = ConfigVersion(
@@ -39,17 +40,35 @@ def insert_config_version(
         document=document,
         applied_at=as_utc(now),
         rolled_back_from=rolled_back_from,
+        summary=summary,
     )
     connection.execute(
         insert(table).values(
             version=version.version,
             document=document,
+            summary=summary,
             applied_at=version.applied_at,
             rolled_back_from=rolled_back_from,
             **keyed(idempotency),
         )
     )
     return version
+
+
+def config_summaries(connection: Connection) -> list[tuple[int, Mapping[str, Any] | None]]:
+    """Every version's number and summary, oldest first; not their documents."""
+    table = schema.config_version
+    rows = connection.execute(select(table.c.version, table.c.summary).order_by(table.c.version))
+    return [(row.version, row.summary) for row in rows]
+
+
+def record_summary(connection: Connection, version: int, summary: Mapping[str, Any]) -> None:
+    """The summary of a version applied before migration 0015, worked out since."""
+    table = schema.config_version
+    connection.execute(
+        update(table).where(table.c.version == version, table.c.summary.is_(None))
+        .values(summary=summary)
+    )
 
 
 def active_config_version(connection: Connection) -> ConfigVersion | None:

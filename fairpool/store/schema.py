@@ -317,7 +317,8 @@ event = Table(
 config_version = Table(
     "config_version",
     metadata,
-    # Numbered 1, 2, ... under the write lock; rows are never updated or deleted.
+    # Numbered 1, 2, ... under the write lock; rows are never deleted, and updated only to
+    # record a summary a version applied before migration 0015 lacks.
     Column("version", Integer, primary_key=True, autoincrement=False),
     Column("document", Text, nullable=False),
     _time("applied_at"),
@@ -332,6 +333,8 @@ config_version = Table(
         "rolled_back_from IS NULL OR rolled_back_from < version", name="rollback_to_older"
     ),
     *_idempotency(),
+    # ``config_diff.summary`` of the document: its counts and queue specs (migration 0015).
+    Column("summary", JSON, nullable=True),
 )
 
 workload = Table(
