@@ -192,6 +192,95 @@ def one_waits() -> None:
     b.result()
 
 
+@pipeline(dynamic=False, enable_cache=False)
+def three_plain() -> None:
+    """Three step runs, for checks that make requests for them by hand."""
+    plain()
+    plain()
+    plain()
+
+
+def store_checks() -> None:
+    """The store's hooks called as ZenML calls them, on step runs made by a static pipeline
+    and set back to QUEUED (granted, their launcher not yet told): what each step shows."""
+    from uuid import uuid4
+
+    from sqlmodel import Session
+    from zenml.enums import ExecutionStatus, StackComponentType
+    from zenml.models import ResourceRequestRequest
+    from zenml.zen_stores.schemas import StepRunSchema
+
+    client = Client()
+    store = client.zen_store
+    default = client.active_stack.orchestrator
+
+    # A policy with resource keys is updated (it failed: a deleted instance, a 500).
+    pool = client.create_resource_pool("upd", {"gpu": 4})
+    policy = client.create_resource_pool_subject_policy(
+        component_id=default.id, pool_id=pool.id, priority=1, reserved={"gpu": 1},
+        limit={"gpu": 2})
+    updated = client.update_resource_pool_subject_policy(
+        policy.id, priority=5, reserved={"gpu": 2})
+    record(step="policy", at="updated", priority=updated.priority,
+           reserved=updated.reserved, limit=updated.limit)
+    # A policy for a component that does not exist, or cannot request (the IntegrityError
+    # of a foreign key: a 500).
+    for subject in (uuid4(), client.active_stack.artifact_store.id):
+        try:
+            client.create_resource_pool_subject_policy(
+                component_id=subject, pool_id=pool.id, priority=1)
+        except Exception as error:
+            record(step="policy", at="refused", error=type(error).__name__, message=str(error))
+
+    lo, hi = (client.create_stack_component(
+        name=name, flavor="local", component_type=StackComponentType.ORCHESTRATOR,
+        configuration={}) for name in ("lo", "hi"))
+    one = client.create_resource_pool("one", {"gpu": 2})
+    for orchestrator, priority, reserved in ((lo, 1, 0), (hi, 10, 2)):
+        client.create_resource_pool_subject_policy(
+            component_id=orchestrator.id, pool_id=one.id, priority=priority,
+            reserved={"gpu": reserved}, limit={"gpu": 2})
+    three_plain()
+    run = client.get_pipeline("three_plain").last_run
+    steps = [s.id for s in client.list_run_steps(pipeline_run_id=run.id, sort_by="created").items]
+    pools = store.resource_pools
+
+    def ask(component: Any, step_run: Any, gpus: int) -> Any:
+        with Session(store.engine) as session:
+            row = session.get(StepRunSchema, step_run)
+            row.status = ExecutionStatus.QUEUED.value
+            session.add(row)
+            session.commit()
+        with Session(store.engine) as session:
+            return pools.create_resource_request(session, ResourceRequestRequest(
+                user=client.active_user.id, component_id=component.id, step_run_id=step_run,
+                requested_resources={"gpu": gpus, "step_run": 1}, preemptible=True))
+
+    def seen(at: str) -> None:
+        record(step="requests", at=at, occupied=client.get_resource_pool("one").occupied_resources,
+               requests=[(r.status.value, r.status_reason) for r in requests()])
+
+    # A component with no policy is not pooled: no request, its step runs as it would.
+    free = client.create_stack_component(
+        name="free", flavor="local", component_type=StackComponentType.ORCHESTRATOR,
+        configuration={})
+    record(step="unpooled", at="asked", answer=repr(ask(free, steps[0], 1)),
+           requests=len(requests()))
+    # lo borrows both GPUs, granted while its step run is queued; hi's reserve preempts it.
+    ask(lo, steps[0], 2)
+    ask(hi, steps[1], 2)
+    seen("preempted")  # lo: preempted (its launcher stops), its GPUs held until its step ends
+    with Session(store.engine) as session:  # the step failed: ZenML's update_run_step hook
+        pools.release_step_run_resources(session, steps[0])
+    seen("victim ended")
+    ask(lo, steps[2], 1)  # waits behind hi
+    client.delete_pipeline_run(run.id)  # the step runs go: their requests' step_run_id NULL
+    client.get_resource_pool("one")
+    with Session(store.engine) as session:
+        pools.get_resource_request(requests()[-1].id)  # any pass ends them
+    seen("run deleted")
+
+
 def setup(capacity: int, reserved: int, limit: int, priority: int = 10) -> None:
     client = Client()
     pool = client.create_resource_pool("gpus", {"gpu": capacity})
@@ -338,6 +427,8 @@ def main() -> None:
         error = run(one_waits)
     elif scenario == "delete_orphan":
         error = run(delete_orphan)
+    elif scenario == "store_checks":
+        error = run(store_checks)
     elif scenario == "delete_preemptor":
         error = run(delete_preemptor)
     elif scenario in ("long", "short"):

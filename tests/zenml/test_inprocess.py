@@ -156,3 +156,42 @@ def test_deleting_a_waiting_preemptor_leaves_its_victim_preempting(zenml_home: Z
     [victim] = low_result["requests"]
     assert (victim["status"], victim["step_status"]) == ("preempted", "cancelled")
     assert victim["reason"].startswith(f"preempted by request {found['preemptor']} on pool gpus")
+
+
+def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
+    """Found by QA with real pipelines (2026-11-29), checked here by calling the hooks as
+    ZenML calls them: a policy with keys is updated; a policy for an unknown component is a
+    KeyError, for one that cannot request a ValueError; a component with no policy is not
+    pooled (every dynamic pipeline of its stack failed, rejected); a request granted while its step
+    waited, then chosen as a victim, ends preempted at once (it stayed preempting, which its
+    launcher waits on, and its preemptor waited on it: both for ever), holding its GPUs until
+    its step ends; deleting a run ends its requests (they held GPUs for ever)."""
+    result = zenml_home.scenario("store_checks")
+    assert result["error"] is None, result["log"][-3000:]
+    events = {(e["step"], e["at"]): e for e in result["events"]}
+    updated = events[("policy", "updated")]
+    assert (updated["priority"], updated["reserved"], updated["limit"]) == (
+        5, {"gpu": 2}, {"gpu": 2})
+    refused = [(e["error"], e["message"]) for e in result["events"] if e["at"] == "refused"]
+    assert [error for error, _ in refused] == ["KeyError", "ValueError"]
+    assert "a policy's subject is an orchestrator or a step operator, not artifact_store" in (
+        refused[1][1])
+
+    assert events[("unpooled", "asked")]["answer"] == "None"
+    assert events[("unpooled", "asked")]["requests"] == 0
+    preempted = events[("requests", "preempted")]
+    assert preempted["occupied"] == {"gpu": 2}  # still the victim's, until its step ends
+    (victim, victim_reason), (preemptor, preemptor_reason) = preempted["requests"][-2:]
+    assert victim == "preempted" and victim_reason.startswith("preempted by request ")
+    assert preemptor == "pending"  # and says what it waits for (it kept its old reason)
+    assert preemptor_reason.startswith(
+        "waiting for the steps of the requests it preempted to end: ")
+    ended = events[("requests", "victim ended")]
+    assert [status for status, _ in ended["requests"][-2:]] == ["preempted", "allocated"]
+    assert ended["requests"][-2][1].endswith("; step run queued")
+    deleted = events[("requests", "run deleted")]
+    assert deleted["occupied"] == {"gpu": 0}
+    assert deleted["requests"][-2:] == [
+        ["released", "released: its step run was deleted"],
+        ["cancelled", "cancelled: its step run was deleted"],
+    ]

@@ -178,6 +178,14 @@ def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: 
         "ok: stack fairpool-stack: already registered",
         "ok: the ZenML server has a resource-pool implementation",
     ]
+    # A stack of that name on another orchestrator is not taken for it (it was: "already
+    # registered", and --set activated it).
+    other = subprocess.run([*install[:-1], "default"], cwd=server.cwd, env=server.env,
+                           capture_output=True, text=True, timeout=180)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert other.stderr.splitlines()[-1] == (
+        "Error: a stack named 'default' exists with orchestrator default, not 'fairpool': "
+        "choose another --stack")
 
     server.cli("resource-pool", "create", "isolated", "--capacity", '{"gpu": 1}')
     server.cli("resource-pool", "attach-policy", "isolated", "fairpool",

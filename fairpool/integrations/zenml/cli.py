@@ -44,9 +44,12 @@ def install(orchestrator: str, stack: str | None, activate: bool) -> None:
     """Register the fairpool_local orchestrator flavor (and an orchestrator, optionally a
     stack) on the connected ZenML store; report what is left to plug fairpool in.
     Idempotent."""
-    report = _load("install").install(
-        orchestrator=orchestrator or None, stack=stack, activate=activate
-    )
+    try:
+        report = _load("install").install(
+            orchestrator=orchestrator or None, stack=stack, activate=activate
+        )
+    except ValueError as error:  # a name taken by something else: one line, exit 1
+        raise click.ClickException(str(error)) from None
     for line in report.done:
         click.echo(f"ok: {line}")
     for line in report.todo:

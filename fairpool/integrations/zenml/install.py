@@ -105,6 +105,15 @@ def install(
                 f"{orchestrator}"
             )
         else:
+            # Only if its orchestrator is the one asked for: any other stack of that name
+            # would run its steps elsewhere (and --set would activate it).
+            held = client.get_stack(found[0].id).components.get(orchestrator_type) or []
+            if orchestrator not in [component.name for component in held]:
+                raise ValueError(
+                    f"a stack named {stack!r} exists with orchestrator "
+                    f"{', '.join(c.name for c in held) or 'none'}, not {orchestrator!r}: "
+                    "choose another --stack"
+                )
             report.done.append(f"stack {stack}: already registered")
         if activate:
             client.activate_stack(stack)

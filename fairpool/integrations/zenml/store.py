@@ -32,7 +32,7 @@ from uuid import UUID
 
 from sqlalchemy import update
 from sqlmodel import col, select
-from zenml.enums import ExecutionStatus, ResourceRequestStatus
+from zenml.enums import ExecutionStatus, ResourceRequestStatus, StackComponentType
 from zenml.exceptions import EntityExistsError, IllegalOperationError
 from zenml.models import (
     Page,
@@ -52,6 +52,7 @@ from zenml.models import (
 )
 from zenml.utils.time_utils import utc_now
 from zenml.zen_stores.resource_pools.store_interface import ResourcePoolsSQLStoreInterface
+from zenml.zen_stores.schemas.component_schemas import StackComponentSchema
 from zenml.zen_stores.schemas.resource_pool_policy_schemas import (
     ResourcePoolSubjectPolicyResourceSchema,
     ResourcePoolSubjectPolicySchema,
@@ -84,6 +85,8 @@ _MAX_PASSES = 16
 
 #: Statuses whose request still holds its allocation.
 _HOLDING = (ResourceRequestStatus.ALLOCATED.value, ResourceRequestStatus.PREEMPTING.value)
+#: What may request resources (``step_run.resource_requester``), so what a policy is for.
+_SUBJECT_TYPES = (StackComponentType.ORCHESTRATOR.value, StackComponentType.STEP_OPERATOR.value)
 
 T = TypeVar("T")
 
@@ -153,6 +156,23 @@ def _demand(request: ResourceRequestSchema) -> dict[str, int]:
     return {r.key: r.amount for r in request.requested_resources}
 
 
+def _holding(session: Session) -> list[UUID]:
+    """The requests holding a live allocation."""
+    return list(session.exec(
+        select(ResourcePoolAllocationSchema.request_id).where(
+            col(ResourcePoolAllocationSchema.released_at).is_(None)
+        )
+    ).all())
+
+
+def _stopping(request: ResourceRequestSchema) -> bool:
+    """Whether ``request`` is a victim whose step has not ended, holding its units: being
+    preempted, or preempted before its step started (loaded only while it holds them)."""
+    return request.status in (
+        ResourceRequestStatus.PREEMPTING.value, ResourceRequestStatus.PREEMPTED.value
+    )
+
+
 def _component_id(request: ResourceRequestSchema) -> str:
     """'' once ZenML deleted the request's component (SET NULL): no policy names it."""
     return "" if request.component_id is None else str(request.component_id)
@@ -186,12 +206,21 @@ class _State:
                 )
             ).all()
         }
+        # Live requests, and those preempted before their step started whose step has not
+        # ended yet (``_apply_preemptions``): they hold their units until it does.
         requests = {
             str(r.id): r
             for r in session.exec(
                 select(ResourceRequestSchema).where(
                     col(ResourceRequestSchema.status).in_(
                         [ResourceRequestStatus.PENDING.value, *_HOLDING]
+                    )
+                    | (
+                        (col(ResourceRequestSchema.status)
+                         == ResourceRequestStatus.PREEMPTED.value)
+                        & col(ResourceRequestSchema.id).in_(
+                            [a.request_id for a in allocations.values()]
+                        )
                     )
                 )
             ).all()
@@ -237,7 +266,7 @@ class _State:
         awaiting = {
             str(r.preemption_initiated_by_id)
             for r in requests.values()
-            if r.status == ResourceRequestStatus.PREEMPTING and r.preemption_initiated_by_id
+            if _stopping(r) and r.preemption_initiated_by_id
         }
         interned: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[Placement, ...]] = {}
         queue = []
@@ -303,6 +332,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
     def _pass(self, session: Session) -> None:
         """Decide and write: preemptions first (each followed by a new pass, since their
         preemptors wait for the victims), then grants, rejections and waiting reasons."""
+        self._end_orphans(session)
         for _ in range(_MAX_PASSES):
             now = utc_now()
             state = _State.load(session, now)
@@ -316,6 +346,26 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
         session.flush()
         self._write_occupied(session)
 
+    def _end_orphans(self, session: Session) -> None:
+        """Requests whose step run was deleted (with its pipeline run: ZenML sets their
+        ``step_run_id`` to NULL; a request is always made for a step run): nothing will
+        release them, so they end here, their units back."""
+        ended = {
+            ResourceRequestStatus.PENDING.value: (ResourceRequestStatus.CANCELLED, "cancelled"),
+            ResourceRequestStatus.ALLOCATED.value: (ResourceRequestStatus.RELEASED, "released"),
+        }
+        for request in session.exec(
+            select(ResourceRequestSchema).where(
+                col(ResourceRequestSchema.step_run_id).is_(None),
+                col(ResourceRequestSchema.status).in_([*ended, *_HOLDING])
+                | col(ResourceRequestSchema.id).in_(_holding(session)),
+            )
+        ).all():
+            status, word = ended.get(request.status, (ResourceRequestStatus.PREEMPTED, ""))
+            reason = (f"{word}: its step run was deleted" if word
+                      else f"{request.status_reason}; its step run was deleted")
+            self._end(session, request, status, reason)
+
     def _apply_preemptions(self, session: Session, state: _State, plan: Plan) -> None:
         for preemption in plan.preemptions:
             victim = state.requests[preemption.victim_id]
@@ -325,14 +375,21 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             victim.updated = utc_now()
             session.add(victim)
             step_run = victim.step_run
-            if step_run is not None and not ExecutionStatus(step_run.status).is_finished:
+            if step_run is None:
+                # No step to wait for: the units go back at once.
+                self._end(session, victim, ResourceRequestStatus.PREEMPTED, preemption.message)
+            elif step_run.status == ExecutionStatus.QUEUED.value:
+                # Granted, but its launcher has not seen it yet (it sets RUNNING when it
+                # does). Its launcher waits on through "preempting", and so would the
+                # preemptor, for ever: preempted now, the launcher fails the step at its next
+                # poll. The units stay held until the step run ends (its release), in case
+                # the launcher saw the grant just before.
+                victim.status = ResourceRequestStatus.PREEMPTED.value
+            elif not ExecutionStatus(step_run.status).is_finished:
                 # ZenML's way to stop a step: heartbeat-enabled steps are interrupted, the
                 # dynamic runner's monitor publishes CANCELLED; see docs/zenml.md.
                 step_run.status = ExecutionStatus.CANCELLING.value
                 session.add(step_run)
-            elif step_run is None:
-                # No step to wait for: the units go back at once.
-                self._end(session, victim, ResourceRequestStatus.PREEMPTED, preemption.message)
 
     def _apply(self, session: Session, state: _State, plan: Plan, now: datetime) -> None:
         by_id = {r.id: r for r in state.snapshot.queue}
@@ -380,13 +437,24 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             if request.status_reason != message:
                 request.status_reason = message
                 session.add(request)
-        # Requests waiting for their victims keep their queue rows. A victim whose preemptor
-        # was deleted has none (ZenML's SET NULL): it stays preempting until its step ends.
+        # Requests waiting for their victims keep their queue rows, and say whom they wait
+        # for (their reason was the one they had before they preempted). A victim whose
+        # preemptor was deleted has none (ZenML's SET NULL): it stays preempting until its
+        # step ends.
+        victims: dict[str, list[str]] = defaultdict(list)
         for request in state.requests.values():
             initiator = request.preemption_initiated_by_id
-            if request.status == ResourceRequestStatus.PREEMPTING and initiator is not None:
+            if _stopping(request) and initiator is not None:
+                victims[str(initiator)].append(str(request.id))
                 for queue_row in self._queue_rows(session, initiator):
                     queued[(str(queue_row.pool_id), str(initiator))] = queue_row.priority
+        for preemptor_id, stopping in victims.items():
+            preemptor = state.requests.get(preemptor_id)
+            message = ("waiting for the steps of the requests it preempted to end: "
+                       + _short(stopping))
+            if preemptor is not None and preemptor.status_reason != message:
+                preemptor.status_reason = message
+                session.add(preemptor)
         self._write_queue(session, queued, state)
 
     @staticmethod
@@ -474,7 +542,15 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
         self, session: Session, resource_request: ResourceRequestRequest
     ) -> ResourceRequestResponse | None:
         """Called by ``create_run_step`` with ZenML's request map (``step_run: 1`` included):
-        insert the request and decide it at once."""
+        insert the request and decide it at once. None when its component has no policy:
+        pooling does not apply to its stack, and the step runs as without fairpool (a
+        rejection failed every dynamic pipeline of such a stack at its first step)."""
+        if session.exec(
+            select(ResourcePoolSubjectPolicySchema.id).where(
+                ResourcePoolSubjectPolicySchema.component_id == resource_request.component_id
+            )
+        ).first() is None:
+            return None
         with self._transaction(session):
             schema = ResourceRequestSchema.from_request(resource_request)
             session.add(schema)
@@ -513,7 +589,9 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             if status == ResourceRequestStatus.ALLOCATED:
                 self._end(session, request, ResourceRequestStatus.RELEASED,
                           f"released: step run {step_status}")
-            elif status == ResourceRequestStatus.PREEMPTING:
+            elif status == ResourceRequestStatus.PREEMPTING or (
+                status == ResourceRequestStatus.PREEMPTED and request.id in _holding(session)
+            ):
                 self._end(session, request, ResourceRequestStatus.PREEMPTED,
                           f"{request.status_reason}; step run {step_status}")
             elif status == ResourceRequestStatus.PENDING:
@@ -645,6 +723,17 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             pool = self.store._get_schema_by_id(
                 resource_id=policy.pool_id, schema_class=ResourcePoolSchema, session=session
             )
+            # An unknown component is a KeyError (404), as an unknown pool is; not the
+            # foreign key's IntegrityError at the insert (a 500).
+            component = self.store._get_schema_by_id(
+                resource_id=policy.component_id, schema_class=StackComponentSchema,
+                session=session,
+            )
+            if component.type not in _SUBJECT_TYPES:
+                raise ValueError(
+                    f"component_id: a policy's subject is an orchestrator or a step operator, "
+                    f"not {component.type} `{component.name}`"
+                )
             if any(p.component_id == policy.component_id for p in pool.policies):
                 raise EntityExistsError(
                     f"Component `{policy.component_id}` already has a policy on resource pool "
@@ -738,6 +827,9 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             for row in list(schema.resources):
                 session.delete(row)
             session.flush()
+            # The deleted rows stay in the loaded collection, and adding the policy below
+            # would cascade to them (SQLAlchemy refuses a deleted instance: a 500).
+            session.expire(schema, ["resources"])
             self._write_policy_resources(session, schema.id, reserved, limit)
             schema.update(update)
             session.add(schema)
