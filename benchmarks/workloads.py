@@ -13,7 +13,9 @@ Each service's first submit (the one that loads) is not timed.
 Prints, per size, the mean time per submit with reuse and without, their ratio, and with
 reuse the time per running workload and its growth against the previous size: the exponent
 log(time ratio) / log(size ratio), 1 for linear (the engine pass itself stays linear), 2 for
-quadratic. All numbers come from this one run.
+quadratic. Then the mean time of a read (``list_queues`` and an ``explain``) by each service,
+the reusing one current (its write the last), and their ratio. All numbers come from this
+one run.
 """
 
 from __future__ import annotations
@@ -55,8 +57,18 @@ def per_submit(service: SchedulingService, submits: int) -> float:
     return (time.perf_counter() - start) / submits
 
 
-def measure(size: int, submits: int, root: Path) -> tuple[float, float]:
-    """Seconds per submit at ``size`` running workloads: with reuse, and without."""
+def per_read(service: SchedulingService, reads: int) -> float:
+    """Seconds per read (``list_queues`` and an ``explain``), after the service's writes."""
+    start = time.perf_counter()
+    for _ in range(reads):
+        service.list_queues()
+        service.explain(priority=1, demand={"gpu": 1})
+    return (time.perf_counter() - start) / reads
+
+
+def measure(size: int, submits: int, root: Path) -> tuple[float, float, float, float]:
+    """Seconds per submit at ``size`` running workloads, with reuse and without; then
+    seconds per read, with and without."""
     db = Database.open(f"sqlite:///{root / f'workloads-{size}.db'}")
     try:
         setup = SchedulingService(db)
@@ -66,8 +78,11 @@ def measure(size: int, submits: int, root: Path) -> tuple[float, float]:
             for _ in range(size):
                 store.insert_workload(conn, {}, 1, {"gpu": 1000}, datetime.now(UTC))
         setup.reconcile()
-        return (per_submit(SchedulingService(db), submits),
-                per_submit(SchedulingService(db, reuse=False), submits))
+        reusing, afresh = SchedulingService(db), SchedulingService(db, reuse=False)
+        written = per_submit(reusing, submits), per_submit(afresh, submits)
+        # The afresh service wrote last: the reusing one writes once more to be current.
+        reusing.reconcile()
+        return (*written, per_read(reusing, submits), per_read(afresh, submits))
     finally:
         db.close()
 
@@ -90,16 +105,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.submits < 1:
         parser.error(f"--submits: must be at least 1 (got {args.submits})")
     print(f"{'running':>8} {'reuse ms':>9} {'afresh ms':>10} {'ratio':>6} "
-          f"{'reuse µs/running':>17} {'growth':>7}")
+          f"{'reuse µs/running':>17} {'growth':>7} {'read reuse ms':>14} "
+          f"{'read afresh ms':>15} {'ratio':>6}")
     before: tuple[int, float] | None = None
     with tempfile.TemporaryDirectory() as root:
         for size in args.sizes:
-            reused, afresh = measure(size, args.submits, Path(root))
+            reused, afresh, read, read_afresh = measure(size, args.submits, Path(root))
             growth = "" if before is None else (
                 f"{math.log(reused / before[1]) / math.log(size / before[0]):.2f}"
                 if size != before[0] else "")
             print(f"{size:>8} {reused * 1e3:>9.2f} {afresh * 1e3:>10.2f} "
-                  f"{afresh / reused:>5.1f}x {reused / size * 1e6:>17.2f} {growth:>7}")
+                  f"{afresh / reused:>5.1f}x {reused / size * 1e6:>17.2f} {growth:>7} "
+                  f"{read * 1e3:>14.2f} {read_afresh * 1e3:>15.2f} "
+                  f"{read_afresh / read:>5.1f}x")
             before = (size, reused)
 
 

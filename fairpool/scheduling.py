@@ -35,7 +35,7 @@ from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store import schema
-from fairpool.store.db import Database, generation
+from fairpool.store.db import Database, generation, read_generation
 from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
 
 _EMPTY = SchedulerConfig()
@@ -441,6 +441,18 @@ class SchedulingService:
         if self.reuse:
             self._committed = kept
 
+    def _read(self, conn: Connection) -> tuple[_Live, wl.Parts | None]:
+        """The live state for a read (``conn``'s snapshot), and what the last pass compiled:
+        the state this service's last write committed, if the store's generation shows that
+        nobody wrote since, else loaded. A read does not keep what it loaded or compiled:
+        only a write's commit leaves state behind (``_write``)."""
+        kept = self._committed  # None while a write runs: its state is not committed yet
+        if kept is None:
+            return _Live.load(conn), None
+        if kept.live is not None and kept.generation == read_generation(conn):
+            return kept.live, kept.parts
+        return _Live.load(conn), kept.parts
+
     # -- config versions ---------------------------------------------------------------------
 
     def apply_config(
@@ -596,7 +608,7 @@ class SchedulingService:
         now = self.clock()
         checked = _validate(labels, priority, demand, reserved, now)
         with self.db.read() as conn:
-            live = _Live.load(conn)
+            live, _ = self._read(conn)
         decision = wl.explain(
             live.config, checked, live.pure_running, now.timestamp()
         )
@@ -614,8 +626,10 @@ class SchedulingService:
     def get_workload(self, ref: str) -> WorkloadView:
         with self.db.read() as conn:
             workload = store.get_workload(conn, ref)
-            live = _Live.load(conn) if workload.status is WorkloadStatus.QUEUED else None
-        return self._view(workload, None if live is None else live.outcome(self.clock()))
+            if workload.status is not WorkloadStatus.QUEUED:
+                return self._view(workload, None)
+            live, parts = self._read(conn)
+        return self._view(workload, live.outcome(self.clock(), parts))
 
     def list_workloads(
         self, status: str | None = None, queue: str | None = None
@@ -630,8 +644,8 @@ class SchedulingService:
                 ) from None
         with self.db.read() as conn:
             found = store.list_workloads(conn, statuses, validate_filter("queue", queue))
-            live = _Live.load(conn)
-        outcome = live.outcome(self.clock()) if live.waiting else None
+            live, parts = self._read(conn)
+        outcome = live.outcome(self.clock(), parts) if live.waiting else None
         return [self._view(w, outcome) for w in found]
 
     def release_workload(self, ref: str) -> WorkloadView:
@@ -673,7 +687,7 @@ class SchedulingService:
 
     def list_queues(self) -> list[QueueView]:
         with self.db.read() as conn:
-            live = _Live.load(conn)
+            live, _ = self._read(conn)
         usage = wl.queue_usage(live.config, live.pure_running)
         views = []
         for queue in live.config.resource_queues:

@@ -97,6 +97,7 @@ _BUMP = Direct(text("UPDATE store_generation SET value = value + 1 WHERE id = 1 
 _BUMP_FROM = Direct(
     text("UPDATE store_generation SET value = value + 1 WHERE id = 1 AND value = :seen")
 )
+_GENERATION_NOW = text("SELECT value FROM store_generation WHERE id = 1")
 _WRITE_LOCK = Direct(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
 _BEGIN_READ_COMMITTED = Direct(text("BEGIN ISOLATION LEVEL READ COMMITTED"))
 _BEGIN_REPEATABLE_READ = Direct(text("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
@@ -203,6 +204,12 @@ def _start(connection: Connection, bump: bool, last_seen: int | None) -> None:
             connection, {"seen": last_seen}, must_change=("store generation", str(last_seen))
         )
         connection.info[_GENERATION] = last_seen + 1
+
+
+def read_generation(connection: Connection) -> int:
+    """The store's generation as a read transaction's snapshot holds it: the one the last
+    write committed before the snapshot."""
+    return int(connection.execute(_GENERATION_NOW).scalar_one())
 
 
 def generation(connection: Connection) -> int:
