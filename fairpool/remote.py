@@ -282,7 +282,7 @@ class RemoteService:
                     raise Unreachable(
                         f"cannot reach the fairpool server at {server} "
                         f"after {_ATTEMPTS} attempts: {error}"
-                        + (MAYBE_DONE if maybe_done and method != "GET" else "")
+                        + (MAYBE_DONE if maybe_done and _writes(method, path) else "")
                     ) from None
             else:
                 if response.status_code != 503 or last:
@@ -349,6 +349,14 @@ def _reason(reason: str | None) -> dict[str, Any]:
 
 
 #: Transport failures that mean the request never reached the server.
+#: POSTs that only read: a body too large for a query (a document, a workload to explain).
+_READING_POSTS = ("/config/preview", "/config/explain")
+
+
+def _writes(method: str, path: str) -> bool:
+    return method != "GET" and path not in _READING_POSTS
+
+
 #: What an ``Unreachable`` adds when a write's answer was lost on the way.
 MAYBE_DONE = ("; an attempt reached the server and its answer was lost, so it may have been "
               "carried out: look before sending it again")

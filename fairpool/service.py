@@ -36,6 +36,7 @@ from fairpool.frontends.names import (
     MAX_LABELS,
     bounded_text,
     check_key_count,
+    check_printing,
 )
 from fairpool.group_commit import GroupCommit, Pending
 from fairpool.idempotency import validate_key
@@ -507,7 +508,7 @@ class Service:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         kind = _component_type(component_type)
-        frontend.validate_addressed_name("component", component)
+        frontend.validate_addressed_name("component", component, printing=False)
 
         def change(tx: _Tx) -> Answer[PolicyView]:
             conn = tx.conn
@@ -517,6 +518,8 @@ class Service:
             )
             now = self.clock()
             found = _component(conn, component, kind)
+            if found is None:  # a new name prints as itself; one stored earlier is taken
+                check_printing("component", component)
             component_id = (found or repo.insert_component(conn, component, kind, now)).id
             existing = repo.list_policies(conn, pool_id=pool.id)
             if any(p.component_id == component_id for p in existing):
@@ -641,7 +644,8 @@ class Service:
         the id of the API token it was submitted with (its owner). ``idempotency_key``: when a
         request was already created with it, that request is answered and nothing is made."""
         kind = _component_type(component_type)
-        frontend.validate_addressed_name("component", component)
+        # Only looked up (a request needs its component's policy): one stored earlier is taken.
+        frontend.validate_addressed_name("component", component, printing=False)
         amounts = frontend.validate_demand(demand or {})
         validate_int("max_retries", max_retries, 0, MAX_RETRIES)
         if lease_ttl is not None:

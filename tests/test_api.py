@@ -742,6 +742,22 @@ def test_scheduler_config_routes(client: httpx.Client) -> None:
     assert ok(client.get("/config"))["version"] == version  # nothing applied
 
 
+def test_every_route_taking_a_config_document_takes_one_at_its_limit(client: httpx.Client) -> None:
+    """A document of nearly 60,000 characters, half of them "é", is 100 KB as the SDK sends
+    it (ASCII escapes): each route that takes a document takes it. ``/config/preview`` kept
+    the 64 KiB limit of other bodies, so the confirmed ``config apply`` of such a document
+    answered 413 where ``--yes`` applied it."""
+    from fairpool.frontends.config import MAX_DOCUMENT
+
+    head = "resource_flavors: [{name: f}]\n"
+    document = head + ("#" + "é" * 98 + "\n") * ((MAX_DOCUMENT - len(head)) // 100)
+    body = json.dumps({"document": document})  # ASCII escapes, as the SDK writes it
+    assert len(body) > 64 * 1024 and len(document) <= MAX_DOCUMENT
+    headers = {"content-type": "application/json"}
+    for path, status in (("/config/validate", 200), ("/config/preview", 200), ("/config", 201)):
+        assert client.post(path, content=body, headers=headers).status_code == status, path
+
+
 def test_a_sigterm_while_the_loop_holds_the_notifiers_lock_shuts_down(tmp_path: Path) -> None:
     """The signal handler woke the long-polls itself, taking the notifier's lock, which the
     loop's thread (where handlers run) takes for every long-poll: a SIGTERM landing while it

@@ -1033,3 +1033,15 @@ def test_a_stored_version_past_todays_opaque_budget_still_loads() -> None:
     flavors = load_config(document, stored=True).resource_flavors
     assert len(flavors) == 10
     assert all(len(f.advanced_instance_config["a3"]) == 10 for f in flavors)
+    # Applied between the two changes of 2026-11-29, ``1e3`` is a number in it: read back
+    # by today's rules with that budget, not by the earlier ones, which read text (and
+    # refused the quota: every pass and apply failed).
+    applied = document.replace("advanced_instance_config: *big", "advanced_instance_config: "
+                               "{disk_gb: 1e3, a: *big}") + (
+        "resource_queues:\n  - name: q\n    resource_groups: [{covered_resources: [gpu], "
+        "flavors: [{name: f0, resources: [{name: gpu, nominal_quota: 1e3}]}]}]\n")
+    with pytest.raises(ConfigError):
+        load_config(applied)
+    config = load_config(applied, stored=True)
+    assert config.resource_queues[0].resource_groups[0].flavors[0].quota_milli("gpu") == 1_000_000
+    assert config.resource_flavors[1].advanced_instance_config["disk_gb"] == 1000.0

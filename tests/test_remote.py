@@ -1121,10 +1121,15 @@ def test_a_write_whose_answer_was_lost_before_the_server_went_away_may_stand(
             RemoteScheduling(lost).submit_workload(labels={"lost": "answer"})
         with pytest.raises(Unreachable) as read:
             RemoteScheduling(lost).list_workloads()
+
     assert str(raised.value).endswith(
         "after 6 attempts: [Errno 111] Connection refused; an attempt reached the server and "
         "its answer was lost, so it may have been carried out: look before sending it again")
     assert str(read.value).endswith("after 6 attempts: [Errno 111] Connection refused")
+    with losing(server, "POST", "/config/preview", "drop, then away") as lost:
+        with pytest.raises(Unreachable) as previewed:  # a POST that only reads
+            RemoteScheduling(lost).preview_config("resource_flavors: [{name: f}]\n")
+    assert str(previewed.value).endswith("after 6 attempts: [Errno 111] Connection refused")
     with closing(RemoteService(server.url)) as plain:
         made = [w for w in RemoteScheduling(plain).list_workloads()
                 if w["labels"].get("lost") == "answer"]

@@ -15,6 +15,7 @@ from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
+from fairpool.store.records import ComponentType
 from fairpool.views import PassSummary, RequestView
 from tests.worlds import demand
 
@@ -168,7 +169,6 @@ def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Servic
         # recoloured the reader's terminal.
         (lambda s: s.create_pool("q\x1b[31m", {"gpu": 1}), "name"),
         (lambda s: s.attach_policy("p", "x\ny", priority=1), "component"),
-        (lambda s: s.create_request("o\u202ez", demand={"gpu": 1}), "component"),
         (lambda s: s.create_request("orch", demand={"gpu": 1}, labels={"k\t": "v"}), "labels key"),
         (lambda s: s.create_pool("q", {"g\x7fpu": 1}), "capacity key"),
         (lambda s: s.cancel_request("x", reason="line\nforged"), "reason"),
@@ -183,6 +183,25 @@ def test_bad_input_names_the_field_and_writes_nothing(svc: Service, call, field:
     assert raised.value.field == field
     assert str(raised.value).startswith(f"{field}: ")
     assert table_counts(svc) == before
+
+
+def test_names_stored_before_they_had_to_print_stay_usable(svc: Service) -> None:
+    """Made before 2026-11-29, when names could hold a newline or a tab: such a pool's key
+    can still be removed, and such a component can still ask and be given policies. A new
+    name must print."""
+    now = datetime.now(UTC)
+    with svc.db.write() as conn:
+        repo.insert_pool(conn, "old\npool", None, {"g\tpu": 2, "gpu": 2}, now)
+        repo.insert_component(conn, "x\ny", ComponentType.ORCHESTRATOR, now)
+    svc.attach_policy("old\npool", "x\ny", priority=1, limit={"g\tpu": 1})
+    assert svc.create_request("x\ny", demand={"gpu": 1}).status == "allocated"
+    assert svc.update_pool("old\npool", capacity={"g\tpu": 0}).capacity == {"gpu": 2}
+    with pytest.raises(InvalidInput, match=r"^component: must not contain control"):
+        svc.attach_policy("old\npool", "z\nw", priority=1)  # a new component
+    with pytest.raises(InvalidInput, match=r"^capacity key: must not contain control"):
+        svc.update_pool("old\npool", capacity={"t\tpu": 1})  # a new key
+    with pytest.raises(NotFound):  # no such component: nothing to refuse
+        svc.create_request("o\u202ez", demand={"gpu": 1})
 
 
 def test_reserved_total_is_checked_across_policies(svc: Service) -> None:

@@ -75,7 +75,8 @@ T = TypeVar("T")
 PREFIX = "/api/v1"
 #: Routes whose body is a whole scheduler config document.
 DOCUMENT_PATHS = {
-    **{PREFIX + path: MAX_DOCUMENT_BODY for path in ("/config", "/config/validate")},
+    **{PREFIX + path: MAX_DOCUMENT_BODY
+       for path in ("/config", "/config/validate", "/config/preview")},
     PREFIX + "/pool-trees/apply": MAX_TREE_DOCUMENT_BODY,
 }
 #: A long-poll never waits longer than this, whatever its ``timeout``.

@@ -512,23 +512,25 @@ def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
     already applied, read by today's rules, or, where they refuse it, by those before
     2026-11-29 (``earlier``), so that every version keeps loading (every pass reads the active
     one, every apply all of them): ``1e3`` was text then, and is a number in versions applied
-    since; ``nominal_quota: 010`` was 8.
+    since; ``nominal_quota: 010`` was 8. Under either rules a stored version's flavors each
+    have a budget of ``advanced_instance_config`` values of their own, as every version
+    applied before the budget became the document's had (later in 2026-11-29).
     """
     if stored:
         try:
-            return _load(text, earlier=False)
+            return _load(text, earlier=False, stored=True)
         except ConfigError:
             pass  # applied under the earlier rules
-    return _load(text, earlier=stored)
+    return _load(text, earlier=stored, stored=stored)
 
 
-def _load(text: str, earlier: bool) -> SchedulerConfig:
+def _load(text: str, earlier: bool, stored: bool) -> SchedulerConfig:
     if len(text) > MAX_DOCUMENT:
         raise ConfigError([ConfigIssue(
             ROOT, f"the document has {len(text)} characters; at most {MAX_DOCUMENT} are read"
         )])
     data, loader = _parse(text, earlier)
-    config, issues = _check(data, loader.lines, loader.written, earlier)
+    config, issues = _check(data, loader.lines, loader.written, earlier, stored)
     # The checker reports a mapping's own problems (unknown keys, cross-field rules) after
     # its fields': sorted by line (stably), they come in document order. Duplicate keys
     # first: the rest was checked on the value PyYAML kept (the last one).
@@ -551,7 +553,7 @@ def validate_config(
     ``lines`` maps paths to source lines and ``written`` paths to a number's or boolean's
     value and its source    text; both come from the YAML loader and are optional.
     """
-    config, issues = _check(data, lines or {}, written or {}, False)
+    config, issues = _check(data, lines or {}, written or {}, False, False)
     if issues or config is None:
         raise ConfigError(issues)
     return config
@@ -559,9 +561,9 @@ def validate_config(
 
 def _check(
     data: object, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-    earlier: bool,
+    earlier: bool, stored: bool,
 ) -> tuple[SchedulerConfig | None, list[ConfigIssue]]:
-    checker = _Checker(lines, written, earlier)
+    checker = _Checker(lines, written, earlier, stored)
     config = checker.config(data)
     return config, checker.issues
 
@@ -577,14 +579,16 @@ class _Checker:
 
     def __init__(
         self, lines: Mapping[Path, int], written: Mapping[Path, tuple[object, str]],
-        earlier: bool,
+        earlier: bool, stored: bool,
     ) -> None:
         self.lines = lines
         self.written = written
         #: The rules before 2026-11-29, for a version applied then: YAML 1.1's numbers
-        #: (``010``, ``1:30``) and non-printing characters in names let through, and each
-        #: flavor's ``advanced_instance_config`` given a budget of its own.
+        #: (``010``, ``1:30``) and non-printing characters in names let through.
         self.earlier = earlier
+        #: A version already applied: each flavor's ``advanced_instance_config`` has a
+        #: budget of its own, as it had when the version was applied.
+        self.stored = stored
         self.issues: list[ConfigIssue] = []
         #: Values ``advanced_instance_config`` may still hold, across the whole document.
         self.opaque_budget = MAX_OPAQUE_VALUES
@@ -855,7 +859,7 @@ class _Checker:
             config_path = (*path, "advanced_instance_config")
             raw = spec["advanced_instance_config"]
             if isinstance(raw, Mapping):
-                if self.earlier:  # a budget per flavor, before 2026-11-29
+                if self.stored:
                     self.opaque_budget = MAX_OPAQUE_VALUES
                 frozen, config_ok = _Opaque(self).freeze(raw, config_path)
                 config = frozen if isinstance(frozen, Mapping) else None

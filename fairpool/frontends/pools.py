@@ -7,7 +7,7 @@ per pool its component has a policy on, highest policy priority first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput, validate_int
@@ -74,12 +74,17 @@ MAX_AMOUNT = 10**12
 MAX_PRIORITY = 1_000_000
 
 
-def validate_name(field: str, value: object, most: int = MAX_NAME) -> str:
+def validate_name(
+    field: str, value: object, most: int = MAX_NAME, *, printing: bool = True
+) -> str:
     """A name or key: non-empty text up to ``most`` characters that prints as itself (a
-    newline or an escape sequence in it would forge lines or recolour a reader's terminal)."""
+    newline or an escape sequence in it would forge lines or recolour a reader's terminal).
+    ``printing=False`` for one that names something stored already, which may have been
+    made before 2026-11-29, when such names were taken."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, value, "must be a non-empty string")
-    return check_printing(field, bounded_text(field, value, most))
+    text = bounded_text(field, value, most)
+    return check_printing(field, text) if printing else text
 
 
 def validate_filter(field: str, value: str | None) -> str | None:
@@ -115,19 +120,23 @@ def cancel_reason(reason: object) -> str:
     return f"cancelled: {validate_name('reason', reason, MAX_REASON)}"
 
 
-def validate_addressed_name(field: str, value: object) -> str:
+def validate_addressed_name(field: str, value: object, *, printing: bool = True) -> str:
     """A pool's or component's name: ``validate_name``'s, without "/" (``SLASH_REASON``)."""
-    name = validate_name(field, value)
+    name = validate_name(field, value, printing=printing)
     if "/" in name:
         raise InvalidInput(field, value, f"must not contain {SLASH_REASON}")
     return name
 
 
-def _amounts(field: str, raw: Mapping[str, object], *, allow_zero: bool) -> dict[str, int]:
+def _amounts(
+    field: str, raw: Mapping[str, object], *, allow_zero: bool,
+    known: Collection[str] = (),
+) -> dict[str, int]:
+    """``known``: keys the pool has already, taken as they are (``validate_name``)."""
     check_key_count(field, raw, MAX_KEYS)
     amounts: dict[str, int] = {}
     for key, value in raw.items():
-        validate_name(f"{field} key", key)
+        validate_name(f"{field} key", key, printing=key not in known)
         if key != key.strip():  # "gpu " beside "gpu" would be a second key
             raise InvalidInput(f"{field} key", key, "must not begin or end with whitespace")
         if isinstance(value, bool) or not isinstance(value, int):
@@ -166,7 +175,7 @@ def apply_capacity_update(current: Mapping[str, int], raw: Mapping[str, object])
     """Capacity on pool update: values replace, 0 removes a key; a pool keeps at least one.
     An update that changes nothing is refused: it was answered "Updated"."""
     capacity = dict(current)
-    changes = _amounts("capacity", raw, allow_zero=True)
+    changes = _amounts("capacity", raw, allow_zero=True, known=current)
     if not changes:
         raise InvalidInput("capacity", dict(raw), "names no key to change")
     for key, value in changes.items():
@@ -190,8 +199,8 @@ def validate_policy(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Per-policy rules: priority >= 0, keys are pool keys, reserved <= limit per key."""
     validate_int("priority", priority, 0, MAX_PRIORITY)
-    reserved = _amounts("reserved", reserved_raw, allow_zero=True)
-    limit = _amounts("limit", limit_raw, allow_zero=True)
+    reserved = _amounts("reserved", reserved_raw, allow_zero=True, known=pool.capacity)
+    limit = _amounts("limit", limit_raw, allow_zero=True, known=pool.capacity)
     for field, amounts in (("reserved", reserved), ("limit", limit)):
         for key in amounts:
             if key not in pool.capacity:

@@ -152,12 +152,12 @@ def validate_workload(
     tag may not use one). ``demand`` is in units as a user writes them (``8``, ``0.5``,
     ``"1.25"``), at most 3 decimals; it is stored as exact milli-units.
     """
-    ident = _text("id", workload_id)
+    ident = _text("id", workload_id, printing=True)
     labels = _mapping("labels", labels)
     check_key_count("labels", labels, MAX_LABELS)
     merged: dict[str, str] = {}
     for key, value in labels.items():
-        name = _text("labels key", key)
+        name = _text("labels key", key, printing=True)
         if name in RESERVED_LABEL_KEYS:
             raise InvalidInput(
                 f"labels.{name}", value,
@@ -213,11 +213,16 @@ def _mapping(field_name: str, value: object) -> Mapping[Any, object]:
     return value
 
 
-def _text(field_name: str, value: object, *, allow_empty: bool = False) -> str:
+def _text(
+    field_name: str, value: object, *, allow_empty: bool = False, printing: bool = False
+) -> str:
+    """Text up to a name's length; ``printing``: a name (an id, a label key), which prints
+    as itself. A label's value is free text, as a request's (tables escape what does not
+    print)."""
     if not isinstance(value, str) or (not value.strip() and not allow_empty):
         raise InvalidInput(field_name, value, "must be a non-empty string")
-    # Printing text only: ids and labels are printed in tables and explanations.
-    return check_printing(field_name, bounded_text(field_name, value, MAX_NAME))
+    text = bounded_text(field_name, value, MAX_NAME)
+    return check_printing(field_name, text) if printing else text
 
 
 #: Characters of an amount written as text: 13 digits, a point, 3 decimals and then some.

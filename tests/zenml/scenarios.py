@@ -270,7 +270,18 @@ def store_checks() -> None:
     ask(lo, steps[0], 2)
     ask(hi, steps[1], 2)
     seen("preempted")  # lo: preempted (its launcher stops), its GPUs held until its step ends
-    with Session(store.engine) as session:  # the step failed: ZenML's update_run_step hook
+    # Its launcher had seen the grant just before: the step runs, and is stopped.
+    with Session(store.engine) as session:
+        row = session.get(StepRunSchema, steps[0])
+        row.status = ExecutionStatus.RUNNING.value
+        session.add(row)
+        session.commit()
+    pools.get_resource_request(requests()[-1].id)  # the pending preemptor's poll: a pass
+    with Session(store.engine) as session:
+        record(step="requests", at="victim started",
+               step_status=session.get(StepRunSchema, steps[0]).status,
+               requests=[(r.status.value, r.status_reason) for r in requests()])
+    with Session(store.engine) as session:  # the step ended: ZenML's update_run_step hook
         pools.release_step_run_resources(session, steps[0])
     seen("victim ended")
     ask(lo, steps[2], 1)  # waits behind hi

@@ -165,7 +165,7 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
     pooled (every dynamic pipeline of its stack failed, rejected); a request granted while its step
     waited, then chosen as a victim, ends preempted at once (it stayed preempting, which its
     launcher waits on, and its preemptor waited on it: both for ever), holding its GPUs until
-    its step ends; deleting a run ends its requests (they held GPUs for ever)."""
+    its step ends, and stopped if its step starts after all; deleting a run ends its requests (they held GPUs for ever)."""
     result = zenml_home.scenario("store_checks")
     assert result["error"] is None, result["log"][-3000:]
     events = {(e["step"], e["at"]): e for e in result["events"]}
@@ -186,9 +186,12 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
     assert preemptor == "pending"  # and says what it waits for (it kept its old reason)
     assert preemptor_reason.startswith(
         "waiting for the steps of the requests it preempted to end: ")
+    started = events[("requests", "victim started")]  # its launcher had seen the grant
+    assert started["step_status"] == "cancelling"
+    assert [status for status, _ in started["requests"][-2:]] == ["preempting", "pending"]
     ended = events[("requests", "victim ended")]
     assert [status for status, _ in ended["requests"][-2:]] == ["preempted", "allocated"]
-    assert ended["requests"][-2][1].endswith("; step run queued")
+    assert ended["requests"][-2][1].endswith("; step run cancelling")
     deleted = events[("requests", "run deleted")]
     assert deleted["occupied"] == {"gpu": 0}
     assert deleted["requests"][-2:] == [

@@ -333,6 +333,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
         """Decide and write: preemptions first (each followed by a new pass, since their
         preemptors wait for the victims), then grants, rejections and waiting reasons."""
         self._end_orphans(session)
+        self._stop_started(session)
         for _ in range(_MAX_PASSES):
             now = utc_now()
             state = _State.load(session, now)
@@ -365,6 +366,29 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             reason = (f"{word}: its step run was deleted" if word
                       else f"{request.status_reason}; its step run was deleted")
             self._end(session, request, status, reason)
+
+    @staticmethod
+    def _stop_started(session: Session) -> None:
+        """A victim preempted before its step started (``_apply_preemptions``) whose launcher
+        had seen the grant just before: its step runs. It is stopped as a running victim is
+        (CANCELLING), and is preempting again until its step ends."""
+        for request in session.exec(
+            select(ResourceRequestSchema).where(
+                col(ResourceRequestSchema.status) == ResourceRequestStatus.PREEMPTED.value,
+                col(ResourceRequestSchema.id).in_(_holding(session)),
+            )
+        ).all():
+            step_run = request.step_run
+            if step_run is None or step_run.status == ExecutionStatus.QUEUED.value or (
+                ExecutionStatus(step_run.status).is_finished
+            ):
+                continue
+            if step_run.status != ExecutionStatus.CANCELLING.value:
+                step_run.status = ExecutionStatus.CANCELLING.value
+                session.add(step_run)
+            request.status = ResourceRequestStatus.PREEMPTING.value
+            request.updated = utc_now()
+            session.add(request)
 
     def _apply_preemptions(self, session: Session, state: _State, plan: Plan) -> None:
         for preemption in plan.preemptions:
