@@ -325,14 +325,15 @@ class Client:
         """Create a request; the answer already carries the decision. With a ``lease_ttl``
         (seconds), the units go back when no heartbeat comes for that long; ``None``: held
         until released."""
+        demand: Mapping[str, int]
         if isinstance(settings, ResourceSettings):
             demand = request_map(settings)
             preemptible = settings.preemptible
         else:
-            demand, preemptible = dict(settings), True
+            demand, preemptible = settings, True  # the service checks it is a mapping
         return self._service.create_request(
             component=component, component_type=component_type, demand=demand,
-            preemptible=preemptible, max_retries=max_retries, labels=dict(labels or {}),
+            preemptible=preemptible, max_retries=max_retries, labels=labels,
             lease_ttl=lease_ttl,
         )
 

@@ -69,7 +69,7 @@ class RemoteService:
     def create_pool(
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
-        body = {"name": name, "capacity": dict(capacity), "description": description}
+        body = {"name": name, "capacity": _plain(capacity), "description": description}
 
         def done() -> Any:
             return _showing([self._call("GET", f"/pools/{_segment(name, 'pool')}")], body)
@@ -82,7 +82,7 @@ class RemoteService:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
-        body = {"capacity": dict(capacity) if capacity is not None else None,
+        body = {"capacity": _plain(capacity),
                 "description": description}
         path = f"/pools/{_segment(ref, 'pool')}"
 
@@ -124,8 +124,8 @@ class RemoteService:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         body = {"component": component, "component_type": component_type,
-                "priority": priority, "reserved": dict(reserved or {}),
-                "limit": dict(limit or {})}
+                "priority": priority, "reserved": _plain(reserved or {}),
+                "limit": _plain(limit or {})}
         path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
 
         def done() -> Any:
@@ -183,8 +183,8 @@ class RemoteService:
         # One key per call: if the answer is lost and _call sends the body again, the server
         # answers the request this call already made instead of making a second one.
         body = {"component": component, "component_type": component_type,
-                "resources": dict(demand or {}), "preemptible": preemptible,
-                "max_retries": max_retries, "labels": dict(labels or {}),
+                "resources": _plain(demand or {}), "preemptible": preemptible,
+                "max_retries": max_retries, "labels": _plain(labels or {}),
                 "lease_ttl": lease_ttl, "idempotency_key": new_id()}
         return self._outage.hear(
             RequestView.from_dict(self._call("POST", "/requests", json=body))
@@ -488,6 +488,13 @@ def _server_url(url: str) -> str:
         raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
                            "http://127.0.0.1:8600")
     return url.rstrip("/")
+
+
+def _plain(value: Any) -> Any:
+    """A mapping as JSON writes it (a dict; a read-only view is not one); anything else as
+    it is, for the server to refuse as the service refuses it embedded (a list given for a
+    mapping: "must be a mapping")."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _text_keys(body: Any, field: str = "") -> Any:

@@ -650,6 +650,8 @@ class Service:
         validate_int("max_retries", max_retries, 0, MAX_RETRIES)
         if lease_ttl is not None:
             validate_int("lease_ttl", lease_ttl, 1, MAX_LEASE_TTL)
+        if labels is not None and not isinstance(labels, Mapping):  # as the API's schema says
+            raise InvalidInput("labels", labels, "must be a mapping")
         check_key_count("labels", labels or {}, MAX_LABELS)
         for key, value in (labels or {}).items():
             frontend.validate_name("labels key", key)

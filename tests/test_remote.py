@@ -876,6 +876,15 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("create_pool, description not text",
          lambda: client.create_pool("bad", {"gpu": 1}, description=5))  # type: ignore[arg-type]
     step("update_pool", lambda: client.update_pool("sdk", {"gpu": 3}, description="more"))
+    # A list where a mapping goes: Python's own ValueError or AttributeError, embedded and
+    # (from the SDK's own dict()) remote, before 2026-11-29.
+    step("create_pool, capacity a list", lambda: client.create_pool("bad", ["gpu"]))  # type: ignore[arg-type]
+    step("update_pool, capacity a list", lambda: client.update_pool("sdk", capacity=["gpu"]))  # type: ignore[arg-type]
+    step("attach_policy, reserved a list",
+         lambda: client.attach_policy("sdk", "other", priority=1, reserved=["gpu"]))  # type: ignore[arg-type]
+    step("submit, demand a list", lambda: client.submit(["gpu"], component="sdk-low"))  # type: ignore[arg-type]
+    step("submit, labels a list",
+         lambda: client.submit({"gpu": 1}, component="sdk-low", labels=["a"]))  # type: ignore[arg-type]
     step("update_pool unknown", lambda: client.update_pool("nope", {"gpu": 3}))
     step("attach_policy low", lambda: client.attach_policy("sdk", "sdk-low", priority=1, limit={"gpu": 3}))
     step("attach_policy high", lambda: client.attach_policy("sdk", "sdk-high", priority=9, reserved={"gpu": 1}))
@@ -1056,6 +1065,11 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         "queue 'ml_training' differs from its spec in version 1")
     for label, _, needle in BAD_WORKLOADS:
         assert str(answers[f"scheduling.submit_workload {label}"]).startswith(needle), label
+    for name, field in [("create_pool, capacity a list", "capacity"),
+                        ("update_pool, capacity a list", "capacity"),
+                        ("attach_policy, reserved a list", "reserved"),
+                        ("submit, demand a list", "resources"), ("submit, labels a list", "labels")]:
+        assert str(answers[name]).startswith(f"InvalidInput: {field}: must be a mapping"), name
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
 

@@ -133,6 +133,8 @@ def _amounts(
     known: Collection[str] = (),
 ) -> dict[str, int]:
     """``known``: keys the pool has already, taken as they are (``validate_name``)."""
+    if not isinstance(raw, Mapping):  # as the API's schema says
+        raise InvalidInput(field, raw, "must be a mapping")
     check_key_count(field, raw, MAX_KEYS)
     amounts: dict[str, int] = {}
     for key, value in raw.items():
