@@ -186,6 +186,12 @@ def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: 
     assert other.stderr.splitlines()[-1] == (
         "Error: a stack named 'default' exists with orchestrator default, not 'fairpool': "
         "choose another --stack")
+    # Refused before anything is registered (it registered the orchestrator first).
+    unmade = subprocess.run([*install[:-2], "--orchestrator", "unmade", "--stack", "default"],
+                            cwd=server.cwd, env=server.env, capture_output=True, text=True,
+                            timeout=180)
+    assert unmade.returncode == 1
+    assert "unmade" not in server.cli("orchestrator", "list").stdout
 
     server.cli("resource-pool", "create", "isolated", "--capacity", '{"gpu": 1}')
     server.cli("resource-pool", "attach-policy", "isolated", "fairpool",

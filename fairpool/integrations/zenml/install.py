@@ -42,6 +42,19 @@ def install(
     client = Client()
     report = Report()
     orchestrator_type = StackComponentType.ORCHESTRATOR
+    if stack and not orchestrator:
+        raise ValueError("--stack needs an orchestrator")
+    # Refused before anything is registered: a stack of that name on another orchestrator
+    # (any other stack of that name would run its steps elsewhere, and --set activate it).
+    found = client.list_stacks(name=stack, size=1).items if stack else []
+    if found:
+        held = client.get_stack(found[0].id).components.get(orchestrator_type) or []
+        if orchestrator not in [component.name for component in held]:
+            raise ValueError(
+                f"a stack named {stack!r} exists with orchestrator "
+                f"{', '.join(c.name for c in held) or 'none'}, not {orchestrator!r}: "
+                "choose another --stack"
+            )
 
     try:
         registered = client.get_flavor_by_name_and_type(FLAVOR, orchestrator_type)
@@ -88,10 +101,7 @@ def install(
         else:
             report.done.append(f"orchestrator {orchestrator}: already registered")
 
-    if stack:
-        if not orchestrator:
-            raise ValueError("--stack needs an orchestrator")
-        found = client.list_stacks(name=stack, size=1).items
+    if stack and orchestrator:
         if not found:
             components: dict[StackComponentType, str] = {
                 kind: str(models[0].id)
@@ -105,15 +115,6 @@ def install(
                 f"{orchestrator}"
             )
         else:
-            # Only if its orchestrator is the one asked for: any other stack of that name
-            # would run its steps elsewhere (and --set would activate it).
-            held = client.get_stack(found[0].id).components.get(orchestrator_type) or []
-            if orchestrator not in [component.name for component in held]:
-                raise ValueError(
-                    f"a stack named {stack!r} exists with orchestrator "
-                    f"{', '.join(c.name for c in held) or 'none'}, not {orchestrator!r}: "
-                    "choose another --stack"
-                )
             report.done.append(f"stack {stack}: already registered")
         if activate:
             client.activate_stack(stack)
