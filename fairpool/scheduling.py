@@ -277,15 +277,16 @@ class _Live:
             tuple(_running(w) for w in running),
         )
 
-    def refreshed(self, conn: Connection, ids: Collection[str], applied: bool) -> _Live:
-        """This state after its own transaction wrote the workloads ``ids`` (and, when
-        ``applied``, a config version): those are read again, the other rows are unchanged.
-        The pure workloads of the rows not read again are kept as they were: a compile that
-        finds the same objects reuses what it worked out for them (``wl.Parts``)."""
-        version, config = self.version, self.config
-        if applied:
-            version = store.active_config_version(conn)
-            config = _config(version)
+    def refreshed(
+        self, conn: Connection, ids: Collection[str],
+        applied: tuple[ConfigVersion, SchedulerConfig] | None,
+    ) -> _Live:
+        """This state after its own transaction wrote the workloads ``ids`` (and ``applied``
+        a config version, with its config, as the apply validated it: not parsed again).
+        Those are read again, the other rows are unchanged. The pure workloads of the rows
+        not read again are kept as they were: a compile that finds the same objects reuses
+        what it worked out for them (``wl.Parts``)."""
+        version, config = applied or (self.version, self.config)
         read = store.workloads_by_id(conn, ids)
         waiting = _merged(
             [(w, p) for w, p in zip(self.waiting, self.pure_waiting, strict=True)
@@ -349,7 +350,7 @@ class _Tx:
         self.parts = parts
         self._live = live
         self._written: set[str] = set()
-        self._applied = False
+        self._applied: tuple[ConfigVersion, SchedulerConfig] | None = None
 
     def live(self) -> _Live:
         """The live state now: loaded at first (unless given), then kept current by
@@ -358,7 +359,7 @@ class _Tx:
             self._live = _Live.load(self.conn)
         elif self._written or self._applied:
             self._live = self._live.refreshed(self.conn, self._written, self._applied)
-        self._written, self._applied = set(), False
+        self._written, self._applied = set(), None
         return self._live
 
     def kept(self) -> _Live | None:
@@ -369,10 +370,11 @@ class _Tx:
         self, document: str, config: SchedulerConfig, now: datetime,
         rolled_back_from: int | None, idempotency: tuple[str, str] | None,
     ) -> ConfigVersion:
-        self._applied = True
-        return store.insert_config_version(
+        version = store.insert_config_version(
             self.conn, document, summary(config), now, rolled_back_from, idempotency
         )
+        self._applied = (version, config)
+        return version
 
     def insert_workload(
         self, checked: wl.Workload, now: datetime, created_by: str | None,
