@@ -36,7 +36,7 @@ from yaml.nodes import Node
 
 from fairpool.errors import FairpoolError, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, nonprinting
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, printing_problem
 from fairpool.frontends.yaml_text import (
     JSON_EXPONENT,
     ROOT,
@@ -679,10 +679,10 @@ class _Checker:
         if max_length and len(value) > max_length:
             self.error(path, f"must be at most {max_length} characters (got {len(value)})")
             return None
-        unprinted = nonprinting(value) if name and not self.earlier else None
+        unprinted = (printing_problem(value, _short(repr(value)))
+                     if name and not self.earlier else None)
         if unprinted:
-            self.error(path, f"must not contain control or other non-printing characters "
-                             f"(got {_short(repr(value))}, with {unprinted})")
+            self.error(path, unprinted)
             return None
         return value
 

@@ -57,16 +57,22 @@ def nonprinting(value: str) -> str | None:
     return next(f"U+{ord(char):04X}" for char in value if not char.isprintable())
 
 
-def check_printing(field: str, value: str) -> str:
-    """``value`` unless ``nonprinting`` finds a character in it; worded as the scheduler
-    config words it, so every name a table, a message or a diff prints is refused alike."""
+def printing_problem(value: str, shown: str) -> str | None:
+    """Why ``value`` (``shown`` as a message shows it) is no name: the first character
+    ``nonprinting`` finds in it; None when there is none. One wording for every front-end."""
     unprinted = nonprinting(value)
-    if unprinted:
-        raise InvalidInput.from_message(
-            field,
-            f"{field}: must not contain control or other non-printing characters "
-            f"(got {clipped(value)!r}, with {unprinted})",
-        )
+    if unprinted is None:
+        return None
+    return (f"must not contain control or other non-printing characters (got {shown}, "
+            f"with {unprinted})")
+
+
+def check_printing(field: str, value: str) -> str:
+    """``value`` unless ``printing_problem`` finds one, so that every name a table, a
+    message or a diff prints is refused alike."""
+    problem = printing_problem(value, repr(clipped(value)))
+    if problem:
+        raise InvalidInput.from_message(field, f"{field}: {problem}")
     return value
 
 

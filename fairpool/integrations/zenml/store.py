@@ -156,13 +156,10 @@ def _demand(request: ResourceRequestSchema) -> dict[str, int]:
     return {r.key: r.amount for r in request.requested_resources}
 
 
-def _holding(session: Session) -> list[UUID]:
-    """The requests holding a live allocation."""
-    return list(session.exec(
-        select(ResourcePoolAllocationSchema.request_id).where(
-            col(ResourcePoolAllocationSchema.released_at).is_(None)
-        )
-    ).all())
+#: The requests holding a live allocation: a subquery, run inside the statement using it.
+_HOLDING_IDS = select(ResourcePoolAllocationSchema.request_id).where(
+    col(ResourcePoolAllocationSchema.released_at).is_(None)
+)
 
 
 def _stopping(request: ResourceRequestSchema) -> bool:
@@ -359,7 +356,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             select(ResourceRequestSchema).where(
                 col(ResourceRequestSchema.step_run_id).is_(None),
                 col(ResourceRequestSchema.status).in_([*ended, *_HOLDING])
-                | col(ResourceRequestSchema.id).in_(_holding(session)),
+                | col(ResourceRequestSchema.id).in_(_HOLDING_IDS),
             )
         ).all():
             status, word = ended.get(request.status, (ResourceRequestStatus.PREEMPTED, ""))
@@ -375,7 +372,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
         for request in session.exec(
             select(ResourceRequestSchema).where(
                 col(ResourceRequestSchema.status) == ResourceRequestStatus.PREEMPTED.value,
-                col(ResourceRequestSchema.id).in_(_holding(session)),
+                col(ResourceRequestSchema.id).in_(_HOLDING_IDS),
             )
         ).all():
             step_run = request.step_run
@@ -614,7 +611,10 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                 self._end(session, request, ResourceRequestStatus.RELEASED,
                           f"released: step run {step_status}")
             elif status == ResourceRequestStatus.PREEMPTING or (
-                status == ResourceRequestStatus.PREEMPTED and request.id in _holding(session)
+                status == ResourceRequestStatus.PREEMPTED
+                and session.exec(
+                    _HOLDING_IDS.where(ResourcePoolAllocationSchema.request_id == request.id)
+                ).first() is not None
             ):
                 self._end(session, request, ResourceRequestStatus.PREEMPTED,
                           f"{request.status_reason}; step run {step_status}")
