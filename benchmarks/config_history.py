@@ -11,7 +11,10 @@ answered from a cache of documents). Every --every versions, three applies are t
 * ``fairpool config apply --yes``: the embedded CLI, a process of its own (what it reads
   and parses comes from the store, never from a cache);
 * ``fairpool config apply`` answered ``y`` on stdin: the confirmed path, which also shows
-  the change before asking.
+  the change before asking;
+
+and a listing: ``SchedulingService.list_configs`` in process, and the size of its JSON (what
+``GET /config/versions`` sends, and ``fairpool config list`` reads, remote).
 
 Each CLI apply is a version too. Prints a row per step and, last, each column's ratio of its
 last row to its first: 1 when an apply's cost does not grow with the history. All numbers
@@ -21,6 +24,7 @@ come from this one run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -83,8 +87,9 @@ def main() -> None:
         service = SchedulingService(db)
         size = len(document(args.queues, 0))
         print(f"documents of {size:,} characters ({args.queues} flavors, queues and rules)")
-        print(f"{'versions':>8} {'in process ms':>14} {'CLI --yes s':>12} {'CLI confirmed s':>16}")
-        rows: list[tuple[float, float, float]] = []
+        print(f"{'versions':>8} {'in process ms':>14} {'CLI --yes s':>12} {'CLI confirmed s':>16}"
+              f" {'list ms':>8} {'list KB':>8}")
+        rows: list[tuple[float, ...]] = []
         applied, timed, spent = 0, 0, 0.0
         while applied < args.versions:
             applied += 1
@@ -96,8 +101,13 @@ def main() -> None:
                 continue
             yes = cli_apply(home, document(args.queues, -applied), confirmed=False)
             asked = cli_apply(home, document(args.queues, -applied - 10**6), confirmed=True)
-            rows.append((spent / timed * 1000, yes, asked))
-            print(f"{applied:>8} {rows[-1][0]:>14.1f} {yes:>12.2f} {asked:>16.2f}")
+            start = time.perf_counter()
+            listed = service.list_configs()
+            listing = (time.perf_counter() - start) * 1000
+            size = len(json.dumps([version.as_dict() for version in listed])) / 1000
+            rows.append((spent / timed * 1000, yes, asked, listing, size))
+            print(f"{applied:>8} {rows[-1][0]:>14.1f} {yes:>12.2f} {asked:>16.2f}"
+                  f" {listing:>8.1f} {size:>8.1f}")
             # The CLI's two applies made versions too: the service reads them afresh.
             timed, spent = 0, 0.0
         first, last = rows[0], rows[-1]

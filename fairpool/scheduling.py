@@ -36,7 +36,7 @@ from fairpool.ids import new_id
 from fairpool.store import scheduling as store
 from fairpool.store import schema
 from fairpool.store.db import Database, generation, read_generation
-from fairpool.store.records import ConfigVersion, Workload, WorkloadStatus
+from fairpool.store.records import ConfigVersion, ConfigVersionInfo, Workload, WorkloadStatus
 
 _EMPTY = SchedulerConfig()
 
@@ -164,7 +164,15 @@ class ConfigVersionView:
     flavors: int
     queues: int
     rules: int
-    document: str = field(repr=False)
+    #: The YAML as applied; None in a listing (``list_configs``).
+    document: str | None = field(repr=False)
+
+    @classmethod
+    def of(cls, version: ConfigVersion | ConfigVersionInfo, counts: Mapping[str, Any],
+           active: int | None, document: str | None) -> ConfigVersionView:
+        return cls(version.version, version.applied_at, version.version == active,
+                   version.rolled_back_from, counts["flavors"], counts["queues"],
+                   counts["rules"], document)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -502,9 +510,12 @@ class SchedulingService:
             return None if active is None else self._version_view(active, active)
 
     def list_configs(self) -> list[ConfigVersionView]:
+        """Every version, newest first, without its document (``get_config`` has it)."""
         with self.db.read() as conn:
-            versions = store.list_config_versions(conn)
-        return [self._version_view(v, versions[0]) for v in versions]
+            versions = _summarised(conn, record=False)
+        active = versions[-1][0].version if versions else None
+        return [ConfigVersionView.of(info, counts, active, None)
+                for info, counts in reversed(versions)]
 
     def diff_config(self, version: int) -> tuple[str, ...]:
         """What applying (rolling back to) ``version`` would change, queue by queue."""
@@ -558,16 +569,9 @@ class SchedulingService:
 
     @staticmethod
     def _version_view(version: ConfigVersion, active: ConfigVersion | None) -> ConfigVersionView:
-        counts = version.summary or summary(_parsed(version.document))
-        return ConfigVersionView(
-            version.version,
-            version.applied_at,
-            active is not None and active.version == version.version,
-            version.rolled_back_from,
-            counts["flavors"],
-            counts["queues"],
-            counts["rules"],
-            version.document,
+        return ConfigVersionView.of(
+            version, version.summary or summary(_parsed(version.document)),
+            None if active is None else active.version, version.document,
         )
 
     # -- workloads ---------------------------------------------------------------------------
@@ -798,17 +802,27 @@ def _validate(
     )
 
 
+def _summarised(
+    conn: Connection, *, record: bool
+) -> list[tuple[ConfigVersionInfo, Mapping[str, Any]]]:
+    """Every version, oldest first, with its summary. One applied before summaries were kept
+    is parsed, and its summary recorded when ``record`` (``conn`` writes), so only once."""
+    versions = []
+    for info in store.config_summaries(conn):
+        known = info.summary
+        if known is None:
+            known = summary(_parsed(store.get_config_version(conn, info.version).document))
+            if record:
+                store.record_summary(conn, info.version, known)
+        versions.append((info, known))
+    return versions
+
+
 def _check_queues_unchanged(conn: Connection, config: SchedulerConfig, *, record: bool) -> None:
     """A queue's spec is immutable per name across versions: a changed one needs a new name.
-    Read from the versions' summaries; one applied before they were kept is parsed, and its
-    summary recorded when ``record`` (``conn`` writes), so only once."""
-    history = []
-    for number, known in store.config_summaries(conn):
-        if known is None:
-            known = summary(_parsed(store.get_config_version(conn, number).document))
-            if record:
-                store.record_summary(conn, number, known)
-        history.append((number, known["queue_specs"]))
+    Read from the versions' summaries (``_summarised``)."""
+    history = [(info.version, known["queue_specs"])
+               for info, known in _summarised(conn, record=record)]
     problems = changed_queues(history, config)
     if problems:
         raise ConfigError(problems)

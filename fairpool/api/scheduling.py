@@ -154,7 +154,7 @@ def scheduling_router(
 
     @router.get("/config/versions", tags=["scheduler config"])
     def list_configs() -> JSONResponse:
-        """Every version, newest first."""
+        """Every version, newest first, without its document (``GET /config?version=N``)."""
         return JSONResponse({"items": [v.as_dict() for v in scheduling.list_configs()]})
 
     @router.get("/config/versions/{version}/diff", tags=["scheduler config"])

@@ -283,6 +283,18 @@ class ApiToken:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigVersionInfo:
+    """A version without its document (``config_summaries``): what a listing and the check of
+    queue specs read, where a long history's documents would be megabytes."""
+
+    version: int
+    applied_at: datetime
+    rolled_back_from: int | None
+    #: As ``ConfigVersion.summary``.
+    summary: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigVersion:
     """One applied scheduler config; the highest version is the active one."""
 

@@ -17,6 +17,7 @@ from fairpool.store import schema
 from fairpool.store.records import (
     WORKLOAD_RESOURCES,
     ConfigVersion,
+    ConfigVersionInfo,
     Workload,
     WorkloadStatus,
 )
@@ -55,11 +56,15 @@ def insert_config_version(
     return version
 
 
-def config_summaries(connection: Connection) -> list[tuple[int, Mapping[str, Any] | None]]:
-    """Every version's number and summary, oldest first; not their documents."""
+def config_summaries(connection: Connection) -> list[ConfigVersionInfo]:
+    """Every version, oldest first, without its document."""
     table = schema.config_version
-    rows = connection.execute(select(table.c.version, table.c.summary).order_by(table.c.version))
-    return [(row.version, row.summary) for row in rows]
+    rows = connection.execute(
+        select(table.c.version, table.c.applied_at, table.c.rolled_back_from, table.c.summary)
+        .order_by(table.c.version)
+    )
+    return [ConfigVersionInfo(row.version, row.applied_at, row.rolled_back_from, row.summary)
+            for row in rows]
 
 
 def record_summary(connection: Connection, version: int, summary: Mapping[str, Any]) -> None:
@@ -86,13 +91,6 @@ def get_config_version(connection: Connection, version: int) -> ConfigVersion:
     if row is None:
         raise NotFound(f"no scheduler config version {version}")
     return ConfigVersion.from_row(row)
-
-
-def list_config_versions(connection: Connection) -> list[ConfigVersion]:
-    """Every version, newest first."""
-    table = schema.config_version
-    rows = connection.execute(select(table).order_by(table.c.version.desc())).mappings()
-    return [ConfigVersion.from_row(row) for row in rows]
 
 
 # -- workloads -------------------------------------------------------------------------------
