@@ -706,6 +706,37 @@ def test_concurrent_clients_never_overcommit(client: httpx.Client, server: ApiSe
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scheduler"
 
 
+def test_a_server_without_tokens_answers_no_other_sites_page(
+    client: httpx.Client, server: ApiServer
+) -> None:
+    """Without tokens, a page on any site could have the user's browser release or cancel a
+    request, or roll the config back (a body-less POST needs no CORS preflight), and after
+    DNS rebinding read and write everything (fairpool.api.browsers)."""
+    setup_pool(client, "site-gpus", "site-orch", {"gpu": 1})
+    held = submit(client, "site-orch", gpu=1)
+    port = server.port
+    release = f"/requests/{held['id']}/release"
+    for headers, field in [
+        ({"Origin": "http://evil.example"}, "Origin"),
+        ({"Origin": "null"}, "Origin"),  # a sandboxed frame, a file:// page
+        ({"Origin": f"http://127.0.0.1:{port + 1}"}, "Origin"),  # another port: another site
+        ({"Host": f"attacker.example:{port}"}, "Host"),
+        # DNS rebinding: the page's own name now points at 127.0.0.1, so it is same-origin.
+        ({"Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"},
+         "Host"),
+    ]:
+        for method, path in (("POST", release), ("GET", "/pools"), ("GET", "/healthz")):
+            refused = client.request(method, path, headers=headers)
+            assert refused.status_code == 403, (headers, path, refused.text)
+            assert refused.json()["field"] == field
+            assert refused.json()["detail"].startswith("refused: ")
+    assert ok(client.get(f"/requests/{held['id']}"))["status"] == "allocated"
+    for name in ("localhost", "127.0.0.1", "[::1]", "LOCALHOST"):
+        ok(client.get("/pools", headers={"Host": f"{name}:{port}"}))
+    # The server's own page (/docs) calls it with its own origin.
+    ok(client.post(release, headers={"Origin": f"http://127.0.0.1:{port}"}))
+
+
 def test_scheduler_config_routes(client: httpx.Client) -> None:
     shape = client.post("/config/validate", json={"document": "resource_queues: [{nme: q}]\n"})
     assert shape.status_code == 422

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from starlette.routing import BaseRoute
 
 from fairpool.api.app import PREFIX, create_app
 from fairpool.api.auth import RULES, Auth, AuthSetupError, auth_enabled, is_loopback, without_others
+from fairpool.api.server import _announce_auth
 from fairpool.errors import InvalidInput, NotFound
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service, hash_token, open_service
@@ -482,6 +484,39 @@ def test_auth_is_on_unless_loopback(host: str, loopback: bool) -> None:
         with pytest.raises(AuthSetupError, match="--insecure"):
             auth_enabled(host, auth=False)
         assert auth_enabled(host, auth=False, insecure=True) is False
+
+
+def test_with_tokens_a_page_of_another_site_or_name_is_answered_as_any_caller(
+    world: World, pools: str
+) -> None:
+    """A browser never attaches a bearer token by itself, so a server with tokens needs no
+    check of Origin or Host (fairpool.api.browsers): it may be served under any name."""
+    foreign = {"Origin": "http://evil.example", "Host": "gpu-box.example:8600"}
+    with world.client(None) as anonymous:
+        assert_401(anonymous.get("/pools", headers=foreign), "Bearer")
+    with world.client("admin") as admin:
+        assert pools in [p["name"] for p in ok(admin.get("/pools", headers=foreign))["items"]]
+
+
+@pytest.mark.parametrize(("host", "auth", "level", "words"), [
+    ("127.0.0.1", False, logging.INFO, "only requests addressed to a loopback name"),
+    ("0.0.0.0", False, logging.WARNING, "anyone who can reach it can change"),
+    ("0.0.0.0", True, logging.INFO, "API tokens required"),
+])
+def test_the_server_says_who_may_call_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, host: str, auth: bool, level: int,
+    words: str,
+) -> None:
+    """``--no-auth --insecure`` on a public host was announced as an INFO line, as for
+    loopback."""
+    service = Service(Database.open(f"sqlite:///{tmp_path / 'f.db'}"))
+    service.create_token("admin", [], "ops")
+    log = logging.getLogger("test-announce")
+    with caplog.at_level(logging.INFO, logger="test-announce"):
+        _announce_auth(log, service, auth, host)
+    service.close()
+    (record,) = caplog.records
+    assert record.levelno == level and words in record.getMessage()
 
 
 def test_no_auth_on_a_public_host_is_refused_by_the_cli(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from fairpool.api.auth import (
     visible_pool,
     visible_requests,
 )
+from fairpool.api.browsers import SameOrigin
 from fairpool.api.busy_routes import BusyRoute, BusyRoutes
 from fairpool.api.docs_pages import serve_docs
 from fairpool.api.errors import (
@@ -291,10 +292,13 @@ def _traced(app: FastAPI) -> bool:
     return telemetry is not None and bool(telemetry.enabled())
 
 
-def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> FairpoolApp:
+def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
+               loopback_only: bool = False) -> FairpoolApp:
     """The API over ``service``. Its lifespan runs the reconciler thread (one pass every
     ``tick`` seconds). The caller owns the service and closes its database. With ``auth``,
-    ``/api/v1`` needs API tokens (see ``fairpool.api.auth``)."""
+    ``/api/v1`` needs API tokens (see ``fairpool.api.auth``); without, requests from another
+    site's web page are refused, and with ``loopback_only`` those addressed to a name that is
+    not a loopback one (``fairpool.api.browsers``)."""
     api = Api(service, tick)
 
     @asynccontextmanager
@@ -588,7 +592,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False) -> Fa
               for action in (release, heartbeat, cancel)),
         ]
         front = BusyRoutes(front, busy, app.exception_handlers)
-    app.front = AnswerCancelled(
+    front = AnswerCancelled(
         BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
     )
+    app.front = front if tokens.enabled else SameOrigin(front, loopback_only=loopback_only)
     return app

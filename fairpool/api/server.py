@@ -19,7 +19,7 @@ from types import FrameType
 import uvicorn
 
 from fairpool.api.app import Api, create_app
-from fairpool.api.auth import auth_enabled
+from fairpool.api.auth import auth_enabled, is_loopback
 from fairpool.service import Service, open_service
 from fairpool.store.records import TokenRole
 
@@ -70,7 +70,8 @@ def serve(
     enabled = auth_enabled(host, auth, insecure)
     service = open_service(home, database_url)
     try:
-        app = create_app(service, tick=tick, auth=enabled)
+        app = create_app(service, tick=tick, auth=enabled,
+                         loopback_only=not enabled and is_loopback(host))
         api: Api = app.state.api
         config = uvicorn.Config(
             app,
@@ -84,7 +85,7 @@ def serve(
         # After Config: it sets uvicorn's logging up.
         log = logging.getLogger("uvicorn.error")
         log.info("Store: %s", service.db.where)
-        _announce_auth(log, service, enabled)
+        _announce_auth(log, service, enabled, host)
         # What is alive now (modules, the app) lives as long as the process: kept out of the
         # collector's full passes, each of which otherwise walked it all and stalled the
         # event loop for 60-100 ms every few seconds under load.
@@ -95,9 +96,14 @@ def serve(
         service.close()  # the group commit's writer thread, then the database
 
 
-def _announce_auth(log: logging.Logger, service: Service, enabled: bool) -> None:
+def _announce_auth(log: logging.Logger, service: Service, enabled: bool, host: str) -> None:
+    if not enabled and is_loopback(host):
+        log.info("API tokens not required (auth off: loopback host); only requests "
+                 "addressed to a loopback name, and none from another site's web page")
+        return
     if not enabled:
-        log.info("API tokens not required (auth off: loopback host or --no-auth)")
+        log.warning("API tokens not required (--no-auth --insecure) on %s: anyone who can "
+                    "reach it can change pools and requests", host)
         return
     log.info("API tokens required (auth on): Authorization: Bearer <token>")
     if not any(t.active and t.role is TokenRole.ADMIN for t in service.list_tokens()):
