@@ -11,15 +11,17 @@ if TYPE_CHECKING:
         AmbiguousReference,
         Conflict,
         FairpoolError,
+        Forbidden,
         InvalidInput,
         NotFound,
+        Unauthorized,
         Unreachable,
     )
     from fairpool.settings import ResourceSettings
 
 __all__ = ["AmbiguousReference", "AsyncClient", "Cancelled", "Client", "Conflict",
-           "FairpoolError", "InvalidInput", "NotFound", "NotGranted", "Preempted", "Rejected",
-           "ResourceSettings", "Unreachable", "WaitTimeout"]
+           "FairpoolError", "Forbidden", "InvalidInput", "NotFound", "NotGranted", "Preempted",
+           "Rejected", "ResourceSettings", "Unauthorized", "Unreachable", "WaitTimeout"]
 __version__ = "0.1.0"
 
 # Loaded on first use: every CLI call imports this package, and most never need pydantic
@@ -28,8 +30,9 @@ _LAZY = {
     "AsyncClient": "fairpool.async_client",
     **dict.fromkeys(["Cancelled", "Client", "NotGranted", "Preempted", "Rejected",
                      "WaitTimeout"], "fairpool.client"),
-    **dict.fromkeys(["AmbiguousReference", "Conflict", "FairpoolError", "InvalidInput",
-                     "NotFound", "Unreachable"], "fairpool.errors"),
+    **dict.fromkeys(["AmbiguousReference", "Conflict", "FairpoolError", "Forbidden",
+                     "InvalidInput", "NotFound", "Unauthorized", "Unreachable"],
+                    "fairpool.errors"),
     "ResourceSettings": "fairpool.settings",
 }
 

@@ -222,10 +222,10 @@ class AsyncAcquire:
             # Granted meanwhile, perhaps: a cancel releases it then.
             try:
                 await client.cancel(request.id, stopped_waiting(error, self._timeout))
-            except Conflict:  # it ended meanwhile
+            except (Conflict, NotFound):  # it ended meanwhile, or was deleted
                 pass
-            except Unreachable as unreachable:  # the caller's error stays the error
-                log.warning("%s", still_waiting("Resource request", request.id, unreachable))
+            except FairpoolError as failed:  # the caller's error stays the error
+                log.warning("%s", still_waiting("Resource request", request.id, failed))
             raise
         if request.status != "allocated":
             raise not_granted(request)

@@ -118,6 +118,15 @@ class AmbiguousReference(Conflict, LookupError):
         return str(self.args[0]) if self.args else ""
 
 
+class Unauthorized(FairpoolError, PermissionError):
+    """The server asked for an API token: none was sent, or it is unknown or revoked (401)."""
+
+
+class Forbidden(FairpoolError, PermissionError):
+    """The caller's API token does not allow this: an admin's operation, or a component the
+    token does not name (403)."""
+
+
 class Unreachable(FairpoolError):
     """The server could not be reached, after retries, or the database could not be opened:
     perhaps a passing outage, unlike the errors above, which are the server's answer."""

@@ -23,8 +23,10 @@ from fairpool.errors import (
     AmbiguousReference,
     Conflict,
     FairpoolError,
+    Forbidden,
     InvalidInput,
     NotFound,
+    Unauthorized,
     Unreachable,
     one_of,
 )
@@ -387,9 +389,8 @@ def _answer(response: httpx.Response) -> Any:
     if response.status_code == 409 and detail.endswith(AmbiguousReference.ENDING):
         raise AmbiguousReference(detail)
     # 503: the server is up, its database is not (retried already, see ``_send``).
-    raise {404: NotFound, 409: Conflict, 503: Unreachable}.get(
-        response.status_code, FairpoolError
-    )(
+    raise {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+           503: Unreachable}.get(response.status_code, FairpoolError)(
         detail if response.status_code in (404, 409)
         else f"HTTP {response.status_code}: {detail}"
     )
@@ -519,8 +520,8 @@ def _token(token: str) -> str:
     token = token.strip()
     if not _TOKEN.fullmatch(token):
         raise InvalidInput.from_message(
-            "token", "token (FAIRPOOL_TOKEN): must be printable ASCII without spaces, as "
-            "`fairpool token create` prints it (the value is a secret: not shown)")
+            "token", "token: must be printable ASCII without spaces, as `fairpool token "
+            "create` prints it (given as token= or in FAIRPOOL_TOKEN; a secret: not shown)")
     return token
 
 

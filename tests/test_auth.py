@@ -7,12 +7,14 @@ One server serves the module; each test uses pools and components of its own.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,17 +27,18 @@ from fastapi.routing import APIRoute
 from sqlalchemy import create_engine, inspect, text
 from starlette.routing import BaseRoute
 
+from fairpool import AsyncClient, Client, WaitTimeout
 from fairpool.api.app import PREFIX, create_app
 from fairpool.api.auth import RULES, Auth, AuthSetupError, auth_enabled, is_loopback, without_others
 from fairpool.api.server import _announce_auth
-from fairpool.errors import InvalidInput, NotFound
+from fairpool.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service, hash_token, open_service
 from fairpool.store import repo
 from fairpool.store.db import Database
 from tests.conftest import BACKENDS
 from tests.servers import ApiServer, server_on
-from tests.test_api import ok
+from tests.test_api import ok, poll_until
 
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
@@ -202,6 +205,96 @@ def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> No
     rows = {t["id"]: t for t in json.loads(listed.stdout)["items"]}
     assert rows[extra["id"]]["status"] == "revoked" and rows[extra["id"]]["revoked"]
     assert extra["token"] not in listed.stdout and world.tokens["admin"] not in listed.stdout
+
+
+def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -> None:
+    """They were a bare FairpoolError("HTTP 401: ..."), told apart only by the message."""
+    url = world.server.url
+    with Client(url, token=world.tokens["a"]) as client:
+        with pytest.raises(Forbidden, match="HTTP 403: ") as forbidden:
+            client.submit({"gpu": 1}, component="c-b")
+        assert isinstance(forbidden.value, PermissionError)
+    with Client(url) as client, pytest.raises(Unauthorized, match="HTTP 401: missing API token"):
+        client.list_pools()
+
+
+def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
+    world: World, pools: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``fairpool run`` ended with the server's 401 alone, and a request left queued, to be
+    granted to nobody until its lease ran out; ``acquire`` raised the cancel's 401 in place
+    of its own WaitTimeout."""
+    with world.client("admin") as admin:
+        ok(admin.post("/pools", json={"name": "revoked-gpus", "capacity": {"gpu": 1}}), 201)
+        ok(admin.post("/pools/revoked-gpus/policies", json={"component": "c-r"}), 201)
+        holder = ok(admin.post("/requests", json={"component": "c-r",
+                                                  "resources": {"gpu": 1}}), 201)
+    service = world.service()
+    try:
+        (runner, secret), (waiter, secret_w), (waiter_a, secret_a) = (
+            service.create_token("submitter", ["c-r"], name)
+            for name in ("runner", "waiter", "async-waiter"))
+    finally:
+        service.close()
+
+    def queued() -> list[str]:
+        with world.client("admin") as admin:
+            items = ok(admin.get("/requests", params={"component": "c-r", "status": "queued"}))
+        return [r["id"] for r in items["items"]]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+    env.update(FAIRPOOL_URL=world.server.url, FAIRPOOL_TOKEN=secret, COLUMNS="250")
+    run = subprocess.Popen([*CLI, "run", "--component", "c-r", "--gpu-count", "1", "--",
+                            "echo", "ran"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        poll_until(lambda: bool(queued()), 30)
+        (left,) = queued()
+        assert fairpool(world.store, "token", "revoke", runner.id).returncode == 0
+        out, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    lines = err.strip().splitlines()
+    assert run.returncode == 1 and out == ""
+    assert f"Resource request `{left}` is still waiting (HTTP 401: " in lines[-2]
+    assert lines[-2].endswith(f"cancel it with `fairpool resource-request cancel {left}`")
+    assert lines[-1].startswith("Error: HTTP 401: API token ") and "was revoked" in lines[-1]
+
+    with Client(world.server.url, token=secret_w) as client:
+        revoke = threading.Timer(1.0, lambda: fairpool(world.store, "token", "revoke",
+                                                       waiter.id))
+        revoke.start()
+        # The wait's own 401, or its timeout if that came first: the cancel's stays a warning.
+        with caplog.at_level(logging.WARNING, logger="fairpool"), pytest.raises(
+            (Unauthorized, WaitTimeout)
+        ):
+            with client.acquire({"gpu": 1}, component="c-r", timeout=4.0):
+                pytest.fail("granted")
+        revoke.join()
+    (also,) = set(queued()) - {left}
+    assert any(f"`{also}` is still waiting (HTTP 401: " in r.getMessage() for r in caplog.records)
+
+    async def acquire() -> None:
+        client = AsyncClient(world.server.url, token=secret_a)
+        try:
+            async with client.acquire({"gpu": 1}, component="c-r", timeout=4.0):
+                pytest.fail("granted")
+        finally:
+            await client.close()
+
+    revoke = threading.Timer(1.0, lambda: fairpool(world.store, "token", "revoke", waiter_a.id))
+    revoke.start()
+    with caplog.at_level(logging.WARNING, logger="fairpool"), pytest.raises(
+        (Unauthorized, WaitTimeout)
+    ):
+        asyncio.run(acquire())
+    revoke.join()
+    (last,) = set(queued()) - {left, also}
+    assert any(f"`{last}` is still waiting (HTTP 401: " in r.getMessage() for r in caplog.records)
+    with world.client("admin") as admin:  # what the lines say to do
+        ok(admin.post(f"/requests/{holder['id']}/release"))
+        for request_id in (left, also, last):
+            ok(admin.post(f"/requests/{request_id}/cancel"))
 
 
 def test_tokens_are_not_stored_in_clear(world: World) -> None:
@@ -460,7 +553,7 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
     assert as_a.returncode == 0, as_a.stderr
     assert from_file.returncode == 0 and "shared" in from_file.stdout, from_file.stderr
     assert garbled.returncode == 1 and garbled.stderr.startswith(
-        "Error: token (FAIRPOOL_TOKEN): must be printable ASCII without spaces")
+        "Error: token: must be printable ASCII without spaces")
     assert world.tokens["admin"][4:] not in garbled.stderr
     with world.client("admin") as admin:
         assert ok(admin.get(f"/requests/{held['id']}"))["status"] == "released"

@@ -15,7 +15,7 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
-from fairpool.errors import Conflict, Unreachable
+from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.views import COMPONENT_TYPES, RequestView
 
@@ -266,6 +266,12 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         signalled = bool(received)
         if not signalled:
             raise
+    except FairpoolError as error:
+        # A revoked token, say: nobody waits any more. (Out of reach, the error says what
+        # may be left queued.)
+        if not isinstance(error, Unreachable):
+            cancel_saying("Resource request", request.id, interrupted(type(error).__name__))
+        raise
     finally:
         # Interrupted, the handlers stay to the exit: a repeated signal landing once they
         # were put back ended us by its default action, before the exit status was ours.
@@ -287,9 +293,9 @@ def cancel_saying(what: str, request_id: str, reason: str) -> None:
     without a lease), and how to cancel it."""
     try:
         service().cancel_request(request_id, reason)
-    except Conflict:
-        return  # it ended meanwhile
-    except Unreachable as error:
+    except (Conflict, NotFound):
+        return  # it ended meanwhile, or was deleted
+    except FairpoolError as error:  # out of reach; a revoked token
         o.declare(still_waiting(what, request_id, error))
         return
     o.declare(f"{what} `{request_id}` cancelled: {reason}")
