@@ -21,7 +21,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
 
+from fairpool.store.db import SCHEMA_HEAD, Database
 from tests.conftest import BACKENDS, Backend
 from tests.servers import ApiServer, free_port, server_on
 
@@ -409,6 +411,9 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert ok(httpx.get(server.url + "/healthz")) == {"status": "ok"}
     assert ok(httpx.get(server.url + "/readyz")) == {"status": "ready"}
     assert ok(client.get("/healthz")) == {"status": "ok"}
+    for path in ("/healthz", "/readyz", "/metrics"):  # 405 before: some checkers use HEAD
+        head = httpx.head(server.url + path)
+        assert (head.status_code, head.content) == (200, b""), path
 
     def scrape() -> dict[str, list[Any]]:
         response = httpx.get(server.url + "/metrics")
@@ -462,6 +467,31 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert {f"{API}/requests", f"{API}/requests/{{ref}}/wait", f"{API}/pools/{{ref}}/policies", "/metrics"} <= set(schema["paths"])
     docs = httpx.get(server.url + "/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_not_ready_when_the_database_no_longer_holds_this_servers_schema(
+    server: ApiServer,
+) -> None:
+    """/readyz ran ``SELECT 1``: it said ready while every request failed, after a newer
+    fairpool upgraded the schema or the database was dropped and made again."""
+    option, where = server.store
+    db = Database.open(f"sqlite:///{Path(where) / 'fairpool.db'}" if option == "--home" else where)
+    try:
+        with db.write() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        try:
+            refused = httpx.get(server.url + "/readyz")
+            assert refused.status_code == 503
+            assert refused.json()["detail"] == (
+                f"the database's schema is at revision 9999, and this server works with "
+                f"revision {SCHEMA_HEAD}: run the fairpool that migrated it")
+        finally:
+            with db.write() as conn:
+                conn.execute(text("UPDATE alembic_version SET version_num = :head"),
+                             {"head": SCHEMA_HEAD})
+        assert ok(httpx.get(server.url + "/readyz")) == {"status": "ready"}
+    finally:
+        db.close()
 
 
 def test_a_long_poll_reads_its_request_once_and_not_when_its_pass_wakes_it(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ from sqlalchemy.exc import OperationalError
 
 from fairpool import Client
 from fairpool.api.app import PREFIX, Api, create_app
+from fairpool.api.reconciler import Reconciler
 from fairpool.errors import Conflict, Unreachable
 from fairpool.service import Service
 from fairpool.store import db as store_db
@@ -711,6 +713,31 @@ def test_a_server_rides_out_lost_connections_and_answers_503_while_the_database_
 
     with team_service(url, gpus=1) as service:
         assert asyncio.run(asyncio.wait_for(main(service), 30)) == [200, 200, 503, 200]
+
+
+def test_a_pass_or_a_scrape_while_the_database_is_away_logs_one_line(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each tick logged a traceback of ~75 lines, each scrape three chained ones: 3,785 lines
+    in an outage of 12 s. A failure of another kind keeps its traceback."""
+    with team_service(url, gpus=1) as service:
+        api = create_app(service, tick=3600.0).state.api
+        with out_of_reach(url), caplog.at_level(logging.WARNING, logger="fairpool.api"):
+            reconciler = Reconciler(api.tick, tick=0.05)
+            reconciler.start()
+            time.sleep(0.3)
+            reconciler.stop()
+            assert b"fairpool_database_up 0.0" in api.metrics.render()
+        failing = Reconciler(lambda: 1 / 0, tick=3600.0)
+        with caplog.at_level(logging.WARNING, logger="fairpool.api"):
+            failing.start()
+            failing.stop()
+    *away, other = caplog.records
+    assert {r.getMessage().split(":")[0] for r in away} == {"reconcile pass failed", "metrics"}
+    for record in away:
+        assert record.exc_info is None and "database unavailable: " in record.getMessage()
+    assert other.getMessage() == "reconcile pass failed"
+    assert other.exc_info is not None and other.exc_info[0] is ZeroDivisionError
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

@@ -42,6 +42,7 @@ from fairpool.api.errors import (
     error_response,
     install_error_handlers,
     known_query,
+    log_failure,
 )
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
@@ -164,8 +165,8 @@ class Api:
                 self.trees.reconcile(name)
             except NotFound:  # deleted meanwhile (by another process)
                 continue
-            except Exception:
-                log.exception("pool tree %s: reconcile pass failed", name)
+            except Exception as error:
+                log_failure(f"pool tree {name}: reconcile pass failed", error)
                 continue
             passed += 1
         return passed
@@ -555,14 +556,15 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         return _json({"status": "ok"})
 
     def readyz() -> JSONResponse:
-        """The database is reachable: a read transaction succeeds."""
+        """The database is reachable, and holds the schema this server works with."""
         if api.stopping:
             return error_response(503, "shutting down")
         try:
-            with service.db.read() as conn:
-                conn.exec_driver_sql("SELECT 1")
+            problem = service.db.schema_problem()
         except Exception as error:
             return error_response(503, f"database unreachable: {one_line(str(error))[:200]}")
+        if problem is not None:
+            return error_response(503, problem)
         return _json({"status": "ready"})
 
     def metrics() -> Response:
@@ -574,11 +576,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         ("/readyz", readyz, JSONResponse),
         ("/metrics", metrics, PlainTextResponse),
     ):
-        app.add_api_route(
-            path, endpoint, methods=["GET"], tags=["operations"], response_class=response_class
-        )
+        # HEAD too: some health checkers probe with it.
+        app.add_api_route(path, endpoint, methods=["GET", "HEAD"], tags=["operations"],
+                          response_class=response_class)
         # The same under the API prefix, for clients that only know the base URL.
-        app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
+        app.add_api_route(PREFIX + path, endpoint, methods=["GET", "HEAD"],
+                          include_in_schema=False)
 
     # Last: routes are tried in order, and the busy ones come first (see above).
     serve_docs(app)

@@ -45,6 +45,20 @@ _MAX_SHOWN = 80
 _BOUNDS = frozenset(("greater_than", "greater_than_equal", "less_than", "less_than_equal"))
 
 
+#: What a database that is away raises (an outage, a restart, its lock held long): a passing
+#: state, which a failed pass or scrape logs as one line, not a traceback each tick.
+DATABASE_AWAY = (OperationalError, PoolTimeout, Unreachable)
+
+
+def log_failure(what: str, error: Exception) -> None:
+    """``what`` failed with ``error``: one line when the database is away, else with its
+    traceback."""
+    if isinstance(error, DATABASE_AWAY):
+        log.warning("%s: database unavailable: %s", what, one_line(str(error))[:300])
+    else:
+        log.error("%s", what, exc_info=error)
+
+
 def error_response(
     status: int,
     detail: str,

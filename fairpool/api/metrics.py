@@ -9,17 +9,15 @@ so a rolled-back operation counts nothing.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fairpool.api.errors import log_failure
 from fairpool.service import Service
 from fairpool.views import PassSummary
-
-log = logging.getLogger("fairpool.api")
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WAIT_BUCKETS = (
@@ -125,8 +123,8 @@ class PoolCollector(Collector):
         )
         try:
             pools = self._service.list_pools()
-        except Exception:  # a scrape must not fail because the database is away
-            log.exception("metrics: could not read the pools")
+        except Exception as error:  # a scrape must not fail because the database is away
+            log_failure("metrics: could not read the pools", error)
             up.add_metric([], 0)
             return [up]
         up.add_metric([], 1)

@@ -7,11 +7,10 @@ the same database.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger("fairpool.api")
+from fairpool.api.errors import log_failure
 
 
 class Reconciler:
@@ -45,6 +44,6 @@ class Reconciler:
         while not self._stop.is_set():
             try:
                 self._run_pass()
-            except Exception:  # the database may be away for a while: log, try next tick
-                log.exception("reconcile pass failed")
+            except Exception as error:  # the database may be away a while: try next tick
+                log_failure("reconcile pass failed", error)
             self._stop.wait(self.tick)

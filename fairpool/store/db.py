@@ -723,6 +723,20 @@ class Database:
             error.orig,
         ) from error
 
+    def schema_problem(self) -> str | None:
+        """Why the database no longer holds the schema this process works with, or None
+        (``/readyz``): one dropped and made again, or upgraded by a newer fairpool since this
+        process opened it, answers, but fails every request."""
+        with self.read() as connection:
+            revision = _current_revision(connection)
+        if revision == SCHEMA_HEAD:
+            return None
+        if revision is None:
+            return ("the database holds no fairpool schema any more (alembic_version is "
+                    "missing or empty): was it dropped and made again? restart to create it")
+        return (f"the database's schema is at revision {revision}, and this server works with "
+                f"revision {SCHEMA_HEAD}: run the fairpool that migrated it")
+
     def _upgrade(self) -> None:
         with self.read() as connection:
             revision = _current_revision(connection)
