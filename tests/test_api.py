@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -677,6 +682,58 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
     finally:
         second.stop()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_sighup_shuts_the_server_down_as_sigterm_does(tmp_path: Path) -> None:
+    """A server in a terminal that closes got SIGHUP, which ended it at once: long-polls
+    unanswered, the database not closed."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "home",
+                       extra=("--log-level", "info"))
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url + API, timeout=30.0) as c:
+            setup_pool(c, "hup-gpus", "hup-orch", {"gpu": 1})
+            submit(c, "hup-orch", gpu=1)
+            queued = submit(c, "hup-orch", gpu=1)
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(c.get, f"/requests/{queued['id']}/wait",
+                                      params={"timeout": 30})
+                time.sleep(0.3)
+                assert server.process is not None
+                server.process.send_signal(signal.SIGHUP)
+                assert server.process.wait(timeout=10) == 0
+                answer = waiting.result(timeout=5)
+        assert answer.status_code == 200 and answer.json()["status"] == "queued"
+        assert "Application shutdown complete" in server.log()
+    finally:
+        server.stop()
+
+
+def test_a_port_in_use_or_a_bad_host_is_one_line_and_creates_no_store(tmp_path: Path) -> None:
+    """uvicorn's own error among its INFO lines (exit 3), after the store was created and
+    written; `python -m fairpool.api --port -1`: two tracebacks."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        home = tmp_path / "home"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+        env["FAIRPOOL_HOME"] = str(home)
+        for args, code, line in [
+            (("-m", "fairpool.cli.main", "server", "--port", str(port)), 1,
+             f"Error: cannot listen on '127.0.0.1' port {port}: Address already in use"),
+            (("-m", "fairpool.api", "--port", str(port)), 1,
+             f"Error: cannot listen on '127.0.0.1' port {port}: Address already in use"),
+            (("-m", "fairpool.cli.main", "server", "--host", "999.1.1.1"), 1,
+             "Error: cannot listen on '999.1.1.1' port 8600: "),
+            (("-m", "fairpool.api", "--port", "-1"), 2,
+             "python -m fairpool.api: error: --port must be from 1 to 65535 (got -1)"),
+        ]:
+            run = subprocess.run([sys.executable, *args], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == code, (args, run.stderr)
+            assert run.stderr.strip().splitlines()[-1].startswith(line), (args, run.stderr)
+            assert "Traceback" not in run.stderr and not home.exists(), args
 
 
 # -- concurrency -------------------------------------------------------------------------

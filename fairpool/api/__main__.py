@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         help="allow --no-auth on a non-loopback host (a trusted network only)",
     )
     args = parser.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be from 1 to 65535 (got {args.port})")
     if not args.tick > 0:
         parser.error("--tick must be a positive number of seconds")
     try:

@@ -1,6 +1,6 @@
 """Running the API with uvicorn: ``serve()`` and ``python -m fairpool.api``.
 
-Shutdown on SIGTERM or SIGINT is graceful: the listening socket closes, long-polls answer at
+Shutdown on SIGTERM, SIGINT or SIGHUP is graceful: the listening socket closes, long-polls answer at
 once, in-flight requests finish (for at most ``GRACE_SECONDS``), the reconciler thread ends
 its pass and stops, and the database is closed. The process then exits normally (status 0).
 A second SIGINT forces the exit: requests still in flight are answered 503
@@ -13,13 +13,17 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 import uvicorn
 
 from fairpool.api.app import Api, create_app
 from fairpool.api.auth import auth_enabled, is_loopback
+from fairpool.errors import FairpoolError
 from fairpool.service import Service, open_service
 from fairpool.store.records import TokenRole
 
@@ -37,6 +41,29 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # uvicorn says where it listens only on a socket it bound itself
+            host = self.config.host
+            shown = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(
+                "Serving on http://%s:%d (Ctrl-C to stop)", shown, self.config.port
+            )
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # A closed terminal's SIGHUP ends the server as SIGTERM does, gracefully: uvicorn
+        # takes SIGINT and SIGTERM only, and SIGHUP ended the process at once. Not under nohup.
+        hup = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
+        previous = signal.signal(signal.SIGHUP, self.handle_exit) if hup else None
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            if hup:
+                signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler runs between two bytecodes of the loop's thread, perhaps while it
@@ -61,14 +88,19 @@ def serve(
     auth: bool | None = None,
     insecure: bool = False,
 ) -> None:
-    """Serve the API until SIGTERM or SIGINT, on the embedded store under ``home`` (else
+    """Serve the API until SIGTERM, SIGINT or SIGHUP, on the embedded store under ``home`` (else
     ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
 
     ``auth``: require API tokens; by default only when ``host`` is not a loopback address.
     ``auth=False`` on such a host raises ``AuthSetupError`` unless ``insecure``.
     """
     enabled = auth_enabled(host, auth, insecure)
-    service = open_service(home, database_url)
+    listening = _listen(host, port)
+    try:
+        service = open_service(home, database_url)
+    except BaseException:
+        listening.close()
+        raise
     try:
         app = create_app(service, tick=tick, auth=enabled,
                          loopback_only=not enabled and is_loopback(host))
@@ -91,9 +123,32 @@ def serve(
         # event loop for 60-100 ms every few seconds under load.
         gc.collect()
         gc.freeze()
-        _Server(config, on_exit=api.begin_shutdown).run()
+        _Server(config, on_exit=api.begin_shutdown).run(sockets=[listening])
     finally:
         service.close()  # the group commit's writer thread, then the database
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the store is opened: a port in use or a host that
+    is not this machine's is one error line, and nothing was created or written."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listening = socket.socket(family, kind, proto)
+    except (OSError, OverflowError, UnicodeError) as error:
+        raise FairpoolError(f"cannot listen on {host!r} port {port}: {_why(error)}") from None
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as error:
+        listening.close()
+        raise FairpoolError(f"cannot listen on {host!r} port {port}: {_why(error)}") from None
+    return listening
+
+
+def _why(error: BaseException) -> str:
+    return (error.strerror if isinstance(error, OSError) and error.strerror else str(error))
 
 
 def _announce_auth(log: logging.Logger, service: Service, enabled: bool, host: str) -> None:
