@@ -26,12 +26,19 @@ from sqlalchemy.exc import OperationalError
 
 from fairpool import Client
 from fairpool.api.app import PREFIX, Api, create_app
+from fairpool.api.notify import PostgresChangeNotifier, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.errors import Conflict, Unreachable
 from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
-from fairpool.store.db import WRITE_LOCK_KEY, Database, generation, migration_config
+from fairpool.store.db import (
+    TCP_DEFAULTS,
+    WRITE_LOCK_KEY,
+    Database,
+    generation,
+    migration_config,
+)
 from fairpool.views import RequestView
 from tests.conftest import POSTGRES_CONNINFO
 from tests.test_busy_routes import call
@@ -738,6 +745,40 @@ def test_a_pass_or_a_scrape_while_the_database_is_away_logs_one_line(
         assert record.exc_info is None and "database unavailable: " in record.getMessage()
     assert other.getMessage() == "reconcile pass failed"
     assert other.exc_info is not None and other.exc_info[0] is ZeroDivisionError
+
+
+def test_every_connection_finds_a_peer_gone_without_a_word(url: str) -> None:
+    """Without keepalives a connection to a host powered off, or cut off by a partition,
+    waited for ever (a read) or ~15 minutes (a write), every later write of the process
+    queued behind it. What the URL gives is kept."""
+    expected = {name: str(value) for name, value in TCP_DEFAULTS.items()}
+
+    def settings(connection: Any) -> dict[str, str | None]:
+        parameters = connection.info.get_parameters()
+        return {name: parameters.get(name) for name in TCP_DEFAULTS}
+
+    async def on_loop(db: Database) -> dict[str, str | None]:
+        connection = await db._connect_async()
+        try:
+            return settings(connection)
+        finally:
+            await connection.close()
+
+    with Database.open(url) as db:
+        with db.read() as conn:
+            assert settings(conn.connection.dbapi_connection) == expected
+        with db.write() as conn:
+            assert settings(conn.connection.dbapi_connection) == expected
+        assert asyncio.run(on_loop(db)) == expected
+        notifier = notifier_for(db)
+        assert isinstance(notifier, PostgresChangeNotifier)
+        listener = notifier._connect()
+        try:
+            assert settings(listener) == expected
+        finally:
+            listener.close()
+    with Database.open(url + "?keepalives_idle=60") as db, db.read() as conn:
+        assert settings(conn.connection.dbapi_connection) == {**expected, "keepalives_idle": "60"}
 
 
 def test_reads_do_not_wait_for_a_writer(db: Database) -> None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from fairpool.errors import one_line
 from fairpool.loops import call_on
+from fairpool.store.db import TCP_DEFAULTS
 
 if TYPE_CHECKING:
     import psycopg
@@ -282,10 +283,16 @@ class PostgresChangeNotifier(ChangeNotifier):
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+        # Keepalives as the store's connections (TCP_DEFAULTS): a listener whose peer is gone
+        # without a word is then found, and made again.
+        given = conninfo_to_dict(self._conninfo)
+        conninfo = make_conninfo(
+            self._conninfo, **{k: v for k, v in TCP_DEFAULTS.items() if k not in given}
+        )
         return psycopg.connect(
-            self._conninfo, autocommit=True, connect_timeout=5,
-            application_name="fairpool-notify",
+            conninfo, autocommit=True, connect_timeout=5, application_name="fairpool-notify",
         )
 
 

@@ -75,6 +75,15 @@ LOCK_TIMEOUT_MS = 30_000
 #: the URL gives one; libpq's own default waits for ever, and a host that stopped answering
 #: would hold a command far past what a wait rides out, ``WAIT_OUTAGE``).
 CONNECT_TIMEOUT = 10
+#: PostgreSQL: what finds a connection whose peer is gone without a word (a host powered
+#: off, a network partition; libpq's names, unless the URL gives them). Without, a write sent
+#: on one waited for its answer for the kernel's ~15 minutes of retransmissions, and a read of
+#: one for ever, every other write of the process queued behind it. Keepalives probe an idle
+#: connection after 10 s, every 5 s, 3 times; ``tcp_user_timeout`` (ms) fails one whose sent
+#: data stays unacknowledged for 30 s. A database that is up but answers slowly (its lock held
+#: up to ``LOCK_TIMEOUT_MS``) acknowledges, and is waited for.
+TCP_DEFAULTS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                "keepalives_count": 3, "tcp_user_timeout": 30_000}
 #: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL: under the heaviest
 #: load measured (~60 MB of WAL a second) it stays under ``WAL_SIZE_LIMIT``.
 CHECKPOINT_SECONDS = 1.0
@@ -877,7 +886,8 @@ def _retry_while_locked(run: Callable[[str], object], statement: str) -> None:
 
 def _connect_defaults(url: URL) -> dict[str, Any]:
     """What a PostgreSQL connection is made with where ``url`` does not say."""
-    return {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
+    defaults = {"connect_timeout": CONNECT_TIMEOUT, **TCP_DEFAULTS}
+    return {name: value for name, value in defaults.items() if name not in url.query}
 
 
 def _configure_postgresql(engine: Engine) -> None:
