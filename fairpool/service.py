@@ -874,6 +874,14 @@ class Service:
     def reconcile(self) -> PassSummary:
         return self._write(lambda tx: lambda tx, done: done.summary, tracked=True)
 
+    def tick(self) -> PassSummary | None:
+        """A server's periodic pass, when one could change anything (``repo.pass_due``);
+        else one small read and None. Every tick wrote before, an idle server too, which
+        also left every other replica's kept state stale (``generation``)."""
+        with self.db.read(statement=True) as conn:
+            due = repo.pass_due(conn, self.clock())
+        return self.reconcile() if due else None
+
     # -- API tokens --------------------------------------------------------------------
 
     def create_token(

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
-from fairpool.store.db import Database
+from fairpool.store.db import Database, read_generation
 from fairpool.store.records import ComponentType
 from fairpool.views import PassSummary, RequestView
 from tests.worlds import demand
@@ -473,6 +473,31 @@ def test_leases_a_heartbeat_expires_on_a_server_are_granted_and_counted_at_once(
     assert svc.heartbeat(second.id).status == "allocated"  # it expires the first's lease
     assert [(p.expired, p.granted) for p in passes] == [([first.id], [waiting.id])]
     assert svc.get_request(waiting.id).status == "allocated"
+
+
+def test_a_tick_passes_only_when_a_pass_could_change_anything(
+    svc: Service, clock: Clock
+) -> None:
+    """Every tick of every server wrote, idle ones too: three idle replicas moved the store's
+    generation 15 times in 5 s, so none could reuse its kept state."""
+
+    def generation_after_tick() -> tuple[PassSummary | None, int]:
+        ticked = svc.tick()
+        with svc.db.read() as conn:
+            return ticked, read_generation(conn)
+
+    first, _, waiting = two_holders_and_a_waiter(svc)
+    ticked, before = generation_after_tick()
+    assert ticked is not None and ticked.granted == []  # one waits: its decision may change
+    svc.cancel_request(waiting.id)
+    ticked, idle = generation_after_tick()
+    assert ticked is None and generation_after_tick() == (None, idle)  # nothing written
+    clock.now += timedelta(seconds=61)  # the first's lease runs out
+    ticked, _ = generation_after_tick()
+    assert ticked is not None and ticked.expired == [first.id]
+    assert svc.get_request(first.id).status == "released"
+    assert generation_after_tick()[0] is None
+    assert before < idle
 
 
 def test_without_a_lease_an_allocation_is_held_until_released(svc: Service, clock: Clock) -> None:

@@ -176,7 +176,7 @@ class Api:
         timeouts act without a command), then waiting workloads, each also when an earlier
         one failed."""
         try:
-            self.reconcile()
+            self.service.tick()
         finally:
             try:
                 self.reconcile_trees()

@@ -608,6 +608,18 @@ def lease_expired(connection: Connection, now: datetime) -> bool:
     return found is not None
 
 
+def pass_due(connection: Connection, now: datetime) -> bool:
+    """Whether a pass could change anything at ``now``: a request waits (what a pass decides
+    for it depends on time too: backfill), or a live allocation's lease ran out. One
+    statement."""
+    request, allocation = schema.request, schema.allocation
+    waiting = select(request.c.id).where(request.c.status == RequestStatus.QUEUED.value)
+    expired = select(allocation.c.request_id).where(
+        allocation.c.released_at.is_(None), allocation.c.lease_expires_at < as_utc(now)
+    )
+    return bool(connection.execute(select(waiting.exists() | expired.exists())).scalar())
+
+
 def request_status(connection: Connection, request_id: str) -> RequestStatus | None:
     """The status of the request whose id is ``request_id`` (a whole id, not a prefix); None
     if there is none. One statement, without the request's demand: a long-poll asks it
