@@ -44,9 +44,13 @@ from fairpool.views import (
     RequestView,
 )
 
-#: Transport failures (a restarting server) and 503s (its database away) are retried this many
-#: times in all, backing off.
+#: Transport failures (a restarting server) and ``_AWAY`` answers are retried this many times
+#: in all, backing off.
 _ATTEMPTS = 6
+#: Answers that say the server is away for now: 503 (its database busy or away; a proxy's
+#: with no server up), and a proxy's 502 and 504 while the server restarts (a TLS proxy in
+#: front of it, as docs/service.md advises). Each may follow a request carried out.
+_AWAY = frozenset({502, 503, 504})
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +259,8 @@ class RemoteService:
         return _answer(self._send(method, path, **kwargs)[0])
 
     def _send(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, bool]:
-        """The server's response, retrying transport failures (a restarting server) and 503s
-        (its database busy or away); and whether an earlier attempt may have been carried
+        """The server's response, retrying transport failures (a restarting server) and
+        ``_AWAY`` answers; and whether an earlier attempt may have been carried
         out although its answer was lost (the connection broke after the request was sent,
         or the database failed at a COMMIT that may have taken effect)."""
         if "json" in kwargs:
@@ -287,7 +291,7 @@ class RemoteService:
                         + (MAYBE_DONE if maybe_done and _writes(method, path) else "")
                     ) from None
             else:
-                if response.status_code != 503 or last:
+                if response.status_code not in _AWAY or last:
                     return response, maybe_done
                 maybe_done = True
             # Capped exponential backoff with jitter, so restarting servers are not stormed.
@@ -372,8 +376,9 @@ def _answer(response: httpx.Response) -> Any:
         return None
     try:
         body = response.json()
-    except ValueError:
-        body = {"detail": response.text.strip() or response.reason_phrase}
+    except ValueError:  # a proxy's page: its HTML says no more than its status
+        body = {"detail": response.reason_phrase if response.status_code in _AWAY
+                else response.text.strip() or response.reason_phrase}
     if response.status_code < 400:
         return body
     detail = str(body.get("detail", response.reason_phrase))
@@ -388,9 +393,11 @@ def _answer(response: httpx.Response) -> Any:
         raise InvalidInput.from_message(field, detail)
     if response.status_code == 409 and detail.endswith(AmbiguousReference.ENDING):
         raise AmbiguousReference(detail)
-    # 503: the server is up, its database is not (retried already, see ``_send``).
-    raise {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-           503: Unreachable}.get(response.status_code, FairpoolError)(
+    if response.status_code in _AWAY:  # retried already (``_send``)
+        raise Unreachable(f"HTTP {response.status_code}: {detail}")
+    raise {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}.get(
+        response.status_code, FairpoolError
+    )(
         detail if response.status_code in (404, 409)
         else f"HTTP {response.status_code}: {detail}"
     )

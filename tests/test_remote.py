@@ -1081,8 +1081,9 @@ class LosesOneAnswer(httpx.BaseTransport):
     method and path end match, as ``how`` says: "drop" it, as when the server dies between
     its commit and its answer; "503 after", answer 503 once the server did it (its database
     failed at the commit, which may have taken effect); "503 before", answer 503 without
-    sending it on (the database is away); "drop, then away": drop it, then refuse every
-    connection after (the server died then)."""
+    sending it on (the database is away); "502 before", "504 after": a proxy's page, as while
+    the server behind it restarts; "drop, then away": drop it, then refuse every connection
+    after (the server died then)."""
 
     def __init__(self, method: str, path_end: str, how: str = "drop") -> None:
         self.real = httpx.HTTPTransport()
@@ -1093,21 +1094,32 @@ class LosesOneAnswer(httpx.BaseTransport):
         if self.lost and self.how == "drop, then away":
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         spoil = not self.lost and request.method == self.method and request.url.path.endswith(self.path_end)
-        if spoil and self.how == "503 before":
+        status, _, when = self.how.partition(" ")
+        if spoil and when == "before":
             self.lost += 1
-            return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
+            return away(int(status))
         response = self.real.handle_request(request)
         if spoil:
             response.read()
             response.close()
             self.lost += 1
-            if self.how == "503 after":
-                return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
+            if when == "after":
+                return away(int(status))
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         return response
 
     def close(self) -> None:
         self.real.close()
+
+
+def away(status: int) -> httpx.Response:
+    """The server's 503, or a proxy's 502 or 504 page (nginx's words)."""
+    if status == 503:
+        return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
+    phrase = {502: "Bad Gateway", 504: "Gateway Time-out"}[status]
+    return httpx.Response(status, html=f"<html><head><title>{status} {phrase}</title></head>"
+                                       f"<body><center><h1>{status} {phrase}</h1></center>"
+                                       "<hr><center>nginx</center></body></html>")
 
 
 @contextmanager
@@ -1154,11 +1166,13 @@ def test_a_write_whose_answer_was_lost_before_the_server_went_away_may_stand(
     assert "may have been carried out" not in str(refused.value)
 
 
-@pytest.mark.parametrize("how", ["503 before", "503 after"])
+@pytest.mark.parametrize("how", ["503 before", "503 after", "502 before", "504 after"])
 def test_a_503_is_retried_and_what_it_asked_is_done_once(server: ApiServer, how: str) -> None:
     """The server's "database busy or unreachable; retry later" is retried, backing off, as a
-    transport failure is: each call does what it asks once."""
-    pool = "busy-" + how.split()[1]
+    transport failure is: each call does what it asks once. So are a proxy's 502 and 504
+    while the server behind it restarts (before 2026-11-29 they ended `fairpool run`'s
+    command, and left a waiter's request queued for nobody)."""
+    pool = "busy-" + how.replace(" ", "-")
     setup_pool(server.url, pool, [f"{pool}-orch"], {"gpu": 2})
     with closing(RemoteService(server.url)) as plain:
         with losing(server, "POST", "/requests", how) as service:
@@ -1173,6 +1187,26 @@ def test_a_503_is_retried_and_what_it_asked_is_done_once(server: ApiServer, how:
             assert service.release_request(held.id).status == "released"
         with losing(server, "POST", "/cancel", how) as service:
             assert service.cancel_request(queued.id).status == "cancelled"
+
+
+def test_a_proxy_that_stays_away_is_unreachable_in_its_own_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the retries are spent, a proxy's 502 is an ``Unreachable`` (which `fairpool run`
+    and the SDK ride out) and says its status, not the proxy's HTML."""
+    monkeypatch.setattr("fairpool.remote.jittered", lambda delay: 0.0)
+    sent: list[str] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return away(502)
+
+    with closing(RemoteService("http://127.0.0.1:9")) as service:
+        service.http = httpx.Client(base_url="http://127.0.0.1:9" + API,
+                                    transport=httpx.MockTransport(proxy))
+        with pytest.raises(Unreachable) as raised:
+            service.get_request("abcd")
+    assert str(raised.value) == "HTTP 502: Bad Gateway" and len(sent) == 6
 
 
 def test_a_release_cancel_or_delete_whose_answer_was_lost_is_not_a_conflict(server: ApiServer) -> None:
