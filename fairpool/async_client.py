@@ -35,6 +35,7 @@ from fairpool.client import (
     NotGranted,
     Preempted,
     WaitTimeout,
+    beat_refused,
     deleted,
     not_granted,
     runs_once,
@@ -45,6 +46,7 @@ from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     holding,
     not_followed,
+    passing,
     still_waiting,
     wait_timeout,
 )
@@ -307,8 +309,10 @@ class AsyncAcquire:
                 request = await self._client.heartbeat(grant.id)
             except NotFound:
                 request = deleted(grant.request)
-            except (FairpoolError, OSError):
-                continue  # the next beat tries again; the lease covers a few misses
+            except Exception as error:  # the task must live on: none was told otherwise
+                if passing(error):
+                    continue  # the next beat tries again; the lease covers a few misses
+                request = beat_refused(grant.request, error)
             if request.status != "allocated":
                 grant.lost = request
                 if not self._leaving and self._holder is not None:

@@ -45,6 +45,7 @@ from fairpool.leases import (
     holding,
     interrupted,
     not_followed,
+    passing,
     still_waiting,
     wait_timeout,
 )
@@ -110,6 +111,12 @@ _ENDINGS: dict[str, type[NotGranted]] = {
 def deleted(request: RequestView) -> RequestView:
     """``request`` as its holder learns it was deleted (its units are free for others)."""
     return replace(request, status="deleted", status_reason="deleted while held")
+
+
+def beat_refused(request: RequestView, error: Exception) -> RequestView:
+    """``request`` as its holder takes it when a heartbeat failed in a way no retry mends
+    (``passing``): its lease will run out, its units go to others."""
+    return replace(request, status="lost", status_reason=f"heartbeat refused: {error}")
 
 
 def not_granted(request: RequestView) -> NotGranted:
@@ -201,8 +208,10 @@ class Grant:
                 request = self._client.heartbeat(self.request.id)
             except NotFound:
                 request = deleted(self.request)
-            except (FairpoolError, OSError):
-                continue  # the next beat tries again; the lease covers a few misses
+            except Exception as error:  # the thread must live on: none was told otherwise
+                if passing(error):
+                    continue  # the next beat tries again; the lease covers a few misses
+                request = beat_refused(self.request, error)
             if request.status != "allocated":
                 with self._lock:
                     self.lost = request

@@ -118,11 +118,11 @@ class AmbiguousReference(Conflict, LookupError):
         return str(self.args[0]) if self.args else ""
 
 
-class Unauthorized(FairpoolError, PermissionError):
+class Unauthorized(FairpoolError):
     """The server asked for an API token: none was sent, or it is unknown or revoked (401)."""
 
 
-class Forbidden(FairpoolError, PermissionError):
+class Forbidden(FairpoolError):
     """The caller's API token does not allow this: an admin's operation, or a component the
     token does not name (403)."""
 

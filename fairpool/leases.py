@@ -5,8 +5,9 @@ be retried. Light imports: the CLI loads it."""
 from __future__ import annotations
 
 import math
+import sys
 
-from fairpool.errors import InvalidInput, validate_int
+from fairpool.errors import InvalidInput, Unreachable, validate_int
 
 #: Seconds a held allocation survives without a heartbeat.
 DEFAULT_LEASE_TTL = 60
@@ -48,6 +49,18 @@ def wait_timeout(timeout: object) -> float | None:
 def gave_up(timeout: float) -> str:
     """Why a request still queued when its holder's wait timed out is cancelled."""
     return f"gave up waiting after {timeout:g} s"
+
+
+def passing(error: BaseException) -> bool:
+    """Whether a heartbeat's failure is one its lease rides out: the server or the database
+    out of reach, or the database's lock held past its timeout (SQLAlchemy's
+    ``OperationalError``, looked for only where it is loaded: a remote client never loads
+    it). Any other (a token revoked) will fail every heartbeat: the units go when the lease
+    runs out, and the holder must stop."""
+    if isinstance(error, Unreachable | OSError):
+        return True
+    exc = sys.modules.get("sqlalchemy.exc")
+    return exc is not None and isinstance(error, exc.OperationalError)
 
 
 def still_waiting(what: str, request_id: str, error: BaseException) -> str:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy import create_engine, inspect, text
 from starlette.routing import BaseRoute
 
-from fairpool import AsyncClient, Client, WaitTimeout
+from fairpool import AsyncClient, Client, NotGranted, WaitTimeout
 from fairpool.api.app import PREFIX, create_app
 from fairpool.api.auth import RULES, Auth, AuthSetupError, auth_enabled, is_loopback, without_others
 from fairpool.api.server import _announce_auth
@@ -213,7 +214,8 @@ def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -
     with Client(url, token=world.tokens["a"]) as client:
         with pytest.raises(Forbidden, match="HTTP 403: ") as forbidden:
             client.submit({"gpu": 1}, component="c-b")
-        assert isinstance(forbidden.value, PermissionError)
+        # Not an OSError (PermissionError is one), which a heartbeat rides out as an outage.
+        assert not isinstance(forbidden.value, OSError)
     with Client(url) as client, pytest.raises(Unauthorized, match="HTTP 401: missing API token"):
         client.list_pools()
 
@@ -295,6 +297,29 @@ def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
         ok(admin.post(f"/requests/{holder['id']}/release"))
         for request_id in (left, also, last):
             ok(admin.post(f"/requests/{request_id}/cancel"))
+
+
+def test_a_holder_whose_token_is_revoked_stops_within_a_heartbeat(
+    world: World, pools: str
+) -> None:
+    """Its heartbeats' 401s were skipped as misses: the lease ran out, the units went to
+    others, and the block ran on, told only as it ended (by the release's 401)."""
+    service = world.service()
+    try:
+        token, secret = service.create_token("submitter", ["c-a"], "holder")
+    finally:
+        service.close()
+    with Client(world.server.url, token=secret) as client:
+        revoke = threading.Timer(0.5, lambda: fairpool(world.store, "token", "revoke", token.id))
+        started = time.monotonic()
+        revoke.start()
+        with pytest.raises(NotGranted) as lost:
+            with client.acquire({"gpu": 1}, component="c-a", lease_ttl=3):
+                time.sleep(20)
+        revoke.join()
+    assert time.monotonic() - started < 8  # the revoke's CLI start, then one interval (1 s)
+    assert type(lost.value) is NotGranted
+    assert "was lost: heartbeat refused: HTTP 401: API token `holder`" in str(lost.value)
 
 
 def test_tokens_are_not_stored_in_clear(world: World) -> None:

@@ -691,6 +691,27 @@ def test_the_sdk_on_the_database_rides_out_lost_connections(
         assert client.release(held.id).status == "released"
 
 
+def test_a_holders_heartbeats_ride_out_the_write_lock_held_past_its_timeout(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat meeting the lock timeout (a long write elsewhere) raised OperationalError,
+    which ended the grant's heartbeat thread: the lease then ran out, the units went to
+    others, and the block ran on, told only as it ended."""
+    monkeypatch.setattr(store_db, "LOCK_TIMEOUT_MS", 200)
+    with Client(database_url=url) as client:
+        client.create_pool("gpus", {"gpu": 1})
+        client.attach_policy("gpus", "team")
+        with client.acquire({"gpu": 1}, component="team", lease_ttl=3) as grant:
+            with psycopg.connect(url.replace("+psycopg", "")) as holder:
+                holder.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK_KEY])
+                time.sleep(1.6)  # a heartbeat (every 1 s) waits 0.2 s for the lock, fails
+                holder.rollback()
+            assert grant._thread.is_alive()
+            time.sleep(3.5)  # past the lease: the heartbeats after the lock kept it
+            grant.check()
+        assert client.get(grant.id).status == "released"
+
+
 def test_a_server_rides_out_lost_connections_and_answers_503_while_the_database_is_away(
     url: str, other: psycopg.Connection[Any]
 ) -> None:

@@ -31,7 +31,7 @@ from fairpool.cli.resource_request import (
     restore,
     wait_or_cancel,
 )
-from fairpool.errors import Conflict, NotFound, Unreachable
+from fairpool.errors import Conflict, NotFound, Unreachable, one_line
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL,
@@ -39,6 +39,7 @@ from fairpool.leases import (
     heartbeat_interval,
     interrupted,
     not_followed,
+    passing,
 )
 from fairpool.views import RequestView
 
@@ -124,8 +125,8 @@ def _run_once(
 ) -> tuple[int, RequestView | None, int | None]:
     """Run the command while heartbeating; (exit code, the request if its units were lost,
     the first ending signal we received meanwhile). While the server, or the database worked
-    on directly, cannot be reached (``Unreachable``: a connection lost, a restart) the
-    command goes on (its lease covers the outage, or the next heartbeat that gets through
+    on directly, cannot be reached or stays locked (``passing``: a connection lost, a
+    restart, a long write elsewhere) the command goes on (its lease covers the outage, or the next heartbeat that gets through
     finds the units gone); on any other failure the command is stopped before the error goes
     up, never left running alone."""
     svc = service()
@@ -160,9 +161,12 @@ def _run_once(
                 pass
             try:
                 current = svc.heartbeat(request.id)
-            except Unreachable as error:
-                if not unreachable:
-                    o.declare(f"Warning: {error}; the command goes on")
+            except Exception as error:
+                if not passing(error):
+                    raise
+                if not unreachable:  # a database's error says it in its driver's words
+                    shown = one_line(str(getattr(error, "orig", None) or error))
+                    o.declare(f"Warning: {shown}; the command goes on")
                 unreachable = True
                 continue
             if unreachable:
@@ -207,10 +211,16 @@ def _keeping(retry: str | None) -> Callable[[], None]:
     def keep() -> None:
         nonlocal retry
         if retry is not None:
-            with contextlib.suppress(Conflict, NotFound, Unreachable):
+            try:
                 kept = service().heartbeat(retry)
-                if kept.status == "preempted":
-                    retry = kept.retried_as_id
+            except (Conflict, NotFound):  # it ended meanwhile
+                return
+            except Exception as error:
+                if passing(error):
+                    return
+                raise
+            if kept.status == "preempted":
+                retry = kept.retried_as_id
 
     return keep
 
