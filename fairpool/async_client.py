@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from fairpool.client import (
+    HELD_ALREADY,
     Client,
     NotGranted,
     Preempted,
@@ -203,6 +204,8 @@ class AsyncAcquire:
 
     async def __aenter__(self) -> AsyncGrant:
         runs_once(self._max_retries)
+        if self._grant is not None:
+            raise RuntimeError(HELD_ALREADY)
         client = self._client
         submitting = asyncio.ensure_future(self._submit())
         try:
@@ -242,9 +245,18 @@ class AsyncAcquire:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._leaving = True
         grant, beats = self._grant, self._beats
         assert grant is not None and beats is not None
+        try:
+            await self._leave(grant, beats, kind)
+        finally:  # ready to be entered again
+            self._grant = self._beats = self._holder = None
+            self._leaving = self._cancelled_holder = False
+
+    async def _leave(
+        self, grant: AsyncGrant, beats: asyncio.Task[None], kind: type[BaseException] | None
+    ) -> None:
+        self._leaving = True
         beats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beats

@@ -419,6 +419,12 @@ class Client:
         return _Acquire(self, request, interval, timeout, max_retries)
 
 
+#: One ``acquire(...)`` entered again while it holds (in another thread, nested): its exit
+#: would release the other's grant, and leave its own held for ever.
+HELD_ALREADY = ("this acquire(...) holds its grant already: enter it once at a time, or call "
+                "acquire(...) again for another grant")
+
+
 class _Acquire:
     """``with client.acquire(...) as grant:`` or ``@client.acquire(...)``."""
 
@@ -439,6 +445,8 @@ class _Acquire:
 
     def __enter__(self) -> Grant:
         runs_once(self._max_retries)
+        if self._grant is not None:
+            raise RuntimeError(HELD_ALREADY)
         self._grant = self._start(self._submit)
         return self._grant
 

@@ -564,7 +564,7 @@ def test_the_server_keeps_what_lives_from_its_start_out_of_full_collections(
 
     frozen: list[int] = []
     monkeypatch.setattr(
-        server_module._Server, "run", lambda self: frozen.append(gc.get_freeze_count())
+        server_module._Server, "run", lambda self, sockets: frozen.append(gc.get_freeze_count())
     )
     try:
         server_module.serve(port=free_port(), home=str(tmp_path / "home"), log_level="warning")

@@ -159,6 +159,31 @@ def test_preemption_cancels_the_holder_within_a_heartbeat(target: dict[str, str]
     run(main())
 
 
+def test_one_acquire_entered_twice_in_turn_hears_of_its_preemption_each_time(
+    target: dict[str, str]
+) -> None:
+    """Its way out left it "leaving" for good: on its second use a preemption was heard only
+    as the block ended (10 s later here), not within a heartbeat. Entered while it holds, it
+    is refused, as its exit would end the other's grant."""
+    async def main() -> None:
+        async with AsyncClient(**target) as client:
+            await setup(client, "a-twice", 2)
+            acquire = client.acquire({"gpu": 2}, component="a-twice-low", lease_ttl=3)
+            async with acquire as first:
+                with pytest.raises(RuntimeError, match="holds its grant already"):
+                    async with acquire:
+                        pytest.fail("entered twice")
+            assert (await client.get(first.id)).status == "released"
+            started = time.monotonic()
+            with pytest.raises(Preempted):
+                async with acquire:
+                    await client.submit({"gpu": 2}, component="a-twice-high")
+                    await asyncio.sleep(10)
+            assert time.monotonic() - started < 3
+
+    run(main())
+
+
 def test_many_waiting_tasks_do_not_hold_up_a_holders_heartbeats(target: dict[str, str]) -> None:
     """More waits than the loop's default executor has threads (min(32, CPUs + 4)): the
     holder's heartbeats still run on time, so its preemption is heard within one."""

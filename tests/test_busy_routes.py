@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairpool.api.app import PREFIX, create_app
+from fairpool.api.browsers import SameOrigin
 from fairpool.api.busy_routes import BusyRoutes
 from fairpool.api.errors import AnswerCancelled, BodySizeLimit
 from fairpool.service import Service, open_service
@@ -100,8 +101,8 @@ class Apps:
             service.create_pool(POOL, {"gpu": 4})
             service.attach_policy(POOL, COMPONENT)
             app = create_app(service, tick=3600.0)
-            assert isinstance(app.front, AnswerCancelled)
-            limit = app.front.app
+            assert isinstance(app.front, SameOrigin) and isinstance(app.front.app, AnswerCancelled)
+            limit = app.front.app.app
             assert isinstance(limit, BodySizeLimit) and isinstance(limit.app, BusyRoutes)
             if name == "fastapi":  # the body's limit hands every request to FastAPI
                 limit.app = app.fastapi
@@ -392,8 +393,8 @@ def test_with_fastapis_telemetry_on_fastapi_serves_the_busy_routes(
     service.attach_policy(POOL, COMPONENT)
     try:
         app = create_app(service, tick=3600.0)
-        assert isinstance(app.front, AnswerCancelled)
-        limit = app.front.app
+        assert isinstance(app.front, SameOrigin) and isinstance(app.front.app, AnswerCancelled)
+        limit = app.front.app.app
         assert isinstance(limit, BodySizeLimit) and limit.app == app.fastapi
 
         async def submit() -> Answer:

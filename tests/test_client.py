@@ -46,7 +46,7 @@ def test_what_the_docs_name_is_importable_from_fairpool() -> None:
     were only in ``fairpool.client`` and ``fairpool.errors``, which no page mentions."""
     names = ["AsyncClient", "Client", "ResourceSettings", "NotGranted", "Rejected", "Cancelled",
              "Preempted", "WaitTimeout", "FairpoolError", "InvalidInput", "NotFound",
-             "Conflict", "AmbiguousReference", "Unreachable"]
+             "Conflict", "AmbiguousReference", "Unauthorized", "Forbidden", "Unreachable"]
     assert sorted(fairpool.__all__) == sorted(names)
     for name in names:
         found = getattr(fairpool, name)
@@ -82,6 +82,25 @@ def test_acquire_holds_then_releases(home: str, monkeypatch: pytest.MonkeyPatch)
         assert grant.resources == {"gpu": 2, "step_run": 1}
         assert client.get(grant.id).status == "allocated"
     assert client.get(grant.id).status == "released"
+
+
+def test_one_acquire_held_is_refused_again_until_it_ends(home: str) -> None:
+    """Entered again while it held (nested, or in another thread), its exit released the
+    other's grant and left its own held for ever."""
+    client = Client(home=home)
+    acquire = client.acquire({"gpu": 1}, component="low")
+    with acquire as first:
+        with pytest.raises(RuntimeError, match="holds its grant already"), acquire:
+            pytest.fail("entered twice")
+        with ThreadPoolExecutor(1) as pool:
+            other = pool.submit(acquire.__enter__)
+            with pytest.raises(RuntimeError, match="holds its grant already"):
+                other.result(timeout=30)
+        assert client.get(first.id).status == "allocated"
+    assert client.get(first.id).status == "released"
+    with acquire as second:  # ended: it may be entered again
+        assert second.id != first.id
+    assert [r.status for r in client.list_requests(component="low")] == ["released"] * 2
 
 
 def test_acquire_waits_for_units_another_holder_releases(home: str) -> None:

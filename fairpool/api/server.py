@@ -102,28 +102,29 @@ def serve(
         listening.close()
         raise
     try:
-        app = create_app(service, tick=tick, auth=enabled,
-                         loopback_only=not enabled and is_loopback(host))
-        api: Api = app.state.api
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            lifespan="on",
-            timeout_graceful_shutdown=GRACE_SECONDS,
-            server_header=False,
-        )
-        # After Config: it sets uvicorn's logging up.
-        log = logging.getLogger("uvicorn.error")
-        log.info("Store: %s", service.db.where)
-        _announce_auth(log, service, enabled, host)
-        # What is alive now (modules, the app) lives as long as the process: kept out of the
-        # collector's full passes, each of which otherwise walked it all and stalled the
-        # event loop for 60-100 ms every few seconds under load.
-        gc.collect()
-        gc.freeze()
-        _Server(config, on_exit=api.begin_shutdown).run(sockets=[listening])
+        with listening:  # uvicorn closes it at its shutdown; not if it never started
+            app = create_app(service, tick=tick, auth=enabled,
+                             loopback_only=not enabled and is_loopback(host))
+            api: Api = app.state.api
+            config = uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                lifespan="on",
+                timeout_graceful_shutdown=GRACE_SECONDS,
+                server_header=False,
+            )
+            # After Config: it sets uvicorn's logging up.
+            log = logging.getLogger("uvicorn.error")
+            log.info("Store: %s", service.db.where)
+            _announce_auth(log, service, enabled, host)
+            # What is alive now (modules, the app) lives as long as the process: kept out of the
+            # collector's full passes, each of which otherwise walked it all and stalled the
+            # event loop for 60-100 ms every few seconds under load.
+            gc.collect()
+            gc.freeze()
+            _Server(config, on_exit=api.begin_shutdown).run(sockets=[listening])
     finally:
         service.close()  # the group commit's writer thread, then the database
 
