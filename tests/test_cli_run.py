@@ -57,6 +57,25 @@ def test_run_passes_the_grant_in_the_environment_and_its_exit_code_back(tmp_path
     assert statuses(tmp_path) == [("low", "released", 1)]
 
 
+def test_run_with_a_closed_stderr_runs_the_command_and_releases(tmp_path: Path) -> None:
+    """`fairpool run ... 2>&1 | true`: its first line to stderr (the allocation) raised
+    BrokenPipeError, and it exited 1 without running the command, its units held until the
+    lease ran out."""
+    setup(tmp_path)
+    marker = tmp_path / "ran"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run(
+            [*CLI, "run", "--component", "low", "--gpu-count", "1", "--", "touch", str(marker)],
+            env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=write, timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert run.returncode == 0 and marker.exists()
+    assert statuses(tmp_path) == [("low", "released", 1)]
+
+
 def test_run_refuses_what_can_never_fit(tmp_path: Path) -> None:
     setup(tmp_path)
     result = fairpool(tmp_path, "run", "--component", "low", "--gpu-count", "2", "--", "true")
@@ -185,15 +204,20 @@ def test_a_second_ending_signal_while_cancelling_waits_for_the_cancel(
 
 
 def test_a_command_that_cannot_start_exits_as_a_shell_would(tmp_path: Path) -> None:
-    """127 not found, 126 not runnable; its units released at once."""
+    """127 not found, 126 not runnable, before anything is requested: it was found only once
+    units were granted, after what may be hours of waiting (and `''` was 126)."""
     setup(tmp_path)
     not_runnable = tmp_path / "script.sh"
     not_runnable.write_text("echo hi\n")
-    for command, code in ((str(tmp_path / "nowhere"), 127), (str(not_runnable), 126)):
+    for command, code, why in ((str(tmp_path / "nowhere"), 127, "no such file"),
+                               ("no-such-command-here", 127, "not found on PATH"),
+                               ("", 127, "not found on PATH"),
+                               (str(not_runnable), 126, "not executable")):
         result = fairpool(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--", command)
         assert result.code == code, result
-        assert result.err_lines[-1].startswith(f"Error: cannot run {command!r}: "), result
-    assert statuses(tmp_path) == [("low", "released", 1), ("low", "released", 1)]
+        assert result.err_lines == [f"Error: cannot run {command!r}: {why}; nothing was "
+                                    "requested"], result
+    assert statuses(tmp_path) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")

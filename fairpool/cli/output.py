@@ -99,8 +99,12 @@ def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def declare(message: str) -> None:
-    """An informational line (stderr), like ``cli_utils.declare``."""
-    click.echo(message, err=True)
+    """An informational line (stderr), like ``cli_utils.declare``. One stderr cannot take
+    (closed: ``2>&1 | true``) is dropped: `fairpool run` holding units must not end for it."""
+    try:
+        click.echo(message, err=True)
+    except OSError:
+        pass
 
 
 def dump(data: Any, output: str) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
     SIGTERM, then SIGKILL after --grace seconds, and runs again on the retry attempt when
     --max-retries allows.
     """
+    _check_runnable(command[0])
     svc = service()
     with holding_signals() as received:
         request = svc.create_request(**request_fields(**fields), lease_ttl=lease_ttl)
@@ -112,6 +114,18 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
             sys.exit(code if code != 0 else 1)
         request = svc.get_request(lost.retried_as_id)
         o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
+
+
+def _check_runnable(program: str) -> None:
+    """A command that cannot start is refused before anything is requested: found only once
+    units were granted, it came after what may be hours of waiting. (Checked again as it
+    starts: it may go meanwhile.)"""
+    if shutil.which(program) is not None:
+        return
+    if os.sep in program and os.path.isfile(program):
+        raise _NotRunnable(f"cannot run {program!r}: not executable; nothing was requested")
+    where = "no such file" if os.sep in program else "not found on PATH"
+    raise _NotFound(f"cannot run {program!r}: {where}; nothing was requested")
 
 
 def _not_followed(request: RequestView, reason: str) -> None:
