@@ -445,6 +445,42 @@ def test_a_retry_granted_while_the_command_stops_keeps_its_lease(tmp_path: Path)
     ]
 
 
+#: A command that stops at SIGTERM, leaving behind a process that ignores it.
+LEAVES_ONE_BEHIND = (
+    "import signal, subprocess, sys, time\n"
+    "log = sys.argv[1]\n"
+    "runs = open(log, 'a').write('start\\n') and open(log).read().count('start')\n"
+    "if runs == 1:\n"
+    "    subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+    "    signal.signal(signal.SIGTERM, lambda *_: open(log, 'a').write('term\\n') and sys.exit(0))\n"
+    "    time.sleep(60)\n"
+)
+
+
+def test_a_retry_granted_while_the_commands_leftovers_stop_keeps_its_lease(
+    tmp_path: Path
+) -> None:
+    """The leftovers' grace heartbeated nothing: a retry granted meanwhile expired, and
+    ``run`` exited 1 without running the command again."""
+    setup(tmp_path)
+    log = tmp_path / "log"
+    runner = preemptible(tmp_path, LEAVES_ONE_BEHIND.replace("sys.argv[1]", repr(str(log))),
+                         "--lease-ttl", "1", "--grace", "3")
+    until(log.exists)
+    time.sleep(0.5)  # its leftover started
+    boss = preempt(tmp_path)
+    until(lambda: "term" in log.read_text())
+    fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0, err
+    assert "Stopped 1 process the command left running" in err
+    assert log.read_text().count("start") == 2
+    assert sorted(statuses(tmp_path)) == [
+        ("high", "released", 1), ("low", "preempted", 1), ("low", "released", 2),
+    ]
+
+
 @pytest.mark.parametrize("command", WAITING)
 def test_a_signal_nohup_ignores_leaves_the_wait_be(tmp_path: Path, command: str) -> None:
     """``nohup fairpool run ... &``: the SIGHUP of a closed session cancelled the request."""

@@ -41,6 +41,7 @@ from fairpool.leases import (
     interrupted,
     not_followed,
     passing,
+    still_waiting,
 )
 from fairpool.views import RequestView
 
@@ -112,7 +113,11 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
             sys.exit(128 + signum)
         if lost.retried_as_id is None:
             sys.exit(code if code != 0 else 1)
-        request = svc.get_request(lost.retried_as_id)
+        try:
+            request = svc.get_request(lost.retried_as_id)
+        except Unreachable as error:  # nobody will wait for it: say what is left
+            o.declare(still_waiting("Retry attempt", lost.retried_as_id, error))
+            raise
         o.declare(f"Retrying as attempt {request.attempt} (request `{request.id}`)")
 
 
@@ -167,6 +172,7 @@ def _run_once(
     previous = catch_ending_signals(forward)
     unreachable = False
     interval = heartbeat_interval(lease_ttl)
+    keep = _keeping(None)  # what keeps a retry attempt while we stop (none yet)
     try:
         while True:
             try:
@@ -195,7 +201,7 @@ def _run_once(
         _stop(child, grace, interval)
         raise
     finally:
-        left = _stop_leftovers(others | {child.pid}, grace)
+        left = _stop_leftovers(others | {child.pid}, grace, interval, keep)
         if left:
             o.declare(f"Stopped {left} process{'es' if left > 1 else ''} the command left "
                       "running: its units are given back")
@@ -295,11 +301,18 @@ def _children() -> set[int]:
     return found
 
 
-def _stop_leftovers(ours: set[int], grace: float) -> int:
+def _stop_leftovers(ours: set[int], grace: float, every: float,
+                    meanwhile: Callable[[], None]) -> int:
     """Stop the processes the command left running once it ended (SIGTERM, then SIGKILL
-    after ``grace``): they would go on using units given back. How many there were."""
+    after ``grace``): they would go on using units given back. How many there were. As
+    ``_stop``, ``meanwhile`` is called ``every`` seconds (a retry attempt kept: a grace
+    longer than its lease let it expire)."""
     deadline, stopped = time.monotonic() + grace, set[int]()
+    kept = time.monotonic()
     while True:
+        if time.monotonic() - kept >= every:
+            meanwhile()
+            kept = time.monotonic()
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:  # reap the ones that ended
                 pass
