@@ -37,7 +37,6 @@ from fairpool.client import (
     Preempted,
     WaitTimeout,
     beat_refused,
-    deleted,
     not_granted,
     runs_once,
     stopped_waiting,
@@ -45,6 +44,7 @@ from fairpool.client import (
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
+    deleted,
     holding,
     not_followed,
     passing,

@@ -41,6 +41,7 @@ from fairpool.errors import (
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_RETRIES,
+    deleted,
     gave_up,
     holding,
     interrupted,
@@ -106,11 +107,6 @@ _ENDINGS: dict[str, type[NotGranted]] = {
     "preempted": Preempted,
     "released": Cancelled,
 }
-
-
-def deleted(request: RequestView) -> RequestView:
-    """``request`` as its holder learns it was deleted (its units are free for others)."""
-    return replace(request, status="deleted", status_reason="deleted while held")
 
 
 def beat_refused(request: RequestView, error: Exception) -> RequestView:

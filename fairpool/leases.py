@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from fairpool.errors import InvalidInput, Unreachable, validate_int
+
+if TYPE_CHECKING:
+    from fairpool.views import RequestView
 
 #: Seconds a held allocation survives without a heartbeat.
 DEFAULT_LEASE_TTL = 60
@@ -80,3 +85,8 @@ def not_followed() -> str:
     """Why a retry attempt is cancelled whose holder ended (its work done, or failed) before
     it heard of the preemption: nobody would run it."""
     return "not followed: its holder ended before it heard of the preemption"
+
+
+def deleted(request: RequestView) -> RequestView:
+    """``request`` as its holder learns it was deleted (its units are free for others)."""
+    return replace(request, status="deleted", status_reason="deleted while held")

@@ -445,6 +445,20 @@ def test_a_retry_granted_while_the_command_stops_keeps_its_lease(tmp_path: Path)
     ]
 
 
+def test_a_request_deleted_while_held_stops_the_command_saying_so(tmp_path: Path) -> None:
+    """``run`` ended with the heartbeat's `Error: no request '...'`, as the SDK did not."""
+    setup(tmp_path)
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl",
+                   "3", "--", "sleep", "30")
+    until(lambda: ("low", "allocated", 1) in statuses(tmp_path))
+    (held,) = fairpool(tmp_path, "resource-request", "list", "-o", "json").ok().json["items"]
+    fairpool(tmp_path, "resource-request", "delete", held["id"]).ok()
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 128 + signal.SIGTERM, err
+    assert (f"Resource request `{held['id']}` was deleted: deleted while held"
+            in err.splitlines()[-1]), err
+
+
 #: A command that stops at SIGTERM, leaving behind a process that ignores it.
 LEAVES_ONE_BEHIND = (
     "import signal, subprocess, sys, time\n"

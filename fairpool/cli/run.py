@@ -36,6 +36,7 @@ from fairpool.errors import Conflict, NotFound, Unreachable, one_line
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL,
+    deleted,
     gave_up,
     heartbeat_interval,
     interrupted,
@@ -181,6 +182,8 @@ def _run_once(
                 pass
             try:
                 current = svc.heartbeat(request.id)
+            except NotFound:  # deleted while held: its units are others' now
+                current = deleted(request)
             except Exception as error:
                 if not passing(error):
                     raise
