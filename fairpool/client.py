@@ -137,10 +137,10 @@ class Grant:
         # A process that ignores SIGINT (a job a shell started in the background) or leaves it
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
-        # else's. SIGTERM left to the OS would end the process without a release (the
+        # else's. SIGTERM or SIGHUP left to the OS would end the process without a release (the
         # units idle until the lease expires): while held, it ends the block instead.
         self._held = (
-            [h for s in (signal.SIGINT, signal.SIGTERM) if (h := _HeldSignal.hold(s))]
+            [h for s in (signal.SIGINT, *_STOPPING_SIGNALS) if (h := _HeldSignal.hold(s))]
             if self._main else []
         )
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
@@ -167,24 +167,24 @@ class Grant:
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so. A
         SIGTERM during the release waits for it, then ends the block as it would have."""
-        term = next((held for held in self._held if held.signum == signal.SIGTERM), None)
+        ending = [held for held in self._held if held.signum in _STOPPING_SIGNALS]
         try:
             with self._lock:
                 self._stop.set()
             self._thread.join(timeout=10)
-            if term is not None:
-                term.shielded += 1
+            for held in ending:
+                held.shielded += 1
             try:
                 if self.lost is None:
                     self._release()
             finally:
-                if term is not None:
-                    term.shielded -= 1
+                for held in ending:
+                    held.shielded -= 1
         finally:
             for held in self._held:
                 held.let_go()
-        if term is not None:
-            term.replay()
+        for held in ending:
+            held.replay()
         return self.lost
 
     def _release(self) -> None:
@@ -492,7 +492,8 @@ class _Acquire:
         it does not get units nobody will use. A SIGTERM or a Ctrl-C during the submit waits
         for its answer, which tells what to cancel."""
         main = threading.current_thread() is threading.main_thread()
-        held = [h for s in (signal.SIGTERM, signal.SIGINT) if main and (h := _HeldSignal.hold(s))]
+        held = [h for s in (*_STOPPING_SIGNALS, signal.SIGINT)
+                if main and (h := _HeldSignal.hold(s))]
         try:
             for signalled in held:
                 signalled.shielded += 1
@@ -567,6 +568,12 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
             grant._client.cancel(lost.retried_as_id, not_followed())
 
 
+#: What ends a holder from outside, where the program left it to the OS: ``kill``, and a
+#: closed terminal or SSH session (SIGHUP). Either ends the blocks (``SystemExit``), which
+#: release on the way out; the process ended at once before, its units held until the lease
+#: ran out.
+_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
 #: Set just before a grant's heartbeat sends SIGINT to the main thread.
 _interrupting = threading.Event()
 
@@ -628,7 +635,7 @@ class _HeldSignal:
             self._act(self.signum, None)
 
     def _act(self, signum: int, frame: object) -> None:
-        if signum == signal.SIGTERM:
+        if signum in _STOPPING_SIGNALS:
             raise SystemExit(128 + signum)
         if _interrupting.is_set():
             _interrupting.clear()

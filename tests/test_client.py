@@ -313,11 +313,15 @@ def test_a_sigterm_during_the_release_waits_for_it(home: str) -> None:
     assert [r.status for r in Client(home=home).list_requests()] == ["released"]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize("waiting", [False, True])
-def test_sigterm_ends_the_block_and_gives_the_units_back(home: str, waiting: bool) -> None:
-    """SIGTERM left to the OS ended a holder with its units allocated until the lease
-    expired (60 s by default), and a waiter with its request queued. Now the block ends: the
-    request is released (or cancelled) and the process exits 143, as a shell shows SIGTERM."""
+def test_sigterm_ends_the_block_and_gives_the_units_back(
+    home: str, waiting: bool, signum: int
+) -> None:
+    """SIGTERM (or a closed terminal's SIGHUP, until 2026-11-29) left to the OS ended a
+    holder with its units allocated until the lease expired (60 s by default), and a waiter
+    with its request queued. Now the block ends: the request is released (or cancelled) and
+    the process exits 128 + the signal's number, as a shell shows it."""
     client = Client(home=home)
     blocker = client.submit({"gpu": 2}, component="low") if waiting else None
     with subprocess.Popen([sys.executable, "-c", TERMINATED, home, "1"],
@@ -331,8 +335,8 @@ def test_sigterm_ends_the_block_and_gives_the_units_back(home: str, waiting: boo
                     time.sleep(0.05)
             else:
                 assert holder.stdout.readline() == "holding\n"
-            holder.terminate()
-            assert holder.wait(20) == 128 + signal.SIGTERM, holder.stdout.read()
+            holder.send_signal(signum)
+            assert holder.wait(20) == 128 + signum, holder.stdout.read()
         finally:
             holder.kill()
     mine = [r for r in client.list_requests() if blocker is None or r.id != blocker.id]
