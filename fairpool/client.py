@@ -334,6 +334,8 @@ class Client:
         if isinstance(settings, ResourceSettings):
             demand = request_map(settings)
             preemptible = settings.preemptible
+        elif settings is None:  # the service would read it as no resources at all
+            raise InvalidInput("resources", settings, "must be a mapping")
         else:
             demand, preemptible = settings, True  # the service checks it is a mapping
         return self._service.create_request(

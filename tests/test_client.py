@@ -146,9 +146,11 @@ def test_timeout_cancels_the_waiting_request(home: str) -> None:
          "lease_ttl: must be an integer (got None)"),
         (lambda c, q: c.acquire({"gpu": 1}, component="low", lease_ttl=0),
          "lease_ttl: must be a positive integer (got 0)"),
+        # It read as no resources: "resources: ... at least one key (got {})".
+        (lambda c, q: c.submit(None, component="low"), "resources: must be a mapping (got None)"),
     ],
     ids=["wait-nan", "wait-huge", "wait-text", "wait-negative", "acquire-inf", "ttl-none",
-         "ttl-zero"],
+         "ttl-zero", "resources-none"],
 )
 def test_bad_waits_and_holds_are_refused_before_anything_is_sent(
     home: str, call: Any, message: str
