@@ -576,6 +576,53 @@ def test_a_wait_interrupted_while_the_server_is_down_says_what_it_leaves(
     assert ": cancel it with `fairpool resource-request cancel " in line
 
 
+def test_a_preempted_command_is_killed_on_time_while_the_server_is_away(
+    tmp_path: Path,
+) -> None:
+    """Keeping its retry attempt, a heartbeat riding out the outage (seconds of retries)
+    held up the SIGKILL due at the end of the grace: 5.8 s for a grace of 2. The retry
+    attempt, which `run` could not read then, is named with the command that cancels it."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    log = tmp_path / "log"
+    script = (
+        "import os, signal, time\n"
+        f"log = {str(log)!r}\n"
+        "signal.signal(signal.SIGTERM, lambda *_: open(log, 'a').write('term\\n'))\n"
+        "open(log, 'a').write(f'start {os.getpid()}\\n')\n"
+        "time.sleep(60)\n"
+    )
+    with running(server):
+        setup_pool(server.url, "away-gpus", ["away-low"], {"gpu": 1})
+        env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
+        runner = start(tmp_path, "run", "--component", "away-low", "--gpu-count", "1",
+                       "--max-retries", "1", "--lease-ttl", "1", "--grace", "2", "--",
+                       sys.executable, "-c", script, env=env)
+        until(lambda: log.exists() and "start" in log.read_text())
+        pid = int(log.read_text().split()[1])
+        with httpx.Client(base_url=server.url + "/api/v1") as http:
+            assert http.post("/pools/away-gpus/policies",
+                             json={"component": "away-high", "priority": 9}).status_code == 201
+            assert http.post("/requests", json={"component": "away-high",
+                                                "resources": {"gpu": 1}}).status_code == 201
+        until(lambda: "term" in log.read_text())
+        termed = time.monotonic()
+        server.kill()
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        until(gone)
+        took = time.monotonic() - termed
+        _, err = runner.communicate(timeout=60)
+    assert 1.5 < took < 3.5, (took, err)
+    assert runner.returncode == 1, err
+    assert "Retry attempt `" in err and "is still waiting (cannot reach" in err, err
+
+
 def test_run_that_times_out_while_the_server_is_down_says_what_it_leaves(
     tmp_path: Path,
 ) -> None:

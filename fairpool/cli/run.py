@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -230,20 +231,31 @@ def _the_terminal_sent_it(signum: int, child: subprocess.Popen[bytes]) -> bool:
 def _keeping(retry: str | None) -> Callable[[], None]:
     """What heartbeats the retry attempt while the preempted command stops: granted
     meanwhile, its lease runs from then, and a grace longer than the lease would let it
-    expire. Preempted in turn, it is its own retry attempt that is kept."""
-    def keep() -> None:
+    expire. Preempted in turn, it is its own retry attempt that is kept. Each heartbeat runs
+    on a thread of its own, one at a time: one riding out an outage (seconds of retries) held
+    up the SIGKILL the grace was due to end in."""
+    beating: threading.Thread | None = None
+
+    def beat() -> None:
         nonlocal retry
-        if retry is not None:
-            try:
-                kept = service().heartbeat(retry)
-            except (Conflict, NotFound):  # it ended meanwhile
-                return
-            except Exception as error:
-                if passing(error):
-                    return
-                raise
-            if kept.status == "preempted":
-                retry = kept.retried_as_id
+        assert retry is not None
+        try:
+            kept = service().heartbeat(retry)
+        except (Conflict, NotFound):  # it ended meanwhile
+            return
+        except Exception as error:
+            if not passing(error):
+                o.declare(f"Warning: retry attempt `{retry}` not kept ({error}): its lease "
+                          "may run out")
+            return
+        if kept.status == "preempted":
+            retry = kept.retried_as_id
+
+    def keep() -> None:
+        nonlocal beating
+        if retry is not None and (beating is None or not beating.is_alive()):
+            beating = threading.Thread(target=beat, name="fairpool-keep-retry", daemon=True)
+            beating.start()
 
     return keep
 
