@@ -235,12 +235,13 @@ def _keeping(retry: str | None) -> Callable[[], None]:
     on a thread of its own, one at a time: one riding out an outage (seconds of retries) held
     up the SIGKILL the grace was due to end in."""
     beating: threading.Thread | None = None
+    svc = service()  # here: the CLI's service is found in click's context, this thread's
 
     def beat() -> None:
         nonlocal retry
         assert retry is not None
         try:
-            kept = service().heartbeat(retry)
+            kept = svc.heartbeat(retry)
         except (Conflict, NotFound):  # it ended meanwhile
             return
         except Exception as error:
