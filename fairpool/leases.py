@@ -5,11 +5,10 @@ be retried. Light imports: the CLI loads it."""
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fairpool.errors import InvalidInput, Unreachable, validate_int
+from fairpool.errors import Forbidden, InvalidInput, Unauthorized, validate_int
 
 if TYPE_CHECKING:
     from fairpool.views import RequestView
@@ -57,15 +56,12 @@ def gave_up(timeout: float) -> str:
 
 
 def passing(error: BaseException) -> bool:
-    """Whether a heartbeat's failure is one its lease rides out: the server or the database
-    out of reach, or the database's lock held past its timeout (SQLAlchemy's
-    ``OperationalError``, looked for only where it is loaded: a remote client never loads
-    it). Any other (a token revoked) will fail every heartbeat: the units go when the lease
-    runs out, and the holder must stop."""
-    if isinstance(error, Unreachable | OSError):
-        return True
-    exc = sys.modules.get("sqlalchemy.exc")
-    return exc is not None and isinstance(error, exc.OperationalError)
+    """Whether a heartbeat's failure is one its lease rides out: anything but the server
+    refusing the caller (``Unauthorized``, ``Forbidden``: a token revoked), which fails
+    every heartbeat from then on, so that the units go when the lease runs out and the
+    holder must stop. The server or the database out of reach, the database's lock held past
+    its timeout, a proxy's error, a server's 500: the next heartbeat may get through."""
+    return not isinstance(error, Unauthorized | Forbidden)
 
 
 def still_waiting(what: str, request_id: str, error: BaseException) -> str:

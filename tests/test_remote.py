@@ -1113,9 +1113,11 @@ class LosesOneAnswer(httpx.BaseTransport):
 
 
 def away(status: int) -> httpx.Response:
-    """The server's 503, or a proxy's 502 or 504 page (nginx's words)."""
+    """The server's 503 or 500, or a proxy's 502 or 504 page (nginx's words)."""
     if status == 503:
         return httpx.Response(503, json={"detail": "database busy or unreachable; retry later"})
+    if status == 500:
+        return httpx.Response(500, json={"detail": "internal error (KeyError)", "field": None})
     phrase = {502: "Bad Gateway", 504: "Gateway Time-out"}[status]
     return httpx.Response(status, html=f"<html><head><title>{status} {phrase}</title></head>"
                                        f"<body><center><h1>{status} {phrase}</h1></center>"
@@ -1187,6 +1189,20 @@ def test_a_503_is_retried_and_what_it_asked_is_done_once(server: ApiServer, how:
             assert service.release_request(held.id).status == "released"
         with losing(server, "POST", "/cancel", how) as service:
             assert service.cancel_request(queued.id).status == "cancelled"
+
+
+def test_a_holder_rides_out_a_heartbeat_answered_500(server: ApiServer) -> None:
+    """Only a refusal (401, 403) loses a grant: a server's 500 on one heartbeat ended the
+    block as lost, and left its units held until the lease ran out."""
+    setup_pool(server.url, "five-gpus", ["five-orch"], {"gpu": 1})
+    with losing(server, "POST", "/heartbeat", "500 before") as service:
+        client = Client(server.url)
+        client._service = service
+        with client.acquire({"gpu": 1}, component="five-orch", lease_ttl=3) as grant:
+            time.sleep(2.5)  # a heartbeat a second: the first answered 500
+            grant.check()
+        assert client.get(grant.id).status == "released"
+        assert service.http._transport.lost == 1  # type: ignore[attr-defined]
 
 
 def test_a_proxy_that_stays_away_is_unreachable_in_its_own_words(
