@@ -201,11 +201,21 @@ class AsyncAcquire:
         #: Set on the way out: a heartbeat no longer cancels the holder then.
         self._leaving = False
         self._cancelled_holder = False
+        #: Entered, from the submit on (a second entry while the first waits is refused too).
+        self._entered = False
 
     async def __aenter__(self) -> AsyncGrant:
         runs_once(self._max_retries)
-        if self._grant is not None:
+        if self._entered:
             raise RuntimeError(HELD_ALREADY)
+        self._entered = True
+        try:
+            return await self._enter()
+        except BaseException:
+            self._entered = False
+            raise
+
+    async def _enter(self) -> AsyncGrant:
         client = self._client
         submitting = asyncio.ensure_future(self._submit())
         try:
@@ -251,7 +261,7 @@ class AsyncAcquire:
             await self._leave(grant, beats, kind)
         finally:  # ready to be entered again
             self._grant = self._beats = self._holder = None
-            self._leaving = self._cancelled_holder = False
+            self._leaving = self._cancelled_holder = self._entered = False
 
     async def _leave(
         self, grant: AsyncGrant, beats: asyncio.Task[None], kind: type[BaseException] | None

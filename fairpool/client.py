@@ -417,10 +417,10 @@ class Client:
         return _Acquire(self, request, interval, timeout, max_retries)
 
 
-#: One ``acquire(...)`` entered again while it holds (in another thread, nested): its exit
+#: One ``acquire(...)`` entered again while in use (in another thread, nested): its exit
 #: would release the other's grant, and leave its own held for ever.
-HELD_ALREADY = ("this acquire(...) holds its grant already: enter it once at a time, or call "
-                "acquire(...) again for another grant")
+HELD_ALREADY = ("this acquire(...) is in use already (waiting or holding): enter it once at a "
+                "time, or call acquire(...) again for another grant")
 
 
 class _Acquire:
@@ -440,18 +440,27 @@ class _Acquire:
         self._timeout = timeout
         self._max_retries = max_retries
         self._grant: Grant | None = None
+        #: Entered, from the submit on (a second entry while the first waits is refused too).
+        self._entered = threading.Lock()
 
     def __enter__(self) -> Grant:
         runs_once(self._max_retries)
-        if self._grant is not None:
+        if not self._entered.acquire(blocking=False):
             raise RuntimeError(HELD_ALREADY)
-        self._grant = self._start(self._submit)
+        try:
+            self._grant = self._start(self._submit)
+        except BaseException:
+            self._entered.release()
+            raise
         return self._grant
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         grant, self._grant = self._grant, None
         assert grant is not None
-        _finish(grant, kind)
+        try:
+            _finish(grant, kind)
+        finally:
+            self._entered.release()
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
         if (inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function)

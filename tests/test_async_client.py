@@ -169,11 +169,25 @@ def test_one_acquire_entered_twice_in_turn_hears_of_its_preemption_each_time(
         async with AsyncClient(**target) as client:
             await setup(client, "a-twice", 2)
             acquire = client.acquire({"gpu": 2}, component="a-twice-low", lease_ttl=3)
-            async with acquire as first:
-                with pytest.raises(RuntimeError, match="holds its grant already"):
+            blocker = await client.submit({"gpu": 2}, component="a-twice-high")
+
+            async def hold() -> str:
+                async with acquire as grant:
+                    return grant.id
+
+            waiting = asyncio.create_task(hold())
+            while not await client.list_requests(status="queued"):
+                await asyncio.sleep(0.02)
+            with pytest.raises(RuntimeError, match="in use already"):
+                async with acquire:
+                    pytest.fail("entered while the other waits")
+            await client.release(blocker.id)
+            first = await waiting
+            async with acquire:
+                with pytest.raises(RuntimeError, match="in use already"):
                     async with acquire:
                         pytest.fail("entered twice")
-            assert (await client.get(first.id)).status == "released"
+            assert (await client.get(first)).status == "released"
             started = time.monotonic()
             with pytest.raises(Preempted):
                 async with acquire:

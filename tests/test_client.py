@@ -84,23 +84,34 @@ def test_acquire_holds_then_releases(home: str, monkeypatch: pytest.MonkeyPatch)
     assert client.get(grant.id).status == "released"
 
 
-def test_one_acquire_held_is_refused_again_until_it_ends(home: str) -> None:
-    """Entered again while it held (nested, or in another thread), its exit released the
-    other's grant and left its own held for ever."""
+def test_one_acquire_in_use_is_refused_again_until_it_ends(home: str) -> None:
+    """Entered again while in use (waiting in another thread, or holding and nested), its
+    exit released the other's grant and left its own held for ever."""
     client = Client(home=home)
     acquire = client.acquire({"gpu": 1}, component="low")
-    with acquire as first:
-        with pytest.raises(RuntimeError, match="holds its grant already"), acquire:
+    blocker = client.submit({"gpu": 2}, component="high")
+
+    def hold() -> str:
+        with acquire as grant:
+            return grant.id
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(hold)
+        deadline = time.monotonic() + 20
+        while not client.list_requests(status="queued"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with pytest.raises(RuntimeError, match="in use already"), acquire:
+            pytest.fail("entered while the other waits")
+        client.release(blocker.id)
+        first = waiting.result(timeout=30)
+    with acquire as held:
+        assert held.id != first
+        with pytest.raises(RuntimeError, match="in use already"), acquire:
             pytest.fail("entered twice")
-        with ThreadPoolExecutor(1) as pool:
-            other = pool.submit(acquire.__enter__)
-            with pytest.raises(RuntimeError, match="holds its grant already"):
-                other.result(timeout=30)
-        assert client.get(first.id).status == "allocated"
-    assert client.get(first.id).status == "released"
-    with acquire as second:  # ended: it may be entered again
-        assert second.id != first.id
-    assert [r.status for r in client.list_requests(component="low")] == ["released"] * 2
+        assert client.get(held.id).status == "allocated"
+    low = [r.status for r in client.list_requests(component="low")]
+    assert low == ["released", "released"]
 
 
 def test_acquire_waits_for_units_another_holder_releases(home: str) -> None:
