@@ -28,6 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from fairpool.api.server import _listen
 from fairpool.store.db import SCHEMA_HEAD, Database
 from tests.conftest import BACKENDS, Backend
 from tests.servers import ApiServer, free_port, server_on
@@ -419,6 +420,12 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     for path in ("/healthz", "/readyz", "/metrics"):  # 405 before: some checkers use HEAD
         head = httpx.head(server.url + path)
         assert (head.status_code, head.content) == (200, b""), path
+    # Out of the schema: there it shared its GET's operation id, which then varied by run.
+    operations = [operation["operationId"]
+                  for methods in ok(httpx.get(server.url + "/openapi.json"))["paths"].values()
+                  for operation in methods.values()]
+    assert len(operations) == len(set(operations))
+    assert not [o for o in operations if o.endswith("_head")]
 
     def scrape() -> dict[str, list[Any]]:
         response = httpx.get(server.url + "/metrics")
@@ -707,6 +714,26 @@ def test_a_sighup_shuts_the_server_down_as_sigterm_does(tmp_path: Path) -> None:
         assert "Application shutdown complete" in server.log()
     finally:
         server.stop()
+
+
+def test_localhost_is_served_on_127_0_0_1_where_it_resolves_to_ipv6_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `::1 localhost` first in /etc/hosts (Debian's), `--host localhost` listened on
+    ::1 alone, and the clients' default, 127.0.0.1, was refused. uvicorn binds IPv4 for a
+    host without a colon."""
+    real = socket.getaddrinfo
+
+    def ipv6_first(host: str, port: int, family: int = 0, *args: Any, **kwargs: Any) -> Any:
+        found = real(host, port, family, *args, **kwargs)
+        if host == "localhost" and family == 0:
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)), *found]
+        return found
+
+    monkeypatch.setattr(socket, "getaddrinfo", ipv6_first)
+    with _listen("localhost", 0) as listening:
+        assert listening.family == socket.AF_INET
+        assert listening.getsockname()[0] == "127.0.0.1"
 
 
 def test_a_port_in_use_or_a_bad_host_is_one_line_and_creates_no_store(tmp_path: Path) -> None:

@@ -212,7 +212,8 @@ def test_a_command_that_cannot_start_exits_as_a_shell_would(tmp_path: Path) -> N
     for command, code, why in ((str(tmp_path / "nowhere"), 127, "no such file"),
                                ("no-such-command-here", 127, "not found on PATH"),
                                ("", 127, "not found on PATH"),
-                               (str(not_runnable), 126, "not executable")):
+                               (str(not_runnable), 126, "not executable"),
+                               (str(tmp_path), 126, "is a directory")):
         result = fairpool(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--", command)
         assert result.code == code, result
         assert result.err_lines == [f"Error: cannot run {command!r}: {why}; nothing was "

@@ -132,9 +132,12 @@ def serve(
 def _listen(host: str, port: int) -> socket.socket:
     """The server's socket, bound before the store is opened: a port in use or a host that
     is not this machine's is one error line, and nothing was created or written."""
+    # The family as uvicorn chooses it (IPv6 only for an address with a colon): `localhost`
+    # is 127.0.0.1, where clients look by default, even where it resolves to ::1 first.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        _, kind, proto, _, address = socket.getaddrinfo(
+            host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         listening = socket.socket(family, kind, proto)
     except (OSError, OverflowError, UnicodeError) as error:

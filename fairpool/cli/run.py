@@ -129,8 +129,9 @@ def _check_runnable(program: str) -> None:
     starts: it may go meanwhile.)"""
     if shutil.which(program) is not None:
         return
-    if os.sep in program and os.path.isfile(program):
-        raise _NotRunnable(f"cannot run {program!r}: not executable; nothing was requested")
+    if os.sep in program and os.path.exists(program):  # a shell's 126: found, not runnable
+        why = "is a directory" if os.path.isdir(program) else "not executable"
+        raise _NotRunnable(f"cannot run {program!r}: {why}; nothing was requested")
     where = "no such file" if os.sep in program else "not found on PATH"
     raise _NotFound(f"cannot run {program!r}: {where}; nothing was requested")
 
@@ -384,7 +385,8 @@ def _exit_code(code: int) -> int:
 @click.pass_context
 def server(ctx: click.Context, host: str, port: int, database_url: str | None,
            tick: float, auth: bool | None, insecure: bool) -> None:
-    """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM or Ctrl-C."""
+    """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM, SIGHUP or
+    Ctrl-C."""
     from fairpool.api.auth import AuthSetupError, auth_enabled
     from fairpool.api.server import serve
 
