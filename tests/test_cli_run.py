@@ -148,6 +148,19 @@ def start(home: Path, *args: str, env: dict[str, str] | None = None) -> subproce
     )
 
 
+def dead(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie not reaped yet (by init, soon
+    after it dies)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def until(condition: Callable[[], bool], seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -238,15 +251,7 @@ def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
         assert pipe is not None
         pipe.close()
 
-    def gone() -> bool:
-        try:
-            os.kill(command, 0)
-        except ProcessLookupError:
-            return True
-        # Reaped by init soon after it dies; until then, a zombie.
-        return Path(f"/proc/{command}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-
-    until(gone)
+    until(lambda: dead(command))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -427,19 +432,40 @@ def test_a_command_that_ends_before_it_hears_of_its_preemption_leaves_no_retry(
         "cancelled: not followed: its holder ended before it heard of the preemption")
 
 
-def test_a_retry_granted_while_the_command_stops_keeps_its_lease(tmp_path: Path) -> None:
+#: A command that stops at SIGTERM, leaving behind a process that ignores it.
+LEAVES_ONE_BEHIND = (
+    "import signal, subprocess, sys, time\n"
+    "log = sys.argv[1]\n"
+    "runs = open(log, 'a').write('start\\n') and open(log).read().count('start')\n"
+    "if runs == 1:\n"
+    "    subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+    "    signal.signal(signal.SIGTERM, lambda *_: open(log, 'a').write('term\\n') and sys.exit(0))\n"
+    "    time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("script", [SLOW_TO_STOP, LEAVES_ONE_BEHIND],
+                         ids=["the-command", "its-leftovers"])
+def test_a_retry_granted_while_the_command_stops_keeps_its_lease(
+    tmp_path: Path, script: str
+) -> None:
     """Granted during a grace longer than its lease, nothing heartbeated it: it expired, and
-    ``run`` exited 1 without running the command again."""
+    ``run`` exited 1 without running the command again. So for the grace of the processes
+    the command left behind, until 2026-11-29."""
     setup(tmp_path)
     log = tmp_path / "log"
-    runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
+    runner = preemptible(tmp_path, script.replace("sys.argv[1]", repr(str(log))),
                          "--lease-ttl", "1", "--grace", "3")
     until(log.exists)
+    time.sleep(0.5)  # a process it leaves behind started
     boss = preempt(tmp_path)
     until(lambda: "term" in log.read_text())
     fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
     _, err = runner.communicate(timeout=60)
     assert runner.returncode == 0, err
+    assert ("Stopped 1 process the command left running" in err) is (
+        script is LEAVES_ONE_BEHIND)
     assert log.read_text().count("start") == 2
     assert sorted(statuses(tmp_path)) == [
         ("high", "released", 1), ("low", "preempted", 1), ("low", "released", 2),
@@ -458,42 +484,6 @@ def test_a_request_deleted_while_held_stops_the_command_saying_so(tmp_path: Path
     assert runner.returncode == 128 + signal.SIGTERM, err
     assert (f"Resource request `{held['id']}` was deleted: deleted while held"
             in err.splitlines()[-1]), err
-
-
-#: A command that stops at SIGTERM, leaving behind a process that ignores it.
-LEAVES_ONE_BEHIND = (
-    "import signal, subprocess, sys, time\n"
-    "log = sys.argv[1]\n"
-    "runs = open(log, 'a').write('start\\n') and open(log).read().count('start')\n"
-    "if runs == 1:\n"
-    "    subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
-    "    signal.signal(signal.SIGTERM, lambda *_: open(log, 'a').write('term\\n') and sys.exit(0))\n"
-    "    time.sleep(60)\n"
-)
-
-
-def test_a_retry_granted_while_the_commands_leftovers_stop_keeps_its_lease(
-    tmp_path: Path
-) -> None:
-    """The leftovers' grace heartbeated nothing: a retry granted meanwhile expired, and
-    ``run`` exited 1 without running the command again."""
-    setup(tmp_path)
-    log = tmp_path / "log"
-    runner = preemptible(tmp_path, LEAVES_ONE_BEHIND.replace("sys.argv[1]", repr(str(log))),
-                         "--lease-ttl", "1", "--grace", "3")
-    until(log.exists)
-    time.sleep(0.5)  # its leftover started
-    boss = preempt(tmp_path)
-    until(lambda: "term" in log.read_text())
-    fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
-    _, err = runner.communicate(timeout=60)
-    assert runner.returncode == 0, err
-    assert "Stopped 1 process the command left running" in err
-    assert log.read_text().count("start") == 2
-    assert sorted(statuses(tmp_path)) == [
-        ("high", "released", 1), ("low", "preempted", 1), ("low", "released", 2),
-    ]
 
 
 @pytest.mark.parametrize("command", WAITING)
@@ -609,14 +599,7 @@ def test_a_preempted_command_is_killed_on_time_while_the_server_is_away(
         termed = time.monotonic()
         server.kill()
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
-        until(gone)
+        until(lambda: dead(pid))
         took = time.monotonic() - termed
         _, err = runner.communicate(timeout=60)
     assert 1.5 < took < 3.5, (took, err)
