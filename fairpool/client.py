@@ -137,8 +137,8 @@ class Grant:
         # A process that ignores SIGINT (a job a shell started in the background) or leaves it
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
-        # else's. SIGTERM or SIGHUP left to the OS would end the process without a release (the
-        # units idle until the lease expires): while held, it ends the block instead.
+        # else's. SIGTERM or SIGHUP left to the OS would end the process without a release
+        # (the units idle until the lease expires): while held, it ends the block instead.
         self._held = (
             [h for s in (signal.SIGINT, *_STOPPING_SIGNALS) if (h := _HeldSignal.hold(s))]
             if self._main else []
@@ -166,7 +166,8 @@ class Grant:
 
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so. A
-        SIGTERM during the release waits for it, then ends the block as it would have."""
+        SIGTERM or SIGHUP during the release waits for it, then ends the block as it would
+        have."""
         ending = [held for held in self._held if held.signum in _STOPPING_SIGNALS]
         try:
             with self._lock:
@@ -593,9 +594,9 @@ class _HeldSignal:
     """A signal's handler while grants are held in the main thread. SIGINT: the heartbeat's
     interrupt raises ``KeyboardInterrupt`` (``Preempted`` as the block ends), whatever the
     program made of SIGINT; anyone else's SIGINT does what it did before (the program's
-    handler, nothing, or the end of the process). SIGTERM, where the program left it to the
-    OS: ``SystemExit(143)`` (128 + SIGTERM, the status a shell shows for it), so the blocks
-    end and release on the way out. Shared by the grants held at once, in whatever order
+    handler, nothing, or the end of the process). SIGTERM or SIGHUP, where the program left
+    it to the OS: ``SystemExit(128 + its number)`` (the status a shell shows for it), so the
+    blocks end and release on the way out. Shared by the grants held at once, in whatever order
     they end: the last to end puts the old disposition back, unless the signal has been
     given another handler since."""
 
@@ -603,8 +604,8 @@ class _HeldSignal:
         self.signum = signum
         self.before = before
         self.holders = 0
-        #: SIGTERM: calls under way that it must not cut short (a submit, a release), and
-        #: whether one came meanwhile.
+        #: SIGTERM, SIGHUP: calls under way that it must not cut short (a submit, a
+        #: release), and whether one came meanwhile.
         self.shielded = 0
         self.deferred = False
 
