@@ -146,11 +146,11 @@ def _run_once(
     request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
 ) -> tuple[int, RequestView | None, int | None]:
     """Run the command while heartbeating; (exit code, the request if its units were lost,
-    the first ending signal we received meanwhile). While the server, or the database worked
-    on directly, cannot be reached or stays locked (``passing``: a connection lost, a
-    restart, a long write elsewhere) the command goes on (its lease covers the outage, or
-    the next heartbeat that gets through finds the units gone); on any other failure the
-    command is stopped before the error goes up, never left running alone."""
+    the first ending signal we received meanwhile). While heartbeats fail for a passing
+    reason (``passing``: the server or the database out of reach, a long write elsewhere)
+    the command goes on (its lease covers the outage, or the next heartbeat that gets
+    through finds the units gone); refused (its token revoked), or on any other failure
+    here, the command is stopped before the error goes up, never left running alone."""
     svc = service()
     env = {
         **os.environ,
