@@ -168,7 +168,7 @@ class ConfigVersionView:
     document: str | None = field(repr=False)
 
     @classmethod
-    def of(cls, version: ConfigVersion | ConfigVersionInfo, counts: Mapping[str, Any],
+    def of(cls, version: ConfigVersionInfo, counts: Mapping[str, Any],
            active: int | None, document: str | None) -> ConfigVersionView:
         return cls(version.version, version.applied_at, version.version == active,
                    version.rolled_back_from, counts["flavors"], counts["queues"],

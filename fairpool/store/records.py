@@ -289,24 +289,19 @@ class ConfigVersionInfo:
 
     version: int
     applied_at: datetime
-    rolled_back_from: int | None
-    #: As ``ConfigVersion.summary``.
-    summary: Mapping[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigVersion:
-    """One applied scheduler config; the highest version is the active one."""
-
-    version: int
-    #: The YAML exactly as applied (validated then, so it parses again).
-    document: str
-    applied_at: datetime
     #: Set when this version re-applied an older one (``fairpool config rollback``).
     rolled_back_from: int | None
     #: ``config_diff.summary`` of its config; None for a version applied before migration
     #: 0015 that no apply has read since.
     summary: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigVersion(ConfigVersionInfo):
+    """One applied scheduler config; the highest version is the active one."""
+
+    #: The YAML exactly as applied (validated then, so it parses again).
+    document: str
 
     @classmethod
     def from_row(cls, row: RowMapping) -> ConfigVersion:
