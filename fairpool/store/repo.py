@@ -597,27 +597,28 @@ _REQUEST_STATUS = Direct(
 )
 
 
+def _leases_run_out(now: datetime) -> Select[tuple[str]]:
+    """The live allocations whose lease ran out before ``now``."""
+    table = schema.allocation
+    return select(table.c.request_id).where(
+        table.c.released_at.is_(None), table.c.lease_expires_at < as_utc(now)
+    )
+
+
 def lease_expired(connection: Connection, now: datetime) -> bool:
     """Whether a live allocation's lease ran out before ``now``: one statement."""
-    table = schema.allocation
-    found = connection.execute(
-        select(table.c.request_id)
-        .where(table.c.released_at.is_(None), table.c.lease_expires_at < as_utc(now))
-        .limit(1)
-    ).first()
-    return found is not None
+    return connection.execute(_leases_run_out(now).limit(1)).first() is not None
 
 
 def pass_due(connection: Connection, now: datetime) -> bool:
     """Whether a pass could change anything at ``now``: a request waits (what a pass decides
     for it depends on time too: backfill), or a live allocation's lease ran out. One
     statement."""
-    request, allocation = schema.request, schema.allocation
+    request = schema.request
     waiting = select(request.c.id).where(request.c.status == RequestStatus.QUEUED.value)
-    expired = select(allocation.c.request_id).where(
-        allocation.c.released_at.is_(None), allocation.c.lease_expires_at < as_utc(now)
-    )
-    return bool(connection.execute(select(waiting.exists() | expired.exists())).scalar())
+    return bool(connection.execute(
+        select(waiting.exists() | _leases_run_out(now).exists())
+    ).scalar())
 
 
 def request_status(connection: Connection, request_id: str) -> RequestStatus | None:
