@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from fairpool.errors import one_line
 from fairpool.loops import call_on
-from fairpool.store.db import TCP_DEFAULTS
+from fairpool.store.db import connect_defaults
 
 if TYPE_CHECKING:
     import psycopg
@@ -283,16 +283,10 @@ class PostgresChangeNotifier(ChangeNotifier):
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         import psycopg
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        # Keepalives as the store's connections (TCP_DEFAULTS): a listener whose peer is gone
-        # without a word is then found, and made again.
-        given = conninfo_to_dict(self._conninfo)
-        conninfo = make_conninfo(
-            self._conninfo, **{k: v for k, v in TCP_DEFAULTS.items() if k not in given}
-        )
         return psycopg.connect(
-            conninfo, autocommit=True, connect_timeout=5, application_name="fairpool-notify",
+            self._conninfo, autocommit=True, connect_timeout=5,
+            application_name="fairpool-notify",
         )
 
 
@@ -314,10 +308,13 @@ def payloads(ids: Iterable[str]) -> list[str]:
 
 
 def conninfo(url: URL) -> str:
-    """A libpq connection string for a SQLAlchemy PostgreSQL ``url``."""
+    """A libpq connection string for a SQLAlchemy PostgreSQL ``url``, with what the store's
+    connections are made with where it does not say (``connect_defaults``: keepalives, so
+    that a listener whose peer is gone without a word is found, and made again)."""
     from psycopg.conninfo import make_conninfo
 
-    params = {k: v for k, v in url.query.items() if isinstance(v, str)}
+    params = {k: str(v) for k, v in connect_defaults(url).items()}
+    params.update((k, v) for k, v in url.query.items() if isinstance(v, str))
     params.update(
         (k, str(v))
         for k, v in url.translate_connect_args(username="user", database="dbname").items()

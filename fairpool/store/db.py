@@ -287,7 +287,7 @@ class Database:
                 parsed = parsed.set(drivername="postgresql+psycopg")
             # Writes need READ COMMITTED (see _opening); reads switch per connection.
             engine = create_engine(parsed, isolation_level="READ COMMITTED",
-                                   connect_args=_connect_defaults(parsed))
+                                   connect_args=connect_defaults(parsed))
             _configure_postgresql(engine)
         else:
             raise ValueError(
@@ -433,7 +433,7 @@ class Database:
         url = self._engine.url
         _, parameters = self._engine.dialect.create_connect_args(url)
         connection = await psycopg.AsyncConnection.connect(
-            **{**_connect_defaults(url), **parameters}, autocommit=True
+            **{**connect_defaults(url), **parameters}, autocommit=True
         )
         await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         return connection
@@ -884,7 +884,7 @@ def _retry_while_locked(run: Callable[[str], object], statement: str) -> None:
             delay = min(delay * 2, 0.1)
 
 
-def _connect_defaults(url: URL) -> dict[str, Any]:
+def connect_defaults(url: URL) -> dict[str, Any]:
     """What a PostgreSQL connection is made with where ``url`` does not say."""
     defaults = {"connect_timeout": CONNECT_TIMEOUT, **TCP_DEFAULTS}
     return {name: value for name, value in defaults.items() if name not in url.query}
