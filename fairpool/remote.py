@@ -354,7 +354,6 @@ def _reason(reason: str | None) -> dict[str, Any]:
     return {} if reason is None else {"json": {"reason": reason}}
 
 
-#: Transport failures that mean the request never reached the server.
 #: POSTs that only read: a body too large for a query (a document, a workload to explain).
 _READING_POSTS = ("/config/preview", "/config/explain")
 
@@ -367,6 +366,7 @@ def _writes(method: str, path: str) -> bool:
 MAYBE_DONE = ("; an attempt reached the server and its answer was lost, so it may have been "
               "carried out: look before sending it again")
 
+#: Transport failures that mean the request never reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 

@@ -1,8 +1,9 @@
 """Running the API with uvicorn: ``serve()`` and ``python -m fairpool.api``.
 
-Shutdown on SIGTERM, SIGINT or SIGHUP is graceful: the listening socket closes, long-polls answer at
-once, in-flight requests finish (for at most ``GRACE_SECONDS``), the reconciler thread ends
-its pass and stops, and the database is closed. The process then exits normally (status 0).
+Shutdown on SIGTERM, SIGINT or SIGHUP is graceful: the listening socket closes, long-polls
+answer at once, in-flight requests finish (for at most ``GRACE_SECONDS``), the reconciler
+thread ends its pass and stops, and the database is closed. The process then exits normally
+(status 0).
 A second SIGINT forces the exit: requests still in flight are answered 503
 (``errors.AnswerCancelled``), as they are when the grace is over.
 """
@@ -88,21 +89,17 @@ def serve(
     auth: bool | None = None,
     insecure: bool = False,
 ) -> None:
-    """Serve the API until SIGTERM, SIGINT or SIGHUP, on the embedded store under ``home`` (else
-    ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
+    """Serve the API until SIGTERM, SIGINT or SIGHUP, on the embedded store under ``home``
+    (else ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
 
     ``auth``: require API tokens; by default only when ``host`` is not a loopback address.
     ``auth=False`` on such a host raises ``AuthSetupError`` unless ``insecure``.
     """
     enabled = auth_enabled(host, auth, insecure)
-    listening = _listen(host, port)
-    try:
+    # uvicorn closes the socket at its shutdown; the block, if it never got to start.
+    with _listen(host, port) as listening:
         service = open_service(home, database_url)
-    except BaseException:
-        listening.close()
-        raise
-    try:
-        with listening:  # uvicorn closes it at its shutdown; not if it never started
+        try:
             app = create_app(service, tick=tick, auth=enabled,
                              loopback_only=not enabled and is_loopback(host))
             api: Api = app.state.api
@@ -119,14 +116,14 @@ def serve(
             log = logging.getLogger("uvicorn.error")
             log.info("Store: %s", service.db.where)
             _announce_auth(log, service, enabled, host)
-            # What is alive now (modules, the app) lives as long as the process: kept out of the
-            # collector's full passes, each of which otherwise walked it all and stalled the
-            # event loop for 60-100 ms every few seconds under load.
+            # What is alive now (modules, the app) lives as long as the process: kept out of
+            # the collector's full passes, each of which otherwise walked it all and stalled
+            # the event loop for 60-100 ms every few seconds under load.
             gc.collect()
             gc.freeze()
             _Server(config, on_exit=api.begin_shutdown).run(sockets=[listening])
-    finally:
-        service.close()  # the group commit's writer thread, then the database
+        finally:
+            service.close()  # the group commit's writer thread, then the database
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -135,24 +132,20 @@ def _listen(host: str, port: int) -> socket.socket:
     # The family as uvicorn chooses it (IPv6 only for an address with a colon): `localhost`
     # is 127.0.0.1, where clients look by default, even where it resolves to ::1 first.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = None
     try:
         _, kind, proto, _, address = socket.getaddrinfo(
             host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         listening = socket.socket(family, kind, proto)
-    except (OSError, OverflowError, UnicodeError) as error:
-        raise FairpoolError(f"cannot listen on {host!r} port {port}: {_why(error)}") from None
-    try:
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listening.bind(address)
-    except OSError as error:
-        listening.close()
-        raise FairpoolError(f"cannot listen on {host!r} port {port}: {_why(error)}") from None
+    except (OSError, OverflowError, UnicodeError) as error:
+        if listening is not None:
+            listening.close()
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise FairpoolError(f"cannot listen on {host!r} port {port}: {why}") from None
     return listening
-
-
-def _why(error: BaseException) -> str:
-    return (error.strerror if isinstance(error, OSError) and error.strerror else str(error))
 
 
 def _announce_auth(log: logging.Logger, service: Service, enabled: bool, host: str) -> None:
