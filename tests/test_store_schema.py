@@ -39,6 +39,7 @@ from fairpool.errors import InvalidInput, Unreachable
 from fairpool.store import repo, schema
 from fairpool.store.db import SCHEMA_HEAD, Database, _json_text, migration_config
 from fairpool.store.records import ComponentType, RequestStatus
+from tests.conftest import BACKENDS, Backend
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 EXAMPLES = Path(__file__).parents[1] / "examples" / "scheduler"
@@ -179,6 +180,54 @@ def test_a_database_of_another_schema_is_refused_in_one_line(database_url: str, 
         with pytest.raises(Unreachable, match=r"^cannot open the database .*: " + message):
             Database.open(database_url)
         assert _dump(engine) == before
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_another_programs_database_is_refused_untouched(new_database: Callable[..., str],
+                                                         backend: Backend) -> None:
+    """A mistyped URL naming another program's database: its tables were migrated into."""
+    url = new_database(backend)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            for name in ("invoices", "customers", "orders", "payments"):
+                connection.execute(text(f"CREATE TABLE {name} (id INTEGER)"))
+            connection.execute(text("INSERT INTO invoices VALUES (1)"))
+        before = _dump(engine)
+        with pytest.raises(Unreachable, match=(
+            r"^cannot open the database .*: it holds 4 tables of another program \(customers, "
+            r"invoices, orders, \.\.\.\) and no fairpool store: is the URL the one meant\? "
+        )):
+            Database.open(url)
+        assert _dump(engine) == before
+        # An empty alembic_version alone (a schema migrated down to nothing) is a new store.
+        with engine.begin() as connection:
+            for name in ("invoices", "customers", "orders", "payments"):
+                connection.execute(text(f"DROP TABLE {name}"))
+            connection.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+        Database.open(url).close()
+    finally:
+        engine.dispose()
+
+
+def test_a_postgresql_schema_of_its_own_keeps_the_store_beside_another_program(
+        new_database: Callable[..., str]) -> None:
+    """What the refusal advises: the URL's search_path names a schema for fairpool."""
+    url = new_database("postgresql")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TABLE invoices (id INTEGER)"))
+            connection.execute(text("CREATE SCHEMA fairpool"))
+        with Database.open(url + "?options=-csearch_path%3Dfairpool") as db:
+            with db.write() as connection:
+                repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+        with engine.connect() as connection:
+            assert inspect(connection).get_table_names() == ["invoices"]
+            assert set(inspect(connection).get_table_names(schema="fairpool")) == {
+                "alembic_version", *schema.metadata.tables}
     finally:
         engine.dispose()
 

@@ -751,14 +751,8 @@ class Database:
             revision = _current_revision(connection)
             if revision == SCHEMA_HEAD:
                 return
-            if revision is None and (found := _fairpool_tables(connection)):
-                raise Unreachable(
-                    f"cannot open the database {self.where}: it holds "
-                    f"{counted(len(found), 'table')} of fairpool's ({', '.join(found[:3])}"
-                    f"{', ...' if len(found) > 3 else ''}) but no schema revision "
-                    "(alembic_version missing or empty): a damaged store, or another "
-                    "program's database; nothing changed"
-                )
+            if revision is None and (tables := _tables(connection)):
+                raise Unreachable(f"cannot open the database {self.where}: {_not_ours(tables)}")
             if revision is not None and not _known_revision(connection, revision):
                 raise Unreachable(
                     f"cannot open the database {self.where}: its schema (revision {revision}) "
@@ -804,13 +798,34 @@ def _current_revision(connection: Connection) -> str | None:
     return revision
 
 
-def _fairpool_tables(connection: Connection) -> list[str]:
-    """The tables of this schema the database has, sorted; a new database has none."""
+def _tables(connection: Connection) -> list[str]:
+    """The tables of the database's default schema but an empty ``alembic_version``, sorted
+    (called with no schema revision); a new database has none."""
     from sqlalchemy import inspect
 
+    return sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
+
+
+def _not_ours(tables: list[str]) -> str:
+    """Why a database with ``tables`` but no schema revision is not taken for a new one.
+
+    Fairpool's tables without a revision are a damaged store, whose first migration would fail
+    on "table component already exists". Anything else is another program's database, a
+    mistyped URL most likely: migrating it would put fairpool's tables among that program's.
+    """
     from fairpool.store.schema import metadata
 
-    return sorted(set(metadata.tables) & set(inspect(connection).get_table_names()))
+    ours = [name for name in tables if name in metadata.tables]
+    found = ours or tables
+    listed = f"{', '.join(found[:3])}{', ...' if len(found) > 3 else ''}"
+    if ours:
+        return (f"it holds {counted(len(ours), 'table')} of fairpool's ({listed}) but no "
+                "schema revision (alembic_version missing or empty): a damaged store, or "
+                "another program's database; nothing changed")
+    return (f"it holds {counted(len(tables), 'table')} of another program ({listed}) and no "
+            "fairpool store: is the URL the one meant? fairpool keeps its store in a "
+            "database of its own (a new, empty one, or a PostgreSQL schema of its own, named "
+            "in the URL's options=-csearch_path=NAME); nothing changed")
 
 
 def _known_revision(connection: Connection, revision: str) -> bool:
