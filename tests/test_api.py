@@ -845,7 +845,7 @@ def test_a_server_without_tokens_answers_no_other_sites_page(
             assert refused.json()["field"] == field
             assert refused.json()["detail"].startswith("refused: ")
     assert ok(client.get(f"/requests/{held['id']}"))["status"] == "allocated"
-    for name in ("localhost", "127.0.0.1", "[::1]", "LOCALHOST"):
+    for name in ("localhost", "127.0.0.1", "[::1]", "LOCALHOST", "localhost."):
         ok(client.get("/pools", headers={"Host": f"{name}:{port}"}))
     # The server's own page (/docs) calls it with its own origin.
     ok(client.post(release, headers={"Origin": f"http://127.0.0.1:{port}"}))

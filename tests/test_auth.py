@@ -592,8 +592,9 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
 
 @pytest.mark.parametrize(("host", "loopback"), [
     ("127.0.0.1", True), ("127.0.0.53", True), ("::1", True), ("[::1]", True),
-    ("localhost", True), ("LOCALHOST", True), ("0.0.0.0", False), ("::", False),
-    ("10.1.2.3", False), ("gpu-box.example.com", False), ("", False),
+    ("localhost", True), ("LOCALHOST", True), ("localhost.", True), ("0.0.0.0", False),
+    ("::", False), ("10.1.2.3", False), ("gpu-box.example.com", False), ("localhost.evil", False),
+    (".", False), ("", False),
 ])
 def test_auth_is_on_unless_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback

@@ -50,8 +50,9 @@ class AuthSetupError(ValueError):
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (as given to ``--host``) only serves this machine."""
-    name = host.strip().strip("[]").lower()
+    """Whether ``host`` (as given to ``--host``, or a request's ``Host``) only serves this
+    machine. A name may end in the root's dot (``localhost.``), as a fully qualified one does."""
+    name = host.strip().strip("[]").lower().removesuffix(".")
     if name in _LOOPBACK_NAMES:
         return True
     try:
