@@ -820,9 +820,7 @@ class Service:
                     allocations[request.id], lease_expires_at=expires
                 )
             request_id = request.id
-            if request.status is RequestStatus.QUEUED:  # where it stands needs a pass
-                return lambda tx, _: self._request_view(tx.conn, request_id)
-            return lambda tx, done: self._request_view_after(tx, done, request_id)
+            return lambda tx, done: self._request_view_after(tx, done, request_id, placed=False)
 
         return self._write(change, passes=self.catch_up, tracked=True)
 
@@ -1099,7 +1097,7 @@ class Service:
         for pending, answer in answers:
             try:
                 run.outcomes.append((pending, answer(tx, run.passed), None))
-            except DeferredWriteFailed:
+            except (DeferredWriteFailed, WouldWait):  # a read where none can be made: on a thread
                 raise
             except Exception as error:  # reads only: the others still commit
                 run.outcomes.append((pending, None, error))
@@ -1438,10 +1436,14 @@ class Service:
         owner = repo.get_component(conn, request.component_id)
         return self._request_view_of(conn, {owner.id: owner}, request, ())
 
-    def _request_view_after(self, tx: _Tx, done: _Passed, request_id: str) -> RequestView:
+    def _request_view_after(
+        self, tx: _Tx, done: _Passed, request_id: str, placed: bool = True
+    ) -> RequestView:
         """A request's view right after its operation and the pass, which already knows where
         a waiting request stands: no second load and engine run, and no read at all when the
-        transaction knows the request."""
+        transaction knows the request (a batch on PostgreSQL's event loop could not read).
+        ``placed``: False when no pass may have run for the operation (a heartbeat's): where
+        a waiting request stands is then the engine's answer on the live state."""
         known = tx.known(request_id)
         if known is None:
             request = repo.get_request(tx.conn, request_id)
@@ -1449,9 +1451,11 @@ class Service:
         else:
             # Only a preempted request has a retry, and the transaction does not know those.
             (request, allocation), retried_as_id = known, None
-        return _view(
-            tx.live().components, request, allocation, retried_as_id, done.entries(request_id)
-        )
+        entries = done.entries(request_id)
+        if request.status is RequestStatus.QUEUED and not entries and not placed:
+            entries = queue_entries(reconcile(tx.live().snapshot(self.clock()))).get(
+                request_id, ())
+        return _view(tx.live().components, request, allocation, retried_as_id, entries)
 
     def _request_view_of(
         self,
