@@ -97,6 +97,7 @@ class AsyncClient:
     list_pools = _on_thread(Client.list_pools)
     pool_requests = _on_thread(Client.pool_requests)
     attach_policy = _on_thread(Client.attach_policy)
+    update_policy = _on_thread(Client.update_policy)
     detach_policy = _on_thread(Client.detach_policy)
     list_policies = _on_thread(Client.list_policies)
     list_components = _on_thread(Client.list_components)

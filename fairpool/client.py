@@ -292,8 +292,26 @@ class Client:
         reserved: Mapping[str, int] | None = None,
         limit: Mapping[str, int] | None = None,
     ) -> PolicyView:
-        """Attach (or replace) ``component``'s policy on ``pool``."""
+        """Attach ``component``'s policy to ``pool`` (``Conflict`` if it has one there:
+        ``update_policy`` changes it)."""
         return self._service.attach_policy(
+            pool, component, component_type, priority, reserved, limit
+        )
+
+    def update_policy(
+        self,
+        pool: str,
+        component: str,
+        component_type: str = "orchestrator",
+        *,
+        priority: int | None = None,
+        reserved: Mapping[str, int] | None = None,
+        limit: Mapping[str, int] | None = None,
+    ) -> PolicyView:
+        """Change ``component``'s policy on ``pool`` in place, in use or not: what is given
+        replaces what it had (``reserved`` and ``limit`` each as a whole map). Allocations
+        keep their units; the queue is decided by the new policy from now on."""
+        return self._service.update_policy(
             pool, component, component_type, priority, reserved, limit
         )
 

@@ -140,17 +140,35 @@ class RemoteService:
 
         return PolicyView.from_dict(self._once("POST", path, 409, done, json=body))
 
+    def update_policy(
+        self,
+        pool_ref: str,
+        component: str,
+        component_type: str = "orchestrator",
+        priority: int | None = None,
+        reserved: Mapping[str, object] | None = None,
+        limit: Mapping[str, object] | None = None,
+    ) -> PolicyView:
+        body = {"priority": priority, "reserved": _plain(reserved), "limit": _plain(limit)}
+        # Sent again after a lost answer, it sets the same values: no refusal to tell apart.
+        return PolicyView.from_dict(self._call(
+            "PATCH", self._policy_path(pool_ref, component, component_type),
+            params={"component_type": component_type}, json=body))
+
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
+        path = self._policy_path(pool_ref, component, component_type)
+        self._once("DELETE", path, 404, params={"component_type": component_type})
+
+    def _policy_path(self, pool_ref: str, component: str, component_type: str) -> str:
         pool = _segment(pool_ref, "pool")
 
         def missing(name: str) -> NotFound:  # the pool is looked up first, as the service does
             kind = one_of("component_type", component_type, COMPONENT_TYPES)
             return NotFound.of_policy(kind, name, self._call("GET", f"/pools/{pool}")["name"])
 
-        path = f"/pools/{pool}/policies/{_segment(component, missing)}"
-        self._once("DELETE", path, 404, params={"component_type": component_type})
+        return f"/pools/{pool}/policies/{_segment(component, missing)}"
 
     def list_policies(
         self,

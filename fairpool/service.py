@@ -547,6 +547,48 @@ class Service:
 
         return self._write(change)
 
+    def update_policy(
+        self,
+        pool_ref: str,
+        component: str,
+        component_type: str = "orchestrator",
+        priority: int | None = None,
+        reserved: Mapping[str, object] | None = None,
+        limit: Mapping[str, object] | None = None,
+    ) -> PolicyView:
+        """Change a policy in place, in use or not: what is given replaces what it had
+        (``reserved`` and ``limit`` each as a whole map). Allocations keep their units, as
+        when a pool shrinks (a limit never picks victims); the pass that follows decides the
+        queue by the new policy."""
+        kind = _component_type(component_type)
+        if priority is None and reserved is None and limit is None:
+            raise InvalidInput.from_message(
+                "policy", "policy: nothing to update: give a priority, reserved or limit")
+
+        def change(tx: _Tx) -> Answer[PolicyView]:
+            conn = tx.conn
+            pool = repo.get_pool(conn, pool_ref)
+            policy = _policy_of(conn, pool, component, kind)
+            new_reserved, new_limit = frontend.validate_policy(
+                pool,
+                policy.reserved if reserved is None else reserved,
+                policy.limit if limit is None else limit,
+                policy.priority if priority is None else priority,
+            )
+            others = [p for p in repo.list_policies(conn, pool_id=pool.id) if p.id != policy.id]
+            frontend.check_reserved_total(
+                pool.capacity,
+                [*others, replace(policy, reserved=new_reserved, limit=new_limit)],
+                pool.name,
+            )
+            repo.update_policy(conn, policy.id, self.clock(), priority=priority,
+                               reserved=new_reserved, limit=new_limit)
+            return lambda tx, _: self._policy_view(
+                state := _State.load(tx.conn), state.policies[policy.id]
+            )
+
+        return self._write(change)
+
     def detach_policy(
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
@@ -555,17 +597,7 @@ class Service:
         def change(tx: _Tx) -> Answer[None]:
             conn = tx.conn
             pool = repo.get_pool(conn, pool_ref)
-            found = _component(conn, component, kind)
-            policy = next(
-                (
-                    p
-                    for p in repo.list_policies(conn, pool_id=pool.id)
-                    if found is not None and p.component_id == found.id
-                ),
-                None,
-            )
-            if policy is None:
-                raise NotFound.of_policy(kind, component, pool.name)
+            policy = _policy_of(conn, pool, component, kind)
             live = [
                 a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id
             ]
@@ -1542,6 +1574,16 @@ def _queue_order(request: Request) -> tuple[datetime, str]:
 
 def _allocation_order(allocation: Allocation) -> tuple[datetime, str]:
     return allocation.allocated_at, allocation.request_id
+
+
+def _policy_of(conn: Connection, pool: Pool, component: str, kind: ComponentType) -> Policy:
+    """``component``'s policy on ``pool``."""
+    found = _component(conn, component, kind)
+    policy = next((p for p in repo.list_policies(conn, pool_id=pool.id)
+                   if found is not None and p.component_id == found.id), None)
+    if policy is None:
+        raise NotFound.of_policy(kind, component, pool.name)
+    return policy
 
 
 def _component(conn: Connection, name: str, kind: ComponentType) -> Component | None:

@@ -191,6 +191,13 @@ def every_command(fp: Transcript) -> None:
     fp("resource-pool", "requests", "gpus", "--view", "queued", "-o", "json")
     fp("resource-pool", "requests", "gpus")
     fp("resource-pool", "detach-policy", "gpus", "team-a")                      # live allocations
+    fp("resource-pool", "update-policy", "gpus", "team-a", "-p", "7", "-l", '{"gpu": 4}', "-o", "json")
+    fp("resource-pool", "update-policy", "gpus", "team-b", "-t", "orchestrator", "-p", "1")
+    fp("resource-pool", "update-policy", "gpus", "team-a")                      # nothing to update
+    fp("resource-pool", "update-policy", "gpus", "team-a", "-r", '{"gpu": 5}')  # > limit
+    fp("resource-pool", "update-policy", "gpus", "team-a", "-l", "[1]")         # not a mapping
+    fp("resource-pool", "update-policy", "gpus", "nobody", "-p", "1")           # not found
+    fp("resource-pool", "update-policy", "nope", "team-a", "-p", "1")           # not found
     fp("resource-pool", "delete", "gpus", "-y")                                 # live allocations
     fp("resource-request", "release", a["id"])                                  # the retry gets it
     fp("resource-request", "release", a["id"])                                  # already released
@@ -485,7 +492,8 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     codes = {" ".join(s.args): s.code for s in embedded.steps}
     assert sorted(set(codes.values())) == [0, 1, 2]
     errors = [s.stderr for s in embedded.steps if s.code == 1]
-    for needle in ("already exists", "gpu", "live allocation", "no request", "already cancelled"):
+    for needle in ("already exists", "gpu", "live allocation", "no request", "already cancelled",
+                   "nothing to update", "No policy found for orchestrator `nobody`"):
         assert any(needle in e for e in errors), needle
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
@@ -495,6 +503,9 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
                    "tree_options.cpus: is not one of the operation's trees",
                    "no pool tree 'other'", "complete or abort them first"):
         assert any(needle in e for e in errors), needle
+    [updated] = [s.stdout for s in embedded.steps
+                 if s.args[:2] == ("resource-pool", "update-policy") and isinstance(s.stdout, dict)]
+    assert (updated["priority"], updated["limit"]) == (7, {"gpu": 4})
     started = [s.stdout for s in embedded.steps
                if s.args[:2] == ("operation", "start") and isinstance(s.stdout, dict)]
     assert [(op["status"], op["running_jobs"]) for op in started] == [
@@ -895,6 +906,12 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     queued = step("submit queued", lambda: client.submit({"gpu": 2}, component="sdk-low", lease_ttl=None))
     step("submit rejected", lambda: client.submit({"gpu": 9}, component="sdk-low"))
     step("submit invalid", lambda: client.submit({"gpu": 0}, component="sdk-low"))
+    step("update_policy in use", lambda: client.update_policy("sdk", "sdk-low", priority=2))
+    step("update_policy nothing", lambda: client.update_policy("sdk", "sdk-low"))
+    step("update_policy, limit a list",
+         lambda: client.update_policy("sdk", "sdk-low", limit=["gpu"]))  # type: ignore[arg-type]
+    step("update_policy step_operator",
+         lambda: client.update_policy("sdk", "sdk-low", "step_operator", priority=2))
     step("submit bad component type",
          lambda: client.submit({"gpu": 1}, component="sdk-low", component_type="deployer"))
     step("get by prefix", lambda: client.get(queued.id[:8]))
@@ -915,6 +932,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
         step(f"create_pool {odd}", lambda odd=odd: client.create_pool(odd, {"gpu": 1}))
         step(f"attach_policy {odd}", lambda odd=odd: client.attach_policy(odd, odd))
         step(f"update_pool {odd}", lambda odd=odd: client.update_pool(odd, {"gpu": 2}))
+        step(f"update_policy {odd}",
+             lambda odd=odd: client.update_policy(odd, odd, limit={"gpu": 1}))
         step(f"pool_requests {odd}", lambda odd=odd: client.pool_requests(odd))
     step("attach_policy sdk-low?x", lambda: client.attach_policy("sdk", "sdk-low?x"))
     step("detach_policy sdk-low?x", lambda: client.detach_policy("sdk", "sdk-low?x"))
@@ -1006,6 +1025,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("create_pool, description not text", "InvalidInput: description: must be a string"),
         ("update_pool unknown", "NotFound: "),
         ("attach_policy unknown key", "InvalidInput: reserved.tpu"),
+        ("update_policy nothing", "InvalidInput: policy: nothing to update"),
+        ("update_policy step_operator", "NotFound: No policy found for step_operator `sdk-low`"),
         ("submit invalid", "InvalidInput: "),
         ("list_requests bad status", "InvalidInput: status"),
         ("release again", "Conflict: "),
@@ -1068,6 +1089,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     for name, field in [("create_pool, capacity a list", "capacity"),
                         ("update_pool, capacity a list", "capacity"),
                         ("attach_policy, reserved a list", "reserved"),
+                        ("update_policy, limit a list", "limit"),
                         ("submit, demand a list", "resources"), ("submit, labels a list", "labels")]:
         assert str(answers[name]).startswith(f"InvalidInput: {field}: must be a mapping"), name
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]

@@ -221,6 +221,67 @@ def test_one_policy_per_component_and_pool(svc: Service) -> None:
     svc.attach_policy("p", "a", component_type="step_operator")
 
 
+def test_a_policy_in_use_is_changed_in_place_and_the_queue_follows_it(svc: Service) -> None:
+    """A policy could only be detached and attached again, which is refused while it holds
+    units: a team's priority or limit could not change without draining its work."""
+    svc.create_pool("p", {"gpu": 4})
+    svc.attach_policy("p", "a", priority=1, reserved={"gpu": 4})
+    svc.attach_policy("p", "b", priority=5)
+    held = svc.create_request("a", demand={"gpu": 4}, preemptible=False)
+    assert held.status == "allocated"
+    first = svc.create_request("b", demand={"gpu": 1})  # b outranks a: its waiter is first
+    second = svc.create_request("a", demand={"gpu": 1})
+    assert [r.queue[0].position for r in (first, second)] == [1, 2]
+
+    # A limit lowered below what is held: nothing is taken back (a limit picks no victims).
+    lowered = svc.update_policy("p", "a", priority=9, reserved={}, limit={"gpu": 2})
+    assert (lowered.priority, lowered.limit, lowered.reserved) == (9, {"gpu": 2}, {"gpu": 0})
+    assert svc.get_request(held.id).status == "allocated"
+    waiting = svc.get_request(second.id)
+    assert waiting.queue[0].reason == "policy a on p: gpu requested 1, in use 4 of limit 2"
+    assert waiting.queue[0].position == 1  # a outranks b now
+    svc.release_request(held.id)
+    assert [svc.get_request(r).status for r in (first.id, second.id)] == ["allocated"] * 2
+
+    # What is not given is kept; reserved and limit each replace their whole map.
+    kept = svc.update_policy("p", "a", reserved={"gpu": 1})
+    assert (kept.priority, kept.reserved, kept.limit) == (9, {"gpu": 1}, {"gpu": 2})
+    assert svc.update_policy("p", "a", limit={}).effective_limit == {"gpu": 4}
+    # The pass that follows decides by the new policy: a limit raised grants at once.
+    svc.update_policy("p", "b", limit={"gpu": 1})
+    capped = svc.create_request("b", demand={"gpu": 1})
+    assert capped.status == "queued"
+    svc.update_policy("p", "b", limit={"gpu": 2})
+    assert svc.get_request(capped.id).status == "allocated"
+
+
+@pytest.mark.parametrize(("pool", "component", "changes", "error", "message"), [
+    ("p", "a", {}, InvalidInput, "policy: nothing to update: give a priority, reserved or limit$"),
+    ("p", "a", {"reserved": {"gpu": 3}}, InvalidInput, r"^reserved.gpu: must be <= limit 2 "),
+    ("p", "a", {"limit": {"gpu": 1}}, InvalidInput, r"^reserved.gpu: must be <= limit 1 "),
+    ("p", "a", {"reserved": {"gpu": 2, "tpu": 1}}, InvalidInput, r"^reserved.tpu: pool 'p' has "
+     "no 'tpu'"),
+    ("p", "b", {"reserved": {"gpu": 3}}, InvalidInput, "reserved totals on pool 'p' would "
+     "exceed its capacity 4"),
+    ("p", "a", {"priority": -1}, InvalidInput, r"^priority: "),
+    ("p", "a", {"limit": {"gpu": "x"}}, InvalidInput, r"^limit.gpu: "),
+    ("q", "a", {"priority": 1}, NotFound, "q"),
+    ("p", "nobody", {"priority": 1}, NotFound, "No policy found for orchestrator `nobody` in "
+     "resource pool `p`"),
+])
+def test_a_policy_update_refused_changes_nothing(
+    svc: Service, pool: str, component: str, changes: dict[str, object],
+    error: type[Exception], message: str,
+) -> None:
+    svc.create_pool("p", {"gpu": 4})
+    svc.attach_policy("p", "a", priority=3, reserved={"gpu": 2}, limit={"gpu": 2})
+    svc.attach_policy("p", "b", reserved={"gpu": 1})
+    before = svc.list_policies("p")
+    with pytest.raises(error, match=message):
+        svc.update_policy(pool, component, **changes)  # type: ignore[arg-type]
+    assert svc.list_policies("p") == before
+
+
 def test_deleting_a_pool_or_detaching_a_policy_with_live_allocations_is_refused(svc: Service) -> None:
     svc.create_pool("p", {"gpu": 8})
     svc.attach_policy("p", "orch")
@@ -283,14 +344,15 @@ def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Ser
     svc.attach_policy("p", "orch", reserved={"gpu": 1}, limit={"gpu": 2, "tpu": 1})
     svc.attach_policy("p", "other", reserved={"tpu": 2})
     with pytest.raises(InvalidInput, match=r"^capacity.tpu: policy other on pool 'p' reserves 2 "
-                       r"tpu: detach it first \(then attach it again without that reserve\) \(got 0\)$"):
+                       r"tpu: take it out of the policy's reserved first \(resource-pool "
+                       r"update-policy\), or detach the policy \(got 0\)$"):
         svc.update_pool("p", capacity={"tpu": 0})
     assert {(v.component, v.limit.get("tpu")) for v in svc.list_policies("p")} == {
         ("orch", 1), ("other", None)}
-    svc.detach_policy("p", "other")
+    svc.update_policy("p", "other", reserved={})
     svc.update_pool("p", capacity={"tpu": 0})
-    [orch] = svc.list_policies("p")
-    assert (orch.reserved, orch.limit) == ({"gpu": 1}, {"gpu": 2})
+    assert {v.component: (v.reserved, v.limit) for v in svc.list_policies("p")} == {
+        "orch": ({"gpu": 1}, {"gpu": 2}), "other": ({}, {})}
     svc.update_pool("p", capacity={"tpu": 4})
     request = svc.create_request("orch", demand=demand(gpu_count=1, resources={"tpu": 3}))
     assert request.status == "allocated"

@@ -52,6 +52,7 @@ from fairpool.api.models import (
     ErrorBody,
     PathText,
     PolicyCreate,
+    PolicyUpdate,
     PoolCreate,
     PoolUpdate,
     QueryText,
@@ -518,6 +519,20 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """Policies, optionally of one pool, component or component type."""
         views = service.list_policies(pool or None, component, component_type)
         return _json(_whole([v.as_dict() for v in views]))
+
+    @route("PATCH", "/pools/{ref}/policies/{component}", tags=["policies"])
+    def update_policy(
+        ref: Ref,
+        component: Ref,
+        body: PolicyUpdate,
+        component_type: ComponentType = "orchestrator",
+    ) -> JSONResponse:
+        """Change a policy in place, in use or not: what the body gives replaces what it had.
+        Allocations keep their units; the queue is decided by the new policy from now on."""
+        policy = service.update_policy(
+            ref, component, component_type, body.priority, body.reserved, body.limit
+        )
+        return _json(policy.as_dict())
 
     @route("DELETE", "/pools/{ref}/policies/{component}", status_code=204, tags=["policies"])
     def detach_policy(

@@ -98,6 +98,7 @@ RULES: dict[str, Rule] = {
     "get_pool": Rule.ANY,
     "pool_requests": Rule.ANY,
     "attach_policy": Rule.ADMIN,
+    "update_policy": Rule.ADMIN,
     "detach_policy": Rule.ADMIN,
     "list_policies": Rule.ANY,
     "list_components": Rule.ANY,

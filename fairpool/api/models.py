@@ -142,6 +142,14 @@ class PolicyCreate(Strict):
     limit: Amounts = Field(default_factory=dict)
 
 
+class PolicyUpdate(Strict):
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = Field(
+        default=None, description="Higher is preferred; absent: kept."
+    )
+    reserved: Amounts | None = Field(default=None, description="Replaces the whole map.")
+    limit: Amounts | None = Field(default=None, description="Replaces the whole map.")
+
+
 class RequestCreate(Strict):
     component: Name
     component_type: ComponentType = "orchestrator"

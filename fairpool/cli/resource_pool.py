@@ -215,6 +215,50 @@ def attach_policy(
     )
 
 
+@resource_pool.command("update-policy")
+@click.argument("resource_pool_name_or_id")
+@click.argument("component")
+@click.option(
+    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
+    show_default=True, help="Kind of stack component.",
+)
+@click.option("--priority", "-p", type=int, default=None, help="New priority.")
+@click.option(
+    "--reserved", "-r", default=None, metavar="JSON|YAML", help="New reserved per key (whole map)."
+)
+@click.option(
+    "--limit", "-l", default=None, metavar="JSON|YAML", help="New limit per key (whole map)."
+)
+@o.output_option
+def update_policy(
+    resource_pool_name_or_id: str,
+    component: str,
+    component_type: str,
+    priority: int | None,
+    reserved: str | None,
+    limit: str | None,
+    output: str,
+) -> None:
+    """Change a component's policy in place, in use or not (allocations keep their units)."""
+    policy = service().update_policy(
+        resource_pool_name_or_id, component, component_type, priority,
+        parse_mapping("reserved", reserved), parse_mapping("limit", limit),
+    )
+    o.declare(
+        f"Updated pool policy for component `{policy.component}` on resource pool "
+        f"`{policy.pool}`."
+    )
+    shown = policy.as_dict()
+    if output != "table":
+        o.dump(shown, output)
+        return
+    o.print_properties(
+        f"Policy of {policy.component_type} '{policy.component}' on '{policy.pool}'",
+        [(field, shown[field]) for field in (
+            "id", "priority", "reserved", "limit", "effective_reserved", "effective_limit")],
+    )
+
+
 @resource_pool.command("detach-policy")
 @click.argument("resource_pool_name_or_id")
 @click.argument("component")

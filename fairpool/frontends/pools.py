@@ -232,8 +232,8 @@ def check_removed_keys(
             if policy.reserved[key]:
                 raise InvalidInput(
                     f"capacity.{key}", 0, f"policy {owner(policy)} on pool {pool_name!r} "
-                    f"reserves {policy.reserved[key]} {key}: detach it first (then attach it "
-                    "again without that reserve)")
+                    f"reserves {policy.reserved[key]} {key}: take it out of the policy's reserved "
+                    "first (resource-pool update-policy), or detach the policy")
 
 
 def policy_within(
