@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import click
 
@@ -16,6 +17,21 @@ POLICY_COLUMNS = ("id", "component", "component_type", "pool", "priority", "rese
 POOL_REQUEST_COLUMNS = ("id", "state", "status", "component", "resources", "position", "reason")
 ACTIVE_COLUMNS = ("id", "component", "resources", "priority", "allocated_at")
 QUEUED_COLUMNS = ("id", "component", "resources", "position", "reason")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def policy_arguments(help: str) -> Callable[[F], F]:
+    """``POOL COMPONENT [--component-type T]``: the policy a command is about."""
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
+            show_default=True, help=help,
+        )(command)
+        return click.argument("resource_pool_name_or_id")(click.argument("component")(command))
+
+    return decorate
 
 
 def occupied_cell(pool: dict[str, Any]) -> str:
@@ -184,12 +200,7 @@ def delete(name_id_or_prefix: str, yes: bool) -> None:
 
 
 @resource_pool.command("attach-policy")
-@click.argument("resource_pool_name_or_id")
-@click.argument("component")
-@click.option(
-    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
-    show_default=True, help="Kind of stack component that sends the requests.",
-)
+@policy_arguments("Kind of stack component that sends the requests.")
 @click.option(
     "--priority", "-p", type=int, required=True, help="Higher means preferred in the queue."
 )
@@ -216,12 +227,7 @@ def attach_policy(
 
 
 @resource_pool.command("update-policy")
-@click.argument("resource_pool_name_or_id")
-@click.argument("component")
-@click.option(
-    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
-    show_default=True, help="Kind of stack component.",
-)
+@policy_arguments("Kind of stack component.")
 @click.option("--priority", "-p", type=int, default=None, help="New priority.")
 @click.option(
     "--reserved", "-r", default=None, metavar="JSON|YAML", help="New reserved per key (whole map)."
@@ -260,12 +266,7 @@ def update_policy(
 
 
 @resource_pool.command("detach-policy")
-@click.argument("resource_pool_name_or_id")
-@click.argument("component")
-@click.option(
-    "--component-type", "-t", type=click.Choice(COMPONENT_TYPES), default="orchestrator",
-    show_default=True, help="Kind of stack component.",
-)
+@policy_arguments("Kind of stack component.")
 def detach_policy(resource_pool_name_or_id: str, component: str, component_type: str) -> None:
     """Remove a component's policy from a resource pool."""
     service().detach_policy(resource_pool_name_or_id, component, component_type)
