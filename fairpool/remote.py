@@ -407,7 +407,7 @@ def _answer(response: httpx.Response) -> Any:
         raise ConfigError(
             ConfigIssue(e["path"], e["message"], e.get("line")) for e in body["errors"]
         )
-    if response.status_code == 422 and field:
+    if response.status_code == 422 and field is not None:
         raise InvalidInput.from_message(field, detail)
     if response.status_code == 409 and detail.endswith(AmbiguousReference.ENDING):
         raise AmbiguousReference(detail)

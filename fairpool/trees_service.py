@@ -81,6 +81,9 @@ from fairpool.store.tree_records import (
 #: (100k jobs: ~5 s a pass). The same for the embedded CLI as over HTTP: a store it wrote
 #: may be served later.
 MAX_JOB_COUNT = 10_000
+#: Trees of one operation (YTsaurus pool_trees): each is a placement every pass plans; the
+#: same embedded and over HTTP, which used to be the only one to cap them.
+MAX_POOL_TREES = 16
 
 
 def _utcnow() -> datetime:
@@ -1420,7 +1423,11 @@ def _parse_tree_options(given: Mapping[str, object] | None) -> dict[str, _TreeOp
 
 
 def _check_trees(names: Sequence[str], options: Mapping[str, _TreeOptions]) -> None:
-    """Each tree once; per-tree options only for the operation's trees."""
+    """At most ``MAX_POOL_TREES``, each once; per-tree options only for the operation's
+    trees."""
+    if len(names) > MAX_POOL_TREES:
+        raise InvalidInput("tree", len(names), f"an operation runs in at most "
+                           f"{MAX_POOL_TREES} trees")
     for index, name in enumerate(names):
         if name in names[:index]:
             raise InvalidInput("tree", name, "given twice")

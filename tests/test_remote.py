@@ -456,6 +456,24 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "remove", "gpu-02")
     fp("node", "remove", "gpu-02")                                            # unknown node
     fp("operation", "list", "-o", "yaml")
+    fp("operation", "list", "--tree", "")                # an empty name (remotely: every tree)
+    # Options the service takes or refuses in its words, which the API's own shape refused
+    # (65 entries) or named wrongly (deeper than five levels: "config.…bool: Input should be
+    # a valid boolean"); an empty option name and 17 trees, which only one side refused.
+    presets = ", ".join(f"p{i}: {{weight: 1}}" for i in range(65))
+    fp("pool-tree", "create", "wide", "--node-tag-filter", "wide", "--config",
+       f"{{pool_config_presets: {{{presets}}}}}")
+    names = ", ".join(f"p{i}" for i in range(65))
+    fp("pool", "create", "many", "--tree", "wide", "--config", f"{{config_presets: [{names}]}}",
+       "-o", "json")
+    fp("pool", "create", "deep", "--tree", "wide", "--config",
+       "{offloading_settings: {a: {b: {c: {d: {e: 1}}}}}}")
+    fp("pool", "create", "keys", "--tree", "wide", "--config",
+       json.dumps({"resource_limits": {f"k{i}": 1 for i in range(65)}}))
+    fp("pool", "create", "blank", "--tree", "wide", "--config", '{"": 2}')
+    fp("pool", "set", "many", "--tree", "wide", "", "2")
+    fp("operation", "start", *(f"--tree=t{i}" for i in range(17)), "--pool", "p", "--user", "u",
+       "--job-resources", '{"cpu": 1}', "--job-count", "1")
 
 
 @pytest.mark.long
@@ -501,8 +519,14 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
                    "max_operation_count is 1", "job_count: must be a positive integer",
                    "no default_tree set", "already completed",
                    "tree_options.cpus: is not one of the operation's trees",
-                   "no pool tree 'other'", "complete or abort them first"):
+                   "no pool tree 'other'", "complete or abort them first", "no pool tree ''",
+                   "offloading_settings.a: must be {pool: <name>}",
+                   "resource_limits: must have at most 64 keys",
+                   "pool key: an empty name is no pool option",
+                   "tree: an operation runs in at most 16 trees (got 17)"):
         assert any(needle in e for e in errors), needle
+    [many] = [s.stdout for s in embedded.steps if s.args[:3] == ("pool", "create", "many")]
+    assert len(many["config"]["config_presets"]) == 65
     [updated] = [s.stdout for s in embedded.steps
                  if s.args[:2] == ("resource-pool", "update-policy") and isinstance(s.stdout, dict)]
     assert (updated["priority"], updated["limit"]) == (7, {"gpu": 4})

@@ -30,10 +30,6 @@ from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
 #: characters (``MAX_TREE_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_TREE_DOCUMENT_BODY = 12 * MAX_TREE_DOCUMENT + 1024
-#: Trees of one operation (YTsaurus pool_trees).
-MAX_POOL_TREES = 16
-#: Entries of any list or mapping inside an option value.
-MAX_ITEMS = 64
 #: A string the database stores as it is (no NUL, no lone surrogates); the service checks
 #: what it must look like (names, resource keys, tag formulas) and how long it may be
 #: (``MAX_OPTION_TEXT``), naming the field as the command line does; the body's size bounds
@@ -46,19 +42,32 @@ BodyName = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidato
 #: A key in an option's value or in resources: bounded by the service, as a name
 #: (``MAX_NAME``), in its words embedded and remote.
 OptionKey = BodyName
-#: An option's number (a weight too) may be infinite or NaN here: the service refuses it in
-#: the words of the option's own check ("weight: must be a finite number ..."), as the
+
+
+def _stored_as_is(options: dict[str, Any]) -> dict[str, Any]:
+    """Every text in ``options`` (keys too, at any depth) is one the database stores as it
+    is. The rest is the service's to check, in its words, as the command line's is: a shape
+    checked here (it had lists and mappings of at most 64 entries, five levels deep) refused
+    valid options (65 presets) and named no option in its errors. Iterative: the body's JSON
+    may nest as deeply as the parser allows."""
+    values: list[Any] = [options]
+    while values:
+        value = values.pop()
+        if isinstance(value, str):
+            text(value)
+        elif isinstance(value, dict):
+            for key in value:
+                text(key)
+            values.extend(value.values())
+        elif isinstance(value, list):
+            values.extend(value)
+    return options
+
+
+#: Options as JSON gives them; numbers may be infinite or NaN here, for the service to refuse
+#: in the words of the option's own check ("weight: must be a finite number ..."), as the
 #: command line does.
-Scalar = bool | int | float | Text | None
-#: Option values nest at most five levels (``pool_config_presets`` → a preset →
-#: ``ephemeral_subpool_config`` → ``resource_limits`` → an amount, or
-#: ``offloading_settings`` → a tree → ``pool``).
-Value1 = Scalar | Annotated[list[Scalar], Field(max_length=MAX_ITEMS)]
-Value2 = Value1 | Annotated[dict[OptionKey, Value1], Field(max_length=MAX_ITEMS)]
-Value3 = Value1 | Annotated[dict[OptionKey, Value2], Field(max_length=MAX_ITEMS)]
-Value4 = Value1 | Annotated[dict[OptionKey, Value3], Field(max_length=MAX_ITEMS)]
-Value5 = Value1 | Annotated[dict[OptionKey, Value4], Field(max_length=MAX_ITEMS)]
-Options = Annotated[dict[OptionKey, Value5], Field(max_length=MAX_KEYS)]
+Options = Annotated[dict[str, Any], AfterValidator(_stored_as_is)]
 #: A resource amount: an integer, or for ``memory`` a size such as "512GiB"; None too, for
 #: the service to refuse after the key (``{cpu:1}`` in YAML is the key "cpu:1", no value).
 Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text | None
@@ -133,7 +142,7 @@ class OperationStart(Strict):
     user: BodyName
     job_resources: Resources = Field(description="One job's resources.")
     job_count: Annotated[int, Field(ge=1, le=MAX_JOB_COUNT)]
-    pool_trees: Annotated[list[BodyName], Field(max_length=MAX_POOL_TREES)] = Field(
+    pool_trees: list[BodyName] = Field(
         default_factory=list,
         description="The trees it runs in (YTsaurus pool_trees). Default: the default_tree.",
     )
@@ -281,7 +290,7 @@ def trees_router(
     ) -> JSONResponse:
         """Operations, oldest first, optionally of one tree and one status (a submitter's
         own)."""
-        views = visible(tokens, caller, "operation", trees.list_operations(tree or None, status))
+        views = visible(tokens, caller, "operation", trees.list_operations(tree, status))
         return shown(caller, {"items": [v.as_dict() for v in views]})
 
     @router.get("/operations/{ref}", tags=["operations of pool trees"])

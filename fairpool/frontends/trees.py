@@ -302,8 +302,11 @@ def _option_name(
     what: str,
 ) -> str:
     """An option's own name (an alias resolved); an unknown one is refused, with a hint."""
-    bounded_text(f"{path.rstrip('.') or what} key", str(key), MAX_NAME)
+    field = f"{path.rstrip('.') or what} key"
+    bounded_text(field, str(key), MAX_NAME)
     name = aliases.get(str(key), str(key))
+    if not name:  # named as its mapping's key: ": unknown pool option" named nothing
+        raise InvalidInput(field, key, f"an empty name is no {what} option")
     if name not in parsers:
         close = difflib.get_close_matches(str(key), [*parsers, *aliases], n=1)
         if close:
