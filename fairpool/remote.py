@@ -388,6 +388,11 @@ MAYBE_DONE = ("; an attempt reached the server and its answer was lost, so it ma
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
+#: What the server answers for a path or method none of its routes takes (a service's own 404
+#: names what it did not find).
+_NO_ROUTE = {(404, "Not Found"), (405, "Method Not Allowed")}
+
+
 def _answer(response: httpx.Response) -> Any:
     """The response's JSON body, or the service's exception for an error status."""
     if response.status_code == 204:
@@ -413,6 +418,13 @@ def _answer(response: httpx.Response) -> Any:
         raise AmbiguousReference(detail)
     if response.status_code in _AWAY:  # retried already (``_send``)
         raise Unreachable(f"HTTP {response.status_code}: {detail}")
+    if (response.status_code, detail) in _NO_ROUTE:  # not a fairpool route: a URL with a path
+        request = response.request
+        raise FairpoolError(
+            f"HTTP {response.status_code}: the server has no route {request.method} "
+            f"{request.url.path}: is the URL its root (http://HOST:PORT, with a proxy's path "
+            "prefix if any), and is it a fairpool server as new as this client?"
+        )
     raise {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}.get(
         response.status_code, FairpoolError
     )(
@@ -513,6 +525,8 @@ def _server_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
                            "http://127.0.0.1:8600")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise InvalidInput("url", url, "has a port out of range (1 to 65535)")
     return url.rstrip("/")
 
 

@@ -474,6 +474,8 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool", "set", "many", "--tree", "wide", "", "2")
     fp("operation", "start", *(f"--tree=t{i}" for i in range(17)), "--pool", "p", "--user", "u",
        "--job-resources", '{"cpu": 1}', "--job-count", "1")
+    fp("operation", "start", "--pool", "p", "--user", "u", "--job-resources", '{"cpu": 1}',
+       "--job-count", "1", "--weight", "1." + "0" * 67 + "1")  # "at most 64 characters" remotely
 
 
 @pytest.mark.long
@@ -523,7 +525,8 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
                    "offloading_settings.a: must be {pool: <name>}",
                    "resource_limits: must have at most 64 keys",
                    "pool key: an empty name is no pool option",
-                   "tree: an operation runs in at most 16 trees (got 17)"):
+                   "tree: an operation runs in at most 16 trees (got 17)",
+                   "weight: must be a number written in at most 64 characters"):
         assert any(needle in e for e in errors), needle
     [many] = [s.stdout for s in embedded.steps if s.args[:3] == ("pool", "create", "many")]
     assert len(many["config"]["config_presets"]) == 65
@@ -638,7 +641,7 @@ def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8600", "ftp://127.0.0.1:8600", "http://[::1",
-                                 "http://"])
+                                 "http://", "http://127.0.0.1:99999"])
 def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
     """Not retried as an outage would be."""
     listing = fairpool_cli(url, "resource-pool", "list")
@@ -646,6 +649,19 @@ def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
     assert listing.returncode == 1 and out == ""
     [line] = err.strip().splitlines()
     assert line.startswith("Error: url: ") and line.endswith(f"(got {url!r})"), line
+
+
+def test_a_url_that_is_not_the_servers_root_says_so(server: ApiServer) -> None:
+    """A URL with the API's path in it answered a bare "Error: Not Found"."""
+    for url in (server.url + API, server.url + "/fairpool"):
+        listing = fairpool_cli(url, "resource-pool", "list")
+        out, err = listing.communicate(timeout=60)
+        assert listing.returncode == 1 and out == ""
+        path = url.removeprefix(server.url) + API + "/pools"
+        assert err.strip().splitlines() == [
+            f"Error: HTTP 404: the server has no route GET {path}: is the URL its root "
+            "(http://HOST:PORT, with a proxy's path prefix if any), and is it a fairpool server "
+            "as new as this client?"]
 
 
 def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(

@@ -72,9 +72,8 @@ Options = Annotated[dict[str, Any], AfterValidator(_stored_as_is)]
 #: the service to refuse after the key (``{cpu:1}`` in YAML is the key "cpu:1", no value).
 Amount = int | Annotated[float, Field(allow_inf_nan=False)] | Text | None
 Resources = Annotated[dict[OptionKey, Amount], Field(max_length=MAX_KEYS)]
-Weight = int | float | Annotated[
-    str, StringConstraints(max_length=64, pattern=TEXT_PATTERN), AfterValidator(text)
-]
+#: Its text's length is the service's to bound, in its words.
+Weight = int | float | Text
 #: The text of one option value, as the command line gives it (parsed as YAML).
 OptionText = Annotated[
     str, StringConstraints(max_length=MAX_OPTION_TEXT, pattern=TEXT_PATTERN), AfterValidator(text)

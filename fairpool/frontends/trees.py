@@ -128,8 +128,9 @@ def number(field_name: str, value: object, zero: bool = True) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InvalidInput(field_name, value, "must be a number")
     text = repr(value) if isinstance(value, float) else value
-    if isinstance(text, str) and len(text) > 64:
-        raise InvalidInput(field_name, clipped(text), "must be a number")
+    if isinstance(text, str) and len(text) > 64:  # Decimal's work grows with its digits
+        raise InvalidInput(field_name, clipped(text), "must be a number written in at most "
+                           "64 characters")
     try:
         decimal = Decimal(text)
     except InvalidOperation:
