@@ -327,7 +327,7 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
          "resources.cpu: must be an integer (got True)"),
         ("/operations", {"user": "u1", "job_resources": {"cpu": 1}, "job_count": 1,
                          "weight": "9" * 100},
-         "weight: must be at most 64 characters (got '99999999999999999999...')"),
+         "weight: must be a number written in at most 64 characters (got '99999999999999999999...')"),
         # Text in an option's value: its length is the service's to check, as embedded.
         ("/pool-trees", {"name": "u1", "config": {"node_tag_filter": "f" * 5000}},
          "config.node_tag_filter: must be at most 4096 characters (got 'ffffffffffffffffffff...')"),
