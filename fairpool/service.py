@@ -583,6 +583,8 @@ class Service:
             )
             repo.update_policy(conn, policy.id, self.clock(), priority=priority,
                                reserved=new_reserved, limit=new_limit)
+            if priority is not None:
+                repo.reprioritize_allocations(conn, policy.id, priority)
             return lambda tx, _: self._policy_view(
                 state := _State.load(tx.conn), state.policies[policy.id]
             )

@@ -255,6 +255,28 @@ def test_a_policy_in_use_is_changed_in_place_and_the_queue_follows_it(svc: Servi
     assert svc.get_request(capped.id).status == "allocated"
 
 
+def test_preemption_weighs_a_running_request_by_its_policys_priority_as_it_now_is(
+    svc: Service,
+) -> None:
+    """Each allocation kept the priority of its grant: a policy raised to 9 let its own
+    waiter preempt its running work (9 > 2), and one lowered to 1 kept its work safe."""
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "a", priority=2)
+    svc.attach_policy("p", "b", priority=5)
+    running = svc.create_request("a", demand={"gpu": 1})
+    svc.create_request("a", demand={"gpu": 1})  # waits: a's own, as high as its work
+    svc.update_policy("p", "a", priority=9)
+    assert svc.get_request(running.id).status == "allocated"
+    [active] = svc.get_pool("p").active_requests
+    assert (active.id, svc.get_request(running.id).priority) == (running.id, 9)
+    # b (5) waits; lowering a to 1 preempts a's work at once, as attached at 1 it would be.
+    waiter = svc.create_request("b", demand={"gpu": 1})
+    assert waiter.status == "queued"
+    svc.update_policy("p", "a", priority=1)
+    assert svc.get_request(running.id).status == "preempted"
+    assert svc.get_request(waiter.id).status == "allocated"
+
+
 @pytest.mark.parametrize(("pool", "component", "changes", "error", "message"), [
     ("p", "a", {}, InvalidInput, "policy: nothing to update: give a priority, reserved or limit$"),
     ("p", "a", {"reserved": {"gpu": 3}}, InvalidInput, r"^reserved.gpu: must be <= limit 2 "),

@@ -879,6 +879,18 @@ def release_allocation(connection: Connection, request_id: str, now: datetime) -
     )
 
 
+def reprioritize_allocations(connection: Connection, policy_id: str, priority: int) -> None:
+    """The live allocations of a policy whose priority changed take the new one: preemption
+    compares it with a waiter's (a copy kept from the grant made a component's own waiter
+    outrank its running work, priority 9 > 2, once its policy was raised)."""
+    table = schema.allocation
+    connection.execute(
+        update(table)
+        .where(table.c.policy_id == policy_id, table.c.released_at.is_(None))
+        .values(priority=priority)
+    )
+
+
 _LIVE_ALLOCATIONS = (
     select(schema.allocation)
     .where(schema.allocation.c.released_at.is_(None))
