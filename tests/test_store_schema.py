@@ -195,13 +195,23 @@ def test_another_programs_database_is_refused_untouched(new_database: Callable[.
             for name in ("invoices", "customers", "orders", "payments"):
                 connection.execute(text(f"CREATE TABLE {name} (id INTEGER)"))
             connection.execute(text("INSERT INTO invoices VALUES (1)"))
-        before = _dump(engine)
+        before = _dump(engine), _file(url)
         with pytest.raises(Unreachable, match=(
             r"^cannot open the database .*: it holds 4 tables of another program \(customers, "
             r"invoices, orders, \.\.\.\) and no fairpool store: is the URL the one meant\? "
         )):
             Database.open(url)
-        assert _dump(engine) == before
+        assert (_dump(engine), _file(url)) == before  # SQLite: the file was switched to WAL
+        # Its own Alembic revision: taken for a newer fairpool's.
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+            connection.execute(text("INSERT INTO alembic_version VALUES ('1a2b3c4d5e6f')"))
+        with pytest.raises(Unreachable, match=(
+            r"it holds 4 tables of another program \(customers, invoices, orders, \.\.\.\) "
+            r"\(and its own schema revision, 1a2b3c4d5e6f\) and no fairpool store")):
+            Database.open(url)
+        with engine.begin() as connection:
+            connection.execute(text("DROP TABLE alembic_version"))
         # An empty alembic_version alone (a schema migrated down to nothing) is a new store.
         with engine.begin() as connection:
             for name in ("invoices", "customers", "orders", "payments"):
@@ -214,22 +224,32 @@ def test_another_programs_database_is_refused_untouched(new_database: Callable[.
 
 def test_a_postgresql_schema_of_its_own_keeps_the_store_beside_another_program(
         new_database: Callable[..., str]) -> None:
-    """What the refusal advises: the URL's search_path names a schema for fairpool."""
+    """What the refusal advises: the URL's search_path names a schema for fairpool, alone or
+    before the other program's (whose tables were taken for the store's neighbours)."""
     url = new_database("postgresql")
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
             connection.execute(text("CREATE TABLE invoices (id INTEGER)"))
             connection.execute(text("CREATE SCHEMA fairpool"))
-        with Database.open(url + "?options=-csearch_path%3Dfairpool") as db:
+        with Database.open(url + "?options=-csearch_path%3Dfairpool,public") as db:
             with db.write() as connection:
                 repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)
+        with Database.open(url + "?options=-csearch_path%3Dfairpool") as db:
+            with db.read() as connection:
+                assert repo.get_pool(connection, "gpus").capacity == {"gpu": 8}
         with engine.connect() as connection:
             assert inspect(connection).get_table_names() == ["invoices"]
             assert set(inspect(connection).get_table_names(schema="fairpool")) == {
                 "alembic_version", *schema.metadata.tables}
     finally:
         engine.dispose()
+
+
+def _file(url: str) -> bytes | None:
+    """A SQLite database's file as it is on disk (its header keeps the journal mode)."""
+    path = make_url(url).database
+    return Path(path).read_bytes() if url.startswith("sqlite") and path else None
 
 
 def _dump(engine: Engine) -> dict[str, list[Any]]:

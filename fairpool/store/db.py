@@ -120,11 +120,11 @@ _BUSY_TIMEOUTS = {ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (LOC
 _BUSY = "fairpool_busy_timeout"
 _FOREIGN_KEYS = "fairpool_foreign_keys"
 
+#: Each connection's settings; none is kept in the file (WAL is: ``Database._use_wal``).
 _SQLITE_PRAGMAS = (
-    # First, so that switching to WAL below waits for a concurrent opener instead of failing.
+    # So that switching to WAL waits for a concurrent opener instead of failing.
     f"PRAGMA busy_timeout = {LOCK_TIMEOUT_MS}",
     "PRAGMA foreign_keys = ON",
-    "PRAGMA journal_mode = WAL",
     # Safe with WAL: a power cut may lose the last commits but never corrupts the file.
     "PRAGMA synchronous = NORMAL",
     # A WAL that a burst of writes grew (a server checkpoints it once a second:
@@ -732,6 +732,18 @@ class Database:
             error.orig,
         ) from error
 
+    def _use_wal(self) -> None:
+        """SQLite's WAL, which the file keeps: readers and the writer do not block each
+        other. Switched to once the file is known to be a store or new, so that a file refused
+        is left as it was (another program's, switched on connecting, stayed in WAL)."""
+        raw = self._engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            _retry_while_locked(cursor.execute, "PRAGMA journal_mode = WAL")
+            cursor.close()
+        finally:
+            raw.close()
+
     def schema_problem(self) -> str | None:
         """Why the database no longer holds the schema this process works with, or None
         (``/readyz``): one dropped and made again, or upgraded by a newer fairpool since this
@@ -749,16 +761,13 @@ class Database:
     def _upgrade(self) -> None:
         with self.read() as connection:
             revision = _current_revision(connection)
-            if revision == SCHEMA_HEAD:
-                return
-            if revision is None and (tables := _tables(connection)):
-                raise Unreachable(f"cannot open the database {self.where}: {_not_ours(tables)}")
-            if revision is not None and not _known_revision(connection, revision):
-                raise Unreachable(
-                    f"cannot open the database {self.where}: its schema (revision {revision}) "
-                    f"is not one this fairpool knows (its newest is {SCHEMA_HEAD}): open it "
-                    "with the fairpool that last wrote it, or a newer one"
-                )
+            refused = _refusal(connection, revision)
+        if refused is not None:
+            raise Unreachable(f"cannot open the database {self.where}: {refused}")
+        if self.embedded:
+            self._use_wal()
+        if revision == SCHEMA_HEAD:
+            return
         from alembic import command
 
         # Under the write lock (PostgreSQL: the advisory lock; its DDL is transactional too),
@@ -798,34 +807,48 @@ def _current_revision(connection: Connection) -> str | None:
     return revision
 
 
-def _tables(connection: Connection) -> list[str]:
-    """The tables of the database's default schema but an empty ``alembic_version``, sorted
-    (called with no schema revision); a new database has none."""
-    from sqlalchemy import inspect
+def _refusal(connection: Connection, revision: str | None) -> str | None:
+    """Why the database is neither a store this fairpool works with nor a new one, or None.
 
-    return sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
-
-
-def _not_ours(tables: list[str]) -> str:
-    """Why a database with ``tables`` but no schema revision is not taken for a new one.
-
-    Fairpool's tables without a revision are a damaged store, whose first migration would fail
-    on "table component already exists". Anything else is another program's database, a
-    mistyped URL most likely: migrating it would put fairpool's tables among that program's.
-    """
+    A newer fairpool's store is refused, as are fairpool's tables without a revision (a
+    damaged store, whose first migration would fail on "table component already exists").
+    Anything else holding tables is another program's database, a mistyped URL most likely:
+    migrating it would put fairpool's tables among that program's (its own Alembic revision
+    was taken for a newer fairpool's)."""
+    if revision == SCHEMA_HEAD or (revision is not None and _known_revision(connection, revision)):
+        return None
+    tables = _tables(connection)
+    if revision is None and not tables:
+        return None  # a new database
     from fairpool.store.schema import metadata
 
     ours = [name for name in tables if name in metadata.tables]
-    found = ours or tables
-    listed = f"{', '.join(found[:3])}{', ...' if len(found) > 3 else ''}"
+    if ours and revision is not None:
+        return (f"its schema (revision {revision}) is not one this fairpool knows (its newest "
+                f"is {SCHEMA_HEAD}): open it with the fairpool that last wrote it, or a newer "
+                "one")
     if ours:
-        return (f"it holds {counted(len(ours), 'table')} of fairpool's ({listed}) but no "
+        return (f"it holds {counted(len(ours), 'table')} of fairpool's ({_listed(ours)}) but no "
                 "schema revision (alembic_version missing or empty): a damaged store, or "
                 "another program's database; nothing changed")
-    return (f"it holds {counted(len(tables), 'table')} of another program ({listed}) and no "
-            "fairpool store: is the URL the one meant? fairpool keeps its store in a "
-            "database of its own (a new, empty one, or a PostgreSQL schema of its own, named "
-            "in the URL's options=-csearch_path=NAME); nothing changed")
+    revised = "" if revision is None else f" (and its own schema revision, {revision})"
+    return (f"it holds {counted(len(tables), 'table')} of another program ({_listed(tables)})"
+            f"{revised} and no fairpool store: is the URL the one meant? fairpool keeps its "
+            "store in a database of its own (a new, empty one, or a PostgreSQL schema of its "
+            "own, named in the URL's options=-csearch_path=NAME); nothing changed")
+
+
+def _tables(connection: Connection) -> list[str]:
+    """The tables of the connection's own schema (PostgreSQL: ``current_schema()``, not
+    every schema on the search path) but ``alembic_version``, sorted."""
+    from sqlalchemy import inspect
+
+    own = connection.dialect.default_schema_name
+    return sorted(set(inspect(connection).get_table_names(schema=own)) - {"alembic_version"})
+
+
+def _listed(names: list[str]) -> str:
+    return f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
 
 
 def _known_revision(connection: Connection, revision: str) -> bool:
