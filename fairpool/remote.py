@@ -400,7 +400,9 @@ def _answer(response: httpx.Response) -> Any:
     try:
         body = response.json()
     except ValueError:  # a proxy's page: its HTML says no more than its status
-        body = {"detail": response.reason_phrase if response.status_code in _AWAY
+        said = response.status_code in _AWAY or (
+            response.status_code, response.reason_phrase) in _NO_ROUTE
+        body = {"detail": response.reason_phrase if said
                 else response.text.strip() or response.reason_phrase}
     if response.status_code < 400:
         return body

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import re
@@ -662,6 +663,35 @@ def test_a_url_that_is_not_the_servers_root_says_so(server: ApiServer) -> None:
             f"Error: HTTP 404: the server has no route GET {path}: is the URL its root "
             "(http://HOST:PORT, with a proxy's path prefix if any), and is it a fairpool server "
             "as new as this client?"]
+
+
+def test_a_proxy_path_left_out_of_the_url_is_said_so_not_the_proxys_page() -> None:
+    """A proxy serving the server under a path answers others with its HTML 404 page, which
+    was the whole error line."""
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = b"<html><head><title>404 Not Found</title></head><body>nginx</body></html>"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy) as proxy:
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            listing = fairpool_cli(f"http://127.0.0.1:{proxy.server_port}", "resource-pool", "list")
+            out, err = listing.communicate(timeout=60)
+        finally:
+            proxy.shutdown()
+    assert listing.returncode == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"Error: HTTP 404: the server has no route GET {API}/pools: is the URL its root "
+        "(http://HOST:PORT, with a proxy's path prefix if any), and is it a fairpool server as "
+        "new as this client?"]
 
 
 def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(
