@@ -840,6 +840,10 @@ def test_a_server_without_tokens_answers_no_other_sites_page(
         ({"Origin": "null"}, "Origin"),  # a sandboxed frame, a file:// page
         ({"Origin": f"http://127.0.0.1:{port + 1}"}, "Origin"),  # another port: another site
         ({"Host": f"attacker.example:{port}"}, "Host"),
+        # Not a loopback name or address, however bracketed or dotted.
+        *(({"Host": host}, "Host") for host in (
+            f"[::1]evil:{port}", f"[localhost]:{port}", f"[[localhost]]:{port}", "[::1.]",
+            f"localhost..:{port}", f".:{port}", f"localhost.evil:{port}", "")),
         # DNS rebinding: the page's own name now points at 127.0.0.1, so it is same-origin.
         ({"Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"},
          "Host"),

@@ -50,9 +50,10 @@ class AuthSetupError(ValueError):
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (as given to ``--host``, or a request's ``Host``) only serves this
-    machine. A name may end in the root's dot (``localhost.``), as a fully qualified one does."""
-    name = host.strip().strip("[]").lower().removesuffix(".")
+    """Whether ``host`` (as given to ``--host``) only serves this machine: a loopback address,
+    or a name that resolves to one from the hosts file (``localhost.``, fully qualified, is
+    asked of DNS, which may answer anything: not one)."""
+    name = host.strip().strip("[]").lower()
     if name in _LOOPBACK_NAMES:
         return True
     try:

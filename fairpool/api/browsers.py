@@ -17,6 +17,8 @@ With tokens on, neither applies: a browser never attaches a bearer token by itse
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -24,17 +26,27 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fairpool.api.auth import is_loopback
 from fairpool.api.errors import error_response
 
+#: A ``Host`` header: an address in brackets or a name, then a port if any.
+_HOST = re.compile(r"\[(?P<address>[^\[\]]*)\](?::[0-9]*)?|(?P<name>[^\[\]:]*)(?::[0-9]*)?")
 
-def _host_name(host: str) -> str:
-    """``127.0.0.1:8600`` → ``127.0.0.1``; ``[::1]:8600`` → ``::1``."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+def _names_this_machine(host: str) -> bool:
+    """Whether a request's ``Host`` is a loopback name or address, with any port. The browser
+    has resolved the name already: ``localhost.``, fully qualified, is ``localhost``."""
+    found = _HOST.fullmatch(host)
+    if found is None:
+        return False
+    if found["address"] is not None:
+        try:
+            return ipaddress.ip_address(found["address"]).is_loopback
+        except ValueError:
+            return False
+    return is_loopback(found["name"].removesuffix("."))
 
 
 def refusal(host: str | None, origin: str | None, loopback_only: bool) -> tuple[str, str] | None:
     """The header and the reason a request with these headers is refused, or None."""
-    if loopback_only and host is not None and not is_loopback(_host_name(host)):
+    if loopback_only and host is not None and not _names_this_machine(host):
         return "Host", (
             f"refused: this server has no API tokens and answers only requests addressed to "
             f"a loopback name (127.0.0.1, ::1, localhost), not {host!r}; serve others with "
