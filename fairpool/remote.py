@@ -529,6 +529,8 @@ def _server_url(url: str) -> str:
                            "http://127.0.0.1:8600")
     if parsed.port is not None and not 0 < parsed.port < 65536:
         raise InvalidInput("url", url, "has a port out of range (1 to 65535)")
+    if parsed.query or parsed.fragment:  # the API's paths go after it
+        raise InvalidInput("url", url, "must have no query (?...) or fragment (#...)")
     return url.rstrip("/")
 
 

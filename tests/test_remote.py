@@ -642,7 +642,8 @@ def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8600", "ftp://127.0.0.1:8600", "http://[::1",
-                                 "http://", "http://127.0.0.1:99999"])
+                                 "http://", "http://127.0.0.1:99999", "http://127.0.0.1:8600?x=1",
+                                 "http://127.0.0.1:8600/#top"])
 def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
     """Not retried as an outage would be."""
     listing = fairpool_cli(url, "resource-pool", "list")
