@@ -39,7 +39,7 @@ Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(te
 #: must look like and names the field as the command line does (``pool``, not the body's
 #: ``name``); the body's size bounds its length.
 BodyName = Annotated[str, StringConstraints(pattern=TEXT_PATTERN), AfterValidator(text)]
-#: A key in an option's value or in resources: bounded by the service, as a name
+#: A key in resources: bounded by the service, as a name
 #: (``MAX_NAME``), in its words embedded and remote.
 OptionKey = BodyName
 
