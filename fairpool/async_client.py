@@ -36,7 +36,6 @@ from fairpool.client import (
     NotGranted,
     Preempted,
     WaitTimeout,
-    beat_refused,
     not_granted,
     runs_once,
     stopped_waiting,
@@ -44,10 +43,9 @@ from fairpool.client import (
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
-    deleted,
+    beat_failed,
     holding,
     not_followed,
-    passing,
     still_waiting,
     wait_timeout,
 )
@@ -330,12 +328,11 @@ class AsyncAcquire:
             await asyncio.sleep(self._interval)
             try:
                 request = await self._client.heartbeat(grant.id)
-            except NotFound:
-                request = deleted(grant.request)
             except Exception as error:  # the task must live on: none was told otherwise
-                if passing(error):
-                    continue  # the next beat tries again; the lease covers a few misses
-                request = beat_refused(grant.request, error)
+                failed = beat_failed(grant.request, error)
+                if failed is None:
+                    continue  # a miss: the lease covers a few
+                request = failed
             if request.status != "allocated":
                 grant.lost = request
                 if not self._leaving and self._holder is not None:

@@ -26,7 +26,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
@@ -41,12 +40,11 @@ from fairpool.errors import (
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_RETRIES,
-    deleted,
+    beat_failed,
     gave_up,
     holding,
     interrupted,
     not_followed,
-    passing,
     still_waiting,
     wait_timeout,
 )
@@ -107,12 +105,6 @@ _ENDINGS: dict[str, type[NotGranted]] = {
     "preempted": Preempted,
     "released": Cancelled,
 }
-
-
-def beat_refused(request: RequestView, error: Exception) -> RequestView:
-    """``request`` as its holder takes it when a heartbeat failed in a way no retry mends
-    (``passing``): its lease will run out, its units go to others."""
-    return replace(request, status="lost", status_reason=f"heartbeat refused: {error}")
 
 
 def not_granted(request: RequestView) -> NotGranted:
@@ -203,12 +195,11 @@ class Grant:
         while not self._stop.wait(interval):
             try:
                 request = self._client.heartbeat(self.request.id)
-            except NotFound:
-                request = deleted(self.request)
             except Exception as error:  # the thread must live on: none was told otherwise
-                if passing(error):
-                    continue  # the next beat tries again; the lease covers a few misses
-                request = beat_refused(self.request, error)
+                failed = beat_failed(self.request, error)
+                if failed is None:
+                    continue  # a miss: the lease covers a few
+                request = failed
             if request.status != "allocated":
                 with self._lock:
                     self.lost = request

@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fairpool.errors import Forbidden, InvalidInput, Unauthorized, validate_int
+from fairpool.errors import Forbidden, InvalidInput, NotFound, Unauthorized, validate_int
 
 if TYPE_CHECKING:
     from fairpool.views import RequestView
@@ -86,3 +86,14 @@ def not_followed() -> str:
 def deleted(request: RequestView) -> RequestView:
     """``request`` as its holder learns it was deleted (its units are free for others)."""
     return replace(request, status="deleted", status_reason="deleted while held")
+
+
+def beat_failed(request: RequestView, error: Exception) -> RequestView | None:
+    """What a heartbeat that raised ``error`` tells ``request``'s holder: it was deleted, or
+    refused (not ``passing``: lost, its lease will run out and its units go to others); None
+    for a miss the lease covers (the next beat tries again)."""
+    if isinstance(error, NotFound):
+        return deleted(request)
+    if passing(error):
+        return None
+    return replace(request, status="lost", status_reason=f"heartbeat refused: {error}")
