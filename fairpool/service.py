@@ -854,7 +854,7 @@ class Service:
                     allocations[request.id], lease_expires_at=expires
                 )
             request_id = request.id
-            return lambda tx, done: self._request_view_after(tx, done, request_id, placed=False)
+            return lambda tx, done: self._request_view_after(tx, done, request_id)
 
         return self._write(change, passes=self.catch_up, tracked=True)
 
@@ -1470,14 +1470,12 @@ class Service:
         owner = repo.get_component(conn, request.component_id)
         return self._request_view_of(conn, {owner.id: owner}, request, ())
 
-    def _request_view_after(
-        self, tx: _Tx, done: _Passed, request_id: str, placed: bool = True
-    ) -> RequestView:
+    def _request_view_after(self, tx: _Tx, done: _Passed, request_id: str) -> RequestView:
         """A request's view right after its operation and the pass, which already knows where
         a waiting request stands: no second load and engine run, and no read at all when the
         transaction knows the request (a batch on PostgreSQL's event loop could not read).
-        ``placed``: False when no pass may have run for the operation (a heartbeat's): where
-        a waiting request stands is then the engine's answer on the live state."""
+        A waiting request the pass did not place ran no pass (a heartbeat's, on a server):
+        where it stands is then the engine's answer on the live state."""
         known = tx.known(request_id)
         if known is None:
             request = repo.get_request(tx.conn, request_id)
@@ -1486,7 +1484,7 @@ class Service:
             # Only a preempted request has a retry, and the transaction does not know those.
             (request, allocation), retried_as_id = known, None
         entries = done.entries(request_id)
-        if request.status is RequestStatus.QUEUED and not entries and not placed:
+        if request.status is RequestStatus.QUEUED and not entries:
             entries = queue_entries(reconcile(tx.live().snapshot(self.clock()))).get(
                 request_id, ())
         return _view(tx.live().components, request, allocation, retried_as_id, entries)
