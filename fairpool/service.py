@@ -625,7 +625,7 @@ class Service:
         frontend.validate_filter("pool", pool_ref)
         with self.db.read() as conn:
             state = _State.load(conn)
-            pool_id = repo.get_pool(conn, pool_ref).id if pool_ref else None
+            pool_id = repo.get_pool(conn, pool_ref).id if pool_ref is not None else None
             views = []
             for policy in state.policies.values():
                 owner = state.components[policy.component_id]
@@ -796,7 +796,7 @@ class Service:
         self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
-            pool_id = repo.get_pool(conn, pool).id if pool else None
+            pool_id = repo.get_pool(conn, pool).id if pool is not None else None
             entries = queue_entries(reconcile(state.snapshot(self.clock())))
             views = []
             wanted = RequestStatus(status) if status is not None else None

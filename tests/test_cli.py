@@ -398,6 +398,9 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
      ("reserved.gpu", "8")),  # 2 + 7 reserved > 8
     (("resource-pool", "attach-policy", "no-such-pool", "c2", "-p", "1"), ("no-such-pool",)),
     (("resource-pool", "list-policies"), ("resource pool", "--component")),
+    # A filter naming no pool is said, the empty name too (it listed every request).
+    (("resource-request", "list", "--pool", ""), ("no pool ''",)),
+    (("resource-pool", "list-policies", ""), ("no pool ''",)),
     (("resource-pool", "create", "p\x1b[2J", "-c", '{"gpu": 1}'),
      ("name: must not contain control or other non-printing characters", "U+001B")),
 ]

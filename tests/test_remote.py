@@ -184,6 +184,8 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--status", "queued", "-o", "yaml")
     fp("resource-request", "list", "--component", "team-b", "--pool", "gpus", "-o", "json")
     fp("resource-request", "list", "--status", "bogus")                         # invalid
+    fp("resource-request", "list", "--pool", "")                                # no pool ''
+    fp("resource-pool", "list-policies", "")                                    # no pool ''
     fp("component", "list")
     fp("component", "list", "-t", "orchestrator", "-o", "json")
     fp("resource-pool", "describe", "gpus", "-o", "json")
@@ -518,7 +520,7 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
         assert any(needle in e for e in errors), needle
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
-    for needle in ("no pool 'nope'", "no pool tree 'nope'", "unknown pool option",
+    for needle in ("no pool 'nope'", "no pool ''", "no pool tree 'nope'", "unknown pool option",
                    "max_operation_count is 1", "job_count: must be a positive integer",
                    "no default_tree set", "already completed",
                    "tree_options.cpus: is not one of the operation's trees",

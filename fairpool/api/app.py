@@ -384,7 +384,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         offset: Annotated[UrlInt, Query(ge=0, le=2**62)] = 0,
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
-        views = service.list_requests(status, component, pool or None)
+        views = service.list_requests(status, component, pool)
         views = visible_requests(tokens, caller, views)
         rows = [v.as_dict() for v in views[offset : offset + limit]]
         return _json(_page(rows, len(views), limit, offset))
@@ -517,7 +517,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         component_type: ComponentType | None = None,
     ) -> JSONResponse:
         """Policies, optionally of one pool, component or component type."""
-        views = service.list_policies(pool or None, component, component_type)
+        views = service.list_policies(pool, component, component_type)
         return _json(_whole([v.as_dict() for v in views]))
 
     @route("PATCH", "/pools/{ref}/policies/{component}", tags=["policies"])
