@@ -894,6 +894,13 @@ def test_scheduler_config_routes(client: httpx.Client) -> None:
     assert statuses == ["admitted"] * 3 + ["queued"]
     queue = ok(client.get("/queues/q-m5-2xlarge-cap3"))
     assert (queue["admitted"], queue["queued"]) == (3, 1)
+    gauges = scrape(client)
+    cap3 = {"queue": "q-m5-2xlarge-cap3"}
+    cpu = {**cap3, "flavor": "m5-2xlarge", "resource": "cpu"}
+    assert (gauges["fairpool_queue_waiting_workloads", frozenset(cap3.items())],
+            gauges["fairpool_queue_admitted_workloads", frozenset(cap3.items())],
+            gauges["fairpool_queue_used_units", frozenset(cpu.items())],
+            gauges["fairpool_queue_nominal_quota_units", frozenset(cpu.items())]) == (1, 3, 24, 24)
     assert client.post("/workloads", json={**m5, "colour": "red"}).status_code == 422
     bad = client.post("/workloads", json={"labels": {"instance-type": "x"}})
     assert bad.status_code == 422 and bad.json()["field"] == "labels.instance-type"
@@ -903,6 +910,15 @@ def test_scheduler_config_routes(client: httpx.Client) -> None:
     immutable = client.post("/config", json={"document": changed})
     assert immutable.status_code == 400 and "new name" in immutable.text
     assert ok(client.get("/config"))["version"] == version  # nothing applied
+
+
+def scrape(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The server's /metrics: each sample's value by its name and labels."""
+    response = httpx.get(client.base_url.copy_with(path="/metrics"))
+    assert response.status_code == 200
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples}
 
 
 def test_every_route_taking_a_config_document_takes_one_at_its_limit(client: httpx.Client) -> None:

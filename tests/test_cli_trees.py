@@ -8,8 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import BACKENDS, Backend
 from tests.servers import running, server_on
@@ -222,6 +224,14 @@ def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(
         assert {job["preempted_by"] for job in batch["preempted"]} == {adhoc["id"]}
         assert_one_error(remote("pool", "describe", "nope", "--tree", "physical"),
                          "no pool 'nope' in tree physical")
+        metrics = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                   for family in text_string_to_metric_families(
+                       httpx.get(server.url + "/metrics").text)
+                   for sample in family.samples if sample.name.startswith("fairpool_tree_")}
+        tree = ("tree", "physical")
+        assert metrics == {("fairpool_tree_running_operations", (tree,)): 2,
+                           ("fairpool_tree_pending_operations", (tree,)): 0,
+                           ("fairpool_tree_resource_units", (("resource", "cpu"), tree)): 100}
     assert not unused.exists()
     assert "Traceback" not in server.log()
 

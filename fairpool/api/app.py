@@ -120,11 +120,11 @@ class Api:
     def __init__(self, service: Service, tick: float) -> None:
         self.service = service
         self.notifier = notifier_for(service.db)
-        self.metrics = Metrics(service)
-        service.on_pass = self._committed
-        service.on_batch = self.metrics.batch
         self.trees = TreesService(service.db)
         self.scheduling = SchedulingService(service.db)
+        self.metrics = Metrics(service, self.scheduling, self.trees)
+        service.on_pass = self._committed
+        service.on_batch = self.metrics.batch
         self.reconciler = Reconciler(self.tick, tick)
         self.stopping = False
 
