@@ -271,6 +271,10 @@ class RemoteService:
     def reconcile(self) -> PassSummary:
         return PassSummary.from_dict(self._call("POST", "/reconcile"))
 
+    def check_admin(self) -> None:
+        """Forbidden unless this client's token is an admin's (or the server needs none)."""
+        self._call("GET", "/auth/admin")
+
     # -- transport ---------------------------------------------------------------------
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:

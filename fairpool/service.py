@@ -903,6 +903,9 @@ class Service:
 
         self._write(change)
 
+    def check_admin(self) -> None:
+        """Nothing: the embedded store has no tokens (``RemoteService.check_admin``)."""
+
     def reconcile(self) -> PassSummary:
         return self._write(lambda tx: lambda tx, done: done.summary, tracked=True)
 

@@ -587,6 +587,26 @@ def test_remote_cli_with_a_token(world: World, pools: str) -> None:
         assert ok(admin.get(f"/requests/{held['id']}"))["status"] == "released"
 
 
+def test_a_submitter_is_refused_before_it_is_asked_to_confirm(world: World, pools: str) -> None:
+    """A change a submitter's token can never make is refused before it is shown and
+    confirmed (config apply and rollback previewed the change and asked; pool delete asked,
+    or said an unknown pool was not found). An admin is still asked (here stdin is empty:
+    it aborts, changing nothing)."""
+    remote = {"FAIRPOOL_URL": world.server.url}
+    document = str(Path(__file__).parent.parent / "examples" / "scheduler" / "m5-cap.yaml")
+    confirming = [("config", "apply", "-f", document), ("config", "rollback", "--version", "1"),
+                  ("resource-pool", "delete", "shared"), ("resource-pool", "delete", "nope")]
+    for args in confirming:
+        refused = fairpool(world.store, *args, **remote, FAIRPOOL_TOKEN=world.tokens["a"])
+        assert (refused.returncode, refused.stdout) == (1, ""), args
+        assert refused.stderr.startswith(
+            "Error: HTTP 403: this operation needs an admin token"), (args, refused.stderr)
+    asked = fairpool(world.store, *confirming[2], **remote, FAIRPOOL_TOKEN=world.tokens["admin"])
+    assert asked.returncode == 1 and "Are you sure" in asked.stderr, asked.stderr
+    with world.client("admin") as admin:
+        assert ok(admin.get("/pools/shared"))["name"] == "shared"
+
+
 # -- the switch, the rules, the token store (no server) ----------------------------------
 
 

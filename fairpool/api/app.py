@@ -561,6 +561,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         summary = api.reconcile()
         return _json(summary.as_dict())
 
+    @route("GET", "/auth/admin", status_code=204, tags=["operations"])
+    def check_admin() -> Response:
+        """204 when the caller may do what admins do (an admin token, or auth off); else 403
+        as from any admin route. The CLI asks before it shows a change and asks to confirm it."""
+        return Response(status_code=204)
+
     app.include_router(scheduling_router(api.scheduling, PREFIX, dependencies, tokens),
                        responses=denials)
     app.include_router(trees_router(api.trees, PREFIX, dependencies, tokens),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import scheduling
+from fairpool.cli.common import scheduling, service
 from fairpool.cli.workload import workload_fields, workload_options
 from fairpool.errors import counted
 
@@ -173,7 +173,9 @@ def apply(path: str, yes: bool, output: str) -> None:
     svc = scheduling()
     based_on = None
     if not yes:
-        # A changed queue is refused before the change is shown and confirmed, not after.
+        # A changed queue, or a submitter's token, is refused before the change is shown and
+        # confirmed, not after.
+        service().check_admin()
         try:
             preview = svc.preview_config(text).as_dict()
         except ConfigError as error:
@@ -201,6 +203,7 @@ def rollback(version: int, yes: bool, output: str) -> None:
     svc = scheduling()
     based_on = None
     if not yes:
+        service().check_admin()
         active = svc.get_config()
         changes = svc.diff_config(version)  # first: it names an unknown version
         found = svc.get_config(version)

@@ -189,6 +189,8 @@ def update(
 def delete(name_id_or_prefix: str, yes: bool) -> None:
     """Delete a resource pool (refused while it has live allocations)."""
     svc = service()
+    if not yes:  # a submitter is refused before it is asked, not after
+        svc.check_admin()
     name = svc.get_pool(name_id_or_prefix).name
     if not yes and not click.confirm(
         f"Are you sure you want to delete resource pool `{name}`?", err=True
