@@ -753,7 +753,13 @@ class SchedulingService:
             tx.update_workload(workload_id, now, **values)
         for workload_id, priority in outcome.repriced.items():
             if workload_id not in outcome.decisions:  # still running, at its rule's priority now
-                tx.update_workload(workload_id, now, priority=priority, config_version=version)
+                workload = running[workload_id]
+                assert workload.queue is not None
+                # Its reason told the priority it was admitted at: it tells the one it has now.
+                reason = (f"{wl.admitted_reason(workload.queue, workload.flavors, priority)} "
+                          f"(was {workload.priority} before config version {version})")
+                tx.update_workload(workload_id, now, priority=priority, config_version=version,
+                                   status_reason=reason)
         return outcome
 
     def _view(self, workload: Workload, outcome: wl.Outcome | None) -> WorkloadView:

@@ -867,6 +867,23 @@ def test_config_apply_refuses_a_name_that_would_forge_a_line_in_the_diff(tmp_pat
     assert fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"] == []
 
 
+def test_config_apply_says_which_running_workloads_lost_their_queue(tmp_path: Path) -> None:
+    """In a sentence whose verb agrees with the count ("1 admitted workload ... keep running")."""
+    kept, gone = tmp_path / "kept.yaml", tmp_path / "gone.yaml"
+    kept.write_text("resource_queues: [{name: a}, {name: b}]\n"
+                    "scheduling_rules: [{selector: [{key: team, operator: in, values: [x]}],\n"
+                    "  resource_queue: a}, {resource_queue: b}]\n")
+    gone.write_text("resource_queues: [{name: b}]\nscheduling_rules: [{resource_queue: b}]\n")
+    fairpool(tmp_path, "config", "apply", "-f", str(kept), "--yes").ok()
+    first, second, other = (fairpool(tmp_path, "workload", "submit", "--label", label, "-o",
+                                     "json").ok().json["id"] for label in ("team=x", "team=x", "a=b"))
+    fairpool(tmp_path, "workload", "release", second).ok()
+    applied = fairpool(tmp_path, "config", "apply", "-f", str(gone), "--yes").ok()
+    assert (f"1 admitted workload whose queue or flavor this version removes keeps running, "
+            f"charged to no quota, until they end: {first}") in applied.err, applied.err
+    assert other not in applied.err
+
+
 def test_config_apply_an_equivalent_queue_spec_is_no_change(tmp_path: Path) -> None:
     """Unset preemption is ``never``: spelling it out is the same queue, not a change."""
     plain, spelt = tmp_path / "plain.yaml", tmp_path / "spelt.yaml"

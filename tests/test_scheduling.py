@@ -261,7 +261,10 @@ def test_a_running_workload_competes_at_the_priority_the_config_in_force_gives_i
     running = sched.submit_workload(demand={"gpu": 8})
     assert (running.status, running.priority) == ("admitted", 10)
     sched.apply_config(config % 50)
-    assert sched.get_workload(running.id).priority == 50  # as the pass of the apply found it
+    repriced = sched.get_workload(running.id)  # as the pass of the apply found it
+    # Its reason told the 10 it was admitted at beside the 50 it has (helper-58).
+    assert (repriced.priority, repriced.reason) == (50, "admitted to queue q with flavor x at "
+                                                    "priority 50 (was 10 before config version 2)")
     waiting = sched.submit_workload(priority=30, demand={"gpu": 8})
     assert waiting.status == "queued"
     kept = sched.get_workload(running.id)

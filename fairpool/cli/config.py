@@ -142,10 +142,11 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
         f"{counted(version['rules'], 'rule')}."
     )
     if applied["orphaned"]:
+        orphans = len(applied["orphaned"])
         o.declare(
-            f"{counted(len(applied['orphaned']), 'admitted workload')} whose queue or flavor "
-            "this version removes keep running, charged to no quota, until they end: "
-            + ", ".join(applied["orphaned"])
+            f"{counted(orphans, 'admitted workload')} whose queue or flavor this version "
+            f"removes {'keeps' if orphans == 1 else 'keep'} running, charged to no quota, "
+            "until they end: " + ", ".join(applied["orphaned"])
         )
     for key, verb in (("admitted", "admitted"), ("failed", "rejected or failed")):
         if applied[key]:

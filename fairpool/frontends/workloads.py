@@ -409,6 +409,13 @@ class QuotaUsage:
     workloads: int
 
 
+def admitted_reason(queue: str, flavors: Sequence[str], priority: int) -> str:
+    """What an admitted workload's reason says of its admission."""
+    if not flavors:
+        return f"admitted to passthrough queue {queue} (no quota)"
+    return f"admitted to queue {queue} with flavor {' + '.join(flavors)} at priority {priority}"
+
+
 def queue_usage(
     config: SchedulerConfig, running: Iterable[RunningWorkload]
 ) -> tuple[QuotaUsage, ...]:
@@ -893,11 +900,7 @@ def decide(compiled: Compiled, plan: Plan) -> Outcome:
             for placement in candidate.placements[:index]
         ]
         preempted = tuple(victims[grant.request_id])
-        if flavors:
-            reason = (f"admitted to queue {path.queue} with flavor {' + '.join(flavors)} "
-                      f"at priority {path.priority}")
-        else:
-            reason = f"admitted to passthrough queue {path.queue} (no quota)"
+        reason = admitted_reason(path.queue, flavors, path.priority)
         if preempted:
             reason += f", preempting {', '.join(preempted)}"
         decisions[grant.request_id] = Decision(
