@@ -581,10 +581,19 @@ class Service:
                 [*others, replace(policy, reserved=new_reserved, limit=new_limit)],
                 pool.name,
             )
-            repo.update_policy(conn, policy.id, self.clock(), priority=priority,
+            now = self.clock()
+            repo.update_policy(conn, policy.id, now, priority=priority,
                                reserved=new_reserved, limit=new_limit)
-            if priority is not None:
+            if priority is not None and priority != policy.priority:
                 repo.reprioritize_allocations(conn, policy.id, priority)
+                # Its holders' reasons told the old priority: they tell the new one, and
+                # their histories when it changed.
+                reason = frontend.reprioritized(pool.name, priority, policy.priority)
+                for allocation in repo.live_allocations(conn, pool_id=pool.id):
+                    if allocation.policy_id == policy.id:
+                        repo.set_request_reason(conn, allocation.request_id, reason, now)
+                        tx.event("reprioritized", reason, now,
+                                 request_id=allocation.request_id, pool_id=pool.id)
             return lambda tx, _: self._policy_view(
                 state := _State.load(tx.conn), state.policies[policy.id]
             )
@@ -1276,7 +1285,7 @@ class Service:
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
             lease = request.lease_ttl
-            message = f"allocated on pool {pool.name} (policy priority {policy.priority})"
+            message = frontend.allocated_on(pool.name, policy.priority)
             # The request's row first: a new one is written only now.
             state.holders[request.id] = self._decide(
                 tx, request, RequestStatus.ALLOCATED, message, now

@@ -269,6 +269,12 @@ def test_preemption_weighs_a_running_request_by_its_policys_priority_as_it_now_i
     assert svc.get_request(running.id).status == "allocated"
     [active] = svc.get_pool("p").active_requests
     assert (active.id, svc.get_request(running.id).priority) == (running.id, 9)
+    # Its reason and history tell the new priority (the reason kept the grant's 2).
+    assert svc.get_request(running.id).status_reason == "allocated on pool p (policy priority 9), was 2"
+    assert [(e.kind, e.message) for e in svc.request_events(running.id)][-1] == (
+        "reprioritized", "allocated on pool p (policy priority 9), was 2")
+    svc.update_policy("p", "a", priority=9)  # the same priority: no change to tell
+    assert [e.kind for e in svc.request_events(running.id)].count("reprioritized") == 1
     # b (5) waits; lowering a to 1 preempts a's work at once, as attached at 1 it would be.
     waiter = svc.create_request("b", demand={"gpu": 1})
     assert waiter.status == "queued"

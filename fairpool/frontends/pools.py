@@ -224,16 +224,18 @@ def check_removed_keys(
     policies: Iterable[Policy],
     pool_name: str,
     owner: Callable[[Policy], str],
+    update: str = "resource-pool update-policy",
 ) -> None:
     """A key removed from a pool (capacity 0) that a policy reserves some of is refused,
-    naming the policy (``owner``: its component's name) and the way out."""
+    naming the policy (``owner``: its component's name) and the way out (``update``: how
+    the caller changes a policy)."""
     for policy in policies:
         for key in sorted(policy.reserved.keys() - capacity.keys()):
             if policy.reserved[key]:
                 raise InvalidInput(
                     f"capacity.{key}", 0, f"policy {owner(policy)} on pool {pool_name!r} "
                     f"reserves {policy.reserved[key]} {key}: take it out of the policy's reserved "
-                    "first (resource-pool update-policy), or detach the policy")
+                    f"first ({update}), or detach the policy")
 
 
 def policy_within(
@@ -245,6 +247,16 @@ def policy_within(
         {key: amount for key, amount in policy.reserved.items() if key in capacity},
         {key: amount for key, amount in policy.limit.items() if key in capacity},
     )
+
+
+def allocated_on(pool: str, priority: int) -> str:
+    """An allocated request's reason."""
+    return f"allocated on pool {pool} (policy priority {priority})"
+
+
+def reprioritized(pool: str, priority: int, was: int) -> str:
+    """An allocated request's reason once its policy's priority changed from ``was``."""
+    return f"{allocated_on(pool, priority)}, was {was}"
 
 
 def check_reserved_total(

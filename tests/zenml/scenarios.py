@@ -236,10 +236,12 @@ def store_checks() -> None:
         name=name, flavor="local", component_type=StackComponentType.ORCHESTRATOR,
         configuration={}) for name in ("lo", "hi"))
     one = client.create_resource_pool("one", {"gpu": 2})
-    for orchestrator, priority, reserved in ((lo, 1, 0), (hi, 10, 2)):
-        client.create_resource_pool_subject_policy(
+    policies = {
+        orchestrator.name: client.create_resource_pool_subject_policy(
             component_id=orchestrator.id, pool_id=one.id, priority=priority,
             reserved={"gpu": reserved}, limit={"gpu": 2})
+        for orchestrator, priority, reserved in ((lo, 1, 0), (hi, 10, 2))
+    }
     three_plain()
     run = client.get_pipeline("three_plain").last_run
     steps = [s.id for s in client.list_run_steps(pipeline_run_id=run.id, sort_by="created").items]
@@ -284,6 +286,9 @@ def store_checks() -> None:
     with Session(store.engine) as session:  # the step ended: ZenML's update_run_step hook
         pools.release_step_run_resources(session, steps[0])
     seen("victim ended")
+    # hi's priority raised while it holds: its reason tells the new one, as fairpool's does.
+    client.update_resource_pool_subject_policy(policies["hi"].id, priority=12)
+    seen("hi raised")
     ask(lo, steps[2], 1)  # waits behind hi
     client.delete_pipeline_run(run.id)  # the step runs go: their requests' step_run_id NULL
     client.get_resource_pool("one")

@@ -192,6 +192,8 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
     ended = events[("requests", "victim ended")]
     assert [status for status, _ in ended["requests"][-2:]] == ["preempted", "allocated"]
     assert ended["requests"][-2][1].endswith("; step run cancelling")
+    assert events[("requests", "hi raised")]["requests"][-1] == [
+        "allocated", "allocated on pool one (policy priority 12), was 10"]
     deleted = events[("requests", "run deleted")]
     assert deleted["occupied"] == {"gpu": 0}
     assert deleted["requests"][-2:] == [

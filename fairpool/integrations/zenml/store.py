@@ -152,6 +152,11 @@ def _policy_record(schema: ResourcePoolSubjectPolicySchema) -> Policy:
     )
 
 
+def _owner(schema: ResourcePoolSubjectPolicySchema) -> str:
+    """How messages name a policy: its component's name (its id once ZenML deleted it)."""
+    return schema.component.name if schema.component else str(schema.component_id)
+
+
 def _demand(request: ResourceRequestSchema) -> dict[str, int]:
     return {r.key: r.amount for r in request.requested_resources}
 
@@ -229,9 +234,8 @@ class _State:
         by_component: dict[str, list[Policy]] = defaultdict(list)
         by_pool_component: dict[tuple[str, str], Policy] = {}
         for pid, policy in policy_records.items():
-            component = policies[pid].component
-            name = component.name if component else policy.component_id
-            nodes[pid] = frontend.policy_node(policy, pool_records[policy.pool_id], name)
+            nodes[pid] = frontend.policy_node(policy, pool_records[policy.pool_id],
+                                              _owner(policies[pid]))
             by_component[policy.component_id].append(policy)
             by_pool_component[(policy.pool_id, policy.component_id)] = policy
 
@@ -424,9 +428,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                 )
             )
             request.status = ResourceRequestStatus.ALLOCATED.value
-            request.status_reason = (
-                f"allocated on pool {pool.name} (policy priority {placement.priority})"
-            )
+            request.status_reason = frontend.allocated_on(pool.name, placement.priority)
             request.updated = now
             session.add(request)
         for rejection in plan.rejections:
@@ -686,13 +688,14 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                 capacity = _valid(
                     lambda: frontend.apply_capacity_update(record.capacity, update.capacity or {})
                 )
-                _valid(
-                    lambda: frontend.check_reserved_total(
-                        capacity,
-                        [_policy_record(p) for p in schema.policies],
-                        schema.name,
-                    )
-                )
+                policies = {str(p.id): p for p in schema.policies}
+                records = [_policy_record(p) for p in policies.values()]
+                # As fairpool's service: a removed key a policy reserves is named as removed,
+                # before the totals (which would blame the reserve).
+                _valid(lambda: frontend.check_removed_keys(
+                    capacity, records, schema.name, lambda policy: _owner(policies[policy.id]),
+                    "Client().update_resource_pool_subject_policy"))
+                _valid(lambda: frontend.check_reserved_total(capacity, records, schema.name))
                 # Policy keys must be pool keys, as in fairpool's service: a removed key leaves
                 # the policies too (a reserve on it was refused above), or adding it back would
                 # revive their old limits on it.
@@ -855,6 +858,14 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             # would cascade to them (SQLAlchemy refuses a deleted instance: a 500).
             session.expire(schema, ["resources"])
             self._write_policy_resources(session, schema.id, reserved, limit)
+            if update.priority != current.priority:  # as fairpool's service words it
+                reason = frontend.reprioritized(pool.name, update.priority, current.priority)
+                now = utc_now()
+                for allocation in self._live_allocations(session, pool.id):
+                    if allocation.request.component_id == schema.component_id:
+                        allocation.request.status_reason = reason
+                        allocation.request.updated = now
+                        session.add(allocation.request)
             schema.update(update)
             session.add(schema)
             session.flush()
