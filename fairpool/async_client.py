@@ -45,6 +45,7 @@ from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     beat_failed,
     holding,
+    lost_as_it_ended,
     not_followed,
     still_waiting,
     wait_timeout,
@@ -280,18 +281,21 @@ class AsyncAcquire:
         if lost is None:
             return
         if kind is None:
-            if self._cancelled_holder and self._holder is not None:
-                self._holder.uncancel()  # the block swallowed our cancellation
-            raise not_granted(lost)
-        if (
+            if self._cancelled_holder:
+                if self._holder is not None:
+                    self._holder.uncancel()  # the block swallowed our cancellation
+                raise not_granted(lost)
+            # Its work is done before it heard: run again, a decorated one did it twice.
+            log.warning("%s", lost_as_it_ended(lost, "block"))
+        elif (
             issubclass(kind, asyncio.CancelledError)
             and self._cancelled_holder
             and self._holder is not None
             and self._holder.uncancel() == 0  # nobody else cancelled it
         ) or issubclass(kind, NotGranted):
             raise not_granted(lost) from None
-        # The block raised of its own accord before it heard of the loss: nobody will run
-        # the retry attempt.
+        # The block ended of its own accord before it heard of the loss: nobody will run the
+        # retry attempt.
         if lost.retried_as_id is not None:
             with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease
                 await self._client.cancel(lost.retried_as_id, not_followed())

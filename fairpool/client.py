@@ -44,6 +44,7 @@ from fairpool.leases import (
     gave_up,
     holding,
     interrupted,
+    lost_as_it_ended,
     not_followed,
     still_waiting,
     wait_timeout,
@@ -569,8 +570,9 @@ def runs_once(max_retries: int) -> None:
 
 def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     """Release ``grant`` as its block ends (by ``kind``, or normally); a grant lost on the way
-    (preempted, expired) raises unless the block raised of its own accord, before it was
-    told: its retry attempt, which nobody will run then, is cancelled."""
+    (preempted, expired) raises unless the block ended of its own accord (returned, or
+    raised), before it was told: its retry attempt, which nobody will run then, is
+    cancelled, as ``fairpool run`` does for a command that ended by itself."""
     try:
         lost = grant.finish()
     except KeyboardInterrupt:
@@ -582,8 +584,10 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
         return
     # Told of the loss (the heartbeat's interrupt), whatever the block made of it (a
     # SystemExit, a RuntimeError of a framework's), it is the loss that ended the block.
-    if kind is None or issubclass(kind, NotGranted) or grant.interrupted:
+    if (kind is not None and issubclass(kind, NotGranted)) or grant.interrupted:
         raise not_granted(lost) from None
+    if kind is None:  # its work is done: run again, a decorated function did it twice
+        log.warning("%s", lost_as_it_ended(lost, "block"))
     if lost.retried_as_id is not None:
         with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease will
             grant._client.cancel(lost.retried_as_id, not_followed())

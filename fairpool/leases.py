@@ -77,6 +77,13 @@ def interrupted(cause: str) -> str:
     return f"interrupted while waiting ({cause})"
 
 
+def lost_as_it_ended(request: RequestView, holder: str) -> str:
+    """What a holder (``holder``: "command", "block") that ended by itself is told of units
+    it lost meanwhile without hearing of it: its ending stands."""
+    return (f"Resource request `{request.id}` was {request.status} as the {holder} ended: "
+            f"{request.status_reason}")
+
+
 def not_followed() -> str:
     """Why a retry attempt is cancelled whose holder ended (its work done, or failed) before
     it heard of the preemption: nobody would run it."""

@@ -29,6 +29,7 @@ from fairpool.errors import (
     Unauthorized,
     Unreachable,
     one_of,
+    password_hidden,
 )
 from fairpool.frontends.names import check_unicode
 from fairpool.ids import new_id
@@ -304,7 +305,7 @@ class RemoteService:
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
                 if last:
-                    server = str(self.http.base_url).removesuffix("/api/v1/")
+                    server = password_hidden(str(self.http.base_url).removesuffix("/api/v1/"))
                     # A write whose answer was lost may stand: sent again blindly, it would
                     # be made twice (a workload holding quota nobody runs on).
                     raise Unreachable(
@@ -524,17 +525,18 @@ class RemoteScheduling:
 
 def _server_url(url: str) -> str:
     """``url``, a server's, checked at once: a typo is not an outage to retry."""
+    shown = password_hidden(url)
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as error:
-        raise InvalidInput("url", url, f"is not a URL: {error}") from None
+        raise InvalidInput("url", shown, f"is not a URL: {error}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise InvalidInput("url", url, "must be http:// or https:// and a host, e.g. "
+        raise InvalidInput("url", shown, "must be http:// or https:// and a host, e.g. "
                            "http://127.0.0.1:8600")
     if parsed.port is not None and not 0 < parsed.port < 65536:
-        raise InvalidInput("url", url, "has a port out of range (1 to 65535)")
+        raise InvalidInput("url", shown, "has a port out of range (1 to 65535)")
     if parsed.query or parsed.fragment:  # the API's paths go after it
-        raise InvalidInput("url", url, "must have no query (?...) or fragment (#...)")
+        raise InvalidInput("url", shown, "must have no query (?...) or fragment (#...)")
     return url.rstrip("/")
 
 

@@ -295,23 +295,30 @@ def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -
     run(main())
 
 
-def test_a_function_that_raises_before_it_hears_of_its_preemption_leaves_no_retry(
-    target: dict[str, str]
+@pytest.mark.parametrize("raises", [True, False], ids=["raises", "returns"])
+def test_a_function_that_ends_before_it_hears_of_its_preemption_leaves_no_retry(
+    target: dict[str, str], raises: bool
 ) -> None:
-    """The error went up; the retry attempt stayed queued, to be granted to nobody."""
+    """The error went up; the retry attempt stayed queued, to be granted to nobody. One that
+    returned was run again on it, its work done twice (helper-59): its result stands."""
     async def main() -> None:
         client = AsyncClient(**target)
         await setup(client, "own", 2)
         runs: list[str] = []
 
         @client.acquire({"gpu": 2}, component="own-low", lease_ttl=30, max_retries=1)
-        async def train() -> None:
+        async def train() -> str:
             runs.append("start")
             await client.submit({"gpu": 2}, component="own-high")
-            raise RuntimeError("CUDA out of memory")
+            if raises:
+                raise RuntimeError("CUDA out of memory")
+            return "done"
 
-        with pytest.raises(RuntimeError):
-            await train()
+        if raises:
+            with pytest.raises(RuntimeError):
+                await train()
+        else:
+            assert await train() == "done"
         assert runs == ["start"]
         attempts = sorted((r.attempt, r.status, r.status_reason)
                           for r in await client.list_requests(component="own-low"))

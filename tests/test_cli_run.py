@@ -176,6 +176,16 @@ WAITING = {
 }
 
 
+def waiting(home: Path, command: str) -> subprocess.Popen[str]:
+    """``command`` (of ``WAITING``) started, and in its wait for the GPU "high" holds."""
+    setup(home)
+    fairpool(home, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
+    runner = start(home, *WAITING[command])
+    until(lambda: ("low", "queued", 1) in statuses(home))
+    time.sleep(0.3)  # in its wait
+    return runner
+
+
 @pytest.mark.parametrize("command", WAITING)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_waiting_cancels_the_request(
@@ -183,11 +193,7 @@ def test_a_signal_while_waiting_cancels_the_request(
 ) -> None:
     """Else it would stay queued, and be granted units nobody uses (without a lease, for
     ``create --wait``: for ever)."""
-    setup(tmp_path)
-    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
-    runner = start(tmp_path, *WAITING[command])
-    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
-    time.sleep(0.3)  # in its wait
+    runner = waiting(tmp_path, command)
     runner.send_signal(signum)
     _, err = runner.communicate(timeout=30)
     assert runner.returncode == 128 + signum, err
@@ -204,16 +210,49 @@ def test_a_second_ending_signal_while_cancelling_waits_for_the_cancel(
     """A closed terminal sends SIGHUP twice (the shell's, the kernel's): the second, landing
     while the first cancelled, escaped as 'Aborted!' (exit 1) and left the request queued,
     to be granted to nobody."""
-    setup(tmp_path)
-    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
-    runner = start(tmp_path, *WAITING[command])
-    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
-    time.sleep(0.3)  # in its wait
+    runner = waiting(tmp_path, command)
     runner.send_signal(signal.SIGHUP)
     runner.send_signal(signal.SIGTERM)  # another signal: not merged with the first
     _, err = runner.communicate(timeout=30)
     assert runner.returncode == 128 + signal.SIGHUP, err
     assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+
+
+@pytest.mark.parametrize("command", WAITING)
+@pytest.mark.parametrize(("first", "then", "gap"), [
+    (signal.SIGHUP, signal.SIGHUP, 0.15),  # once it exits: killed by its default action
+    (signal.SIGINT, signal.SIGINT, 0.01),  # while it cancels: 'Aborted!', exit 1
+], ids=["SIGHUP-then-SIGHUP", "SIGINT-then-SIGINT"])
+def test_a_repeated_signal_while_it_cancels_or_exits_keeps_its_exit_status(
+    tmp_path: Path, command: str, first: int, then: int, gap: float
+) -> None:
+    """128 + the first signal's number, whenever the second lands (helper-59)."""
+    runner = waiting(tmp_path, command)
+    runner.send_signal(first)
+    time.sleep(gap)
+    with contextlib.suppress(ProcessLookupError):
+        runner.send_signal(then)
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 128 + first, err
+    assert "Interrupted" in err and "Aborted!" not in err, err
+
+
+def test_a_signal_between_the_grant_and_the_commands_start_gives_the_units_back(
+    tmp_path: Path,
+) -> None:
+    """Sent as `fairpool run` says it is allocated, before the command runs: the signal's
+    default action ended it there (no exit status of ours), the units held until the lease
+    ran out (helper-59). Now it is forwarded to the command, or cancels the request."""
+    setup(tmp_path)
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--", "sleep", "30")
+    assert runner.stderr is not None
+    for line in runner.stderr:
+        if line.startswith("Allocated on pool"):
+            runner.send_signal(signal.SIGTERM)
+            break
+    _, err = runner.communicate(timeout=30)
+    assert runner.returncode == 128 + signal.SIGTERM, err
+    assert statuses(tmp_path)[0][1] in ("released", "cancelled")
 
 
 def test_a_command_that_cannot_start_exits_as_a_shell_would(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -436,25 +437,36 @@ def test_decorator_runs_again_on_the_retry_attempt(home: str, exits: bool) -> No
     assert runs == ["start", "start"]
 
 
-@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt()])
-def test_a_function_that_raises_before_it_hears_of_its_preemption_is_not_run_again(
-    home: str, error: BaseException
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt(), None],
+                         ids=["error", "ctrl-c", "returns"])
+def test_a_function_that_ends_before_it_hears_of_its_preemption_is_not_run_again(
+    home: str, error: BaseException | None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its own error, or a Ctrl-C, raised while the preemption was not yet heard of (a
     heartbeat every 10 s): a Ctrl-C became ``Preempted``, which the decorator took for its
     cue to run the function again; an error left the retry attempt queued, to be granted
-    to nobody."""
+    to nobody. One that returned was run again (helper-59): its work done twice; now its
+    result stands, as a command's exit code does for ``fairpool run``, with a warning."""
     client = Client(home=home)
     runs: list[str] = []
 
     @client.acquire({"gpu": 2}, component="low", lease_ttl=30, max_retries=1, timeout=20)
-    def train() -> None:
+    def train() -> str:
         runs.append("start")
         client.submit({"gpu": 2}, component="high")
-        raise error
+        if error is not None:
+            raise error
+        return "done"
 
-    with pytest.raises(type(error)):
-        train()
+    if error is None:
+        with caplog.at_level(logging.WARNING, logger="fairpool.client"):
+            assert train() == "done"
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert warning.startswith("Resource request `") and " was preempted as the block ended: " \
+            "preempted by request " in warning, warning
+    else:
+        with pytest.raises(type(error)):
+            train()
     assert runs == ["start"]
     assert sorted((r.attempt, r.status, r.status_reason)
                   for r in client.list_requests(component="low"))[1] == (

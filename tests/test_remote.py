@@ -632,27 +632,31 @@ def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path
     assert {"no pool tree 'no'", "no pool '/' in tree t", "no resource queue ''"} <= set(remote)
 
 
-def test_an_unreachable_server_is_one_error_line_naming_it() -> None:
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    listing = fairpool_cli(url, "resource-pool", "list")
+@pytest.mark.parametrize("userinfo", ["", "user:s3cret@"], ids=["plain", "password"])
+def test_an_unreachable_server_is_one_error_line_naming_it(userinfo: str) -> None:
+    """Its password, if the URL has one, shown as *** (it was shown; helper-59)."""
+    port = free_port()  # nothing listens there
+    listing = fairpool_cli(f"http://{userinfo}127.0.0.1:{port}", "resource-pool", "list")
     out, err = listing.communicate(timeout=60)
     assert listing.returncode == 1 and out == ""
+    shown = userinfo.replace("s3cret", "***")
     assert err.strip().splitlines() == [
-        f"Error: cannot reach the fairpool server at {url} after 6 attempts: "
-        "[Errno 111] Connection refused"
+        f"Error: cannot reach the fairpool server at http://{shown}127.0.0.1:{port} after 6 "
+        "attempts: [Errno 111] Connection refused"
     ]
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8600", "ftp://127.0.0.1:8600", "http://[::1",
                                  "http://", "http://127.0.0.1:99999", "http://127.0.0.1:8600?x=1",
-                                 "http://127.0.0.1:8600/#top"])
+                                 "http://127.0.0.1:8600/#top", "ftp://u:s3cret@127.0.0.1"])
 def test_a_malformed_url_is_one_error_line_at_once(url: str) -> None:
-    """Not retried as an outage would be."""
+    """Not retried as an outage would be; a password in it shown as ***."""
     listing = fairpool_cli(url, "resource-pool", "list")
     out, err = listing.communicate(timeout=60)
     assert listing.returncode == 1 and out == ""
     [line] = err.strip().splitlines()
-    assert line.startswith("Error: url: ") and line.endswith(f"(got {url!r})"), line
+    shown = url.replace("s3cret", "***")
+    assert line.startswith("Error: url: ") and line.endswith(f"(got {shown!r})"), line
 
 
 def test_a_url_that_is_not_the_servers_root_says_so(server: ApiServer) -> None:

@@ -227,8 +227,9 @@ def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def catch_ending_signals(handler: Callable[[int, FrameType | None], Any]
-                         ) -> dict[int, Any]:
+def catch_ending_signals(
+    handler: Callable[[int, FrameType | None], Any] | signal.Handlers,
+) -> dict[int, Any]:
     """``handler`` for the ``ENDING_SIGNALS`` this process does not ignore (``nohup``
     ignores SIGHUP, a shell SIGINT for a job it starts in the background: they must not
     end it); the handlers it replaced, for ``restore``."""
@@ -247,15 +248,17 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
     nobody will use are never granted to it, and the command exits with 128 + the signal's
     number, as a shell reports a command the signal ended. A SIGHUP or SIGTERM within a
     second of the last signal (a closed terminal sends SIGHUP twice) leaves the cancel be; a
-    second Ctrl-C ends us at once."""
+    second Ctrl-C, or a signal later than that, ends us at once, with the same status."""
     received: list[tuple[int, float]] = []
 
     def interrupt(signum: int, _: FrameType | None) -> None:
         now = time.monotonic()
         again = bool(received) and now - received[-1][1] < 1.0 and signum != signal.SIGINT
         received.append((signum, now))
-        if not again:
+        if len(received) == 1:
             raise KeyboardInterrupt
+        if not again:  # SystemExit: a KeyboardInterrupt escaped as "Aborted!", exit 1
+            exit_for(received[0][0], _interrupted_again(request.id))
 
     previous = catch_ending_signals(interrupt)
     signalled = False
@@ -281,9 +284,28 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
 
 
 def cancel_and_exit(request: RequestView, signum: int) -> NoReturn:
-    """Interrupted by ``signum``: cancel ``request`` and exit with 128 + its number."""
-    cancel_saying("Interrupted: resource request", request.id,
-                  interrupted(signal.Signals(signum).name))
+    """Interrupted by ``signum``: cancel ``request`` and exit with 128 + its number; a
+    second Ctrl-C meanwhile exits at once, naming what may be left."""
+    try:
+        cancel_saying("Interrupted: resource request", request.id,
+                      interrupted(signal.Signals(signum).name))
+    except KeyboardInterrupt:  # a Ctrl-C with Python's handler (the submit's ``holding_signals``)
+        exit_for(signum, _interrupted_again(request.id))
+    exit_for(signum)
+
+
+def _interrupted_again(request_id: str) -> str:
+    return (f"Interrupted again: resource request `{request_id}` may not be cancelled: "
+            f"cancel it with `fairpool resource-request cancel {request_id}`")
+
+
+def exit_for(signum: int, saying: str | None = None) -> NoReturn:
+    """Exit with 128 + ``signum`` (after ``saying`` it). Further ending signals are ignored to
+    the exit: as Python finalizes, it puts their default actions back, and a repeated one
+    then ended us by that action, not with our status."""
+    if saying is not None:
+        o.declare(saying)
+    catch_ending_signals(signal.SIG_IGN)
     sys.exit(128 + signum)
 
 
@@ -307,11 +329,16 @@ def holding_signals() -> Iterator[list[int]]:
     short would leave a request nobody knows of, to be granted to nobody (the caller then
     ``cancel_and_exit``s); a release cut short, units held until the lease ran out."""
     received: list[int] = []
-    previous = catch_ending_signals(lambda signum, _: received.append(signum))
+
+    def hold(signum: int, _: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = catch_ending_signals(hold)
     try:
         yield received
     finally:
-        restore(previous)
+        # Not where an exit for a signal ignores them now (``cancel_and_exit``).
+        restore({s: h for s, h in previous.items() if signal.getsignal(s) is hold})
 
 
 def finish_wait(data: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from fairpool.leases import (
     gave_up,
     heartbeat_interval,
     interrupted,
+    lost_as_it_ended,
     not_followed,
     passing,
     still_waiting,
@@ -78,33 +79,39 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
         cancel_and_exit(request, received[0])
     _adopt_orphans()
     while True:
-        data = wait_or_cancel(request, timeout)
-        if data["status"] == "preempted" and data["retried_as_id"]:
-            # A retry granted, and preempted again, while the command stopped: its own retry.
-            request = svc.get_request(data["retried_as_id"])
-            o.declare(f"Resource request `{data['id']}` was preempted before it ran: "
-                      f"{reason_of(data)}; retrying as attempt {request.attempt} "
-                      f"(request `{request.id}`)")
-            continue
-        if data["status"] == "queued":  # only with a --timeout
-            o.declare(f"Timed out waiting for units: {queue_summary(data) or reason_of(data)}")
-            cancel_saying("Resource request", request.id, gave_up(timeout or 0))
-            sys.exit(EXIT_TIMEOUT)
-        if data["status"] != "allocated":
-            raise click.ClickException(
-                f"Resource request `{data['id']}` was {data['status']}: {reason_of(data)}"
-            )
-        request = svc.get_request(request.id)
-        o.declare(f"Allocated on pool `{request.pool}`: {json.dumps(request.resources)}")
-        code, lost, signum = _run_once(request, command, lease_ttl, grace)
+        # From the grant to the command's start, ending signals are held (their default
+        # action ended us there, the units held until the lease ran out): one before the
+        # start cancels the request, one during it is forwarded to the command.
+        with holding_signals() as held:
+            data = wait_or_cancel(request, timeout)
+            if data["status"] == "preempted" and data["retried_as_id"]:
+                # A retry granted, and preempted again, while the command stopped: its own.
+                request = svc.get_request(data["retried_as_id"])
+                o.declare(f"Resource request `{data['id']}` was preempted before it ran: "
+                          f"{reason_of(data)}; retrying as attempt {request.attempt} "
+                          f"(request `{request.id}`)")
+                continue
+            if data["status"] == "queued":  # only with a --timeout
+                o.declare(f"Timed out waiting for units: "
+                          f"{queue_summary(data) or reason_of(data)}")
+                cancel_saying("Resource request", request.id, gave_up(timeout or 0))
+                sys.exit(EXIT_TIMEOUT)
+            if data["status"] != "allocated":
+                raise click.ClickException(
+                    f"Resource request `{data['id']}` was {data['status']}: {reason_of(data)}"
+                )
+            request = svc.get_request(request.id)
+            if held:
+                cancel_and_exit(request, held[0])
+            o.declare(f"Allocated on pool `{request.pool}`: {json.dumps(request.resources)}")
+            code, lost, signum = _run_once(request, command, lease_ttl, grace, held)
         if lost is None:
             try:
                 with holding_signals():
                     svc.release_request(request.id)
             except Conflict:  # expired or preempted just as the command ended
                 ended = svc.get_request(request.id)
-                o.declare(f"Resource request `{ended.id}` was {ended.status} as the command "
-                          f"ended: {ended.status_reason}")
+                o.declare(lost_as_it_ended(ended, "command"))
                 _not_followed(ended, not_followed())
             except Unreachable as error:
                 o.declare(f"Warning: {error}; the units go back when the lease expires")
@@ -143,14 +150,16 @@ def _not_followed(request: RequestView, reason: str) -> None:
 
 
 def _run_once(
-    request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float
+    request: RequestView, command: tuple[str, ...], lease_ttl: int, grace: float,
+    held: list[int],
 ) -> tuple[int, RequestView | None, int | None]:
     """Run the command while heartbeating; (exit code, the request if its units were lost,
-    the first ending signal we received meanwhile). While heartbeats fail for a passing
-    reason (``passing``: the server or the database out of reach, a long write elsewhere)
-    the command goes on (its lease covers the outage, or the next heartbeat that gets
-    through finds the units gone); refused (its token revoked), or on any other failure
-    here, the command is stopped before the error goes up, never left running alone."""
+    the first ending signal we received meanwhile, ``held`` ones as it started included).
+    While heartbeats fail for a passing reason (``passing``: the server or the database out
+    of reach, a long write elsewhere) the command goes on (its lease covers the outage, or
+    the next heartbeat that gets through finds the units gone); refused (its token
+    revoked), or on any other failure here, the command is stopped before the error goes
+    up, never left running alone."""
     svc = service()
     env = {
         **os.environ,
@@ -173,6 +182,8 @@ def _run_once(
             child.send_signal(signum)
 
     previous = catch_ending_signals(forward)
+    for signum in held:  # received as it started
+        forward(signum, None)
     unreachable = False
     interval = heartbeat_interval(lease_ttl)
     keep = _keeping(None)  # what keeps a retry attempt while we stop (none yet)
