@@ -1152,7 +1152,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert answers["delete_pool"] is None
     assert answers["cancel with a reason"]["status_reason"] == "cancelled: node drained"
     assert [(e["kind"], e["pool"]) for e in answers["events"]] == [
-        ("created", None), ("allocated", "sdk"), ("released", None)]
+        ("created", None), ("allocated", "sdk"), ("reprioritized", "sdk"), ("released", None)]
     assert [e["kind"] for e in answers["events of a deleted request"]] == [
         "created", "allocated", "deleted"]
     assert str(answers["events unknown"]).startswith("NotFound: no request")
