@@ -684,7 +684,7 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
         server.process.send_signal(signal.SIGSTOP)  # the submit waits for its answer
         try:
             waiter = start(tmp_path, *WAITING[command], env=env)
-            time.sleep(1.5)  # started, and sent its submit
+            time.sleep(3)  # started, and sent its submit (1.5 s was too short on a busy machine)
             waiter.send_signal(signal.SIGTERM)
         finally:
             server.process.send_signal(signal.SIGCONT)

@@ -598,7 +598,7 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
         try:
             holder = subprocess.Popen([sys.executable, "-c", script, server.url],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(1.5)  # started, and sent its submit
+            time.sleep(3)  # started, and sent its submit (1.5 s was too short on a busy machine)
             holder.send_signal(signum)
         finally:
             server.process.send_signal(signal.SIGCONT)
