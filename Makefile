@@ -26,7 +26,7 @@ demo: $(BIN)/fairpool
 # CLI and server subprocess would compile fairpool's modules again.
 # The ZenML integration tests (their own venv) mostly wait on ZenML's servers and pipelines:
 # they run beside the main suite, their output shown once both have ended (run one after the
-# other, they took 27 min on a machine at half its usual speed, 2026-11-30).
+# other, they took over 25 min on a machine at half its usual speed, 2026-11-30).
 test: $(BIN)/fairpool
 	$(BIN)/ruff check fairpool tests benchmarks examples
 	$(BIN)/mypy
