@@ -756,8 +756,8 @@ class SchedulingService:
                 workload = running[workload_id]
                 assert workload.queue is not None
                 # Its reason told the priority it was admitted at: it tells the one it has now.
-                reason = (f"{wl.admitted_reason(workload.queue, workload.flavors, priority)} "
-                          f"(was {workload.priority} before config version {version})")
+                reason = wl.repriced_reason(workload.queue, workload.flavors, priority,
+                                            workload.priority, version)
                 tx.update_workload(workload_id, now, priority=priority, config_version=version,
                                    status_reason=reason)
         return outcome

@@ -589,11 +589,10 @@ class Service:
                 # Its holders' reasons told the old priority: they tell the new one, and
                 # their histories when it changed.
                 reason = frontend.reprioritized(pool.name, priority, policy.priority)
-                for allocation in repo.live_allocations(conn, pool_id=pool.id):
-                    if allocation.policy_id == policy.id:
-                        repo.set_request_reason(conn, allocation.request_id, reason, now)
-                        tx.event("reprioritized", reason, now,
-                                 request_id=allocation.request_id, pool_id=pool.id)
+                for allocation in _held_under(conn, policy):
+                    repo.set_request_reason(conn, allocation.request_id, reason, now)
+                    tx.event("reprioritized", reason, now,
+                             request_id=allocation.request_id, pool_id=pool.id)
             return lambda tx, _: self._policy_view(
                 state := _State.load(tx.conn), state.policies[policy.id]
             )
@@ -609,9 +608,7 @@ class Service:
             conn = tx.conn
             pool = repo.get_pool(conn, pool_ref)
             policy = _policy_of(conn, pool, component, kind)
-            live = [
-                a for a in repo.live_allocations(conn, pool_id=pool.id) if a.policy_id == policy.id
-            ]
+            live = _held_under(conn, policy)
             if live:
                 raise Conflict(
                     f"policy of {kind} `{component}` on `{pool.name}` has {len(live)} live "
@@ -1586,6 +1583,12 @@ def _queue_order(request: Request) -> tuple[datetime, str]:
 
 def _allocation_order(allocation: Allocation) -> tuple[datetime, str]:
     return allocation.allocated_at, allocation.request_id
+
+
+def _held_under(conn: Connection, policy: Policy) -> list[Allocation]:
+    """The live allocations granted under ``policy``."""
+    return [a for a in repo.live_allocations(conn, pool_id=policy.pool_id)
+            if a.policy_id == policy.id]
 
 
 def _policy_of(conn: Connection, pool: Pool, component: str, kind: ComponentType) -> Policy:

@@ -224,13 +224,18 @@ def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(
         assert {job["preempted_by"] for job in batch["preempted"]} == {adhoc["id"]}
         assert_one_error(remote("pool", "describe", "nope", "--tree", "physical"),
                          "no pool 'nope' in tree physical")
+        # A third operation over its pool's running cap: pending, and counted so.
+        remote("pool", "set", "project-adhoc", "--tree", "physical",
+               "max_running_operation_count", "1").ok()
+        remote("operation", "start", "--pool", "project-adhoc", "--user", "c",
+               "--job-resources", '{"cpu": 1}', "--job-count", "1").ok()
         metrics = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                    for family in text_string_to_metric_families(
                        httpx.get(server.url + "/metrics").text)
                    for sample in family.samples if sample.name.startswith("fairpool_tree_")}
         tree = ("tree", "physical")
         assert metrics == {("fairpool_tree_running_operations", (tree,)): 2,
-                           ("fairpool_tree_pending_operations", (tree,)): 0,
+                           ("fairpool_tree_pending_operations", (tree,)): 1,
                            ("fairpool_tree_resource_units", (("resource", "cpu"), tree)): 100}
     assert not unused.exists()
     assert "Traceback" not in server.log()

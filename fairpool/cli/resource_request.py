@@ -258,7 +258,7 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         if len(received) == 1:
             raise KeyboardInterrupt
         if not again:  # SystemExit: a KeyboardInterrupt escaped as "Aborted!", exit 1
-            exit_for(received[0][0], _interrupted_again(request.id))
+            _exit_for(received[0][0], _interrupted_again(request.id))
 
     previous = catch_ending_signals(interrupt)
     signalled = False
@@ -290,8 +290,8 @@ def cancel_and_exit(request: RequestView, signum: int) -> NoReturn:
         cancel_saying("Interrupted: resource request", request.id,
                       interrupted(signal.Signals(signum).name))
     except KeyboardInterrupt:  # a Ctrl-C with Python's handler (the submit's ``holding_signals``)
-        exit_for(signum, _interrupted_again(request.id))
-    exit_for(signum)
+        _exit_for(signum, _interrupted_again(request.id))
+    _exit_for(signum)
 
 
 def _interrupted_again(request_id: str) -> str:
@@ -299,7 +299,7 @@ def _interrupted_again(request_id: str) -> str:
             f"cancel it with `fairpool resource-request cancel {request_id}`")
 
 
-def exit_for(signum: int, saying: str | None = None) -> NoReturn:
+def _exit_for(signum: int, saying: str | None = None) -> NoReturn:
     """Exit with 128 + ``signum`` (after ``saying`` it). Further ending signals are ignored to
     the exit: as Python finalizes, it puts their default actions back, and a repeated one
     then ended us by that action, not with our status."""

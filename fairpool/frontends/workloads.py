@@ -416,6 +416,13 @@ def admitted_reason(queue: str, flavors: Sequence[str], priority: int) -> str:
     return f"admitted to queue {queue} with flavor {' + '.join(flavors)} at priority {priority}"
 
 
+def repriced_reason(queue: str, flavors: Sequence[str], priority: int, was: int | None,
+                    version: int | None) -> str:
+    """A running workload's reason once config ``version`` changed its priority from ``was``."""
+    return (f"{admitted_reason(queue, flavors, priority)} "
+            f"(was {was} before config version {version})")
+
+
 def queue_usage(
     config: SchedulerConfig, running: Iterable[RunningWorkload]
 ) -> tuple[QuotaUsage, ...]:

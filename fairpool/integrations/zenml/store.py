@@ -861,11 +861,10 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             if update.priority != current.priority:  # as fairpool's service words it
                 reason = frontend.reprioritized(pool.name, update.priority, current.priority)
                 now = utc_now()
-                for allocation in self._live_allocations(session, pool.id):
-                    if allocation.request.component_id == schema.component_id:
-                        allocation.request.status_reason = reason
-                        allocation.request.updated = now
-                        session.add(allocation.request)
+                for allocation in self._held_under(session, schema):
+                    allocation.request.status_reason = reason
+                    allocation.request.updated = now
+                    session.add(allocation.request)
             schema.update(update)
             session.add(schema)
             session.flush()
@@ -879,11 +878,7 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                 schema_class=ResourcePoolSubjectPolicySchema,
                 session=session,
             )
-            live = [
-                a
-                for a in self._live_allocations(session, pool_id=schema.pool_id)
-                if a.request.component_id == schema.component_id
-            ]
+            live = self._held_under(session, schema)
             if live:
                 raise IllegalOperationError(
                     f"The policy of component `{schema.component.name}` on resource pool "
@@ -968,6 +963,14 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
                 .where(col(ResourcePoolAllocationSchema.released_at).is_(None))
             ).all()
         )
+
+    @classmethod
+    def _held_under(
+        cls, session: Session, policy: ResourcePoolSubjectPolicySchema
+    ) -> list[ResourcePoolAllocationSchema]:
+        """The live allocations of the policy's component in its pool."""
+        return [a for a in cls._live_allocations(session, policy.pool_id)
+                if a.request.component_id == policy.component_id]
 
     @staticmethod
     def _entries(session: Session) -> dict[str, tuple[QueueEntry, ...]]:
