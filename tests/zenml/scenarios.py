@@ -289,6 +289,10 @@ def store_checks() -> None:
     # hi's priority raised while it holds: its reason tells the new one, as fairpool's does.
     client.update_resource_pool_subject_policy(policies["hi"].id, priority=12)
     seen("hi raised")
+    try:  # it holds units: refused, naming them (lo's, on the same pool, holds none)
+        client.delete_resource_pool_subject_policy(policies["hi"].id)
+    except Exception as error:
+        record(step="policy", at="hi detached", error=type(error).__name__, message=str(error))
     ask(lo, steps[2], 1)  # waits behind hi
     client.delete_pipeline_run(run.id)  # the step runs go: their requests' step_run_id NULL
     client.get_resource_pool("one")

@@ -194,6 +194,10 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
     assert ended["requests"][-2][1].endswith("; step run cancelling")
     assert events[("requests", "hi raised")]["requests"][-1] == [
         "allocated", "allocated on pool one (policy priority 12), was 10"]
+    detached = events[("policy", "hi detached")]
+    assert detached["error"] == "IllegalOperationError"
+    assert "The policy of component `hi` on resource pool `one` has 1 live allocation(s)" in (
+        detached["message"])
     deleted = events[("requests", "run deleted")]
     assert deleted["occupied"] == {"gpu": 0}
     assert deleted["requests"][-2:] == [
