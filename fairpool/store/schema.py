@@ -17,6 +17,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Connection,
     DateTime,
     Dialect,
     ForeignKey,
@@ -31,6 +32,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.event import listens_for
 from sqlalchemy.types import TypeDecorator
 
 from fairpool.store.records import (
@@ -405,6 +407,13 @@ store_generation = Table(
     Column("value", BigInteger, nullable=False),
     CheckConstraint("id = 1", name="single_row"),
 )
+
+
+@listens_for(store_generation, "after_create")
+def _first_generation(table: Table, connection: Connection, **_: Any) -> None:
+    """Its one row, which migration 0009 inserts, in a store made from this metadata too."""
+    connection.execute(table.insert().values(id=1, value=0))
+
 
 pool_tree = Table(
     "pool_tree",
