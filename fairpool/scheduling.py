@@ -66,9 +66,9 @@ def _check_based_on(conn: Connection, based_on: int | None) -> None:
     active = store.active_config_version(conn)
     now = 0 if active is None else active.version
     if now != based_on:
-        found, expected = (f"version {v}" if v else "no version" for v in (now, based_on))
+        expected = f"not version {based_on}" if based_on else "where there was none"
         raise Conflict(
-            f"the active scheduler config changed meanwhile: it is {found}, not {expected} "
+            f"the active scheduler config changed meanwhile: it is version {now}, {expected} "
             "(based_on); nothing applied: look at it again and re-apply"
         )
 
@@ -648,8 +648,13 @@ class SchedulingService:
                 raise InvalidInput(
                     "status", status, f"must be one of {', '.join(s.value for s in WorkloadStatus)}"
                 ) from None
+        validate_filter("queue", queue)
         with self.db.read() as conn:
-            found = store.list_workloads(conn, statuses, validate_filter("queue", queue))
+            if queue is not None and all(
+                queue not in known["queue_specs"] for _, known in _summarised(conn, record=False)
+            ):  # a typo, said as one: not an empty list
+                raise NotFound.of("resource queue", queue, " in any scheduler config version")
+            found = store.list_workloads(conn, statuses, queue)
             live, parts = self._read(conn)
         outcome = live.outcome(self.clock(), parts) if live.waiting else None
         return [self._view(w, outcome) for w in found]

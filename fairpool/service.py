@@ -632,6 +632,7 @@ class Service:
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool_ref).id if pool_ref is not None else None
+            _known_component(state, component)
             views = []
             for policy in state.policies.values():
                 owner = state.components[policy.component_id]
@@ -803,6 +804,7 @@ class Service:
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_id = repo.get_pool(conn, pool).id if pool is not None else None
+            _known_component(state, component)
             entries = queue_entries(reconcile(state.snapshot(self.clock())))
             views = []
             wanted = RequestStatus(status) if status is not None else None
@@ -1606,6 +1608,13 @@ def _component(conn: Connection, name: str, kind: ComponentType) -> Component | 
         return repo.get_component_by_name(conn, name, kind)
     except NotFound:
         return None
+
+
+def _known_component(state: _State, name: str | None) -> None:
+    """A list's component filter that names no component: a typo, said as one rather than
+    answered with an empty list (components are known from their first policy, and kept)."""
+    if name is not None and all(c.name != name for c in state.components.values()):
+        raise NotFound.of("component", name)
 
 
 def _component_type(value: str) -> ComponentType:

@@ -89,6 +89,26 @@ def db_dump(home: Path) -> list[str]:
         return list(conn.iterdump())
 
 
+def _command_paths(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and group of the CLI, as the words that name it."""
+    paths = [path]
+    for name, command in getattr(group, "commands", {}).items():
+        paths += _command_paths(command, (*path, name))
+    return paths
+
+
+def test_every_commands_help_is_plain_text(tmp_path: Path) -> None:
+    """Click prints docstrings as they are: reST markup (``--flag``) would show literally."""
+    from fairpool.cli.main import cli
+
+    paths = _command_paths(cli)
+    assert len(paths) > 40 and ("config", "diff") in paths
+    for path in paths:
+        shown = fairpool(tmp_path, *path, "--help").ok().out
+        assert "Usage: " in shown and "``" not in shown, (path, shown)
+    assert not (tmp_path / "fairpool.db").exists()  # help opens no store
+
+
 def test_a_database_a_newer_fairpool_wrote_is_one_error_line(tmp_path: Path) -> None:
     fairpool(tmp_path, "resource-pool", "list").ok()
     with sqlite3.connect(tmp_path / "fairpool.db") as conn:

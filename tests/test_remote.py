@@ -185,6 +185,8 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--component", "team-b", "--pool", "gpus", "-o", "json")
     fp("resource-request", "list", "--status", "bogus")                         # invalid
     fp("resource-request", "list", "--pool", "")                                # no pool ''
+    fp("resource-request", "list", "--component", "nope")                       # a typo
+    fp("resource-pool", "list-policies", "gpus", "-c", "nope")                  # a typo
     fp("resource-pool", "list-policies", "")                                    # no pool ''
     fp("component", "list")
     fp("component", "list", "-t", "orchestrator", "-o", "json")
@@ -274,6 +276,7 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("queue", "list", "-o", "json")
     fp("queue", "describe", "ml_training")
     fp("queue", "describe", "nope")                                           # not found
+    fp("workload", "list", "--queue", "nope")                                 # in no version
     fp("config", "explain", *research, "--priority", "95", "-o", "json")
     fp("config", "explain", "--label", "team=infra", "--gpu", "1")
     fp("config", "list", "-o", "json")
@@ -521,6 +524,7 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
     for needle in ("no pool 'nope'", "no pool ''", "no pool tree 'nope'", "unknown pool option",
+                   "no component 'nope'", "no resource queue 'nope' in any scheduler config",
                    "max_operation_count is 1", "job_count: must be a positive integer",
                    "no default_tree set", "already completed",
                    "tree_options.cpus: is not one of the operation's trees",

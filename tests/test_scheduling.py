@@ -148,6 +148,24 @@ def test_a_preview_says_what_an_apply_would_change_and_writes_nothing(
     assert rows(sched, "config_version") == 2
 
 
+@pytest.mark.parametrize(("based_on", "expected"), [
+    (0, "it is version 1, where there was none (based_on)"),
+    (2, "it is version 1, not version 2 (based_on)"),
+])
+def test_an_apply_based_on_another_version_is_refused_naming_both(
+    sched: SchedulingService, based_on: int, expected: str
+) -> None:
+    sched.apply_config(M5_CAP)
+    for apply in (lambda: sched.apply_config(RESERVATION, based_on=based_on),
+                  lambda: sched.rollback_config(1, based_on=based_on)):
+        with pytest.raises(Conflict) as refused:
+            apply()
+        assert str(refused.value) == (f"the active scheduler config changed meanwhile: "
+                                      f"{expected}; nothing applied: look at it again and "
+                                      "re-apply")
+    assert rows(sched, "config_version") == 1
+
+
 # -- workloads -------------------------------------------------------------------------------
 
 
@@ -175,6 +193,23 @@ def test_the_m5_cap_admits_three_and_queues_the_fourth(sched: SchedulingService)
         sched.release_workload(views[0].id)
     cancelled = sched.cancel_workload(views[1].id[:8])  # by id prefix
     assert cancelled.status == "cancelled"
+
+
+def test_a_queue_filter_must_name_a_queue_of_some_version(sched: SchedulingService) -> None:
+    """Not an empty list for a typo; a queue a newer version dropped still lists what it
+    holds."""
+    def unknown(queue: str) -> str:
+        return f"^no resource queue '{queue}' in any scheduler config version$"
+
+    with pytest.raises(NotFound, match=unknown("default")):
+        sched.list_workloads(queue="default")  # no version yet
+    sched.apply_config(M5_CAP)
+    running = sched.submit_workload(**M5)  # type: ignore[arg-type]
+    sched.apply_config(RESERVATION)
+    assert [w.id for w in sched.list_workloads(queue="q-m5-2xlarge-cap3")] == [running.id]
+    assert sched.list_workloads(queue="reservation") == []
+    with pytest.raises(NotFound, match=unknown("q-m5-2xlarge-cap")):
+        sched.list_workloads(status="admitted", queue="q-m5-2xlarge-cap")
 
 
 def test_reservation_rejects_what_no_flavor_matches(sched: SchedulingService) -> None:

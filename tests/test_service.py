@@ -212,6 +212,27 @@ def test_reserved_total_is_checked_across_policies(svc: Service) -> None:
     svc.attach_policy("p", "b", reserved={"gpu": 3})
 
 
+def test_a_component_filter_must_name_a_component(svc: Service) -> None:
+    """Not an empty list for a typo. A component is kept once known: detached from its last
+    pool, it still lists its requests."""
+    svc.create_pool("p", {"gpu": 8})
+    svc.create_pool("q", {"gpu": 8})
+    svc.attach_policy("p", "a")
+    svc.attach_policy("q", "b", component_type="step_operator")
+    held = svc.create_request("a", demand={"gpu": 1})
+    svc.release_request(held.id)
+    svc.detach_policy("p", "a")
+    assert [r.id for r in svc.list_requests(component="a")] == [held.id]
+    assert svc.list_requests(component="b") == [] and svc.list_policies(component="a") == []
+    assert [v.pool for v in svc.list_policies(component="b")] == ["q"]
+    for listing in (lambda: svc.list_requests(component="aa"),
+                    lambda: svc.list_requests(status="released", component="aa", pool="p"),
+                    lambda: svc.list_policies(component="aa"),
+                    lambda: svc.list_policies("q", component="")):
+        with pytest.raises(NotFound, match=r"^no component '(aa)?'$"):
+            listing()
+
+
 def test_one_policy_per_component_and_pool(svc: Service) -> None:
     svc.create_pool("p", {"gpu": 8})
     svc.attach_policy("p", "a")

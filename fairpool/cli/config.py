@@ -261,7 +261,7 @@ def list_versions(output: str) -> None:
               help="The version to compare the active one with.")
 @o.output_option
 def diff(version: int, output: str) -> None:
-    """What applying ``--version`` again would change, queue by queue."""
+    """What applying a version again (--version N) would change, queue by queue."""
     changes = scheduling().diff_config(version)
     if output != "table":
         o.dump({"version": version, "changes": list(changes)}, output)

@@ -147,7 +147,7 @@ def apply_tree(path: str, output: str) -> None:
 @click.argument("value")
 @o.output_option
 def set_tree(name: str, option: str, value: str, output: str) -> None:
-    """Set one tree option, e.g. ``fair_share_starvation_timeout 1000`` (milliseconds)."""
+    """Set one tree option, e.g. fair_share_starvation_timeout 1000 (milliseconds)."""
     _print_tree(trees().set_tree(name, option, value).as_dict(), output)
 
 
@@ -266,7 +266,7 @@ def create_pool(
 @click.argument("value")
 @o.output_option
 def set_pool(name: str, tree: str, option: str, value: str, output: str) -> None:
-    """Set one attribute (``parent`` moves the pool), e.g. ``weight 10``."""
+    """Set one attribute (parent moves the pool), e.g. weight 10."""
     _print_pool(trees().set_pool(tree, name, option, value).as_dict(), output)
 
 
