@@ -259,6 +259,7 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "list", "-o", "json")
     fp("workload", "list", "--status", "queued")
     fp("workload", "list", "--status", "")                                    # invalid, not all
+    fp("workload", "list", "--status", "cancelled_or_failed")                 # the same words
     # The API's limits and words are the service's (each of these differed).
     fp("workload", "submit", "--instance-type", " ")                         # only whitespace
     fp("workload", "submit", "--priority", "-1")                             # below 0
@@ -425,6 +426,7 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "list")
     fp("operation", "list", "--tree", "physical", "--status", "running", "-o", "json")
     fp("operation", "list", "--status", "bogus")                              # bad value
+    fp("operation", "list", "--status", "s" * 70)                             # the same words
     fp("operation", "list", "--tree", "nope")                                 # unknown tree
     fp("node", "list", "-o", "json")
     fp("node", "list")

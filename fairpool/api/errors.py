@@ -102,7 +102,7 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "must be a mapping"
     if kind == "string_unicode":  # a lone surrogate, as the service words it
         return "must be valid Unicode text"
-    if kind == "literal_error" and isinstance(ctx.get("expected"), str):
+    if kind in ("literal_error", "enum") and isinstance(ctx.get("expected"), str):
         choices = re.findall(r"'([^']*)'", ctx["expected"])  # "'a', 'b' or 'c'"
         return f"must be one of {', '.join(choices)}"
     # An integer's bounds are integers; a number's are floats (``ge=0.0``), whatever is given.

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import (
@@ -31,11 +31,11 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.scheduling import SchedulingService
+from fairpool.store.records import WorkloadStatus
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
 #: characters (``MAX_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
 MAX_DOCUMENT_BODY = 12 * MAX_DOCUMENT + 1024
-WorkloadStatus = Annotated[str, StringConstraints(max_length=16)]
 
 
 #: Only if the active version is still this one (0: none yet): a change confirmed against

@@ -25,6 +25,7 @@ from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
 from fairpool.api.models import TEXT_PATTERN, IdempotencyKey, PathText, QueryText, text
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
+from fairpool.store.tree_records import OperationStatus
 from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
@@ -284,8 +285,7 @@ def trees_router(
     def list_operations(
         caller: Caller,
         tree: QueryText | None = None,
-        status: Annotated[str, StringConstraints(max_length=64, pattern=TEXT_PATTERN),
-                          AfterValidator(text)] | None = None,
+        status: OperationStatus | None = None,
     ) -> JSONResponse:
         """Operations, oldest first, optionally of one tree and one status (a submitter's
         own)."""
