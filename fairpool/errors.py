@@ -73,6 +73,40 @@ class InvalidInput(FairpoolError, ValueError):
         return error
 
 
+def is_unicode(value: str) -> bool:
+    """Whether ``value`` holds no lone surrogate, which no backend stores, no URL carries and
+    no JSON answer encodes (what Python makes of command-line bytes that are not UTF-8)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_ref(ref: object) -> str:
+    """``ref``, a name or id given to look something up, if it is a string."""
+    if not isinstance(ref, str):
+        raise InvalidInput("ref", ref, "must be a name or id (a string)")
+    return ref
+
+
+def lookup_ref(what: str, ref: object) -> str:
+    """``ref`` as a lookup's parameter (``as_ref``). One holding NUL or a lone surrogate names
+    nothing, as no name or id holds either: ``NotFound``, as SQLite answers it, where
+    PostgreSQL's driver raised an error of its own, and encoding a surrogate Python's."""
+    text = as_ref(ref)
+    if not can_name(text):
+        raise NotFound.of(what, text)
+    return text
+
+
+def can_name(ref: str) -> bool:
+    """Whether ``ref`` could be a name or id: no NUL, no lone surrogate (``lookup_ref``)."""
+    return "\x00" not in ref and is_unicode(ref)
+
+
 def one_of(field: str, value: str, choices: Iterable[str]) -> str:
     """``value``, if it is one of ``choices``; else ``InvalidInput`` naming them."""
     if value not in choices:

@@ -28,6 +28,7 @@ from fairpool.errors import (
     NotFound,
     Unauthorized,
     Unreachable,
+    as_ref,
     one_of,
     password_hidden,
 )
@@ -583,9 +584,7 @@ def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:
     name or id is empty or holds a ``/``, and the server could not tell such a segment from
     another route (it decodes ``%2F`` before routing): not found, in the service's words,
     without asking for it (``missing``: what the name names, or the error for it)."""
-    if not isinstance(name, str):
-        raise InvalidInput("ref", name, "must be a name or id (a string)")
-    if not name or "/" in name:
+    if not as_ref(name) or "/" in name:
         raise NotFound.of(missing, name) if isinstance(missing, str) else missing(name)
     segment = quote(check_unicode("ref", name), safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment

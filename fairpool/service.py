@@ -29,7 +29,16 @@ from fairpool.engine.model import Allocation as EngineAllocation
 from fairpool.engine.model import Charge, Node, Placement, Plan, Snapshot
 from fairpool.engine.model import Request as EngineRequest
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import Conflict, InvalidInput, Later, NotFound, WouldWait, one_of, validate_int
+from fairpool.errors import (
+    Conflict,
+    InvalidInput,
+    Later,
+    NotFound,
+    WouldWait,
+    lookup_ref,
+    one_of,
+    validate_int,
+)
 from fairpool.frontends import pools as frontend
 from fairpool.frontends.names import (
     MAX_LABEL_VALUE,
@@ -1345,7 +1354,7 @@ class Service:
 
     def _request(self, tx: _Tx, ref: str) -> Request:
         """The request ``ref`` names (id or unique id prefix), as it now is."""
-        known = tx.known(ref)
+        known = tx.known(lookup_ref("request", ref))
         if known is not None:
             return known[0]
         self._write_new(tx)  # a prefix may name one of them

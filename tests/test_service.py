@@ -7,10 +7,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
+from fairpool import Client
 from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
@@ -231,6 +233,10 @@ def test_a_component_filter_must_name_a_component(svc: Service) -> None:
                     lambda: svc.list_policies("q", component="")):
         with pytest.raises(NotFound, match=r"^no component '(aa)?'$"):
             listing()
+    with pytest.raises(InvalidInput, match=r"^component: must be a string \(got 5\)$"):
+        svc.list_requests(component=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match=r"^pool: must be a string \(got \['p'\]\)$"):
+        svc.list_policies(["p"])  # type: ignore[arg-type]
 
 
 def test_one_policy_per_component_and_pool(svc: Service) -> None:
@@ -704,3 +710,42 @@ def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Servi
     assert str(taken.value) == ("idempotency_key 'k-1' is taken by a request another token "
                                 "made; use a key of your own")
     assert len(svc.list_requests()) == 2
+
+
+_LOOKUPS: list[tuple[str, Callable[[Client, Any], object]]] = [
+    ("get", lambda c, ref: c.get(ref)),
+    ("events", lambda c, ref: c.events(ref)),
+    ("heartbeat", lambda c, ref: c.heartbeat(ref)),
+    ("release", lambda c, ref: c.release(ref)),
+    ("cancel", lambda c, ref: c.cancel(ref)),
+    ("delete", lambda c, ref: c.delete(ref)),
+    ("get_pool", lambda c, ref: c.get_pool(ref)),
+    ("pool_requests", lambda c, ref: c.pool_requests(ref)),
+    ("update_pool", lambda c, ref: c.update_pool(ref, {"gpu": 1})),
+    ("delete_pool", lambda c, ref: c.delete_pool(ref)),
+    ("detach_policy", lambda c, ref: c.detach_policy("p", ref)),
+    ("get_workload", lambda c, ref: c.scheduling.get_workload(ref)),
+    ("cancel_workload", lambda c, ref: c.scheduling.cancel_workload(ref)),
+    ("show_tree", lambda c, ref: c.trees.show_tree(ref)),
+    ("delete_tree", lambda c, ref: c.trees.delete_tree(ref)),
+    ("describe_operation", lambda c, ref: c.trees.describe_operation(ref)),
+]
+
+
+@pytest.mark.parametrize(("ref", "refused"), [
+    ("a\x00b", r"^(no .*'a\\x00b'|No policy found for orchestrator `a\x00b` .*)$"),
+    ("a\udcffb", r"^(no .*'a\\udcffb'|No policy found for orchestrator `a\udcffb` .*)$"),
+    (["p"], r"^ref: must be a name or id \(a string\) \(got \['p'\]\)$"),
+], ids=["NUL", "lone surrogate", "not a string"])
+def test_a_ref_no_name_or_id_can_be_is_refused_in_fairpools_words(
+    database_url: str, ref: Any, refused: str
+) -> None:
+    """The embedded SDK, as the server does: not found (or not a string), not the driver's
+    error (PostgreSQL refuses NUL in text) nor an encoding error."""
+    with Client(database_url=database_url) as client:
+        client.create_pool("p", {"gpu": 1})
+        client.attach_policy("p", "c")
+        for name, lookup in _LOOKUPS:
+            with pytest.raises((NotFound, InvalidInput), match=refused):
+                lookup(client, ref)
+            assert [p.name for p in client.list_pools()] == ["p"], name

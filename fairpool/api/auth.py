@@ -34,7 +34,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from fairpool.api.models import TEXT_PATTERN
-from fairpool.frontends.names import MAX_NAME, is_unicode
+from fairpool.errors import is_unicode
+from fairpool.frontends.names import MAX_NAME
 from fairpool.store import repo
 from fairpool.store.records import ApiToken, TokenRole
 from fairpool.views import EventView, PoolView, RequestView

@@ -21,13 +21,8 @@ from pydantic import (
     StringConstraints,
 )
 
-from fairpool.frontends.names import (
-    MAX_KEYS,
-    MAX_LABEL_VALUE,
-    MAX_LABELS,
-    MAX_NAME,
-    is_unicode,
-)
+from fairpool.errors import is_unicode
+from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES

@@ -34,9 +34,9 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import Node
 
-from fairpool.errors import FairpoolError, one_line
+from fairpool.errors import FairpoolError, is_unicode, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON, is_unicode, printing_problem
+from fairpool.frontends.names import MAX_NAME, SLASH_REASON, printing_problem
 from fairpool.frontends.yaml_text import (
     JSON_EXPONENT,
     ROOT,

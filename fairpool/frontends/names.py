@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Final
 
-from fairpool.errors import InvalidInput, clipped
+from fairpool.errors import InvalidInput, clipped, is_unicode
 
 #: What every backend can store (PostgreSQL's name columns are VARCHAR(255)).
 MAX_NAME: Final = 255
@@ -21,6 +21,8 @@ MAX_LABEL_VALUE: Final = 1024
 def bounded_text(field: str, value: str, most: int) -> str:
     """Text every backend stores as it is: at most ``most`` characters, no NUL, no lone
     surrogate (what a command line makes of bytes that are not UTF-8)."""
+    if not isinstance(value, str):
+        raise InvalidInput(field, value, "must be a string")
     if len(value) > most:
         raise InvalidInput(field, clipped(value), f"must be at most {most} characters")
     if "\x00" in value:
@@ -33,18 +35,6 @@ def check_unicode(field: str, value: str) -> str:
     if not is_unicode(value):
         raise InvalidInput(field, value, "must be valid Unicode text")
     return value
-
-
-def is_unicode(value: str) -> bool:
-    """Whether ``value`` holds no lone surrogate, which no backend stores, no URL carries and
-    no JSON answer encodes (what Python makes of command-line bytes that are not UTF-8)."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def nonprinting(value: str) -> str | None:
