@@ -97,15 +97,18 @@ def _command_paths(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ..
     return paths
 
 
-def test_every_commands_help_is_plain_text(tmp_path: Path) -> None:
-    """Click prints docstrings as they are: reST markup (``--flag``) would show literally."""
+def test_every_commands_help_says_what_it_does_in_plain_text(tmp_path: Path) -> None:
+    """A line under the usage, and no reST markup: Click prints docstrings as they are, so
+    ``--flag`` would show literally."""
     from fairpool.cli.main import cli
 
     paths = _command_paths(cli)
     assert len(paths) > 40 and ("config", "diff") in paths
     for path in paths:
         shown = fairpool(tmp_path, *path, "--help").ok().out
-        assert "Usage: " in shown and "``" not in shown, (path, shown)
+        usage, _, said = shown.partition("\n\n")
+        assert usage.startswith("Usage: ") and "``" not in shown, (path, shown)
+        assert not said.startswith("Options:"), (path, shown)
     assert not (tmp_path / "fairpool.db").exists()  # help opens no store
 
 

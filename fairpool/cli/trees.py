@@ -171,6 +171,7 @@ def show_tree(name: str | None, output: str) -> None:
 @pool_tree.command("list")
 @o.output_option
 def list_trees(output: str) -> None:
+    """Pool trees: the default one marked, nodes, pools, operations and resources."""
     rows = [t.as_dict() for t in trees().list_trees()]
     o.print_list(rows, TREE_COLUMNS, output, empty_message="No pool trees found.")
 
@@ -364,6 +365,7 @@ def describe_operation(operation_id: str, output: str) -> None:
 @click.option("--status", default=None, help="Only operations with this status.")
 @o.output_option
 def list_operations(tree: str | None, status: str | None, output: str) -> None:
+    """Operations, oldest first: tree, pool, user, status, jobs and reason."""
     rows = [op.as_dict() for op in trees().list_operations(tree, status)]
     o.print_list(rows, OPERATION_COLUMNS, output, empty_message="No operations found.")
 
