@@ -10,12 +10,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-#: A component's types and a request's statuses, as views carry them: the values of
-#: ``store.records``' enums as plain tuples, for what must not load SQLAlchemy (remote mode,
-#: the CLI's options) and for the service's checks of input, which need no enum to be built
-#: per call. ``tests/test_remote.py`` checks that they agree.
+#: A component's types and the statuses of requests, workloads and operations, as views
+#: carry them: the values of the store's enums as plain tuples, for what must not load
+#: SQLAlchemy (remote mode, the CLI's options) and for the service's checks of input, which
+#: need no enum to be built per call. ``tests/test_remote.py`` checks that they agree.
 COMPONENT_TYPES = ("orchestrator", "step_operator")
 REQUEST_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
+WORKLOAD_STATUSES = ("queued", "admitted", "finished", "cancelled", "rejected", "failed")
+OPERATION_STATUSES = ("pending", "running", "completed", "aborted")
 
 
 def _iso(value: datetime | None) -> str | None:

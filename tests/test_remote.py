@@ -1492,11 +1492,19 @@ def test_the_light_vocabulary_agrees_with_the_stores_enums() -> None:
     from typing import get_args
 
     from fairpool.api.models import ComponentType as ApiComponentType
-    from fairpool.store.records import ComponentType, RequestStatus
-    from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES
+    from fairpool.store.records import ComponentType, RequestStatus, WorkloadStatus
+    from fairpool.store.tree_records import OperationStatus
+    from fairpool.views import (
+        COMPONENT_TYPES,
+        OPERATION_STATUSES,
+        REQUEST_STATUSES,
+        WORKLOAD_STATUSES,
+    )
 
     assert COMPONENT_TYPES == tuple(t.value for t in ComponentType) == get_args(ApiComponentType)
     assert REQUEST_STATUSES == tuple(s.value for s in RequestStatus)
+    assert WORKLOAD_STATUSES == tuple(s.value for s in WorkloadStatus)
+    assert OPERATION_STATUSES == tuple(s.value for s in OperationStatus)
 
 
 def test_the_server_says_which_store_it_serves_the_password_hidden(

@@ -17,7 +17,7 @@ from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
-from fairpool.views import COMPONENT_TYPES, RequestView
+from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
@@ -357,7 +357,8 @@ def finish_wait(data: dict[str, Any]) -> None:
 
 
 @resource_request.command("list")
-@click.option("--status", default=None, help="Only requests with this status.")
+@click.option("--status", type=click.Choice(REQUEST_STATUSES), default=None,
+              help="Only requests with this status.")
 @click.option("--component", default=None, help="Only this component's requests.")
 @click.option("--pool", default=None, help="Only requests allocated in or queued on this pool.")
 @o.output_option

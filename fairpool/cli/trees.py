@@ -14,6 +14,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import parse_mapping, trees
 from fairpool.cli.config import read_config_file
+from fairpool.views import OPERATION_STATUSES
 
 NODE_COLUMNS = ("name", "tags", "resources", "tree", "running_jobs", "used")
 TREE_COLUMNS = ("name", "default", "nodes", "pools", "running_operations", "pending_operations",
@@ -362,7 +363,8 @@ def describe_operation(operation_id: str, output: str) -> None:
 
 @operation.command("list")
 @click.option("--tree", default=None, help="Only operations in this pool tree (default: all).")
-@click.option("--status", default=None, help="Only operations with this status.")
+@click.option("--status", type=click.Choice(OPERATION_STATUSES), default=None,
+              help="Only operations with this status.")
 @o.output_option
 def list_operations(tree: str | None, status: str | None, output: str) -> None:
     """Operations, oldest first: tree, pool, user, status, jobs and reason."""

@@ -11,6 +11,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import parse_pairs, reason_option, scheduling
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
+from fairpool.views import WORKLOAD_STATUSES
 
 WORKLOAD_COLUMNS = ("id", "status", "queue", "flavors", "priority", "demand", "reason")
 
@@ -90,7 +91,8 @@ def submit(output: str, **options: Any) -> None:
 
 
 @workload.command("list")
-@click.option("--status", default=None, help="Only workloads with this status.")
+@click.option("--status", type=click.Choice(WORKLOAD_STATUSES), default=None,
+              help="Only workloads with this status.")
 @click.option("--queue", default=None, help="Only workloads routed to this queue.")
 @o.output_option
 def list_workloads(status: str | None, queue: str | None, output: str) -> None:
