@@ -72,6 +72,12 @@ class InvalidInput(FairpoolError, ValueError):
         error.value = None
         return error
 
+    @classmethod
+    def no_tree(cls) -> InvalidInput:
+        """No pool tree named and no default set: the same words embedded and remote."""
+        return cls.from_message("tree", "tree: no tree given and no default_tree set "
+                                "(`fairpool pool-tree default NAME` sets one)")
+
 
 def is_unicode(value: str) -> bool:
     """Whether ``value`` holds no lone surrogate, which no backend stores, no URL carries and

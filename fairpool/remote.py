@@ -606,7 +606,7 @@ class RemoteTrees:
             return name
         default = self.default_tree()
         if default is None:
-            raise InvalidInput("tree", None, "no tree given and no default_tree set")
+            raise InvalidInput.no_tree()
         return default
 
     # -- nodes -------------------------------------------------------------------------------

@@ -886,7 +886,7 @@ class TreesService:
             return name
         default = store.default_tree(conn)
         if default is None:
-            raise InvalidInput("tree", None, "no tree given and no default_tree set")
+            raise InvalidInput.no_tree()
         return default
 
     def _tree_view(self, conn: Connection, name: str, detailed: bool = False) -> TreeView:
