@@ -100,8 +100,8 @@ def as_ref(ref: object) -> str:
 
 def lookup_ref(what: str, ref: object) -> str:
     """``ref`` as a lookup's parameter (``as_ref``). One holding NUL or a lone surrogate names
-    nothing, as no name or id holds either: ``NotFound``, as SQLite answers it, where
-    PostgreSQL's driver raised an error of its own, and encoding a surrogate Python's."""
+    nothing, as no name or id holds either: ``NotFound``, as SQLite answered, where the
+    PostgreSQL driver raised its own error (and the UTF-8 encoder one for a surrogate)."""
     text = as_ref(ref)
     if not can_name(text):
         raise NotFound.of(what, text)
