@@ -50,6 +50,12 @@ class NotFound(FairpoolError, LookupError):
         return cls(f"no {what} {ref!r}{where}")
 
     @classmethod
+    def of_queue(cls, name: object) -> NotFound:
+        """A queue looked for in the active scheduler config (an older version's may still
+        hold workloads: ``workload list --queue`` finds them)."""
+        return cls.of("resource queue", name, " in the active scheduler config")
+
+    @classmethod
     def of_policy(cls, kind: str, component: str, pool: str) -> NotFound:
         """ZenML's words for a policy that is not there."""
         return cls(f"No policy found for {kind} `{component}` in resource pool `{pool}`")

@@ -521,7 +521,7 @@ class RemoteScheduling:
         return [Answer(item) for item in self._call("GET", "/queues")["items"]]
 
     def describe_queue(self, name: str) -> Answer:
-        return Answer(self._call("GET", f"/queues/{_segment(name, 'resource queue')}"))
+        return Answer(self._call("GET", f"/queues/{_segment(name, NotFound.of_queue)}"))
 
 
 def _server_url(url: str) -> str:

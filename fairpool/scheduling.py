@@ -717,7 +717,7 @@ class SchedulingService:
         for view in self.list_queues():
             if view.name == name:
                 return view
-        raise NotFound.of("resource queue", name)
+        raise NotFound.of_queue(name)
 
     # -- the pass ----------------------------------------------------------------------------
 

@@ -636,7 +636,8 @@ def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path
         embedded = errors(client)
     assert remote == embedded
     assert "No policy found for orchestrator `a/b` in resource pool `seg`" in remote
-    assert {"no pool tree 'no'", "no pool '/' in tree t", "no resource queue ''"} <= set(remote)
+    assert {"no pool tree 'no'", "no pool '/' in tree t",
+            "no resource queue '' in the active scheduler config"} <= set(remote)
 
 
 @pytest.mark.parametrize("userinfo", ["", "user:s3cret@"], ids=["plain", "password"])

@@ -207,6 +207,9 @@ def test_a_queue_filter_must_name_a_queue_of_some_version(sched: SchedulingServi
     running = sched.submit_workload(**M5)  # type: ignore[arg-type]
     sched.apply_config(RESERVATION)
     assert [w.id for w in sched.list_workloads(queue="q-m5-2xlarge-cap3")] == [running.id]
+    with pytest.raises(NotFound, match="^no resource queue 'q-m5-2xlarge-cap3' in the active "
+                                       "scheduler config$"):
+        sched.describe_queue("q-m5-2xlarge-cap3")  # describes the active config's queues
     assert sched.list_workloads(queue="reservation") == []
     with pytest.raises(NotFound, match=unknown("q-m5-2xlarge-cap")):
         sched.list_workloads(status="admitted", queue="q-m5-2xlarge-cap")
