@@ -98,25 +98,18 @@ def is_unicode(value: str) -> bool:
 
 
 def as_ref(ref: object) -> str:
-    """``ref``, a name or id given to look something up, if it is a string."""
+    """``ref``, a name or id to look something up by, if it could be one: a string with no
+    NUL and no lone surrogate, which no name or id holds. Refused in the server's words for a
+    path's ref, so that the embedded store and the remote client refuse it alike (the
+    PostgreSQL driver raised its own error for a NUL, and the UTF-8 encoder for a
+    surrogate)."""
     if not isinstance(ref, str):
         raise InvalidInput("ref", ref, "must be a name or id (a string)")
+    if "\x00" in ref:
+        raise InvalidInput("ref", ref, "must not contain NUL characters")
+    if not is_unicode(ref):
+        raise InvalidInput("ref", ref, "must be valid Unicode text")
     return ref
-
-
-def lookup_ref(what: str, ref: object) -> str:
-    """``ref`` as a lookup's parameter (``as_ref``). One holding NUL or a lone surrogate names
-    nothing, as no name or id holds either: ``NotFound``, as SQLite answered, where the
-    PostgreSQL driver raised its own error (and the UTF-8 encoder one for a surrogate)."""
-    text = as_ref(ref)
-    if not can_name(text):
-        raise NotFound.of(what, text)
-    return text
-
-
-def can_name(ref: str) -> bool:
-    """Whether ``ref`` could be a name or id: no NUL, no lone surrogate (``lookup_ref``)."""
-    return "\x00" not in ref and is_unicode(ref)
 
 
 def one_of(field: str, value: str, choices: Iterable[str]) -> str:

@@ -586,7 +586,7 @@ def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:
     without asking for it (``missing``: what the name names, or the error for it)."""
     if not as_ref(name) or "/" in name:
         raise NotFound.of(missing, name) if isinstance(missing, str) else missing(name)
-    segment = quote(check_unicode("ref", name), safe="")
+    segment = quote(name, safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from fairpool.errors import Conflict, InvalidInput, NotFound, validate_int
+from fairpool.errors import Conflict, InvalidInput, NotFound, as_ref, validate_int
 from fairpool.frontends import workloads as wl
 from fairpool.frontends.config import (
     MAX_VERSION,
@@ -714,6 +714,7 @@ class SchedulingService:
         return views
 
     def describe_queue(self, name: str) -> QueueView:
+        as_ref(name)
         for view in self.list_queues():
             if view.name == name:
                 return view

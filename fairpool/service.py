@@ -35,7 +35,7 @@ from fairpool.errors import (
     Later,
     NotFound,
     WouldWait,
-    lookup_ref,
+    as_ref,
     one_of,
     validate_int,
 )
@@ -612,6 +612,7 @@ class Service:
         self, pool_ref: str, component: str, component_type: str = "orchestrator"
     ) -> None:
         kind = _component_type(component_type)
+        as_ref(component)  # refused before the pool is looked up, as over HTTP
 
         def change(tx: _Tx) -> Answer[None]:
             conn = tx.conn
@@ -1354,7 +1355,7 @@ class Service:
 
     def _request(self, tx: _Tx, ref: str) -> Request:
         """The request ``ref`` names (id or unique id prefix), as it now is."""
-        known = tx.known(lookup_ref("request", ref))
+        known = tx.known(as_ref(ref))
         if known is not None:
             return known[0]
         self._write_new(tx)  # a prefix may name one of them

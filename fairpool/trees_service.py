@@ -39,7 +39,7 @@ from fairpool.engine.jobs import (
     plan_jobs,
 )
 from fairpool.engine.piecewise import ZERO
-from fairpool.errors import Conflict, InvalidInput, NotFound, counted, validate_int
+from fairpool.errors import Conflict, InvalidInput, NotFound, as_ref, counted, validate_int
 from fairpool.frontends.names import MAX_NAME, bounded_text
 from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
@@ -688,7 +688,7 @@ class TreesService:
 
     def remove_node(self, name: str) -> None:
         with self.db.write() as conn:
-            running = store.live_jobs_on(conn, name)
+            running = store.live_jobs_on(conn, as_ref(name))
             if running:
                 raise Conflict(
                     f"node {name} runs {counted(running, 'job')}; complete or abort their "
@@ -957,6 +957,7 @@ class TreesService:
             return self._pool_view(conn, self._tree_name(conn, tree), name)
 
     def delete_pool(self, tree: str, name: str) -> None:
+        as_ref(name)  # refused before the tree is looked up, as over HTTP
         with self.db.write() as conn:
             state = _State.load(conn, tree)
             self._own_pool(state, name)
@@ -970,7 +971,7 @@ class TreesService:
 
     @staticmethod
     def _own_pool(state: _State, name: str) -> Pool:
-        pool = state.tree.pools.get(name)
+        pool = state.tree.pools.get(as_ref(name))
         if pool is None:
             raise NotFound.of("pool", name, f" in tree {state.tree.name}")
         return pool
@@ -1045,6 +1046,8 @@ class TreesService:
         with. ``idempotency_key``: when an operation was started with it already, that
         operation is answered and nothing is made."""
         validate_name("user", user)
+        if pool is not None:
+            bounded_text("pool", pool, MAX_NAME)
         weight_value = positive("weight", weight)
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
         job = parse_resources("job_resources", dict(job_resources))

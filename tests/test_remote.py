@@ -35,7 +35,7 @@ from fairpool import AsyncClient, Client, ResourceSettings
 from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
-from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
+from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable
 from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
 from fairpool.views import RequestView
 from tests.conftest import BACKENDS, Backend
@@ -623,6 +623,11 @@ def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path
                 with pytest.raises(NotFound) as error:
                     call(ref)
                 found.append(str(error.value))
+        for bad in ("a\x00b", "a\udcffb", 5):  # no name or id (in the server's words)
+            for call in calls(client):
+                with pytest.raises(InvalidInput) as refused:
+                    call(bad)  # type: ignore[arg-type]
+                found.append(str(refused.value))
         return found
 
     with running(ApiServer(tmp_path / "server.log", home=tmp_path / "home")) as (server,):

@@ -207,8 +207,8 @@ def test_a_queue_filter_must_name_a_queue_of_some_version(sched: SchedulingServi
     running = sched.submit_workload(**M5)  # type: ignore[arg-type]
     sched.apply_config(RESERVATION)
     assert [w.id for w in sched.list_workloads(queue="q-m5-2xlarge-cap3")] == [running.id]
-    with pytest.raises(NotFound, match="^no resource queue 'q-m5-2xlarge-cap3' in the active "
-                                       "scheduler config$"):
+    with pytest.raises(NotFound, match=r"^no resource queue 'q-m5-2xlarge-cap3' in the active "
+                                       r"scheduler config$"):
         sched.describe_queue("q-m5-2xlarge-cap3")  # describes the active config's queues
     assert sched.list_workloads(queue="reservation") == []
     with pytest.raises(NotFound, match=unknown("q-m5-2xlarge-cap")):

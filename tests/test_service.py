@@ -728,24 +728,36 @@ _LOOKUPS: list[tuple[str, Callable[[Client, Any], object]]] = [
     ("cancel_workload", lambda c, ref: c.scheduling.cancel_workload(ref)),
     ("show_tree", lambda c, ref: c.trees.show_tree(ref)),
     ("delete_tree", lambda c, ref: c.trees.delete_tree(ref)),
+    ("remove_node", lambda c, ref: c.trees.remove_node(ref)),
     ("describe_operation", lambda c, ref: c.trees.describe_operation(ref)),
+    ("describe_pool", lambda c, ref: c.trees.describe_pool("t", ref)),
+    ("set_pool", lambda c, ref: c.trees.set_pool("t", ref, "weight", "2")),
+    ("delete_pool in a tree", lambda c, ref: c.trees.delete_pool("t", ref)),
 ]
 
 
 @pytest.mark.parametrize(("ref", "refused"), [
-    ("a\x00b", r"^(no .*'a\\x00b'|No policy found for orchestrator `a\x00b` .*)$"),
-    ("a\udcffb", r"^(no .*'a\\udcffb'|No policy found for orchestrator `a\udcffb` .*)$"),
+    ("a\x00b", r"^ref: must not contain NUL characters \(got 'a\\x00b'\)$"),
+    ("a\udcffb", r"^ref: must be valid Unicode text \(got 'a\\udcffb'\)$"),
     (["p"], r"^ref: must be a name or id \(a string\) \(got \['p'\]\)$"),
-], ids=["NUL", "lone surrogate", "not a string"])
-def test_a_ref_no_name_or_id_can_be_is_refused_in_fairpools_words(
+    ({"a": 1}, r"^ref: must be a name or id \(a string\) \(got \{'a': 1\}\)$"),
+], ids=["NUL", "lone surrogate", "a list", "a mapping"])
+def test_a_ref_no_name_or_id_can_be_is_refused_in_the_servers_words(
     database_url: str, ref: Any, refused: str
 ) -> None:
-    """The embedded SDK, as the server does: not found (or not a string), not the driver's
-    error (PostgreSQL refuses NUL in text) nor an encoding error."""
+    """The embedded SDK, as a server refuses a path's ref (tests/test_remote.py compares
+    the two): not the driver's error (PostgreSQL refuses NUL in text), an encoding error or
+    a TypeError."""
     with Client(database_url=database_url) as client:
         client.create_pool("p", {"gpu": 1})
         client.attach_policy("p", "c")
+        client.trees.create_tree("t")
         for name, lookup in _LOOKUPS:
-            with pytest.raises((NotFound, InvalidInput), match=refused):
+            with pytest.raises(InvalidInput, match=refused):
                 lookup(client, ref)
             assert [p.name for p in client.list_pools()] == ["p"], name
+    with Client(database_url=database_url) as client, pytest.raises(
+        InvalidInput, match=r"^pool: must be a string \(got \['p'\]\)$"
+    ):
+        client.trees.start_operation(user="u", job_resources={"cpu": 1}, job_count=1,
+                                     trees=["t"], pool=["p"])  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from sqlalchemy import (
     update,
 )
 
-from fairpool.errors import AmbiguousReference, NotFound, lookup_ref
+from fairpool.errors import AmbiguousReference, NotFound, as_ref
 from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import Direct, check_found
@@ -65,7 +65,7 @@ def resolve_id(
 ) -> str:
     """The id of the one row of ``table`` whose id is ``ref``, or else starts with it;
     ``among``: only rows matching it count (the others might as well not exist)."""
-    ref = lookup_ref(what, ref)
+    ref = as_ref(ref)
     scope = true() if among is None else among
     if connection.execute(select(table.c.id).where(table.c.id == ref, scope)).first() is not None:
         return ref
@@ -132,7 +132,7 @@ _COMPONENT_BY_ID = select(schema.component).where(schema.component.c.id == bindp
 
 
 def get_component_by_name(connection: Connection, name: str, type_: ComponentType) -> Component:
-    found = {"name": lookup_ref(f"{type_.value} component", name), "type": type_.value}
+    found = {"name": as_ref(name), "type": type_.value}
     return _component(connection, _COMPONENT_BY_NAME, found, f"{type_.value} component {name!r}")
 
 
@@ -228,7 +228,7 @@ def insert_pool(
 def get_pool(connection: Connection, ref: str) -> Pool:
     """The pool named ``ref``, else with id ``ref``, else whose id alone starts with ``ref``."""
     table = schema.pool
-    pool_id = connection.scalar(select(table.c.id).where(table.c.name == lookup_ref("pool", ref)))
+    pool_id = connection.scalar(select(table.c.id).where(table.c.name == as_ref(ref)))
     if pool_id is None:
         pool_id = resolve_id(connection, table, ref, "pool")
     return _pools(connection, _pool_statements(table.c.id == pool_id))[0]
@@ -587,7 +587,7 @@ def get_request(connection: Connection, ref: str) -> Request:
     """The request with id ``ref``, else the one whose id alone starts with ``ref``."""
     table = schema.request
     found = _requests(connection, _REQUEST_BY_ID, _REQUEST_BY_ID_DEMAND,
-                      {"id": lookup_ref("request", ref)})
+                      {"id": as_ref(ref)})
     if found:  # the common case, a whole id: no separate lookup
         return found[0]
     request_id = resolve_id(connection, table, ref, "request")
@@ -953,7 +953,7 @@ def list_events(
 def request_events(connection: Connection, ref: str) -> tuple[str, list[Event]]:
     """The id of request ``ref`` and its events, oldest first. The log outlives the request:
     a deleted one's are found by its whole id."""
-    ref = lookup_ref("request", ref)
+    ref = as_ref(ref)
     try:
         request_id = resolve_id(connection, schema.request, ref, "request")
     except NotFound:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, delete, func, insert, select, update
 
-from fairpool.errors import NotFound, as_ref, can_name
+from fairpool.errors import NotFound, as_ref
 from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
@@ -49,8 +49,7 @@ def list_nodes(connection: Connection) -> list[NodeRecord]:
 
 
 def find_node(connection: Connection, name: str) -> NodeRecord | None:
-    if not can_name(as_ref(name)):
-        return None
+    as_ref(name)
     table = schema.cluster_node
     row = connection.execute(select(table).where(table.c.name == name)).mappings().first()
     return None if row is None else NodeRecord.from_row(row)
@@ -114,8 +113,7 @@ def delete_tree(connection: Connection, name: str, pools_children_first: Sequenc
 
 
 def find_tree(connection: Connection, name: str) -> PoolTreeRecord | None:
-    if not can_name(as_ref(name)):
-        return None
+    as_ref(name)
     table = schema.pool_tree
     row = connection.execute(select(table).where(table.c.name == name)).mappings().first()
     return None if row is None else PoolTreeRecord.from_row(row)
