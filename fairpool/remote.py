@@ -31,6 +31,7 @@ from fairpool.errors import (
     as_ref,
     one_of,
     password_hidden,
+    validate_int,
 )
 from fairpool.frontends.names import check_unicode
 from fairpool.ids import new_id
@@ -471,12 +472,12 @@ class RemoteScheduling:
         return Answer(self._call("POST", "/config", json=body))
 
     def rollback_config(self, version: int, based_on: int | None = None) -> Answer:
-        path = f"/config/versions/{version}/rollback"
+        path = f"/config/versions/{_version(version)}/rollback"
         body = {"based_on": based_on, "idempotency_key": new_id()}
         return Answer(self._call("POST", path, json=body))
 
     def get_config(self, version: int | None = None) -> Answer | None:
-        params = {} if version is None else {"version": version}
+        params = {} if version is None else {"version": _version(version)}
         try:
             return Answer(self._call("GET", "/config", params=params))
         except NotFound:
@@ -488,7 +489,7 @@ class RemoteScheduling:
         return [Answer(item) for item in self._call("GET", "/config/versions")["items"]]
 
     def diff_config(self, version: int) -> tuple[str, ...]:
-        return tuple(self._call("GET", f"/config/versions/{version}/diff")["changes"])
+        return tuple(self._call("GET", f"/config/versions/{_version(version)}/diff")["changes"])
 
     def preview_config(self, document: str) -> Answer:
         return Answer(self._call("POST", "/config/preview", json={"document": document}))
@@ -576,6 +577,12 @@ def _token(token: str) -> str:
 
 
 _TOKEN = re.compile(r"[!-~]+")
+
+
+def _version(version: object) -> int:
+    """A config version for a path or a query: an integer, refused as the service refuses
+    one (the server checks its upper bound), not as httpx fails on text it cannot send."""
+    return validate_int("version", version, 1, 2**63)
 
 
 def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:

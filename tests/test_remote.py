@@ -1062,6 +1062,10 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
          lambda: client.scheduling.apply_config("resource_queues: [{name: q}]\n", based_on=7))
     step("scheduling.rollback_config based on a bad version",
          lambda: client.scheduling.rollback_config(1, based_on=-1))
+    step("scheduling.diff_config of text", lambda: client.scheduling.diff_config("a\x00b"))
+    step("scheduling.get_config of version 0", lambda: client.scheduling.get_config(0))
+    step("scheduling.rollback_config of a version past the last",
+         lambda: client.scheduling.rollback_config(2**40))
     step("scheduling.rollback_config based on the active one",
          lambda: client.scheduling.rollback_config(1, based_on=1))
     for label, bad, _ in BAD_WORKLOADS:
@@ -1127,6 +1131,12 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
          "Conflict: the active scheduler config changed meanwhile: it is version 1, not version 7"),
         ("scheduling.rollback_config based on a bad version",
          "InvalidInput: based_on: must be a non-negative integer (got -1)"),
+        ("scheduling.diff_config of text",
+         "InvalidInput: version: must be an integer (got 'a\\x00b')"),
+        ("scheduling.get_config of version 0",
+         "InvalidInput: version: must be a positive integer (got 0)"),
+        ("scheduling.rollback_config of a version past the last",
+         "InvalidInput: version: must be at most 2147483647"),
         ("delete_pool with a live allocation", "Conflict: resource pool `sdk` has 1 live allocation"),
         ("get deleted", "NotFound: "),
         ("detach_policy again", "NotFound: "),
