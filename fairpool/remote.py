@@ -33,7 +33,7 @@ from fairpool.errors import (
     password_hidden,
     validate_int,
 )
-from fairpool.frontends.names import check_unicode
+from fairpool.frontends.names import MAX_VERSION, check_unicode
 from fairpool.ids import new_id
 from fairpool.outage import Outage
 from fairpool.views import (
@@ -580,9 +580,9 @@ _TOKEN = re.compile(r"[!-~]+")
 
 
 def _version(version: object) -> int:
-    """A config version for a path or a query: an integer, refused as the service refuses
-    one (the server checks its upper bound), not as httpx fails on text it cannot send."""
-    return validate_int("version", version, 1, 2**63)
+    """A config version for a path or a query, refused as the service refuses one, not as
+    httpx fails on text it cannot send."""
+    return validate_int("version", version, 1, MAX_VERSION)
 
 
 def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:

@@ -36,7 +36,7 @@ from yaml.nodes import Node
 
 from fairpool.errors import FairpoolError, is_unicode, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, SLASH_REASON, printing_problem
+from fairpool.frontends.names import MAX_NAME, MAX_VERSION, SLASH_REASON, printing_problem
 from fairpool.frontends.yaml_text import (
     JSON_EXPONENT,
     ROOT,
@@ -122,8 +122,6 @@ class OnViolation(StrEnum):
 MAX_QUOTA: Final = 10**12
 #: Priorities are 32-bit signed integers in Kueue (``WorkloadPriorityClass.value``).
 MAX_PRIORITY: Final = 2**31 - 1
-#: Config versions are numbered from 1 and stored as 32-bit integers.
-MAX_VERSION: Final = 2**31 - 1
 #: Characters of one document: seed configs are a few KB; a stored version stays bounded.
 MAX_DOCUMENT: Final = 60_000
 #: At most this many values in all of a document's ``advanced_instance_config`` mappings, a

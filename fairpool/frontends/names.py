@@ -16,6 +16,8 @@ MAX_KEYS: Final = 64
 MAX_LABELS: Final = 64
 #: Characters of a request's label value.
 MAX_LABEL_VALUE: Final = 1024
+#: Config versions are numbered from 1 and stored as 32-bit integers.
+MAX_VERSION: Final = 2**31 - 1
 
 
 def bounded_text(field: str, value: str, most: int) -> str:
