@@ -778,8 +778,8 @@ class Database:
 def _to_head(connection: Connection) -> None:
     """Bring the schema to head, its revision read again under the lock (another process
     may have brought it there meanwhile). A store an older fairpool left is migrated; a new
-    database is made from the metadata and stamped at head, as Alembic advises: ~50 ms,
-    where running every migration took ~200 ms on SQLite (most rebuild a table), for every
+    database is made from the metadata and stamped at head, as Alembic advises: 16 ms on
+    SQLite, where running every migration took 160-190 ms (most rebuild a table), for every
     new store a command, a server or a test opens. The tests check that both ways make the
     same store."""
     from alembic import command
