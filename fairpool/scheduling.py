@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from fairpool.errors import Conflict, InvalidInput, NotFound, as_ref, validate_int
+from fairpool.errors import Conflict, NotFound, as_ref, one_of, validate_int
 from fairpool.frontends import workloads as wl
 from fairpool.frontends.config import (
     MAX_VERSION,
@@ -37,6 +37,7 @@ from fairpool.store import scheduling as store
 from fairpool.store import schema
 from fairpool.store.db import Database, generation, read_generation
 from fairpool.store.records import ConfigVersion, ConfigVersionInfo, Workload, WorkloadStatus
+from fairpool.views import WORKLOAD_STATUSES
 
 _EMPTY = SchedulerConfig()
 
@@ -642,12 +643,7 @@ class SchedulingService:
     ) -> list[WorkloadView]:
         statuses = None
         if status is not None:
-            try:
-                statuses = [WorkloadStatus(status)]
-            except ValueError:
-                raise InvalidInput(
-                    "status", status, f"must be one of {', '.join(s.value for s in WorkloadStatus)}"
-                ) from None
+            statuses = [WorkloadStatus(one_of("status", status, WORKLOAD_STATUSES))]
         validate_filter("queue", queue)
         with self.db.read() as conn:
             if queue is not None and all(

@@ -39,7 +39,15 @@ from fairpool.engine.jobs import (
     plan_jobs,
 )
 from fairpool.engine.piecewise import ZERO
-from fairpool.errors import Conflict, InvalidInput, NotFound, as_ref, counted, validate_int
+from fairpool.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    as_ref,
+    counted,
+    one_of,
+    validate_int,
+)
 from fairpool.frontends.names import MAX_NAME, bounded_text
 from fairpool.frontends.pools import validate_filter, validate_name
 from fairpool.frontends.trees import (
@@ -75,6 +83,7 @@ from fairpool.store.tree_records import (
     PlacementRecord,
     PoolTreeRecord,
 )
+from fairpool.views import OPERATION_STATUSES
 
 #: Jobs of one operation: every pass (each command, each server's reconciler tick) plans and
 #: stores each job, so one operation must not be able to stall whoever shares the store
@@ -1150,11 +1159,7 @@ class TreesService:
     ) -> list[OperationView]:
         statuses = None
         if status is not None:
-            try:
-                statuses = [OperationStatus(status)]
-            except ValueError:
-                raise InvalidInput("status", status, "must be one of "
-                                   + ", ".join(s.value for s in OperationStatus)) from None
+            statuses = [OperationStatus(one_of("status", status, OPERATION_STATUSES))]
         validate_filter("tree", tree)
         with self.db.read() as conn:
             if tree is not None and store.find_tree(conn, tree) is None:
