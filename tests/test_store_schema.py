@@ -112,12 +112,15 @@ def _migrated(url: str) -> str:
 
 
 def _contents(url: str) -> dict[str, list[Any]]:
-    """Every row of every table, alembic_version's too."""
+    """Every row of every table, alembic_version's too (foreign keys off: SQLite's default,
+    as Alembic's downgrade runs)."""
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
             return {
-                table: sorted(map(tuple, connection.execute(text(f'SELECT * FROM "{table}"'))))
+                # repr: a None beside a value in one column would not compare
+                table: sorted(map(tuple, connection.execute(text(f'SELECT * FROM "{table}"'))),
+                              key=repr)
                 for table in inspect(connection).get_table_names()
             }
     finally:
@@ -637,16 +640,9 @@ OLDER_REVISIONS = [f"{n:04d}" for n in range(1, int(SCHEMA_HEAD))]
 
 
 def _rows(url: str) -> dict[str, int]:
-    """Rows per table (foreign keys off: SQLite's default, as Alembic's downgrade runs)."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return {
-                table: connection.execute(text(f'SELECT count(*) FROM "{table}"')).scalar_one()
-                for table in inspect(connection).get_table_names() if table != "alembic_version"
-            }
-    finally:
-        engine.dispose()
+    """Rows per table but alembic_version."""
+    return {table: len(rows) for table, rows in _contents(url).items()
+            if table != "alembic_version"}
 
 
 @pytest.fixture(scope="module")
