@@ -597,36 +597,46 @@ def test_fairpool_run_through_the_server(server: ApiServer) -> None:
         assert "gpu requested 2 > capacity 1" in err
 
 
+def ref_calls(client: Client) -> list[Callable[[Any], object]]:
+    """SDK calls that look a name or id up, given it: on a client with pool ``seg`` and pool
+    tree ``t`` (``with_seg_and_t``)."""
+    trees, scheduling = client.trees, client.scheduling
+    return [
+        client.get, client.events, client.heartbeat, client.release, client.cancel,
+        client.delete, client.get_pool, client.pool_requests, client.delete_pool,
+        lambda r: client.update_pool(r, {"gpu": 1}),
+        lambda r: client.detach_policy("seg", r), lambda r: client.detach_policy("no", r),
+        scheduling.get_workload, scheduling.cancel_workload, scheduling.describe_queue,
+        trees.delete_tree, trees.show_tree, trees.remove_node, trees.describe_operation,
+        lambda r: trees.describe_pool("t", r), lambda r: trees.set_pool("t", r, "weight", "2"),
+        lambda r: trees.delete_pool("no", r), lambda r: trees.create_pool(r, "p"),
+    ]
+
+
+def with_seg_and_t(client: Client) -> Client:
+    client.create_pool("seg", {"gpu": 1})
+    client.trees.create_tree("t")
+    return client
+
+
 def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path: Path) -> None:
     """An empty ref made "/pools/", which the server redirected (307) to "/pools": the SDK
     then took the redirect's body for a pool, and a delete of it for a success. A "/" in a
     ref reached another route (the server decodes "%2F" before routing). Such a ref is not
     found without asking, in the words the embedded store has for it."""
 
-    def calls(client: Client) -> list[Callable[[str], object]]:
-        trees = client.trees
-        return [
-            client.get, client.get_pool, client.delete_pool, client.delete, client.release,
-            client.scheduling.get_workload, client.scheduling.describe_queue,
-            trees.delete_tree, trees.show_tree, trees.remove_node, trees.describe_operation,
-            lambda r: client.detach_policy("seg", r), lambda r: client.detach_policy("no", r),
-            lambda r: trees.describe_pool("t", r), lambda r: trees.delete_pool("no", r),
-            lambda r: trees.create_pool(r, "p"),
-        ]
-
     def errors(client: Client) -> list[str]:
-        client.create_pool("seg", {"gpu": 1})
-        client.trees.create_tree("t")
+        calls = ref_calls(with_seg_and_t(client))
         found = []
         for ref in ("", "a/b", "/"):
-            for call in calls(client):
+            for call in calls:
                 with pytest.raises(NotFound) as error:
                     call(ref)
                 found.append(str(error.value))
         for bad in ("a\x00b", "a\udcffb", 5):  # no name or id (in the server's words)
-            for call in calls(client):
+            for call in calls:
                 with pytest.raises(InvalidInput) as refused:
-                    call(bad)  # type: ignore[arg-type]
+                    call(bad)
                 found.append(str(refused.value))
         return found
 

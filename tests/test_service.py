@@ -712,30 +712,6 @@ def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Servi
     assert len(svc.list_requests()) == 2
 
 
-_LOOKUPS: list[tuple[str, Callable[[Client, Any], object]]] = [
-    ("get", lambda c, ref: c.get(ref)),
-    ("events", lambda c, ref: c.events(ref)),
-    ("heartbeat", lambda c, ref: c.heartbeat(ref)),
-    ("release", lambda c, ref: c.release(ref)),
-    ("cancel", lambda c, ref: c.cancel(ref)),
-    ("delete", lambda c, ref: c.delete(ref)),
-    ("get_pool", lambda c, ref: c.get_pool(ref)),
-    ("pool_requests", lambda c, ref: c.pool_requests(ref)),
-    ("update_pool", lambda c, ref: c.update_pool(ref, {"gpu": 1})),
-    ("delete_pool", lambda c, ref: c.delete_pool(ref)),
-    ("detach_policy", lambda c, ref: c.detach_policy("p", ref)),
-    ("get_workload", lambda c, ref: c.scheduling.get_workload(ref)),
-    ("cancel_workload", lambda c, ref: c.scheduling.cancel_workload(ref)),
-    ("show_tree", lambda c, ref: c.trees.show_tree(ref)),
-    ("delete_tree", lambda c, ref: c.trees.delete_tree(ref)),
-    ("remove_node", lambda c, ref: c.trees.remove_node(ref)),
-    ("describe_operation", lambda c, ref: c.trees.describe_operation(ref)),
-    ("describe_pool", lambda c, ref: c.trees.describe_pool("t", ref)),
-    ("set_pool", lambda c, ref: c.trees.set_pool("t", ref, "weight", "2")),
-    ("delete_pool in a tree", lambda c, ref: c.trees.delete_pool("t", ref)),
-]
-
-
 @pytest.mark.parametrize(("ref", "refused"), [
     ("a\x00b", r"^ref: must not contain NUL characters \(got 'a\\x00b'\)$"),
     ("a\udcffb", r"^ref: must be valid Unicode text \(got 'a\\udcffb'\)$"),
@@ -748,14 +724,13 @@ def test_a_ref_no_name_or_id_can_be_is_refused_in_the_servers_words(
     """The embedded SDK, as a server refuses a path's ref (tests/test_remote.py compares
     the two): not the driver's error (PostgreSQL refuses NUL in text), an encoding error or
     a TypeError."""
+    from tests.test_remote import ref_calls, with_seg_and_t
+
     with Client(database_url=database_url) as client:
-        client.create_pool("p", {"gpu": 1})
-        client.attach_policy("p", "c")
-        client.trees.create_tree("t")
-        for name, lookup in _LOOKUPS:
+        for lookup in ref_calls(with_seg_and_t(client)):
             with pytest.raises(InvalidInput, match=refused):
-                lookup(client, ref)
-            assert [p.name for p in client.list_pools()] == ["p"], name
+                lookup(ref)
+        assert [p.name for p in client.list_pools()] == ["seg"]
     with Client(database_url=database_url) as client, pytest.raises(
         InvalidInput, match=r"^pool: must be a string \(got \['p'\]\)$"
     ):
