@@ -109,6 +109,13 @@ def test_every_commands_help_says_what_it_does_in_plain_text(tmp_path: Path) -> 
         usage, _, said = shown.partition("\n\n")
         assert usage.startswith("Usage: ") and "``" not in shown, (path, shown)
         assert not said.startswith("Options:"), (path, shown)
+    # A list's statuses are a choice the help lists, refused before anything is asked.
+    for path, statuses in ((("resource-request", "list"), "queued|allocated|released"),
+                           (("workload", "list"), "queued|admitted|finished"),
+                           (("operation", "list"), "pending|running|completed|aborted")):
+        assert f"--status [{statuses}" in fairpool(tmp_path, *path, "--help").out, path
+        refused = fairpool(tmp_path, *path, "--status", "bogus")
+        assert refused.code == 2 and "'bogus' is not one of" in refused.err, refused
     assert not (tmp_path / "fairpool.db").exists()  # help opens no store
 
 
