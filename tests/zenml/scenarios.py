@@ -53,10 +53,12 @@ GPU1 = {"resources": ResourceSettings(gpu_count=1)}
 
 @step(settings=GPU1)
 def hold(name: str, seconds: float, watch_pending: int = 0) -> str:
-    """Holds one GPU for ``seconds``. With ``watch_pending``, first waits until that many
-    requests queue behind it and records what ZenML shows for them."""
+    """Holds one GPU for ``seconds``. With ``watch_pending``, the first such step to start
+    waits until that many requests queue behind it and records what ZenML shows for them; one
+    that starts before that record holds its GPU until it is made. ZenML submits a pipeline's
+    steps at once, so which one starts first is not known in advance."""
     record(step=name, at="start")
-    if watch_pending:
+    if watch_pending and claim("watcher"):
         pending = wait_for_pending(watch_pending)
         pool = Client().get_resource_pool("gpus", hydrate=True)
         record(
@@ -68,9 +70,30 @@ def hold(name: str, seconds: float, watch_pending: int = 0) -> str:
             queued=[str(q.request.id) for q in pool.queued_requests],
             active=[str(a.request.id) for a in pool.active_requests],
         )
+    elif watch_pending:
+        wait_for_event("saw_queue")
     hold_until(seconds)
     record(step=name, at="end")
     return name
+
+
+def claim(role: str) -> bool:
+    """True for the first caller in this scenario run (steps may be threads or processes)."""
+    try:
+        os.close(os.open(f"{EVENTS}.{role}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def wait_for_event(at: str, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(EVENTS) as f:
+            if f'"at": "{at}"' in f.read():  # a line being written may not parse yet
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"no step recorded {at!r}")
 
 
 def hold_until(seconds: float) -> None:
@@ -130,9 +153,9 @@ def plain() -> int:
 @pipeline(dynamic=True, enable_cache=False)
 def queue_three() -> None:
     """Pool of 2 GPUs: two steps run, the third queues until one ends."""
-    a = hold.submit("a", 4.0, 1, id="a")
-    b = hold.submit("b", 4.0, 0, id="b")
-    c = hold.submit("c", 0.5, 0, id="c")
+    a = hold.submit("a", 1.0, 1, id="a")
+    b = hold.submit("b", 1.0, 1, id="b")
+    c = hold.submit("c", 0.5, 1, id="c")
     a.result()
     b.result()
     c.result()
@@ -421,6 +444,8 @@ def main() -> None:
 
         enable()
     open(EVENTS, "w").close()
+    if os.path.exists(f"{EVENTS}.watcher"):
+        os.remove(f"{EVENTS}.watcher")
     error: str | None = None
     if scenario == "queue_three":
         setup(capacity=2, reserved=2, limit=2)

@@ -36,7 +36,8 @@ def test_steps_queue_behind_a_full_pool_and_run_when_units_free(zenml_home: ZenM
     assert len(seen["active"]) == 2 and len(seen["queued"]) == 1
     # The step that waited starts only after one of the other two has ended. ZenML submits
     # the three steps at once, so which one waits is whichever reached fairpool last: the
-    # last to start (the test once assumed c, and failed when b came last).
+    # last to start (the test once assumed c, and failed when b came last; the scenario once
+    # had a watch the queue, and failed when a came last).
     first, second, last = sorted(interval(events, step) for step in "abc")
     assert last[0] >= min(first[1], second[1]), (first, second, last)
     # Every request was released when its step completed; `step_run: 1` was added by ZenML.
