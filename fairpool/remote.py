@@ -292,7 +292,7 @@ class RemoteService:
             # NaN and infinities written as JavaScript writes them, which the server reads, so
             # that it refuses them naming the field as the service does embedded (httpx would
             # not send them); ASCII escapes, so that a lone surrogate reaches the server's check.
-            kwargs["content"] = json.dumps(_text_keys(kwargs.pop("json")), allow_nan=True)
+            kwargs["content"] = json.dumps(_sendable(kwargs.pop("json")), allow_nan=True)
             kwargs["headers"] = {"content-type": "application/json"}
         for name, value in (kwargs.get("params") or {}).items():
             if isinstance(value, str):  # a lone surrogate: no URL carries one
@@ -392,6 +392,8 @@ MAYBE_DONE = ("; an attempt reached the server and its answer was lost, so it ma
               "carried out: look before sending it again")
 
 #: Transport failures that mean the request never reached the server.
+#: What JSON writes as a scalar (bool is an int), as ``json.dumps`` writes it.
+_JSON_SCALARS = (str, int, float, type(None))
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -549,18 +551,22 @@ def _plain(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
 
-def _text_keys(body: Any, field: str = "") -> Any:
-    """``body``, refused (as the service refuses it embedded) if a mapping in it has a key
-    that is not a string: JSON would write ``{5: 1}`` as ``{"5": 1}``, another ask."""
+def _sendable(body: Any, field: str = "") -> Any:
+    """``body``, refused if JSON cannot carry it as asked, naming the field as the service
+    does embedded: a mapping's key that is not a string (JSON would write ``{5: 1}`` as
+    ``{"5": 1}``, another ask), or a value JSON has no type for (bytes, a set: the encoder's
+    TypeError would name neither field nor value)."""
     if isinstance(body, dict):
         for key, value in body.items():
             if not isinstance(key, str):
                 raise InvalidInput(f"{field} key" if field else "key", key,
                                    "must be a non-empty string")
-            _text_keys(value, f"{field}.{key}" if field else key)
+            _sendable(value, f"{field}.{key}" if field else key)
     elif isinstance(body, list | tuple):
         for item in body:
-            _text_keys(item, field)
+            _sendable(item, field)
+    elif not isinstance(body, _JSON_SCALARS):
+        raise InvalidInput(field, body, f"JSON cannot carry a {type(body).__name__}")
     return body
 
 

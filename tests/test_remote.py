@@ -1256,6 +1256,40 @@ def away(status: int) -> httpx.Response:
                                        "<hr><center>nginx</center></body></html>")
 
 
+def unsendable_calls(client: Client) -> list[tuple[str, Callable[[], Any]]]:
+    return [
+        ("name", lambda: client.create_pool(b"gp", {"gpu": 1})),  # type: ignore[arg-type]
+        ("capacity.gpu", lambda: client.create_pool("gp", {"gpu": b"1"})),  # type: ignore[dict-item]
+        ("capacity.gpu", lambda: client.create_pool("gp", {"gpu": {1}})),  # type: ignore[dict-item]
+        ("description", lambda: client.create_pool("gp", {"gpu": 1}, description=b"d")),  # type: ignore[arg-type]
+        ("resources.gpu", lambda: client.submit({"gpu": b"1"}, component="x")),  # type: ignore[dict-item]
+        ("component", lambda: client.submit({"gpu": 1}, component=b"x")),  # type: ignore[arg-type]
+        ("labels.a", lambda: client.submit({"gpu": 1}, component="x", labels={"a": b"b"})),  # type: ignore[dict-item]
+        ("component", lambda: client.attach_policy("p", b"x", reserved={"gpu": 1})),  # type: ignore[arg-type]
+    ]
+
+
+def test_a_value_json_cannot_carry_is_refused_naming_its_field_as_embedded(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    """Bytes or a set in a body: the JSON encoder's TypeError before 2026-11-30. The remote
+    SDK refuses it naming the field the embedded service names (in words of its own: which
+    type the field wants, only the server knows), and sends nothing."""
+    with Client(home=str(tmp_path), url="") as embedded, Client(url=server.url) as remote:
+        for (field, local), (_, over_http) in zip(
+            unsendable_calls(embedded), unsendable_calls(remote), strict=True
+        ):
+            with pytest.raises(InvalidInput) as here:
+                local()
+            with pytest.raises(InvalidInput) as there:
+                over_http()
+            assert (here.value.field, there.value.field) == (field, field)
+            value = there.value.value
+            assert str(there.value) == (
+                f"{field}: JSON cannot carry a {type(value).__name__} (got {value!r})")
+        assert not [p for p in remote.list_pools() if p.name == "gp"]
+
+
 @contextmanager
 def losing(server: ApiServer, method: str, path_end: str, how: str = "drop") -> Iterator[RemoteService]:
     service = RemoteService(server.url)
