@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI imports this module: asyncio would cost it ~50 ms a start
@@ -110,6 +110,24 @@ def as_ref(ref: object) -> str:
     if not is_unicode(ref):
         raise InvalidInput("ref", ref, "must be valid Unicode text")
     return ref
+
+
+def mapping(field: str, value: object) -> Mapping[str, object]:
+    """``value``, if it is a mapping; refused in the words the API's check uses, so that the
+    embedded service and the remote client (where the API names the field otherwise) say the
+    same (``dict(["gpu"])`` raised Python's own ValueError)."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, value, "must be a mapping")
+    return value
+
+
+def listed(field: str, value: object) -> list[Any]:
+    """``value``'s items, if it is a list of them (or another collection): refused, in the
+    words the API's check uses, for a string or a mapping, which ``list()`` would split into
+    characters or keys, and for a single value."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidInput(field, value, "must be a list")
+    return list(value)
 
 
 def one_of(field: str, value: str, choices: Iterable[str]) -> str:

@@ -29,6 +29,8 @@ from fairpool.errors import (
     Unauthorized,
     Unreachable,
     as_ref,
+    listed,
+    mapping,
     one_of,
     password_hidden,
     validate_int,
@@ -78,7 +80,7 @@ class RemoteService:
     def create_pool(
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
-        body = {"name": name, "capacity": _plain(capacity), "description": description}
+        body = {"name": name, "capacity": capacity, "description": description}
 
         def done() -> Any:
             return _showing([self._call("GET", f"/pools/{_segment(name, 'pool')}")], body)
@@ -91,7 +93,7 @@ class RemoteService:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
-        body = {"capacity": _plain(capacity),
+        body = {"capacity": capacity,
                 "description": description}
         path = f"/pools/{_segment(ref, 'pool')}"
 
@@ -133,8 +135,8 @@ class RemoteService:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         body = {"component": component, "component_type": component_type,
-                "priority": priority, "reserved": _plain(reserved or {}),
-                "limit": _plain(limit or {})}
+                "priority": priority, "reserved": reserved or {},
+                "limit": limit or {}}
         path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
 
         def done() -> Any:
@@ -152,7 +154,7 @@ class RemoteService:
         reserved: Mapping[str, object] | None = None,
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
-        body = {"priority": priority, "reserved": _plain(reserved), "limit": _plain(limit)}
+        body = {"priority": priority, "reserved": reserved, "limit": limit}
         # Sent again after a lost answer, it sets the same values: no refusal to tell apart.
         return PolicyView.from_dict(self._call(
             "PATCH", self._policy_path(pool_ref, component, component_type),
@@ -210,8 +212,8 @@ class RemoteService:
         # One key per call: if the answer is lost and _call sends the body again, the server
         # answers the request this call already made instead of making a second one.
         body = {"component": component, "component_type": component_type,
-                "resources": _plain(demand or {}), "preemptible": preemptible,
-                "max_retries": max_retries, "labels": _plain(labels or {}),
+                "resources": demand or {}, "preemptible": preemptible,
+                "max_retries": max_retries, "labels": labels or {},
                 "lease_ttl": lease_ttl, "idempotency_key": new_id()}
         return self._outage.hear(
             RequestView.from_dict(self._call("POST", "/requests", json=body))
@@ -369,7 +371,7 @@ class RemoteService:
 def _showing(found: Iterable[Mapping[str, Any]], asked: Mapping[str, Any]) -> Any:
     """The first of ``found`` (the server's views) whose fields hold each value of ``asked``
     as JSON carries it, or None."""
-    sent = json.loads(json.dumps(asked, allow_nan=True))
+    sent = json.loads(json.dumps(_sendable(asked), allow_nan=True))
     return next((view for view in found
                  if all(view.get(key) == value for key, value in sent.items())), None)
 
@@ -544,28 +546,30 @@ def _server_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _plain(value: Any) -> Any:
-    """A mapping as JSON writes it (a dict; a read-only view is not one); anything else as
-    it is, for the server to refuse as the service refuses it embedded (a list given for a
-    mapping: "must be a mapping")."""
-    return dict(value) if isinstance(value, Mapping) else value
+def _options(options: Mapping[str, object] | None) -> Mapping[str, object]:
+    """A tree's or a tree pool's options, which the API names ``config``: checked here, to be
+    refused as the SDK names them."""
+    return {} if options is None else mapping("options", options)
 
 
 def _sendable(body: Any, field: str = "") -> Any:
-    """``body``, refused if JSON cannot carry it as asked, naming the field as the service
-    does embedded: a mapping's key that is not a string (JSON would write ``{5: 1}`` as
-    ``{"5": 1}``, another ask), or a value JSON has no type for (bytes, a set: the encoder's
-    TypeError would name neither field nor value)."""
-    if isinstance(body, dict):
+    """``body`` as JSON writes it (a mapping as a dict: a read-only view is not one), refused
+    if JSON cannot carry it as asked, naming the field as the service does embedded: a
+    mapping's key that is not a string (JSON would write ``{5: 1}`` as ``{"5": 1}``, another
+    ask), or a value JSON has no type for (bytes, a set: the encoder's TypeError would name
+    neither field nor value). Anything else goes as it is, for the server to refuse as the
+    service refuses it embedded (a list given for a mapping: "must be a mapping")."""
+    if isinstance(body, Mapping):
+        sent = {}
         for key, value in body.items():
             if not isinstance(key, str):
                 raise InvalidInput(f"{field} key" if field else "key", key,
                                    "must be a non-empty string")
-            _sendable(value, f"{field}.{key}" if field else key)
-    elif isinstance(body, list | tuple):
-        for item in body:
-            _sendable(item, field)
-    elif not isinstance(body, _JSON_SCALARS):
+            sent[key] = _sendable(value, f"{field}.{key}" if field else key)
+        return sent
+    if isinstance(body, list | tuple):
+        return [_sendable(item, field) for item in body]
+    if not isinstance(body, _JSON_SCALARS):
         raise InvalidInput(field, body, f"JSON cannot carry a {type(body).__name__}")
     return body
 
@@ -627,7 +631,7 @@ class RemoteTrees:
     def add_node(
         self, name: str, tags: Sequence[str], resources: Mapping[str, object]
     ) -> Answer:
-        body = {"name": name, "tags": list(tags), "resources": dict(resources)}
+        body = {"name": name, "tags": listed("tags", tags), "resources": resources}
 
         def done() -> Any:
             # As the service stores it (tags sorted once, "64GiB" in bytes). Only now: the
@@ -650,7 +654,7 @@ class RemoteTrees:
     # -- trees -------------------------------------------------------------------------------
 
     def create_tree(self, name: str, options: Mapping[str, object] | None = None) -> Answer:
-        body = {"name": name, "config": dict(options or {})}
+        body = {"name": name, "config": _options(options)}
 
         def done() -> Any:  # the options as given: the service keeps them so
             return _showing(self._call("GET", "/pool-trees")["items"], body)
@@ -706,13 +710,13 @@ class RemoteTrees:
         self, tree: str, name: str, parent: str | None = None,
         options: Mapping[str, object] | None = None,
     ) -> Answer:
-        body = {"name": name, "parent": parent, "config": dict(options or {})}
+        body = {"name": name, "parent": parent, "config": _options(options)}
         path = f"/pool-trees/{_segment(tree, 'pool tree')}/pools"
 
         def done() -> Any:
             from fairpool.frontends.trees import PoolConfig  # only now, as add_node's
 
-            config = PoolConfig.from_mapping(dict(options or {})).to_mapping()  # as stored
+            config = PoolConfig.from_mapping(body["config"]).to_mapping()  # as stored
             asked = {**body, "config": config, "ephemeral": False}
             return _showing([self._call("GET", self._pool_path(tree, name))], asked)
 
@@ -754,12 +758,13 @@ class RemoteTrees:
         tree_options: Mapping[str, object] | None = None,
     ) -> Answer:
         body = {
-            "user": user, "job_resources": dict(job_resources), "job_count": job_count,
-            "pool_trees": list(trees), "pool": pool, "weight": weight, "gang": gang,
-            "resource_limits": None if resource_limits is None else dict(resource_limits),
+            "user": user, "job_resources": job_resources, "job_count": job_count,
+            # Named otherwise in the API: checked here, to be refused as the SDK names them.
+            "pool_trees": listed("trees", trees), "pool": pool, "weight": weight, "gang": gang,
+            "resource_limits": resource_limits,
             "interruptible": interruptible,
             "scheduling_options_per_pool_tree": None if tree_options is None
-            else dict(tree_options),
+            else mapping("tree_options", tree_options),
             "idempotency_key": new_id(),  # one per call, as a request's
         }
         return Answer(self._call("POST", "/operations", json=body))

@@ -45,6 +45,8 @@ from fairpool.errors import (
     NotFound,
     as_ref,
     counted,
+    listed,
+    mapping,
     one_of,
     validate_int,
 )
@@ -682,7 +684,7 @@ class TreesService:
     def add_node(
         self, name: str, tags: Sequence[str], resources: Mapping[str, object]
     ) -> NodeView:
-        node = ClusterNode.create(name, tags, dict(resources))
+        node = ClusterNode.create(name, tags, resources)
         with self.db.write() as conn:
             if store.find_node(conn, node.name) is not None:
                 raise Conflict(f"node {node.name} already exists")
@@ -759,7 +761,7 @@ class TreesService:
 
     def create_tree(self, name: str, options: Mapping[str, object] | None = None) -> TreeView:
         """A new tree with ``options`` (tree config). The first tree becomes ``default_tree``."""
-        config = dict(options or {})
+        config = {} if options is None else dict(mapping("options", options))
         PoolTree.build(name, PoolTreeConfig.from_mapping(config), ())
         with self.db.write() as conn:
             self._insert_tree(conn, name, config)
@@ -926,7 +928,7 @@ class TreesService:
         self, tree: str, name: str, parent: str | None = None,
         options: Mapping[str, object] | None = None,
     ) -> PoolView:
-        config = PoolConfig.from_mapping(dict(options or {}))
+        config = PoolConfig.from_mapping({} if options is None else mapping("options", options))
         with self.db.write() as conn:
             state = _State.load(conn, tree)
             if name in state.tree.pools:
@@ -1059,11 +1061,13 @@ class TreesService:
             bounded_text("pool", pool, MAX_NAME)
         weight_value = positive("weight", weight)
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
-        job = parse_resources("job_resources", dict(job_resources))
-        limits = parse_resources("resource_limits", dict(resource_limits or {}))
+        job = parse_resources("job_resources", job_resources)
+        limits = parse_resources(
+            "resource_limits", {} if resource_limits is None else resource_limits)
+        tree_names = listed("trees", trees)
         options = _parse_tree_options(tree_options)
         key = Keyed.of(idempotency_key, {
-            "user": user, "job": job, "job_count": job_count, "trees": list(trees),
+            "user": user, "job": job, "job_count": job_count, "trees": tree_names,
             "pool": pool, "weight": weight_value, "gang": gang, "limits": limits,
             "interruptible": interruptible, "options": options,
         })
@@ -1072,7 +1076,7 @@ class TreesService:
             if made is not None:
                 return self._operation_view(conn, store.get_operation(conn, made), {})
             now = self.clock()
-            names = list(trees) or [self._tree_name(conn, None)]
+            names = tree_names or [self._tree_name(conn, None)]
             _check_trees(names, options)
             states = {name: _State.load(conn, name) for name in names}
             if any(s.total.get("user_slots") for s in states.values()) and "user_slots" not in job:
@@ -1402,10 +1406,8 @@ def _parse_tree_options(given: Mapping[str, object] | None) -> dict[str, _TreeOp
     """``{tree: {pool, weight, resource_limits}}``, each key checked and named on error."""
     if given is None:
         return {}
-    if not isinstance(given, Mapping):
-        raise InvalidInput("tree_options", given, "must map tree names to options")
     parsed = {}
-    for tree, options in given.items():
+    for tree, options in mapping("tree_options", given).items():
         field = f"tree_options.{tree}"
         if not isinstance(options, Mapping):
             raise InvalidInput(field, options, "must map pool / weight / resource_limits "

@@ -334,6 +334,9 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
     for path, body, detail in (
         ("/nodes", {"name": "u1", "resources": {"cpu": True}},
          "resources.cpu: must be an integer (got True)"),
+        # pydantic's own words before 2026-11-30 ("Input should be a valid list").
+        ("/nodes", {"name": "u1", "tags": "gpu", "resources": {"cpu": 1}},
+         "tags: must be a list (got 'gpu')"),
         ("/operations", {"user": "u1", "job_resources": {"cpu": 1}, "job_count": 1,
                          "weight": "9" * 100},
          "weight: must be a number written in at most 64 characters (got '99999999999999999999...')"),

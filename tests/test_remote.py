@@ -1083,6 +1083,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
              lambda bad=bad: client.scheduling.submit_workload(**bad))
     step("scheduling.list_configs", client.scheduling.list_configs)
     step("trees.create_tree", lambda: client.trees.create_tree("tpus"))
+    for label, call, _ in BAD_TREE_CALLS:
+        step(f"trees.{label}", lambda call=call: call(client.trees))
     step("trees.list_trees", client.trees.list_trees)
     return steps
 
@@ -1196,6 +1198,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         "queue 'ml_training' differs from its spec in version 1")
     for label, _, needle in BAD_WORKLOADS:
         assert str(answers[f"scheduling.submit_workload {label}"]).startswith(needle), label
+    for label, _, message in BAD_TREE_CALLS:
+        assert answers[f"trees.{label}"] == f"InvalidInput: {message}", label
     for name, field in [("create_pool, capacity a list", "capacity"),
                         ("update_pool, capacity a list", "capacity"),
                         ("attach_policy, reserved a list", "reserved"),
@@ -1204,6 +1208,38 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         assert str(answers[name]).startswith(f"InvalidInput: {field}: must be a mapping"), name
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
+
+
+#: Tree calls given the wrong shape: Python's own ValueError for a list where a mapping goes,
+#: and a string taken for a list of its characters (tags "abc" were tags a, b and c), embedded
+#: and remote, before 2026-11-30. Some are fields the API names otherwise (``trees`` is
+#: ``pool_trees``, ``options`` is ``config``), which the remote client checks itself.
+BAD_TREE_CALLS: list[tuple[str, Callable[[Any], Any], str]] = [
+    ("add_node, resources a list", lambda t: t.add_node("n", (), ["gpu"]),
+     "resources: must be a mapping (got ['gpu'])"),
+    ("add_node, tags a string", lambda t: t.add_node("n", "abc", {"gpu": 1}),
+     "tags: must be a list (got 'abc')"),
+    ("add_node, tags a number", lambda t: t.add_node("n", 5, {"gpu": 1}),
+     "tags: must be a list (got 5)"),
+    ("create_tree, options a list", lambda t: t.create_tree("t2", ["x"]),
+     "options: must be a mapping (got ['x'])"),
+    ("create_pool, options a list", lambda t: t.create_pool("tpus", "p", options=["x"]),
+     "options: must be a mapping (got ['x'])"),
+    ("start_operation, job_resources a list",
+     lambda t: t.start_operation(user="u", job_resources=["gpu"], job_count=1),
+     "job_resources: must be a mapping (got ['gpu'])"),
+    ("start_operation, resource_limits a list",
+     lambda t: t.start_operation(user="u", job_resources={"gpu": 1}, job_count=1,
+                                 resource_limits=["gpu"]),
+     "resource_limits: must be a mapping (got ['gpu'])"),
+    ("start_operation, tree_options a list",
+     lambda t: t.start_operation(user="u", job_resources={"gpu": 1}, job_count=1,
+                                 trees=["tpus"], tree_options=["tpus"]),
+     "tree_options: must be a mapping (got ['tpus'])"),
+    ("start_operation, trees a string",
+     lambda t: t.start_operation(user="u", job_resources={"gpu": 1}, job_count=1, trees="tpus"),
+     "trees: must be a list (got 'tpus')"),
+]
 
 
 # -- answers lost on the way back ----------------------------------------------------------------

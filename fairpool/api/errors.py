@@ -100,6 +100,8 @@ def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> 
         return "must be a string"
     if kind == "dict_type":
         return "must be a mapping"
+    if kind == "list_type":
+        return "must be a list"
     if kind == "string_unicode":  # a lone surrogate, as the service words it
         return "must be valid Unicode text"
     if kind in ("literal_error", "enum") and isinstance(ctx.get("expected"), str):

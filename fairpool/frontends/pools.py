@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from fairpool.engine.model import Charge, Node, Placement
-from fairpool.errors import InvalidInput, validate_int
+from fairpool.errors import InvalidInput, mapping, validate_int
 from fairpool.frontends.names import (
     MAX_KEYS,
     MAX_NAME,
@@ -133,9 +133,7 @@ def _amounts(
     known: Collection[str] = (),
 ) -> dict[str, int]:
     """``known``: keys the pool has already, taken as they are (``validate_name``)."""
-    if not isinstance(raw, Mapping):  # as the API's schema says
-        raise InvalidInput(field, raw, "must be a mapping")
-    check_key_count(field, raw, MAX_KEYS)
+    check_key_count(field, mapping(field, raw), MAX_KEYS)
     amounts: dict[str, int] = {}
     for key, value in raw.items():
         validate_name(f"{field} key", key, printing=key not in known)

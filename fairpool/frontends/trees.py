@@ -45,7 +45,7 @@ from fairpool.engine.fairshare import (
     StarvationSettings,
     TreeSnapshot,
 )
-from fairpool.errors import InvalidInput, clipped
+from fairpool.errors import InvalidInput, clipped, listed, mapping
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
@@ -201,17 +201,11 @@ def _resource_key(field_name: str, value: object) -> str:
     return bounded_text(field_name, value, MAX_NAME)
 
 
-def _mapping(field_name: str, value: object) -> Mapping[str, object]:
-    if not isinstance(value, Mapping):
-        raise InvalidInput(field_name, value, "must be a mapping")
-    return value
-
-
 def parse_resources(field_name: str, value: object) -> dict[str, int]:
     """A resource dictionary: non-negative integers; ``memory`` (bytes) may also be written with
     a unit, ``"512GiB"`` or ``"4G"``."""
     resources: dict[str, int] = {}
-    given = _mapping(field_name, value)
+    given = mapping(field_name, value)
     check_key_count(field_name, given, MAX_KEYS)
     for key, amount in given.items():
         path = f"{field_name}.{key}"
@@ -255,8 +249,8 @@ def _offloading_settings(field_name: str, value: object) -> Mapping[str, Mapping
     """``{<tree>: {pool: <pool>}}``: kept and shown; offloading itself is not implemented.
     Kept in that shape, which ``to_mapping`` writes back (a flat {tree: pool} did not load)."""
     settings: dict[str, Mapping[str, str]] = {}
-    for tree, target in _mapping(field_name, value).items():
-        target_map = _mapping(f"{field_name}.{tree}", target)
+    for tree, target in mapping(field_name, value).items():
+        target_map = mapping(f"{field_name}.{tree}", target)
         if set(target_map) != {"pool"}:
             raise InvalidInput(f"{field_name}.{tree}", dict(target_map), "must be {pool: <name>}")
         settings[_name(f"{field_name} tree", tree)] = MappingProxyType(
@@ -283,7 +277,7 @@ def _options(
     """Parses a mapping of options: canonical names, aliases, unknown names rejected."""
     values: dict[str, Any] = {}
     where = path.rstrip(".") or what
-    for key, value in _mapping(where, raw).items():
+    for key, value in mapping(where, raw).items():
         name = _option_name(key, value, path, parsers, aliases, what)
         if name in values:
             raise InvalidInput(f"{path}{key}", value, f"{name} is given twice (through an alias)")
@@ -429,7 +423,7 @@ class ClusterNode:
     @classmethod
     def create(cls, name: str, tags: Iterable[str], resources: object) -> ClusterNode:
         """A validated node (the CLI's ``node add``)."""
-        given = list(tags)
+        given = listed("tags", tags)
         if len(given) > MAX_TAGS:
             raise InvalidInput("tags", len(given), f"must have at most {MAX_TAGS} items")
         checked = []
@@ -711,7 +705,7 @@ class PoolTreeConfig:
 
 def _presets(field_name: str, value: object) -> Mapping[str, PoolConfig]:
     presets: dict[str, PoolConfig] = {}
-    for name, raw in _mapping(field_name, value).items():
+    for name, raw in mapping(field_name, value).items():
         preset = PoolConfig.from_mapping(raw, f"{field_name}.{_name(field_name, name)}.")
         if "config_presets" in preset.specified:
             raise InvalidInput(
@@ -1201,7 +1195,7 @@ def tree_document(text: str) -> Mapping[str, Any]:
     given twice in any mapping is refused, with both lines (PyYAML kept the last one without
     a word: a pool named twice lost its first definition, and its subtree was deleted)."""
     bounded = bounded_text("tree", text, MAX_TREE_DOCUMENT)
-    return _mapping("tree", load_yaml("tree", bounded, document=True))
+    return mapping("tree", load_yaml("tree", bounded, document=True))
 
 
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
@@ -1234,13 +1228,13 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
     # Checked while walking, not after: a YAML alias repeats a subtree without its text, so a
     # few lines could otherwise make this walk (and Python's stack) exponentially long.
     def collect(raw: object, parent: str | None, path: str, depth: int) -> None:
-        for name, body in _mapping(path.rstrip(".") or "pools", raw or {}).items():
+        for name, body in mapping(path.rstrip(".") or "pools", raw or {}).items():
             if name in pools:
                 raise InvalidInput(f"{path}{name}", name,
                                    f"pool names must be unique in tree {data['name']!r}")
             if depth > MAX_POOL_DEPTH:
                 raise InvalidInput(f"{path}{name}", name, _TOO_DEEP)
-            options = dict(_mapping(f"{path}{name}", body or {}))
+            options = dict(mapping(f"{path}{name}", body or {}))
             children = options.pop("pools", None)
             pools[name] = Pool(
                 _name(f"{path}{name}", name),

@@ -58,7 +58,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, clipped, validate_int
+from fairpool.errors import InvalidInput, clipped, mapping, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -206,11 +206,7 @@ def validate_workload(
 
 def _mapping(field_name: str, value: object) -> Mapping[Any, object]:
     """A mapping given (None: an empty one)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidInput(field_name, value, "must be a mapping")
-    return value
+    return {} if value is None else mapping(field_name, value)
 
 
 def _text(
