@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -1083,6 +1084,10 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
              lambda bad=bad: client.scheduling.submit_workload(**bad))
     step("scheduling.list_configs", client.scheduling.list_configs)
     step("trees.create_tree", lambda: client.trees.create_tree("tpus"))
+    # Read-only mappings, one inside another: the remote SDK's json.dumps refused the inner
+    # one (a TypeError) before 2026-11-30.
+    step("trees.create_pool, read-only options", lambda: client.trees.create_pool(
+        "tpus", "ro", options=MappingProxyType({"resource_limits": MappingProxyType({"gpu": 2})})))
     for label, call, _ in BAD_TREE_CALLS:
         step(f"trees.{label}", lambda call=call: call(client.trees))
     step("trees.list_trees", client.trees.list_trees)
@@ -1208,6 +1213,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         assert str(answers[name]).startswith(f"InvalidInput: {field}: must be a mapping"), name
     assert [c["version"] for c in answers["scheduling.list_configs"]] == [2, 1]
     assert [t["name"] for t in answers["trees.list_trees"]] == ["tpus"]
+    assert answers["trees.create_pool, read-only options"]["config"] == {"resource_limits": {"gpu": 2}}
 
 
 #: Tree calls given the wrong shape: Python's own ValueError for a list where a mapping goes,
