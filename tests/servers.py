@@ -47,6 +47,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def request_arrived(port: int) -> bool:
+    """Whether a connection to 127.0.0.1:``port`` holds bytes its server has not read: with
+    the server's process stopped (SIGSTOP), a client's request has been sent and waits in
+    the kernel. Linux (/proc/net/tcp): the server-side socket, ESTABLISHED, its receive
+    queue not empty."""
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, state, queues = fields[1], fields[3], fields[4]
+            if (int(local.rsplit(":", 1)[1], 16) == port and state == "01"
+                    and int(queues.split(":")[1], 16) > 0):
+                return True
+    return False
+
+
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
 

@@ -646,7 +646,10 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
             setup_pool(c, "storm", "storm-orch", {"gpu": 4})
             before = state(c)
 
-        def storm() -> int:
+        #: Set by each storm once it was told twice (a submit and its release).
+        going = [threading.Event() for _ in range(4)]
+
+        def storm(index: int) -> int:
             """Submit and release until the server stops answering; how many were told."""
             answers = 0
             with httpx.Client(base_url=first.url + API, timeout=30.0) as c:
@@ -663,6 +666,7 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
                             return answers
                         told[request["id"]] = released.json()["status"]
                         answers += 2
+                        going[index].set()
                     except httpx.TransportError:
                         return answers
 
@@ -672,11 +676,17 @@ def test_sigterm_finishes_in_flight_requests_and_loses_nothing(
             # Its connection is made first: made in its thread, on a loaded machine it could
             # come after the SIGTERM below and be refused (seen once, 2026-11-27).
             ok(waiter.get(f"/requests/{queued['id']}"))
+            sent = threading.Event()  # the long-poll is going out on its connection
+            waiter.event_hooks["request"] = [lambda request: sent.set()]
             future = pool.submit(
                 waiter.get, f"/requests/{queued['id']}/wait", params={"timeout": 30}
             )
-            storms = [pool.submit(storm) for _ in range(4)]
-            time.sleep(0.5)
+            storms = [pool.submit(storm, index) for index in range(4)]
+            # Every storm under way (each makes its connection in its thread: on a loaded
+            # machine one made after the SIGTERM is refused, and a fixed 0.5 s left one with
+            # nothing told), and the long-poll sent before them.
+            assert sent.wait(30)
+            assert all(event.wait(30) for event in going), [f.result() for f in storms if f.done()]
             started = time.monotonic()
             assert first.terminate() == 0
             assert time.monotonic() - started < 5.0
@@ -720,9 +730,14 @@ def test_a_sighup_shuts_the_server_down_as_sigterm_does(tmp_path: Path) -> None:
             submit(c, "hup-orch", gpu=1)
             queued = submit(c, "hup-orch", gpu=1)
             with ThreadPoolExecutor(1) as pool:
+                # Set as the pool's thread sends the long-poll: a fixed sleep from the submit
+                # assumed that thread had run, and one sent after the signal is refused.
+                sent = threading.Event()
+                c.event_hooks["request"] = [lambda request: sent.set()]
                 waiting = pool.submit(c.get, f"/requests/{queued['id']}/wait",
                                       params={"timeout": 30})
-                time.sleep(0.3)
+                assert sent.wait(10)
+                time.sleep(0.3)  # from its sending on, not from the submit: the server has it
                 assert server.process is not None
                 server.process.send_signal(signal.SIGHUP)
                 assert server.process.wait(timeout=10) == 0

@@ -262,10 +262,24 @@ def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
     assert lines[-2].endswith(f"cancel it with `fairpool resource-request cancel {left}`")
     assert lines[-1].startswith("Error: HTTP 401: API token ") and "was revoked" in lines[-1]
 
+    def revoke_once_queued(token_id: str, known: set[str]) -> threading.Thread:
+        """Revokes ``token_id`` once its holder's request is queued, in this process: a
+        timer and a CLI's start (seconds on a loaded machine) could land after the wait's
+        timeout, whose cancel then went through, leaving nothing to warn about."""
+        def run() -> None:
+            poll_until(lambda: bool(set(queued()) - known), 30, every=0.02)
+            service = world.service()
+            try:
+                service.revoke_token(token_id)
+            finally:
+                service.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
     with Client(world.server.url, token=secret_w) as client:
-        revoke = threading.Timer(1.0, lambda: fairpool(world.store, "token", "revoke",
-                                                       waiter.id))
-        revoke.start()
+        revoke = revoke_once_queued(waiter.id, {left})
         # The wait's own 401, or its timeout if that came first: the cancel's stays a warning.
         with caplog.at_level(logging.WARNING, logger="fairpool"), pytest.raises(
             (Unauthorized, WaitTimeout)
@@ -284,8 +298,7 @@ def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
         finally:
             await client.close()
 
-    revoke = threading.Timer(1.0, lambda: fairpool(world.store, "token", "revoke", waiter_a.id))
-    revoke.start()
+    revoke = revoke_once_queued(waiter_a.id, {left, also})
     with caplog.at_level(logging.WARNING, logger="fairpool"), pytest.raises(
         (Unauthorized, WaitTimeout)
     ):

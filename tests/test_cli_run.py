@@ -21,7 +21,7 @@ from sqlalchemy import make_url
 
 from fairpool import Client
 from tests.conftest import POSTGRES_CONNINFO
-from tests.servers import ApiServer, running, setup_pool
+from tests.servers import ApiServer, request_arrived, running, setup_pool
 from tests.test_cli import CLI, cli_env, fairpool
 from tests.test_postgres import terminate_all
 
@@ -684,7 +684,9 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
         server.process.send_signal(signal.SIGSTOP)  # the submit waits for its answer
         try:
             waiter = start(tmp_path, *WAITING[command], env=env)
-            time.sleep(3)  # started, and sent its submit (1.5 s was too short on a busy machine)
+            # Started, and its submit sent: it waits in the stopped server's socket (a fixed
+            # sleep was too short on a busy machine).
+            until(lambda: request_arrived(server.port) or waiter.poll() is not None, 60)
             waiter.send_signal(signal.SIGTERM)
         finally:
             server.process.send_signal(signal.SIGCONT)
@@ -715,9 +717,12 @@ def test_a_command_that_ends_while_the_heartbeat_tells_of_its_preemption_is_not_
         time.sleep(max(0.0, started + seconds - time.monotonic()))
 
     preempt(tmp_path)
-    at(1.6)
+    # Taken at once (it was taken at 1.6 s, timed from when the test saw the command start:
+    # a command slow to start, or seen late, let the heartbeat at 2 s through first, which
+    # stopped it and ran it again): the heartbeat at 2 s, the first that can tell of the
+    # preemption, waits for it until the command has ended by itself.
     lock = sqlite3.connect(tmp_path / "fairpool.db", isolation_level=None, timeout=30)
-    lock.execute("BEGIN IMMEDIATE")  # the heartbeat at 2 s waits for it
+    lock.execute("BEGIN IMMEDIATE")
     try:
         at(2.6)
         go.touch()  # the command ends now, by itself

@@ -29,7 +29,7 @@ from fairpool import (
 )
 from fairpool.service import open_service
 from fairpool.views import RequestView
-from tests.servers import ApiServer, running, setup_pool
+from tests.servers import ApiServer, request_arrived, running, setup_pool
 
 
 @pytest.fixture
@@ -598,7 +598,13 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
         try:
             holder = subprocess.Popen([sys.executable, "-c", script, server.url],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(3)  # started, and sent its submit (1.5 s was too short on a busy machine)
+            # Started, and its submit sent: it waits in the stopped server's socket (a fixed
+            # sleep, 1.5 s then 3 s, was too short on a busy machine: the signal then came
+            # before the submit, even before the handlers, and no request was made).
+            deadline = time.monotonic() + 60
+            while not request_arrived(server.port):
+                assert time.monotonic() < deadline and holder.poll() is None
+                time.sleep(0.02)
             holder.send_signal(signum)
         finally:
             server.process.send_signal(signal.SIGCONT)

@@ -20,30 +20,33 @@ def at(events: list[dict[str, Any]], step: str, what: str) -> dict[str, Any]:
 
 
 def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
-    """A low-priority step (60 s of work, retried once by ZenML) holds the only GPU; a
+    """A low-priority step (600 s of work, retried once by ZenML) holds the only GPU; a
     higher-priority pipeline's step arrives. The low step is interrupted in its own process
     long before its natural end, its request ends ``preempted`` and its step run is retried;
-    the high step runs as soon as the GPU is free, then the retry (a new request) runs."""
+    the high step runs as soon as the GPU is free, then the retry (a new request) runs.
+    The work is far longer than the test waits for anything: the high pipeline's start takes
+    ~15 s on an idle machine and several times that on a loaded one, where 60 s of work
+    could end first, with nothing left to preempt."""
     setup = zenml_home.scenario("preempt_setup_isolated")
     high, low_result, low_out = zenml_home.preemption(
-        "train_long", "train_short", setup["stacks"], low_env={"SCENARIO_LONG_SECONDS": "60"}
+        "train_long", "train_short", setup["stacks"], low_env={"SCENARIO_LONG_SECONDS": "600"}
     )
     assert low_result["error"] is None, low_out[-4000:]
     events = low_result["events"]
 
     # The first attempt ran in its own process and was interrupted (KeyboardInterrupt from
-    # ZenML's step heartbeat) long before its 60 s were up.
+    # ZenML's step heartbeat) before its 600 s were up.
     first = at(events, "long#1", "start")
     interrupted = at(events, "long#1", "interrupted")
     assert first["pid"] != low_result["pid"]
-    assert interrupted["after"] < 30
+    assert interrupted["after"] < 600
     assert not [e for e in events if e["step"] == "long#1" and e["at"] == "end"]
     assert "is remotely stopped, interrupting main thread" in low_out
 
-    # The high step started after the interruption and well before the low step's natural
-    # end; the retry ran after the high step, to its end.
+    # The high step started after the interruption and before the low step's natural end;
+    # the retry ran after the high step, to its end.
     short_start = at(high["events"], "short", "start")["t"]
-    assert interrupted["t"] <= short_start < first["t"] + 60
+    assert interrupted["t"] <= short_start < first["t"] + 600
     assert at(events, "long#2", "start")["t"] >= at(high["events"], "short", "end")["t"]
     at(events, "long#2", "end")
 
@@ -69,9 +72,13 @@ def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
     run it, and holds its GPU until deleted by hand."""
     stacks = zenml_home.scenario("preempt_setup_isolated")["stacks"]
     events = zenml_home.cwd / "killed.jsonl"
+    # The running step holds until the pipeline is dead (it held 5 s: a SIGTERM later than
+    # that, on a loaded machine, found the other step granted and run by the pipeline).
+    release = zenml_home.cwd / "release-running"
     pipeline, log = zenml_home.background("one_waits", {
         **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-        "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "5",
+        "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "300",
+        "SCENARIO_HOLD_UNTIL": str(release),
     })
     try:
         deadline = time.time() + 120
@@ -83,6 +90,7 @@ def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
     finally:
         if pipeline.poll() is None:
             pipeline.kill()
+        release.touch()
     result = zenml_home.scenario("delete_orphan", events="orphan.jsonl")
     assert result["error"] is None, result["log"][-3000:]
     granted, deleted = result["events"]

@@ -217,13 +217,14 @@ def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML
     no authentication, and its heartbeat route then fails with a 500): the orchestrator
     terminates it ``stop_grace_seconds`` after it became CANCELLING (5 s here); its request
     ends ``preempted``, its step run is retried after the high step, which ran long before
-    the low step's natural end."""
+    the low step's natural end (600 s away: the high pipeline's start and the grace took
+    ~25 s here, ~45 s with the CPUs loaded, and 60 s of work could end first)."""
     setup = server.scenario("preempt_setup_isolated", server=True, events="setup.jsonl",
                             extra_env={"SCENARIO_POOL": "preempt", "SCENARIO_STOP_GRACE": "5"})
     high, low_result, low_out = server.preemption(
         "train_long", "train_short", setup["stacks"], server=True,
         # Debug logs: the step logs its heartbeat's failures at that level only.
-        low_env={"SCENARIO_LONG_SECONDS": "60", "ZENML_LOGGING_VERBOSITY": "DEBUG"},
+        low_env={"SCENARIO_LONG_SECONDS": "600", "ZENML_LOGGING_VERBOSITY": "DEBUG"},
     )
     assert low_result["error"] is None, low_out[-4000:]
     assert "heartbeat() failed with 'NoneType' object has no attribute 'pipeline_run_id'" \
@@ -233,7 +234,7 @@ def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML
     events = {(e["step"], e["at"]): e["t"] for e in low_result["events"]}
     assert ("long#1", "end") not in events  # stopped, not run to its end
     short = {e["at"]: e["t"] for e in high["events"]}
-    assert short["start"] < events["long#1", "start"] + 60
+    assert short["start"] < events["long#1", "start"] + 600
     assert events["long#2", "start"] >= short["end"]
     victims = [r for r in low_result["requests"]
                if r["step"] == "train_retried" and r["status"] == "preempted"]
