@@ -93,8 +93,7 @@ class RemoteService:
         capacity: Mapping[str, object] | None = None,
         description: str | None = None,
     ) -> PoolView:
-        body = {"capacity": capacity,
-                "description": description}
+        body = {"capacity": capacity, "description": description}
         path = f"/pools/{_segment(ref, 'pool')}"
 
         def done() -> Any:
@@ -135,8 +134,7 @@ class RemoteService:
         limit: Mapping[str, object] | None = None,
     ) -> PolicyView:
         body = {"component": component, "component_type": component_type,
-                "priority": priority, "reserved": reserved or {},
-                "limit": limit or {}}
+                "priority": priority, "reserved": reserved or {}, "limit": limit or {}}
         path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
 
         def done() -> Any:
