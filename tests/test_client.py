@@ -30,6 +30,7 @@ from fairpool import (
 from fairpool.service import open_service
 from fairpool.views import RequestView
 from tests.servers import ApiServer, request_arrived, running, setup_pool
+from tests.test_api import poll_until
 
 
 @pytest.fixture
@@ -601,10 +602,9 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
             # Started, and its submit sent: it waits in the stopped server's socket (a fixed
             # sleep, 1.5 s then 3 s, was too short on a busy machine: the signal then came
             # before the submit, even before the handlers, and no request was made).
-            deadline = time.monotonic() + 60
-            while not request_arrived(server.port):
-                assert time.monotonic() < deadline and holder.poll() is None
-                time.sleep(0.02)
+            poll_until(lambda: request_arrived(server.port) or holder.poll() is not None, 60,
+                       every=0.02)
+            assert holder.poll() is None
             holder.send_signal(signum)
         finally:
             server.process.send_signal(signal.SIGCONT)
