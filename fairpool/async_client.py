@@ -104,6 +104,7 @@ class AsyncClient:
     get = _on_thread(Client.get)
     events = _on_thread(Client.events)
     list_requests = _on_thread(Client.list_requests)
+    request_page = _on_thread(Client.request_page)
     heartbeat = _on_thread(Client.heartbeat)
     release = _on_thread(Client.release)
     cancel = _on_thread(Client.cancel)

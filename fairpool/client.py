@@ -56,6 +56,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    RequestPage,
     RequestView,
 )
 
@@ -367,7 +368,21 @@ class Client:
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
+        """Every request the filters match, oldest first."""
         return self._service.list_requests(status, component, pool)
+
+    def request_page(
+        self,
+        status: str | None = None,
+        component: str | None = None,
+        pool: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> RequestPage:
+        """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
+        the filters match, oldest first, and ``total``: how many they match."""
+        return self._service.request_page(status, component, pool, limit=limit, offset=offset)
 
     def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Block until the request leaves the queue (or ``timeout`` seconds pass)."""

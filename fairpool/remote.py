@@ -40,14 +40,20 @@ from fairpool.ids import new_id
 from fairpool.outage import Outage
 from fairpool.views import (
     COMPONENT_TYPES,
+    MAX_OFFSET,
+    MAX_PAGE_SIZE,
     REQUEST_STATUSES,
     ComponentView,
     EventView,
     PassSummary,
     PolicyView,
     PoolView,
+    RequestPage,
     RequestView,
 )
+
+#: Requests asked for per call when a list wants them all.
+_LIST_PAGE = 500
 
 #: Transport failures (a restarting server) and ``_AWAY`` answers are retried this many times
 #: in all, backing off.
@@ -228,17 +234,35 @@ class RemoteService:
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
+        return list(self.request_page(status, component, pool).items)
+
+    def request_page(
+        self,
+        status: str | None = None,
+        component: str | None = None,
+        pool: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> RequestPage:
+        """One ``GET /requests``; ``limit`` None: as many as it takes to reach the end."""
         if status is not None:  # as the service words it (the API's check words it otherwise)
             one_of("status", status, REQUEST_STATUSES)
+        if limit is not None:  # a query string would carry "2" or True as a number
+            validate_int("limit", limit, 1, MAX_PAGE_SIZE)
+        validate_int("offset", offset, 0, MAX_OFFSET)
         params: dict[str, Any] = {k: v for k, v in (("status", status), ("component", component),
                                                      ("pool", pool)) if v is not None}
         views: list[RequestView] = []
         while True:
-            page = self._call("GET", "/requests",
-                              params={**params, "offset": len(views), "limit": 500})
+            page = self._call("GET", "/requests", params={
+                **params, "limit": _LIST_PAGE if limit is None else limit,
+                "offset": offset + len(views),
+            })
             views += [RequestView.from_dict(r) for r in page["items"]]
-            if not page["items"] or len(views) >= page["pagination"]["total"]:
-                return views
+            total = page["pagination"]["total"]
+            if limit is not None or not page["items"] or offset + len(views) >= total:
+                return RequestPage(tuple(views), total, limit, offset)
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """Long-poll: the server answers as soon as the request leaves the queue. While the

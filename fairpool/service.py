@@ -69,6 +69,8 @@ from fairpool.store.records import (
 from fairpool.store.schema import as_utc
 from fairpool.views import (
     COMPONENT_TYPES,
+    MAX_OFFSET,
+    MAX_PAGE_SIZE,
     REQUEST_STATUSES,
     ComponentView,
     EventView,
@@ -76,6 +78,7 @@ from fairpool.views import (
     PolicyView,
     PoolView,
     QueuePlace,
+    RequestPage,
     RequestView,
 )
 
@@ -806,28 +809,56 @@ class Service:
     def list_requests(
         self, status: str | None = None, component: str | None = None, pool: str | None = None
     ) -> list[RequestView]:
+        """Every request the filters match, oldest first (``request_page``)."""
+        return list(self.request_page(status, component, pool).items)
+
+    def request_page(
+        self,
+        status: str | None = None,
+        component: str | None = None,
+        pool: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        created_by: str | None = None,
+    ) -> RequestPage:
+        """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
+        with ``status``, of ``component`` (any type), allocated in or queued on ``pool``, made
+        with token ``created_by``; oldest first, and how many match (``repo.request_page``)."""
         if status is not None:
             one_of("status", status, REQUEST_STATUSES)
         frontend.validate_filter("component", component)
         frontend.validate_filter("pool", pool)
+        if limit is not None:
+            validate_int("limit", limit, 1, MAX_PAGE_SIZE)
+        validate_int("offset", offset, 0, MAX_OFFSET)
         self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
-            pool_id = repo.get_pool(conn, pool).id if pool is not None else None
+            pool_name = repo.get_pool(conn, pool).name if pool is not None else None
             _known_component(state, component)
             entries = queue_entries(reconcile(state.snapshot(self.clock())))
-            views = []
-            wanted = RequestStatus(status) if status is not None else None
-            for request in repo.list_requests(conn, status=wanted):
-                view = self._request_view_of(
-                    conn, state.components, request, entries.get(request.id, ())
-                )
-                if component is not None and view.component != component:
-                    continue
-                if pool_id is not None and not self._touches_pool(state, view, pool_id):
-                    continue
-                views.append(view)
-            return views
+            ids, total = repo.request_page(
+                conn,
+                status=RequestStatus(status) if status is not None else None,
+                component_ids=[c.id for c in state.components.values() if c.name == component]
+                if component is not None
+                else None,
+                pool_name=pool_name,
+                queued_there=[
+                    id_ for id_, places in entries.items()
+                    if any(p.queue == f"pool {pool_name}" for p in places)
+                ],
+                created_by=created_by,
+                limit=limit,
+                offset=offset,
+            )
+            held = repo.allocations_and_retries(conn, ids)
+            views = tuple(
+                _view(state.components, request, *held[request.id], entries.get(request.id, ()))
+                for request in repo.requests_by_id(conn, ids)
+            )
+        return RequestPage(views, total, limit, offset)
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """The request once it leaves the queue, or as it stands after ``seconds``.
@@ -1520,11 +1551,6 @@ class Service:
     ) -> RequestView:
         allocation, retried_as_id = repo.allocation_and_retry(conn, request.id)
         return _view(components, request, allocation, retried_as_id, entries, pool_state)
-
-    @staticmethod
-    def _touches_pool(state: _State, view: RequestView, pool_id: str) -> bool:
-        pool = state.pools[pool_id]
-        return view.pool == pool.name or any(p.pool == pool.name for p in view.queue)
 
 
 def _view(

@@ -5,7 +5,8 @@ The CLI, and later the HTTP API, print these; nothing downstream re-derives a fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -113,6 +114,46 @@ class RequestView:
                 values[key] = datetime.fromisoformat(values[key])
         values["queue"] = tuple(QueuePlace(**place) for place in values.get("queue", ()))
         return cls(**values)
+
+
+#: The most requests one page holds (the API's ``limit``, the CLI's ``--size``), and the
+#: largest ``offset`` (the database's OFFSET is a signed 64-bit integer).
+MAX_PAGE_SIZE = 10_000
+MAX_OFFSET = 2**62
+
+
+def page_dict(
+    items: Sequence[Mapping[str, Any]], total: int | None = None, limit: int | None = None,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """ZenML's page shape: ``{"items", "pagination": {"index" (1-based), "max_size",
+    "total_pages" (at least 1), "total"}}``; without ``total`` and ``limit``, one page holding
+    everything."""
+    total = len(items) if total is None else total
+    size = total if limit is None else limit
+    return {
+        "items": list(items),
+        "pagination": {
+            "index": offset // size + 1 if size else 1,
+            "max_size": size,
+            "total_pages": max(1, math.ceil(total / size)) if size else 1,
+            "total": total,
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPage:
+    """Requests ``offset`` to ``offset + limit`` of those a list's filters match (oldest
+    first), and how many they match; ``limit`` None: all from ``offset``."""
+
+    items: tuple[RequestView, ...]
+    total: int
+    limit: int | None = None
+    offset: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return page_dict([v.as_dict() for v in self.items], self.total, self.limit, self.offset)
 
 
 @dataclass(frozen=True, slots=True)

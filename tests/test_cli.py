@@ -348,7 +348,9 @@ def test_every_output_format_parses(tour: Tour) -> None:
     by_component = ("resource-pool", "list-policies", "--component", COMPONENT)
     filtered = ("resource-request", "list", "--status", "queued", "--pool", POOL)
     requests = ("resource-request", "list")
+    second_page = (*requests, "--size", "3", "--page", "2")
     calls = [
+        (*second_page, "-o", "json"), second_page, (*requests, "--size", "2", "--page", "3"),
         (*policies, "-o", "json"), (*policies, "-o", "yaml"), policies,
         (*by_component, "-o", "json"),
         (*filtered, "-o", "json"),
@@ -370,6 +372,12 @@ def test_every_output_format_parses(tour: Tour) -> None:
 
     listed = r[(*requests, "-o", "yaml")].ok().yaml
     assert listed["pagination"]["total"] == len(listed["items"]) == 4
+    paged = r[(*second_page, "-o", "json")].ok().json
+    assert paged == {"items": listed["items"][3:], "pagination": {
+        "index": 2, "max_size": 3, "total_pages": 2, "total": 4}}
+    assert "Page (2/2), 4 items found for the applied filters." in r[second_page].ok().out
+    assert r[(*requests, "--size", "2", "--page", "3")].ok().out.strip() == (
+        "Page (3/2) is empty: 4 items found for the applied filters.")
     pools = r[("resource-pool", "list", "-o", "yaml")].ok().yaml
     assert [p["occupied"] for p in pools["items"]] == [{"gpu": 4, "step_run": 2}]
     assert r[("resource-pool", "describe", POOL, "-o", "yaml")].ok().yaml["name"] == POOL
@@ -579,7 +587,8 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
-    missing, bad_choice, no_number, forever, no_value, no_output = fairpool_many(tour.home, [
+    (missing, bad_choice, no_number, forever, no_value, no_output, no_size,
+     no_page) = fairpool_many(tour.home, [
         ("resource-pool", "create", "p3"),
         ("resource-pool", "requests", POOL, "--view", "sideways"),
         # click's FloatRange lets NaN through: a deadline that never comes.
@@ -588,6 +597,8 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
         # click's parser raises these without the command's context: it said 'fairpool -h'.
         ("resource-pool", "create", "p3", "--capacity"),
         ("--home", str(tour.home), "token", "list", "-o"),
+        ("resource-request", "list", "--page", "2"),
+        ("resource-request", "list", "--size", "3", "--page", "0"),
     ])
     assert missing.code == 2 and "--capacity" in missing.err
     assert bad_choice.code == 2 and "sideways" in bad_choice.err
@@ -603,6 +614,11 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
         "(see 'fairpool resource-pool create -h')\n")
     assert no_output.code == 2 and no_output.err == (
         "Error: Option '-o' requires an argument. (see 'fairpool token list -h')\n")
+    assert no_size.code == 2 and no_size.err == (
+        "Error: --page needs --size. (see 'fairpool resource-request list -h')\n")
+    assert no_page.code == 2 and no_page.err == (
+        "Error: Invalid value for '--page': 0 is not in the range x>=1. "
+        "(see 'fairpool resource-request list -h')\n")
 
 
 # -- state-changing tests ----------------------------------------------------------------

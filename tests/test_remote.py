@@ -187,6 +187,11 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--status", "bogus")                         # invalid
     fp("resource-request", "list", "--pool", "")                                # no pool ''
     fp("resource-request", "list", "--component", "nope")                       # a typo
+    fp("resource-request", "list", "--size", "2", "--page", "2", "-o", "json")
+    fp("resource-request", "list", "--size", "2", "--page", "2")
+    fp("resource-request", "list", "--size", "1", "--page", "99")              # past the end
+    fp("resource-request", "list", "--page", "2")                               # no --size
+    fp("resource-request", "list", "--size", "0")                               # invalid
     fp("resource-pool", "list-policies", "gpus", "-c", "nope")                  # a typo
     fp("resource-pool", "list-policies", "")                                    # no pool ''
     fp("component", "list")
@@ -1019,6 +1024,13 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("get by an ambiguous prefix", lambda: ambiguous(client, held.id, queued.id))
     step("list_requests queued", lambda: client.list_requests(status="queued", pool="sdk"))
     step("list_requests bad status", lambda: client.list_requests(status="done"))
+    step("request_page", lambda: client.request_page(component="sdk-low", limit=2, offset=1))
+    step("request_page to the end", lambda: client.request_page(component="sdk-low", offset=1))
+    step("request_page past the end", lambda: client.request_page(limit=5, offset=10))
+    for bad in (0, 10_001, True, "2", 1.5):
+        step(f"request_page limit {bad!r}", lambda bad=bad: client.request_page(limit=bad))
+    for bad in (-1, 2**62 + 1, "0"):
+        step(f"request_page offset {bad!r}", lambda bad=bad: client.request_page(offset=bad))
     step("list_components", client.list_components)
     step("list_components of a type", lambda: client.list_components("step_operator"))
     step("list_components bad type", lambda: client.list_components("robot"))
@@ -1140,6 +1152,16 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("update_policy step_operator", "NotFound: No policy found for step_operator `sdk-low`"),
         ("submit invalid", "InvalidInput: "),
         ("list_requests bad status", "InvalidInput: status"),
+        ("request_page limit 0", "InvalidInput: limit: must be a positive integer (got 0)"),
+        ("request_page limit 10001", "InvalidInput: limit: must be at most 10000"),
+        ("request_page limit True", "InvalidInput: limit: must be an integer (got True)"),
+        ("request_page limit '2'", "InvalidInput: limit: must be an integer (got '2')"),
+        ("request_page limit 1.5", "InvalidInput: limit: must be an integer (got 1.5)"),
+        ("request_page offset -1",
+         "InvalidInput: offset: must be a non-negative integer (got -1)"),
+        ("request_page offset 4611686018427387905",
+         "InvalidInput: offset: must be at most 4611686018427387904"),
+        ("request_page offset '0'", "InvalidInput: offset: must be an integer (got '0')"),
         ("release again", "Conflict: "),
         ("cancel released", "Conflict: "),
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
@@ -1167,6 +1189,14 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert answers["submit rejected"]["status"] == "rejected"
     assert answers["get by prefix"]["id"] == answers["submit queued"]["id"]
     assert [r["id"] for r in answers["list_requests queued"]] == [answers["submit queued"]["id"]]
+    # sdk-low's three: held, queued, rejected; a page of two from the second on.
+    low = [answers[n]["id"] for n in ("submit", "submit queued", "submit rejected")]
+    assert [r["id"] for r in answers["request_page"]["items"]] == low[1:]
+    assert answers["request_page"]["pagination"] == {
+        "index": 1, "max_size": 2, "total_pages": 2, "total": 3}
+    assert [r["id"] for r in answers["request_page to the end"]["items"]] == low[1:]
+    assert answers["request_page past the end"]["items"] == []
+    assert answers["request_page past the end"]["pagination"]["total"] == 3
     assert [r["id"] for r in answers["pool_requests active"]] == [answers["submit"]["id"]]
     assert answers["get_pool"]["queue_length"] == 1
     assert [(c["name"], c["pools"], c["allocated"], c["queued"]) for c in answers["list_components"]] == [

@@ -3,6 +3,7 @@ refusals, events."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, read_generation
 from fairpool.store.records import ComponentType
-from fairpool.views import PassSummary, RequestView
+from fairpool.views import REQUEST_STATUSES, PassSummary, RequestView
 from tests.worlds import demand
 
 
@@ -736,3 +737,66 @@ def test_a_ref_no_name_or_id_can_be_is_refused_in_the_servers_words(
     ):
         client.trees.start_operation(user="u", job_resources={"cpu": 1}, job_count=1,
                                      trees=["t"], pool=["p"])  # type: ignore[arg-type]
+
+
+def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
+    svc: Service,
+) -> None:
+    """``request_page`` filters, counts and pages in the database. Here against each
+    request's own view, filtered as its reader would: a status, a component's name (of any
+    type), a pool where it is or was allocated or where it waits now, a token's own."""
+    svc.create_pool("p", {"gpu": 2})
+    svc.create_pool("q", {"gpu": 2})
+    svc.create_pool("gone", {"gpu": 1})
+    for pool in ("p", "q"):
+        svc.attach_policy(pool, "a", priority=1)
+    svc.attach_policy("p", "b", priority=5)
+    svc.attach_policy("q", "a", component_type="step_operator")  # the name again, another type
+    svc.attach_policy("gone", "c")
+    token, _ = svc.create_token("submitter", ["a"])
+
+    def make(component: str, gpu: int, kind: str = "orchestrator", **options: Any) -> str:
+        return svc.create_request(component, kind, {"gpu": gpu}, **options).id
+
+    made = [make("a", 1, created_by=token.id), make("a", 2), make("b", 1)]  # p, q, p: full
+    made.append(make("a", 2, created_by=token.id))  # waits on p and q
+    made.append(make("a", 1, "step_operator"))  # waits on q
+    made.append(make("b", 1))  # preempts the first (priority 5 over 1) on p
+    made.append(make("a", 9))  # rejected: no pool holds 9
+    made.append(make("c", 1))
+    svc.release_request(made[-1])
+    svc.delete_pool("gone")
+    made.append(make("b", 2))  # waits on p
+    svc.cancel_request(made[-1])
+    every = sorted(
+        (svc.get_request(view.id) for view in svc.list_requests()), key=lambda v: (v.created, v.id)
+    )
+    assert {v.id for v in every} >= set(made)
+    assert {v.status for v in every} == {
+        "queued", "allocated", "released", "rejected", "preempted", "cancelled"}
+    assert any(len(v.queue) > 1 for v in every)  # one waits on two pools
+    own = {made[0], made[3]}
+
+    def wanted(view: RequestView, status: str | None, component: str | None,
+               pool: str | None, created_by: str | None) -> bool:
+        return (
+            status in (None, view.status)
+            and component in (None, view.component)
+            and (pool is None or view.pool == pool or any(p.pool == pool for p in view.queue))
+            and (created_by is None or view.id in own)
+        )
+
+    for status, component, pool, created_by in itertools.product(
+        (None, *REQUEST_STATUSES), (None, "a", "b", "c"), (None, "p", "q", "gone"),
+        (None, token.id),
+    ):
+        if pool == "gone":  # its name outlives it: a listing names it, a filter cannot
+            assert [v.pool for v in every].count("gone") == 1
+            continue
+        expected = [v for v in every if wanted(v, status, component, pool, created_by)]
+        for limit, offset in ((None, 0), (2, 1), (None, 3), (5, 20)):
+            page = svc.request_page(status, component, pool, limit=limit, offset=offset,
+                                    created_by=created_by)
+            end = None if limit is None else offset + limit
+            assert (list(page.items), page.total) == (expected[offset:end], len(expected)), (
+                status, component, pool, created_by, limit, offset)

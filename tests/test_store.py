@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from fairpool.errors import AmbiguousReference, NotFound
 from fairpool.store import repo, schema
 from fairpool.store.db import Database, default_url, fairpool_home, migration_config
-from fairpool.store.records import Allocation, ComponentType, Event, RequestStatus
+from fairpool.store.records import Allocation, ComponentType, Event, RequestStatus, TokenRole
 from tests import forked_cli
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -533,14 +533,19 @@ def test_reason_retry_and_allocation_lookups(db: Database, component_id: str) ->
         )
         assert repo.allocation_and_retry(connection, first.id) == (released, retry.id)
         assert repo.allocation_and_retry(connection, retry.id) == (None, None)
+        assert repo.allocations_and_retries(connection, [retry.id, "nope", first.id]) == {
+            first.id: (released, retry.id), retry.id: (None, None)
+        }
+        assert repo.allocations_and_retries(connection, []) == {}
 
 
-def test_list_requests_filters_and_pages(db: Database, component_id: str) -> None:
+def test_request_page_filters_counts_and_pages_in_queue_order(db: Database, component_id: str) -> None:
     with db.write() as connection:
         other_component = repo.insert_component(
             connection, "sagemaker", ComponentType.STEP_OPERATOR, NOW
         ).id
         pool_id = repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW).id
+        token = repo.insert_token(connection, "t", TokenRole.SUBMITTER, ["x"], "p", "h", NOW)
         # Inserted out of time order: the listing is by (created_at, id), not insertion.
         requests = {
             minute: repo.insert_request(
@@ -549,6 +554,7 @@ def test_list_requests_filters_and_pages(db: Database, component_id: str) -> Non
                 {"gpu": minute},
                 at(minute),
                 preemptible=True,
+                created_by_token_id=token.id if minute in (2, 3) else None,
             )
             for minute in (4, 1, 3, 2, 5)
         }
@@ -559,23 +565,35 @@ def test_list_requests_filters_and_pages(db: Database, component_id: str) -> Non
             repo.insert_allocation(
                 connection, requests[minute].id, pool_id, None, "gpus", 0, at(minute)
             )
+        repo.release_allocation(connection, requests[1].id, at(6))
+        repo.set_request_status(connection, requests[1].id, RequestStatus.RELEASED, None, at(6))
+    minute_of = {request.id: minute for minute, request in requests.items()}
+    ids = {minute: request.id for minute, request in requests.items()}
 
-    def demands(found: list[Any]) -> list[int]:
-        return [request.demand["gpu"] for request in found]
+    def minutes(**filters: Any) -> tuple[list[int], int]:
+        with db.read() as connection:
+            ids, total = repo.request_page(connection, **filters)
+        return [minute_of[id_] for id_ in ids], total
 
-    with db.read() as connection:
-        assert demands(repo.list_requests(connection)) == [1, 2, 3, 4, 5]
-        assert demands(repo.list_requests(connection, status=RequestStatus.QUEUED)) == [2, 4, 5]
-        assert demands(repo.queued_requests(connection)) == [2, 4, 5]
-        assert demands(repo.list_requests(connection, component_id=other_component)) == [3]
-        assert demands(repo.list_requests(connection, pool_id=pool_id)) == [1, 3]
-        assert demands(repo.list_requests(connection, limit=2, offset=1)) == [2, 3]
-        assert demands(repo.list_requests(connection, offset=3)) == [4, 5]
-        assert demands(
-            repo.list_requests(
-                connection, status=RequestStatus.ALLOCATED, pool_id=pool_id, limit=1, offset=1
-            )
-        ) == [3]
+    assert minutes() == ([1, 2, 3, 4, 5], 5)
+    assert minutes(limit=2, offset=1) == ([2, 3], 5)
+    assert minutes(offset=3) == ([4, 5], 5)
+    assert minutes(offset=9) == ([], 5)
+    assert minutes(status=RequestStatus.QUEUED) == ([2, 4, 5], 3)
+    assert minutes(status=RequestStatus.QUEUED, limit=1, offset=1) == ([4], 3)
+    assert minutes(component_ids=[other_component]) == ([3], 1)
+    assert minutes(component_ids=[component_id, other_component], limit=1) == ([1], 5)
+    assert minutes(component_ids=[]) == ([], 0)
+    assert minutes(created_by=token.id) == ([2, 3], 2)
+    # A pool: allocated there, released or not, and the queued ones the engine says wait there.
+    assert minutes(pool_name="gpus") == ([1, 3], 2)
+    assert minutes(pool_name="gpus", queued_there=[ids[4], ids[2]]) == ([1, 2, 3, 4], 4)
+    assert minutes(pool_name="gpus", status=RequestStatus.RELEASED) == ([1], 1)
+    assert minutes(pool_name="cpus", queued_there=[ids[5]], limit=5, offset=0) == ([5], 1)
+    # By name, which outlives the pool: a list after the pool is gone still finds its own.
+    with db.write() as connection:
+        repo.delete_pool(connection, pool_id)
+    assert minutes(pool_name="gpus", status=RequestStatus.ALLOCATED) == ([3], 1)
 
 
 def test_allocations(db: Database, component_id: str) -> None:

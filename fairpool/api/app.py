@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import ExitStack, asynccontextmanager, suppress
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fairpool.api.auth import (
     Auth,
     Caller,
+    listed_for,
     owner_of_new_request,
     shown,
     shown_events,
@@ -70,7 +71,7 @@ from fairpool.service import Service
 from fairpool.store import trees as tree_store
 from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, RequestView
+from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, PassSummary, RequestView, page_dict
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -88,7 +89,6 @@ MAX_WAIT_SECONDS = 60.0
 #: processes on the same database (this process's own changes wake it at once).
 RECHECK_SECONDS = 1.0
 DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 10_000
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -243,24 +243,6 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
     return _JSON(data, status_code=status)
 
 
-def _page(items: Sequence[dict[str, Any]], total: int, limit: int, offset: int) -> dict[str, Any]:
-    """ZenML's page shape, as the CLI prints it: 1-based index, at least one page."""
-    return {
-        "items": list(items),
-        "pagination": {
-            "index": offset // limit + 1,
-            "max_size": limit,
-            "total_pages": max(1, math.ceil(total / limit)),
-            "total": total,
-        },
-    }
-
-
-def _whole(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One page holding everything (pools, policies and components are few)."""
-    return _page(items, len(items), max(1, len(items)), 0)
-
-
 class FairpoolApp(FastAPI):
     """FastAPI, whose HTTP requests pass ``front`` first (``create_app`` sets it): the 503
     for a request the shutdown cuts short, the body's size limit, then the busy routes, ahead
@@ -381,13 +363,15 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         component: QueryText | None = None,
         pool: QueryText | None = None,
         limit: Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-        offset: Annotated[UrlInt, Query(ge=0, le=2**62)] = 0,
+        offset: Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)] = 0,
     ) -> JSONResponse:
-        """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``."""
-        views = service.list_requests(status, component, pool)
-        views = visible_requests(tokens, caller, views)
-        rows = [v.as_dict() for v in views[offset : offset + limit]]
-        return _json(_page(rows, len(views), limit, offset))
+        """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``; a
+        submitter's own only."""
+        page = service.request_page(
+            status, component, pool, limit=limit, offset=offset, created_by=listed_for(caller)
+        )
+        shown_page = replace(page, items=tuple(visible_requests(tokens, caller, list(page.items))))
+        return _json(shown_page.as_dict())
 
     @route("GET", "/requests/{ref}", tags=["requests"])
     def get_request(ref: Ref, caller: Caller) -> JSONResponse:
@@ -399,7 +383,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """A request's history, oldest first: each change of its status with the reason
         given then. A deleted request's, by its whole id (admins)."""
         events = shown_events(tokens, caller, service.request_events(ref))
-        return _json(_whole([e.as_dict() for e in events]))
+        return _json(page_dict([e.as_dict() for e in events]))
 
     @route("GET", "/requests/{ref}/wait", tags=["requests"])
     async def wait_request(
@@ -467,7 +451,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     @route("GET", "/pools", tags=["pools"])
     def list_pools() -> JSONResponse:
         """Every pool with occupied vs total per key and its queue length."""
-        return _json(_whole([p.as_dict() for p in service.list_pools()]))
+        return _json(page_dict([p.as_dict() for p in service.list_pools()]))
 
     @route("GET", "/pools/{ref}", tags=["pools"])
     def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
@@ -493,7 +477,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """The pool's active requests and/or its queue in order."""
         views = visible_requests(tokens, caller, service.pool_requests(ref, view))
         rows = [r.as_dict() for r in views]
-        return _json(_whole(rows))
+        return _json(page_dict(rows))
 
     # -- policies ----------------------------------------------------------------------
 
@@ -518,7 +502,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     ) -> JSONResponse:
         """Policies, optionally of one pool, component or component type."""
         views = service.list_policies(pool, component, component_type)
-        return _json(_whole([v.as_dict() for v in views]))
+        return _json(page_dict([v.as_dict() for v in views]))
 
     @route("PATCH", "/pools/{ref}/policies/{component}", tags=["policies"])
     def update_policy(
@@ -551,7 +535,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """Components (who asks for units), optionally of one type: the pools each has a
         policy on, and how many of its requests hold units or wait."""
         views = service.list_components(component_type)
-        return _json(_whole([v.as_dict() for v in views]))
+        return _json(page_dict([v.as_dict() for v in views]))
 
     # -- operations --------------------------------------------------------------------
 

@@ -267,6 +267,11 @@ class _Identified(Protocol):
 V = TypeVar("V", bound=_Identified)
 
 
+def listed_for(caller: ApiToken | None) -> str | None:
+    """The token whose rows alone a list shows ``caller``: a submitter's own; None, all."""
+    return caller.id if caller is not None and caller.role is TokenRole.SUBMITTER else None
+
+
 def visible(auth: Auth, caller: ApiToken | None, what: str, views: list[V]) -> list[V]:
     """All of ``views`` (of ``what``, ``repo.OWNED``) for an admin (or without auth); a
     submitter's own only."""

@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fairpool.errors import counted
+from fairpool.views import page_dict
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -127,15 +130,6 @@ def _yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
 
-def page(items: Sequence[Row]) -> dict[str, Any]:
-    """ZenML's page shape, one page holding everything."""
-    total = len(items)
-    return {
-        "items": list(items),
-        "pagination": {"index": 1, "max_size": total, "total_pages": 1, "total": total},
-    }
-
-
 def format_value(value: Any) -> str:
     """One table cell: mappings as ``key value, ...``, lists comma-joined, None as empty."""
     if value is None:
@@ -187,19 +181,29 @@ def print_list(
     *,
     empty_message: str,
     row_formatter: Callable[[Row], Row] | None = None,
+    total: int | None = None,
+    size: int | None = None,
+    offset: int = 0,
 ) -> None:
-    """A list command's result: a page of items (json/yaml), or a table plus ZenML's footer."""
+    """A list command's result: a page of items (json/yaml), or a table plus ZenML's footer.
+    ``total``, ``size`` and ``offset``: ``rows`` are one page of ``total``; else all."""
+    shape = page_dict(rows, total, size, offset)
     if output != "table":
-        dump(page(rows), output)
+        dump(shape, output)
         return
+    pagination = shape["pagination"]
     if not rows:
-        out().print(_text(empty_message))
+        out().print(_text(empty_message if not pagination["total"] else
+                          f"Page ({pagination['index']}/{pagination['total_pages']}) is empty: "
+                          f"{counted(pagination['total'], 'item')} found for the applied "
+                          "filters."))
         return
     shown = [row_formatter(row) for row in rows] if row_formatter else list(rows)
     out().print(table(shown, columns))
-    count = len(rows)
-    noun = "item" if count == 1 else "items"
-    out().print(_text(f"Page (1/1), {count} {noun} found for the applied filters."))
+    out().print(_text(
+        f"Page ({pagination['index']}/{pagination['total_pages']}), "
+        f"{counted(pagination['total'], 'item')} found for the applied filters."
+    ))
 
 
 def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:

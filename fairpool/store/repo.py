@@ -17,12 +17,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BindParameter,
     ColumnElement,
     Connection,
+    RowMapping,
     Select,
     Table,
     bindparam,
     delete,
+    exists,
+    func,
     insert,
     select,
     true,
@@ -684,31 +688,44 @@ def _ids_where(
     return found
 
 
-def list_requests(
+def request_page(
     connection: Connection,
+    *,
     status: RequestStatus | None = None,
-    component_id: str | None = None,
-    pool_id: str | None = None,
+    component_ids: Collection[str] | None = None,
+    pool_name: str | None = None,
+    queued_there: Collection[str] = (),
+    created_by: str | None = None,
     limit: int | None = None,
     offset: int = 0,
-) -> list[Request]:
-    """Oldest first, in queue order (created_at, id); ``pool_id``: allocated there."""
-    table = schema.request
-    statement = select(table).order_by(table.c.created_at, table.c.id)
-    if limit is not None:
-        statement = statement.limit(limit)
-    if offset:
-        statement = statement.offset(offset)
+) -> tuple[list[str], int]:
+    """The ids of requests ``offset`` to ``offset + limit`` (None: to the end) of those the
+    filters match, oldest first (created_at, id), and how many they match: the database
+    filters, counts and pages, so that a page costs what it holds, not every request ever
+    made. ``pool_name``: allocated there (by the name, which outlives the pool), or one of
+    ``queued_there``: where a queued request waits is the engine's to say."""
+    table, allocation = schema.request, schema.allocation
+    where: list[ColumnElement[bool]] = []
     if status is not None:
-        statement = statement.where(table.c.status == status.value)
-    if component_id is not None:
-        statement = statement.where(table.c.component_id == component_id)
-    if pool_id is not None:
-        allocation = schema.allocation
-        statement = statement.join(allocation, allocation.c.request_id == table.c.id).where(
-            allocation.c.pool_id == pool_id
+        where.append(table.c.status == status.value)
+    if component_ids is not None:  # a name's components, one per type
+        where.append(table.c.component_id.in_(list(component_ids)))
+    if created_by is not None:
+        where.append(table.c.created_by_token_id == created_by)
+    if pool_name is not None:
+        allocated_there = exists().where(
+            allocation.c.request_id == table.c.id, allocation.c.pool_name == pool_name
         )
-    return _requests(connection, statement)
+        # Written into the statement: a queue may be longer than a statement's parameters.
+        waiting: BindParameter[list[str]] = bindparam(
+            "queued_there", list(queued_there), expanding=True, literal_execute=True
+        )
+        where.append(allocated_there | table.c.id.in_(waiting))
+    total = connection.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+    page = select(table.c.id).where(*where).order_by(table.c.created_at, table.c.id)
+    if limit is not None:
+        page = page.limit(limit)
+    return list(connection.execute(page.offset(offset)).scalars()), total
 
 
 def requests_by_id(connection: Connection, request_ids: Sequence[str]) -> list[Request]:
@@ -787,27 +804,46 @@ def allocation_and_retry(
     """In one query: the request's allocation (live or released, None if it never had one)
     and the id of the request that retries it (None if none was made)."""
     row = connection.execute(_ALLOCATION_AND_RETRY, {"id": request_id}).mappings().first()
-    if row is None:
-        return None, None
+    return _allocation_and_retry(row) if row is not None else (None, None)
+
+
+def allocations_and_retries(
+    connection: Connection, request_ids: Sequence[str]
+) -> dict[str, tuple[Allocation | None, str | None]]:
+    """``allocation_and_retry`` of each of ``request_ids`` that exists; a query per
+    ``_BATCH`` ids."""
+    found: dict[str, tuple[Allocation | None, str | None]] = {}
+    for start in range(0, len(request_ids), _BATCH):
+        batch = {"ids": list(request_ids[start : start + _BATCH])}
+        for row in connection.execute(_ALLOCATIONS_AND_RETRIES, batch).mappings():
+            found[row["id"]] = _allocation_and_retry(row)
+    return found
+
+
+def _allocation_and_retry(row: RowMapping) -> tuple[Allocation | None, str | None]:
     held = Allocation.from_row(row) if row["request_id"] is not None else None
     return held, row["retried_as_id"]
 
 
-def _allocation_and_retry_statement() -> Select[Any]:
+def _allocation_and_retry_statement(which: ColumnElement[bool]) -> Select[Any]:
     allocation, retry = schema.allocation, schema.request.alias("retry")
     request = schema.request
     return (
-        select(allocation, retry.c.id.label("retried_as_id"))
+        select(request.c.id, allocation, retry.c.id.label("retried_as_id"))
         .select_from(
             request.outerjoin(allocation, allocation.c.request_id == request.c.id).outerjoin(
                 retry, retry.c.previous_attempt_id == request.c.id
             )
         )
-        .where(request.c.id == bindparam("id"))
+        .where(which)
     )
 
 
-_ALLOCATION_AND_RETRY = _allocation_and_retry_statement()
+# One request by key on the hot path (a plain parameter, no list to expand); pages in batches.
+_ALLOCATION_AND_RETRY = _allocation_and_retry_statement(schema.request.c.id == bindparam("id"))
+_ALLOCATIONS_AND_RETRIES = _allocation_and_retry_statement(
+    schema.request.c.id.in_(bindparam("ids", expanding=True))
+)
 
 
 def delete_request(connection: Connection, request_id: str) -> None:
