@@ -16,7 +16,6 @@ as the request's ``max_retries`` allows.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import functools
 import inspect
@@ -26,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Self, TypeVar
 
 from fairpool import backends
@@ -50,6 +50,7 @@ from fairpool.leases import (
     wait_timeout,
 )
 from fairpool.settings import ResourceSettings, request_map
+from fairpool.signals import resent_from_finalizer, signal_main
 from fairpool.views import (
     ComponentView,
     EventView,
@@ -662,7 +663,9 @@ class _HeldSignal:
         if self.holders == 0 and still_ours:
             signal.signal(self.signum, self.before)
 
-    def __call__(self, signum: int, frame: object) -> None:
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if resent_from_finalizer(signum, frame):
+            return
         if self.shielded and not _interrupting.is_set():
             self.deferred = True  # the call goes on; ``replay`` once it is done
             return
@@ -688,16 +691,10 @@ class _HeldSignal:
 
 
 def _interrupt_main() -> None:
-    """KeyboardInterrupt in the main thread now, even when it is blocked in a call such as
-    ``time.sleep`` or a socket read: a real SIGINT sent to that thread interrupts the call,
-    where ``_thread.interrupt_main`` only raises once the call has returned by itself."""
-    main = threading.main_thread().ident
-    handler = signal.getsignal(signal.SIGINT)
-    if main is not None and hasattr(signal, "pthread_kill") and callable(handler):
-        if isinstance(handler, _HeldSignal):
-            _interrupting.set()
-        signal.pthread_kill(main, signal.SIGINT)
-    else:  # no pthread_kill (Windows): raised at the next bytecode
-        _thread.interrupt_main()
+    """KeyboardInterrupt in the main thread now (``signal_main``)."""
+    if isinstance(signal.getsignal(signal.SIGINT), _HeldSignal):
+        _interrupting.set()
+    signal_main(signal.SIGINT)
+
 
 

@@ -387,6 +387,39 @@ def test_a_ctrl_c_while_the_block_ends_is_not_swallowed(
             pass
 
 
+class _Finalized:
+    """Sends ``signum`` to this process from its finalizer, as a Ctrl-C or a ``kill`` lands
+    wherever the main thread is: here, in code the garbage collector runs."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.signum)
+        for _ in range(3):  # a loop: where the interpreter runs the signal's handler
+            pass
+
+
+@pytest.mark.parametrize(("signum", "raised"), [
+    (signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit), (signal.SIGHUP, SystemExit),
+])
+def test_a_signal_handled_in_a_finalizer_is_not_lost(
+    home: str, signum: int, raised: type[BaseException]
+) -> None:
+    """Python drops an exception raised in a ``__del__`` or a weak reference's callback
+    (cpython#95959): a Ctrl-C handled there was lost, and a wait for units went on to its
+    timeout with nothing cancelled (seen in CI: a weak dictionary's callback). Now it is
+    handled again once the finalizer has returned."""
+    client = Client(home=home)
+    with pytest.raises(raised):
+        with client.acquire({"gpu": 1}, component="low"):
+            dying = _Finalized(signum)
+            del dying
+            time.sleep(10)  # the program goes on; the signal cuts it short
+            pytest.fail(f"{signal.Signals(signum).name} was lost")
+    assert [r.status for r in client.list_requests(component="low")] == ["released"]
+
+
 def test_preemption_reaches_a_holder_past_its_own_sigint_handler(home: str) -> None:
     """The heartbeat's SIGINT ran the program's handler: one that exits 0 (a graceful
     Ctrl-C) ended the process as if the block had done its work, with no ``Preempted``.

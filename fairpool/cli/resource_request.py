@@ -17,6 +17,7 @@ from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
+from fairpool.signals import resent_from_finalizer
 from fairpool.views import COMPONENT_TYPES, MAX_PAGE_SIZE, REQUEST_STATUSES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
@@ -251,7 +252,9 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
     second Ctrl-C, or a signal later than that, ends us at once, with the same status."""
     received: list[tuple[int, float]] = []
 
-    def interrupt(signum: int, _: FrameType | None) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if resent_from_finalizer(signum, frame):
+            return
         now = time.monotonic()
         again = bool(received) and now - received[-1][1] < 1.0 and signum != signal.SIGINT
         received.append((signum, now))
