@@ -695,6 +695,3 @@ def _interrupt_main() -> None:
     if isinstance(signal.getsignal(signal.SIGINT), _HeldSignal):
         _interrupting.set()
     signal_main(signal.SIGINT)
-
-
-
