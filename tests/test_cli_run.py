@@ -203,6 +203,52 @@ def test_a_signal_while_waiting_cancels_the_request(
     assert reasons(tmp_path)["low"] == f"cancelled: interrupted while waiting ({name})"
 
 
+#: The CLI with one Ctrl-C landing in a finalizer, in the main thread, at its wait's first
+#: sleep: an object dropped there, whose ``__del__`` raises SIGINT.
+IN_A_FINALIZER = """
+import runpy, signal, sys, time
+import fairpool.service
+
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(3):  # a loop: where the interpreter runs the signal's handler
+            pass
+
+class Clock:
+    slept = False
+    def __getattr__(self, name):
+        return getattr(time, name)
+    def sleep(self, seconds):
+        if not Clock.slept:
+            Clock.slept = True
+            Finalized()
+        time.sleep(seconds)
+
+fairpool.service.time = Clock()
+sys.argv = ["fairpool", *sys.argv[1:]]
+runpy.run_module("fairpool.cli.main", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("command", WAITING)
+def test_a_ctrl_c_handled_in_a_finalizer_still_cancels_the_wait(
+    tmp_path: Path, command: str
+) -> None:
+    """Python drops what a finalizer raises (cpython#95959): the Ctrl-C was lost, and the
+    wait went on to its timeout (exit 2, the request left queued)."""
+    setup(tmp_path)
+    fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
+    args = [*WAITING[command]]
+    args.insert(args.index("--component"), "--timeout")
+    args.insert(args.index("--component"), "20")
+    runner = subprocess.run([sys.executable, "-c", IN_A_FINALIZER, *args], env=cli_env(tmp_path),
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert runner.returncode == 128 + signal.SIGINT, runner.stderr
+    assert statuses(tmp_path) == [("high", "allocated", 1), ("low", "cancelled", 1)]
+    assert reasons(tmp_path)["low"] == "cancelled: interrupted while waiting (SIGINT)"
+
+
 @pytest.mark.parametrize("command", WAITING)
 def test_a_second_ending_signal_while_cancelling_waits_for_the_cancel(
     tmp_path: Path, command: str
