@@ -845,10 +845,7 @@ class Service:
                 if component is not None
                 else None,
                 pool_name=pool_name,
-                queued_there=[
-                    id_ for id_, places in entries.items()
-                    if any(p.queue == f"pool {pool_name}" for p in places)
-                ],
+                queued_there=_waiting_on(entries, pool_name) if pool_name is not None else (),
                 created_by=created_by,
                 limit=limit,
                 offset=offset,
@@ -1447,7 +1444,7 @@ class Service:
         queued: list[tuple[int, str]] = []
         for request_id, found in entries.items():
             for entry in found:
-                if entry.queue == f"pool {pool.name}" and entry.position > 0:
+                if entry.queue == frontend.node_name(pool.name) and entry.position > 0:
                     queued.append((entry.position, request_id))
         queued.sort()
         policies: tuple[PolicyView, ...] = ()
@@ -1644,6 +1641,12 @@ def _component(conn: Connection, name: str, kind: ComponentType) -> Component | 
         return repo.get_component_by_name(conn, name, kind)
     except NotFound:
         return None
+
+
+def _waiting_on(entries: Mapping[str, tuple[QueueEntry, ...]], pool: str) -> list[str]:
+    """The requests that wait on pool ``pool`` (by the engine's queue entries)."""
+    queue = frontend.node_name(pool)
+    return [id_ for id_, places in entries.items() if any(p.queue == queue for p in places)]
 
 
 def _known_component(state: _State, name: str | None) -> None:

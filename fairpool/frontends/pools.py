@@ -30,10 +30,15 @@ UNBOUNDED_WHEN_ABSENT = frozenset({"mcpu", "memory_mb", "step_run"})
 BACKFILL_AFTER_SECONDS = 300.0
 
 
+def node_name(pool: str) -> str:
+    """How the engine's explanations and queue entries name pool ``pool``."""
+    return f"pool {pool}"
+
+
 def pool_node(pool: Pool) -> Node:
     return Node(
         id=pool.id,
-        name=f"pool {pool.name}",
+        name=node_name(pool.name),
         capacity=dict(pool.capacity),
         open_keys=UNBOUNDED_WHEN_ABSENT,
         backfill_after=BACKFILL_AFTER_SECONDS,
