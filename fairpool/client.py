@@ -54,10 +54,10 @@ from fairpool.signals import resent_from_finalizer, signal_main
 from fairpool.views import (
     ComponentView,
     EventView,
+    Page,
     PassSummary,
     PolicyView,
     PoolView,
-    RequestPage,
     RequestView,
 )
 
@@ -380,7 +380,7 @@ class Client:
         *,
         limit: int | None = None,
         offset: int = 0,
-    ) -> RequestPage:
+    ) -> Page[RequestView]:
         """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
         the filters match, oldest first, and ``total``: how many they match."""
         return self._service.request_page(status, component, pool, limit=limit, offset=offset)

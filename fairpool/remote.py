@@ -40,19 +40,21 @@ from fairpool.ids import new_id
 from fairpool.outage import Outage
 from fairpool.views import (
     COMPONENT_TYPES,
-    MAX_OFFSET,
-    MAX_PAGE_SIZE,
+    OPERATION_STATUSES,
     REQUEST_STATUSES,
+    WORKLOAD_STATUSES,
     ComponentView,
     EventView,
+    Page,
     PassSummary,
     PolicyView,
     PoolView,
-    RequestPage,
     RequestView,
+    V,
+    check_page,
 )
 
-#: Requests asked for per call when a list wants them all.
+#: Items asked for per call when a list wants them all.
 _LIST_PAGE = 500
 
 #: Transport failures (a restarting server) and ``_AWAY`` answers are retried this many times
@@ -244,25 +246,31 @@ class RemoteService:
         *,
         limit: int | None = None,
         offset: int = 0,
-    ) -> RequestPage:
+    ) -> Page[RequestView]:
         """One ``GET /requests``; ``limit`` None: as many as it takes to reach the end."""
         if status is not None:  # as the service words it (the API's check words it otherwise)
             one_of("status", status, REQUEST_STATUSES)
-        if limit is not None:  # a query string would carry "2" or True as a number
-            validate_int("limit", limit, 1, MAX_PAGE_SIZE)
-        validate_int("offset", offset, 0, MAX_OFFSET)
-        params: dict[str, Any] = {k: v for k, v in (("status", status), ("component", component),
-                                                     ("pool", pool)) if v is not None}
-        views: list[RequestView] = []
+        filters = {"status": status, "component": component, "pool": pool}
+        return self._page("/requests", filters, limit, offset, RequestView.from_dict)
+
+    def _page(
+        self, path: str, filters: Mapping[str, str | None], limit: int | None, offset: int,
+        parse: Callable[[dict[str, Any]], V],
+    ) -> Page[V]:
+        """One ``GET path`` (a list), its items ``parse``d; ``limit`` None: as many as it
+        takes to reach the end, as embedded."""
+        check_page(limit, offset)  # a query string would carry "2" or True as a number
+        params = {key: value for key, value in filters.items() if value is not None}
+        items: list[V] = []
         while True:
-            page = self._call("GET", "/requests", params={
+            page = self._call("GET", path, params={
                 **params, "limit": _LIST_PAGE if limit is None else limit,
-                "offset": offset + len(views),
+                "offset": offset + len(items),
             })
-            views += [RequestView.from_dict(r) for r in page["items"]]
+            items += [parse(item) for item in page["items"]]
             total = page["pagination"]["total"]
-            if limit is not None or not page["items"] or offset + len(views) >= total:
-                return RequestPage(tuple(views), total, limit, offset)
+            if limit is not None or not page["items"] or offset + len(items) >= total:
+                return Page(tuple(items), total, limit, offset)
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """Long-poll: the server answers as soon as the request leaves the queue. While the
@@ -532,9 +540,16 @@ class RemoteScheduling:
         return Answer(self._call("GET", f"/workloads/{_segment(ref, 'workload')}"))
 
     def list_workloads(self, status: str | None = None, queue: str | None = None) -> list[Answer]:
-        params = {key: value for key, value in (("status", status), ("queue", queue))
-                  if value is not None}
-        return [Answer(item) for item in self._call("GET", "/workloads", params=params)["items"]]
+        return list(self.workload_page(status, queue).items)
+
+    def workload_page(
+        self, status: str | None = None, queue: str | None = None, *, limit: int | None = None,
+        offset: int = 0,
+    ) -> Page[Answer]:
+        if status is not None:  # as the service words it (the API's check words it otherwise)
+            one_of("status", status, WORKLOAD_STATUSES)
+        filters = {"status": status, "queue": queue}
+        return self._remote._page("/workloads", filters, limit, offset, Answer)
 
     def release_workload(self, ref: str) -> Answer:
         path = f"/workloads/{_segment(ref, 'workload')}/release"
@@ -795,9 +810,16 @@ class RemoteTrees:
         return Answer(self._call("GET", f"/operations/{_segment(ref, 'operation')}"))
 
     def list_operations(self, tree: str | None = None, status: str | None = None) -> list[Answer]:
-        params = {key: value for key, value in (("tree", tree), ("status", status))
-                  if value is not None}
-        return [Answer(item) for item in self._call("GET", "/operations", params=params)["items"]]
+        return list(self.operation_page(tree, status).items)
+
+    def operation_page(
+        self, tree: str | None = None, status: str | None = None, *, limit: int | None = None,
+        offset: int = 0,
+    ) -> Page[Answer]:
+        if status is not None:  # as the service words it (the API's check words it otherwise)
+            one_of("status", status, OPERATION_STATUSES)
+        filters = {"tree": tree, "status": status}
+        return self._remote._page("/operations", filters, limit, offset, Answer)
 
     def complete_operation(self, ref: str) -> Answer:
         path = f"/operations/{_segment(ref, 'operation')}/complete"

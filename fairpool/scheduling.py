@@ -37,7 +37,7 @@ from fairpool.store import scheduling as store
 from fairpool.store import schema
 from fairpool.store.db import Database, generation, read_generation
 from fairpool.store.records import ConfigVersion, ConfigVersionInfo, Workload, WorkloadStatus
-from fairpool.views import WORKLOAD_STATUSES
+from fairpool.views import WORKLOAD_STATUSES, Page, check_page
 
 _EMPTY = SchedulerConfig()
 
@@ -641,19 +641,37 @@ class SchedulingService:
     def list_workloads(
         self, status: str | None = None, queue: str | None = None
     ) -> list[WorkloadView]:
+        """Every workload the filters match, in submission order (``workload_page``)."""
+        return list(self.workload_page(status, queue).items)
+
+    def workload_page(
+        self,
+        status: str | None = None,
+        queue: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        created_by: str | None = None,
+    ) -> Page[WorkloadView]:
+        """Workloads ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
+        with ``status``, routed to ``queue``, submitted with token ``created_by``; in
+        submission order, and how many match."""
         statuses = None
         if status is not None:
             statuses = [WorkloadStatus(one_of("status", status, WORKLOAD_STATUSES))]
         validate_filter("queue", queue)
+        check_page(limit, offset)
         with self.db.read() as conn:
             if queue is not None and all(
                 queue not in known["queue_specs"] for _, known in _summarised(conn, record=False)
             ):  # a typo, said as one: not an empty list
                 raise NotFound.of("resource queue", queue, " in any scheduler config version")
-            found = store.list_workloads(conn, statuses, queue)
+            found, total = store.workload_page(
+                conn, statuses, queue, created_by, limit=limit, offset=offset
+            )
             live, parts = self._read(conn)
         outcome = live.outcome(self.clock(), parts) if live.waiting else None
-        return [self._view(w, outcome) for w in found]
+        return Page(tuple(self._view(w, outcome) for w in found), total, limit, offset)
 
     def release_workload(self, ref: str) -> WorkloadView:
         """The workload ended: its quota is free for the next."""

@@ -69,17 +69,16 @@ from fairpool.store.records import (
 from fairpool.store.schema import as_utc
 from fairpool.views import (
     COMPONENT_TYPES,
-    MAX_OFFSET,
-    MAX_PAGE_SIZE,
     REQUEST_STATUSES,
     ComponentView,
     EventView,
+    Page,
     PassSummary,
     PolicyView,
     PoolView,
     QueuePlace,
-    RequestPage,
     RequestView,
+    check_page,
 )
 
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
@@ -821,7 +820,7 @@ class Service:
         limit: int | None = None,
         offset: int = 0,
         created_by: str | None = None,
-    ) -> RequestPage:
+    ) -> Page[RequestView]:
         """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
         with ``status``, of ``component`` (any type), allocated in or queued on ``pool``, made
         with token ``created_by``; oldest first, and how many match (``repo.request_page``)."""
@@ -829,9 +828,7 @@ class Service:
             one_of("status", status, REQUEST_STATUSES)
         frontend.validate_filter("component", component)
         frontend.validate_filter("pool", pool)
-        if limit is not None:
-            validate_int("limit", limit, 1, MAX_PAGE_SIZE)
-        validate_int("offset", offset, 0, MAX_OFFSET)
+        check_page(limit, offset)
         self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
@@ -855,7 +852,7 @@ class Service:
                 _view(state.components, request, *held[request.id], entries.get(request.id, ()))
                 for request in repo.requests_by_id(conn, ids)
             )
-        return RequestPage(views, total, limit, offset)
+        return Page(views, total, limit, offset)
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """The request once it leaves the queue, or as it stands after ``seconds``.

@@ -85,7 +85,7 @@ from fairpool.store.tree_records import (
     PlacementRecord,
     PoolTreeRecord,
 )
-from fairpool.views import OPERATION_STATUSES
+from fairpool.views import OPERATION_STATUSES, Page, check_page
 
 #: Jobs of one operation: every pass (each command, each server's reconciler tick) plans and
 #: stores each job, so one operation must not be able to stall whoever shares the store
@@ -1161,15 +1161,34 @@ class TreesService:
     def list_operations(
         self, tree: str | None = None, status: str | None = None
     ) -> list[OperationView]:
+        """Every operation the filters match, oldest first (``operation_page``)."""
+        return list(self.operation_page(tree, status).items)
+
+    def operation_page(
+        self,
+        tree: str | None = None,
+        status: str | None = None,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        created_by: str | None = None,
+    ) -> Page[OperationView]:
+        """Operations ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
+        placed in ``tree``, with ``status``, started with token ``created_by``; oldest
+        first, and how many match."""
         statuses = None
         if status is not None:
             statuses = [OperationStatus(one_of("status", status, OPERATION_STATUSES))]
         validate_filter("tree", tree)
+        check_page(limit, offset)
         with self.db.read() as conn:
             if tree is not None and store.find_tree(conn, tree) is None:
                 raise NotFound.of("pool tree", tree)  # not an empty list: a typo is said
-            found = store.list_operations(conn, tree, statuses)
-            return [self._operation_view(conn, op, {}, shares=False) for op in found]
+            found, total = store.operation_page(
+                conn, tree, statuses, created_by, limit=limit, offset=offset
+            )
+            views = tuple(self._operation_view(conn, op, {}, shares=False) for op in found)
+        return Page(views, total, limit, offset)
 
     def complete_operation(self, ref: str) -> OperationView:
         return self._end(ref, OperationStatus.COMPLETED, JobStatus.COMPLETED, "completed")

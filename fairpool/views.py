@@ -9,7 +9,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
+
+from fairpool.errors import validate_int
 
 #: A component's types and the statuses of requests, workloads and operations, as views
 #: carry them: the values of the store's enums as plain tuples, for what must not load
@@ -122,6 +124,13 @@ MAX_PAGE_SIZE = 10_000
 MAX_OFFSET = 2**62
 
 
+def check_page(limit: int | None, offset: int) -> None:
+    """A page's ``limit`` (None: to the end) and ``offset``, refused in the API's words."""
+    if limit is not None:
+        validate_int("limit", limit, 1, MAX_PAGE_SIZE)
+    validate_int("offset", offset, 0, MAX_OFFSET)
+
+
 def page_dict(
     items: Sequence[Mapping[str, Any]], total: int | None = None, limit: int | None = None,
     offset: int = 0,
@@ -142,12 +151,20 @@ def page_dict(
     }
 
 
-@dataclass(frozen=True, slots=True)
-class RequestPage:
-    """Requests ``offset`` to ``offset + limit`` of those a list's filters match (oldest
-    first), and how many they match; ``limit`` None: all from ``offset``."""
+class _Viewed(Protocol):
+    def as_dict(self) -> Mapping[str, Any]: ...
 
-    items: tuple[RequestView, ...]
+
+V = TypeVar("V", bound=_Viewed)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[V]):
+    """Items ``offset`` to ``offset + limit`` of those a list's filters match (requests,
+    workloads, operations; oldest first), and how many they match; ``limit`` None: all from
+    ``offset``."""
+
+    items: tuple[V, ...]
     total: int
     limit: int | None = None
     offset: int = 0

@@ -475,6 +475,11 @@ def test_submitters_see_and_end_only_their_own_workloads_and_operations(world: W
                 assert sorted(names) == sorted([mine, "another operation"])
             listed = [item["id"] for item in ok(b.get(base))["items"]]
             assert theirs in listed and mine not in listed
+            # Paged and counted among its own only: not a page of everyone's, then filtered.
+            first = ok(b.get(base, params={"limit": 1}))
+            assert first["pagination"]["total"] == len(listed) == first["pagination"][
+                "total_pages"]
+            assert [item["id"] for item in first["items"]] == listed[:1]
             everything = {item["id"] for item in ok(admin.get(base))["items"]}
             assert {mine, theirs} <= everything
             assert ok(a.post(f"{base}/{mine}/{endings[1]}"))["id"] == mine

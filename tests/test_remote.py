@@ -262,10 +262,17 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "submit", "--label", "instance-type=x")                    # reserved key
     fp("workload", "submit", "--market-type", "CHEAP")                        # invalid value
     fp("workload", "submit", "--gpu", "1", *SIXTY_FIVE_LABELS)                 # too many labels
-    fp("workload", "list", "-o", "json")
+    every = [w["id"] for w in fp("workload", "list", "-o", "json")["items"]]
     fp("workload", "list", "--status", "queued")
     fp("workload", "list", "--status", "")                                    # invalid, not all
     fp("workload", "list", "--status", "cancelled_or_failed")                 # the same words
+    second = fp("workload", "list", "--size", "2", "--page", "2", "-o", "json")
+    assert [w["id"] for w in second["items"]] == every[2:4]
+    assert second["pagination"] == {"index": 2, "max_size": 2, "total": len(every),
+                                    "total_pages": -(-len(every) // 2)}
+    fp("workload", "list", "--status", "admitted", "--size", "1", "--page", "2")
+    fp("workload", "list", "--size", "3", "--page", "99")                     # past the end
+    fp("workload", "list", "--page", "2")                                     # no --size
     # The API's limits and words are the service's (each of these differed).
     fp("workload", "submit", "--instance-type", " ")                         # only whitespace
     fp("workload", "submit", "--priority", "-1")                             # below 0
@@ -434,6 +441,13 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "list", "--status", "bogus")                              # bad value
     fp("operation", "list", "--status", "s" * 70)                             # the same words
     fp("operation", "list", "--tree", "nope")                                 # unknown tree
+    every = [op["id"] for op in fp("operation", "list", "-o", "json")["items"]]
+    second = fp("operation", "list", "--size", "2", "--page", "2", "-o", "json")
+    assert [op["id"] for op in second["items"]] == every[2:4]
+    assert second["pagination"]["total"] == len(every) > 4
+    fp("operation", "list", "--tree", "physical", "--size", "1", "--page", "3")
+    fp("operation", "list", "--size", "2", "--page", "99")                    # past the end
+    fp("operation", "list", "--size", "10001")                                # invalid
     fp("node", "list", "-o", "json")
     fp("node", "list")
     fp("node", "remove", "gpu-01")                                            # runs jobs
@@ -1103,6 +1117,20 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     for label, call, _ in BAD_TREE_CALLS:
         step(f"trees.{label}", lambda call=call: call(client.trees))
     step("trees.list_trees", client.trees.list_trees)
+    # Pages of workloads and operations: as requests', the same embedded and remote.
+    client.trees.add_node("sdk-node", [], {"gpu": 2})
+    for user in ("u1", "u2", "u3"):
+        client.scheduling.submit_workload(demand={"cpu": "1"}, labels={"team": user})
+        client.trees.start_operation(user=user, trees=["tpus"], pool="ro",
+                                     job_resources={"gpu": 1}, job_count=1)
+    for what in ("workload", "operation"):
+        page = getattr(client.scheduling if what == "workload" else client.trees, f"{what}_page")
+        step(f"{what}_page", lambda page=page: page(limit=2, offset=1))
+        step(f"{what}_page to the end", lambda page=page: page(offset=1))
+        step(f"{what}_page past the end", lambda page=page: page(limit=5, offset=10))
+        step(f"{what}_page limit 0", lambda page=page: page(limit=0))
+        step(f"{what}_page offset '1'", lambda page=page: page(offset="1"))
+        step(f"{what}_page bad status", lambda page=page: page(status="done"))
     return steps
 
 
@@ -1162,6 +1190,11 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("request_page offset 4611686018427387905",
          "InvalidInput: offset: must be at most 4611686018427387904"),
         ("request_page offset '0'", "InvalidInput: offset: must be an integer (got '0')"),
+        *((f"{what}_page {label}", message) for what in ("workload", "operation")
+          for label, message in (
+              ("limit 0", "InvalidInput: limit: must be a positive integer (got 0)"),
+              ("offset '1'", "InvalidInput: offset: must be an integer (got '1')"),
+              ("bad status", "InvalidInput: status: must be one of"))),
         ("release again", "Conflict: "),
         ("cancel released", "Conflict: "),
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
@@ -1197,6 +1230,12 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert [r["id"] for r in answers["request_page to the end"]["items"]] == low[1:]
     assert answers["request_page past the end"]["items"] == []
     assert answers["request_page past the end"]["pagination"]["total"] == 3
+    for what in ("workload", "operation"):  # three of each, made in the sequence's last lines
+        rest = answers[f"{what}_page to the end"]
+        assert rest["pagination"] == {"index": 1, "max_size": 3, "total_pages": 1, "total": 3}
+        assert answers[f"{what}_page"]["items"] == rest["items"][:2]
+        assert answers[f"{what}_page"]["pagination"]["total_pages"] == 2
+        assert answers[f"{what}_page past the end"]["items"] == []
     assert [r["id"] for r in answers["pool_requests active"]] == [answers["submit"]["id"]]
     assert answers["get_pool"]["queue_length"] == 1
     assert [(c["name"], c["pools"], c["allocated"], c["queued"]) for c in answers["list_components"]] == [

@@ -4,6 +4,7 @@ database, SQLite and PostgreSQL. The routing and flavor rules themselves are tes
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -17,8 +18,10 @@ from sqlalchemy import func, null, select
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.frontends.config import ConfigError
 from fairpool.scheduling import SchedulingService
+from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store.db import Database
+from fairpool.views import WORKLOAD_STATUSES
 from tests.test_config_scenarios import SPOT_THEN_ANY
 from tests.test_service import Clock
 
@@ -386,6 +389,54 @@ def test_bad_workloads_are_refused_before_anything_is_written(sched: SchedulingS
     with pytest.raises(InvalidInput, match="status"):
         sched.list_workloads(status="bogus")
     assert rows(sched, "workload") == 0
+
+
+def test_a_page_of_workloads_is_its_slice_of_every_workload_the_filters_match(
+    sched: SchedulingService,
+) -> None:
+    """``workload_page`` filters, counts and pages in the database: against the whole list,
+    filtered as its reader would (a status, a queue, a token's own), for pages within,
+    across and past the end."""
+    token, _ = Service(sched.db, Clock()).create_token("submitter", ["a"])
+    sched.apply_config(COMPLETE)
+    rng = random.Random(7)
+    made: list[tuple[str, str | None]] = []
+    for _ in range(30):
+        team = rng.choice(["research", "infra"])
+        view = sched.submit_workload(  # research to ml_training (16 GPUs), infra to default
+            labels={"team": team}, demand={"gpu": rng.choice([4, 8])},
+            created_by=rng.choice([token.id, None]),
+        )
+        made.append((view.id, view.queue))
+        if view.status == "admitted" and rng.random() < 0.3:
+            sched.release_workload(view.id)
+        elif view.status in ("queued", "admitted") and rng.random() < 0.2:
+            sched.cancel_workload(view.id)
+    every = sched.list_workloads()
+    assert [w.id for w in every] == [ref for ref, _ in made]  # submission order
+    with sched.db.read() as conn:
+        own = set(conn.scalars(select(schema.workload.c.id).where(
+            schema.workload.c.created_by_token_id == token.id)))
+    assert 0 < len(own) < len(every)
+    assert {w.status for w in every} == {"admitted", "queued", "finished", "cancelled"}
+    queues = sorted({w.queue for w in every if w.queue is not None})
+    assert len(queues) > 1
+    for status, queue, created_by in itertools.product(
+        (None, *WORKLOAD_STATUSES), (None, *queues), (None, token.id)
+    ):
+        expected = [w for w in every if status in (None, w.status) and queue in (None, w.queue)
+                    and (created_by is None or w.id in own)]
+        for limit, offset in ((None, 0), (3, 2), (None, 5), (4, 40)):
+            page = sched.workload_page(status, queue, limit=limit, offset=offset,
+                                       created_by=created_by)
+            end = None if limit is None else offset + limit
+            assert ([w.id for w in page.items], page.total) == (
+                [w.id for w in expected[offset:end]], len(expected)
+            ), (status, queue, created_by, limit, offset)
+    with pytest.raises(InvalidInput, match=r"^limit: must be at most 10000 \(got 10001\)$"):
+        sched.workload_page(limit=10_001)
+    with pytest.raises(InvalidInput, match=r"^offset: must be an integer \(got 1.0\)$"):
+        sched.workload_page(offset=1.0)  # type: ignore[arg-type]
 
 
 def test_admitted_usage_never_exceeds_a_quota(sched: SchedulingService) -> None:

@@ -5,9 +5,12 @@ injected clock, operations in several trees, and that a refused command writes n
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import yaml
@@ -15,9 +18,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store.db import Database
 from fairpool.trees_service import TreesService
+from fairpool.views import OPERATION_STATUSES
 from tests.test_service import Clock
 
 GPU_NODE = {"cpu": 64, "memory": "512GiB", "gpu": 8, "user_slots": 64}
@@ -607,6 +612,55 @@ def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService)
     with pytest.raises(NotFound, match="no pool tree 'nope'"):
         seed.list_operations(tree="nope")
     assert seed.list_operations(tree="physical") == []
+
+
+def test_a_page_of_operations_is_its_slice_of_every_operation_the_filters_match(
+    two_trees: TreesService,
+) -> None:
+    """``operation_page`` filters, counts and pages in the database: against the whole list,
+    filtered as its reader would (a tree it is placed in, a status, a token's own), for pages
+    within, across and past the end."""
+    token, _ = Service(two_trees.db, Clock()).create_token("submitter", ["a"])
+    rng = random.Random(3)
+    placements: list[dict[str, Any]] = [
+        {"trees": ["physical"], "pool": "project-batch"},
+        {"trees": ["cpus"], "pool": "other"},
+        {"trees": ["physical", "cpus"], "pool": "project-batch",
+         "tree_options": {"cpus": {"pool": "other"}}},
+    ]
+    made = []
+    for _ in range(16):
+        op = two_trees.start_operation(
+            **rng.choice(placements), user="u", job_resources=CPU, job_count=1,
+            created_by=rng.choice([token.id, None]),
+        )
+        made.append(op.id)
+        roll = rng.random()
+        if roll < 0.2:
+            two_trees.complete_operation(op.id)
+        elif roll < 0.35:
+            two_trees.abort_operation(op.id)
+    every = two_trees.list_operations()
+    assert [op.id for op in every] == made  # start order
+    with two_trees.db.read() as conn:
+        own = set(conn.scalars(select(schema.tree_operation.c.id).where(
+            schema.tree_operation.c.created_by_token_id == token.id)))
+    assert 0 < len(own) < len(every)
+    assert {op.status for op in every} == set(OPERATION_STATUSES)
+    for tree, status, created_by in itertools.product(
+        (None, "physical", "cpus"), (None, *OPERATION_STATUSES), (None, token.id)
+    ):
+        expected = [op.id for op in every
+                    if tree in (None, *(t.tree for t in op.trees)) and status in (None, op.status)
+                    and (created_by is None or op.id in own)]
+        for limit, offset in ((None, 0), (3, 2), (None, 5), (4, 40)):
+            page = two_trees.operation_page(tree, status, limit=limit, offset=offset,
+                                            created_by=created_by)
+            end = None if limit is None else offset + limit
+            assert ([op.id for op in page.items], page.total) == (
+                expected[offset:end], len(expected)), (tree, status, created_by, limit, offset)
+    with pytest.raises(InvalidInput, match=r"^limit: must be a positive integer \(got 0\)$"):
+        two_trees.operation_page(limit=0)
 
 
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:

@@ -47,10 +47,13 @@ from fairpool.api.errors import (
 )
 from fairpool.api.metrics import Metrics
 from fairpool.api.models import (
+    DEFAULT_PAGE_SIZE,
     MAX_BODY_BYTES,
     Cancel,
     ComponentType,
     ErrorBody,
+    PageLimit,
+    PageOffset,
     PathText,
     PolicyCreate,
     PolicyUpdate,
@@ -58,7 +61,6 @@ from fairpool.api.models import (
     PoolUpdate,
     QueryText,
     RequestCreate,
-    UrlInt,
     UrlNumber,
 )
 from fairpool.api.notify import Watch, notifier_for
@@ -71,7 +73,7 @@ from fairpool.service import Service
 from fairpool.store import trees as tree_store
 from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
-from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, PassSummary, RequestView, page_dict
+from fairpool.views import PassSummary, RequestView, page_dict
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -88,7 +90,6 @@ MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
 #: processes on the same database (this process's own changes wake it at once).
 RECHECK_SECONDS = 1.0
-DEFAULT_PAGE_SIZE = 100
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -362,8 +363,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         status: Status | None = None,
         component: QueryText | None = None,
         pool: QueryText | None = None,
-        limit: Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-        offset: Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)] = 0,
+        limit: PageLimit = DEFAULT_PAGE_SIZE,
+        offset: PageOffset = 0,
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``; a
         submitter's own only."""

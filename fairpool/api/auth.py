@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request, params
 from fastapi.responses import JSONResponse
@@ -259,26 +259,9 @@ def owner_of(caller: ApiToken | None) -> str | None:
     return None if caller is None else caller.id
 
 
-class _Identified(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-V = TypeVar("V", bound=_Identified)
-
-
 def listed_for(caller: ApiToken | None) -> str | None:
     """The token whose rows alone a list shows ``caller``: a submitter's own; None, all."""
     return caller.id if caller is not None and caller.role is TokenRole.SUBMITTER else None
-
-
-def visible(auth: Auth, caller: ApiToken | None, what: str, views: list[V]) -> list[V]:
-    """All of ``views`` (of ``what``, ``repo.OWNED``) for an admin (or without auth); a
-    submitter's own only."""
-    if caller is None or caller.role is TokenRole.ADMIN or not views:
-        return views
-    own = auth.own_ids(caller, what, [v.id for v in views])
-    return [v for v in views if v.id in own]
 
 
 #: An id as fairpool makes them (``fairpool.ids``), with the word before it if it names its

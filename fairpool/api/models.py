@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
+from fastapi import Query
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -26,6 +27,7 @@ from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
+from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
@@ -61,6 +63,11 @@ def _written(pattern: re.Pattern[str], what: str) -> BeforeValidator:
 #: An integer, and a number, in a query or a path (its ``Query`` or ``Path`` bounds it).
 UrlInt = Annotated[int, _written(_INTEGER, "an integer in decimal digits")]
 UrlNumber = Annotated[float, _written(_NUMBER, "a number in decimal digits")]
+
+#: A list's page (``views.page_dict``): how many items, from which (0-based), in its order.
+DEFAULT_PAGE_SIZE = 100
+PageLimit = Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)]
+PageOffset = Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)]
 
 #: Patterns in the schema, so that clients and fuzzers know: no NUL characters anywhere,
 #: and names hold at least one non-space character.

@@ -14,10 +14,13 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
+from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
 from fairpool.api.models import (
+    DEFAULT_PAGE_SIZE,
     Cancel,
     IdempotencyKey,
+    PageLimit,
+    PageOffset,
     PathText,
     QueryText,
     UrlInt,
@@ -191,12 +194,15 @@ def scheduling_router(
         caller: Caller,
         status: WorkloadStatus | None = None,
         queue: QueryText | None = None,
+        limit: PageLimit = DEFAULT_PAGE_SIZE,
+        offset: PageOffset = 0,
     ) -> JSONResponse:
-        """Workloads in submission order, optionally by status and queue (a submitter's
-        own)."""
-        views = visible(tokens, caller, "workload",
-                        scheduling.list_workloads(status=status, queue=queue))
-        return shown(caller, {"items": [v.as_dict() for v in views]})
+        """Workloads in submission order, optionally by status and queue, one page:
+        ``{"items", "pagination"}``; a submitter's own only."""
+        page = scheduling.workload_page(
+            status, queue, limit=limit, offset=offset, created_by=listed_for(caller)
+        )
+        return shown(caller, page.as_dict())
 
     @router.get("/workloads/{ref}", tags=["workloads"])
     def get_workload(ref: PathText, caller: Caller) -> JSONResponse:

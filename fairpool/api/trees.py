@@ -21,8 +21,17 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from fairpool.api.auth import Auth, Caller, answering, owner_of, visible
-from fairpool.api.models import TEXT_PATTERN, IdempotencyKey, PathText, QueryText, text
+from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
+from fairpool.api.models import (
+    DEFAULT_PAGE_SIZE,
+    TEXT_PATTERN,
+    IdempotencyKey,
+    PageLimit,
+    PageOffset,
+    PathText,
+    QueryText,
+    text,
+)
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.store.tree_records import OperationStatus
@@ -286,11 +295,15 @@ def trees_router(
         caller: Caller,
         tree: QueryText | None = None,
         status: OperationStatus | None = None,
+        limit: PageLimit = DEFAULT_PAGE_SIZE,
+        offset: PageOffset = 0,
     ) -> JSONResponse:
-        """Operations, oldest first, optionally of one tree and one status (a submitter's
-        own)."""
-        views = visible(tokens, caller, "operation", trees.list_operations(tree, status))
-        return shown(caller, {"items": [v.as_dict() for v in views]})
+        """Operations, oldest first, optionally of one tree and one status, one page:
+        ``{"items", "pagination"}``; a submitter's own only."""
+        page = trees.operation_page(
+            tree, status, limit=limit, offset=offset, created_by=listed_for(caller)
+        )
+        return shown(caller, page.as_dict())
 
     @router.get("/operations/{ref}", tags=["operations of pool trees"])
     def describe_operation(ref: OperationRef, caller: Caller) -> JSONResponse:

@@ -6,6 +6,7 @@ YAML go out as plain text (no rich markup, no wrapping) so that they always pars
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool.errors import counted
-from fairpool.views import page_dict
+from fairpool.views import MAX_PAGE_SIZE, Page, page_dict
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,6 +100,35 @@ def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
         envvar="FAIRPOOL_DEFAULT_OUTPUT",
         help="Output format.",
     )(func)
+
+
+def page_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--size N --page K`` of a list of ``what`` (plural), oldest first; the command gets
+    ``page``: ``(limit, offset)`` to ask for (``limit`` None: all, on one page)."""
+
+    def paged(size: int | None, page: int) -> tuple[int | None, int]:
+        if size is None:
+            if page > 1:
+                raise click.UsageError("--page needs --size.")
+            return None, 0
+        return size, (page - 1) * size
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        def command(size: int | None, **options: Any) -> Any:
+            options["page"] = paged(size, options["page"])
+            return func(**options)
+
+        command = functools.update_wrapper(command, func)
+        command = click.option(
+            "--page", type=click.IntRange(1), default=1, show_default=True,
+            help=f"Which page of --size {what}, oldest first.",
+        )(command)
+        return click.option(
+            "--size", type=click.IntRange(1, MAX_PAGE_SIZE), default=None,
+            help=f"{what.capitalize()} per page (default: all, on one page).",
+        )(command)
+
+    return decorate
 
 
 def declare(message: str) -> None:
@@ -204,6 +234,17 @@ def print_list(
         f"Page ({pagination['index']}/{pagination['total_pages']}), "
         f"{counted(pagination['total'], 'item')} found for the applied filters."
     ))
+
+
+def print_page(
+    found: Page[Any], columns: Sequence[str], output: str, *, empty_message: str,
+    row_formatter: Callable[[Row], Row] | None = None,
+) -> None:
+    """``print_list`` of a page a list command asked for (``page_options``)."""
+    print_list(
+        [item.as_dict() for item in found.items], columns, output, empty_message=empty_message,
+        row_formatter=row_formatter, total=found.total, size=found.limit, offset=found.offset,
+    )
 
 
 def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:

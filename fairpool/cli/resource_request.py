@@ -18,7 +18,7 @@ from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.signals import resent_from_finalizer
-from fairpool.views import COMPONENT_TYPES, MAX_PAGE_SIZE, REQUEST_STATUSES, RequestView
+from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")
@@ -364,25 +364,18 @@ def finish_wait(data: dict[str, Any]) -> None:
               help="Only requests with this status.")
 @click.option("--component", default=None, help="Only this component's requests.")
 @click.option("--pool", default=None, help="Only requests allocated in or queued on this pool.")
-@click.option("--size", type=click.IntRange(1, MAX_PAGE_SIZE), default=None,
-              help="Requests per page (default: all, on one page).")
-@click.option("--page", type=click.IntRange(1), default=1, show_default=True,
-              help="Which page of --size requests, oldest first.")
+@o.page_options("requests")
 @o.output_option
 def list_requests(
-    status: str | None, component: str | None, pool: str | None, size: int | None, page: int,
+    status: str | None, component: str | None, pool: str | None, page: tuple[int | None, int],
     output: str,
 ) -> None:
     """List resource requests, oldest first."""
-    if page > 1 and size is None:
-        raise click.UsageError("--page needs --size.")
-    offset = (page - 1) * size if size is not None else 0
-    found = service().request_page(status, component, pool, limit=size, offset=offset)
-    o.print_list(
-        [r.as_dict() for r in found.items], REQUEST_COLUMNS, output,
-        empty_message="No resource requests found.",
+    limit, offset = page
+    o.print_page(
+        service().request_page(status, component, pool, limit=limit, offset=offset),
+        REQUEST_COLUMNS, output, empty_message="No resource requests found.",
         row_formatter=lambda row: {**row, "reason": reason_of(row)},
-        total=found.total, size=size, offset=offset,
     )
 
 

@@ -365,11 +365,15 @@ def describe_operation(operation_id: str, output: str) -> None:
 @click.option("--tree", default=None, help="Only operations in this pool tree (default: all).")
 @click.option("--status", type=click.Choice(OPERATION_STATUSES), default=None,
               help="Only operations with this status.")
+@o.page_options("operations")
 @o.output_option
-def list_operations(tree: str | None, status: str | None, output: str) -> None:
+def list_operations(
+    tree: str | None, status: str | None, page: tuple[int | None, int], output: str
+) -> None:
     """Operations, oldest first: tree, pool, user, status, jobs and reason."""
-    rows = [op.as_dict() for op in trees().list_operations(tree, status)]
-    o.print_list(rows, OPERATION_COLUMNS, output, empty_message="No operations found.")
+    limit, offset = page
+    o.print_page(trees().operation_page(tree, status, limit=limit, offset=offset),
+                 OPERATION_COLUMNS, output, empty_message="No operations found.")
 
 
 @operation.command("complete")

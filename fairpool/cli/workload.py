@@ -94,11 +94,15 @@ def submit(output: str, **options: Any) -> None:
 @click.option("--status", type=click.Choice(WORKLOAD_STATUSES), default=None,
               help="Only workloads with this status.")
 @click.option("--queue", default=None, help="Only workloads routed to this queue.")
+@o.page_options("workloads")
 @o.output_option
-def list_workloads(status: str | None, queue: str | None, output: str) -> None:
+def list_workloads(
+    status: str | None, queue: str | None, page: tuple[int | None, int], output: str
+) -> None:
     """Workloads in submission order."""
-    rows = [w.as_dict() for w in scheduling().list_workloads(status=status, queue=queue)]
-    o.print_list(rows, WORKLOAD_COLUMNS, output, empty_message="No workloads found.")
+    limit, offset = page
+    o.print_page(scheduling().workload_page(status, queue, limit=limit, offset=offset),
+                 WORKLOAD_COLUMNS, output, empty_message="No workloads found.")
 
 
 @workload.command("describe")

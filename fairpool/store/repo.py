@@ -701,9 +701,9 @@ def request_page(
 ) -> tuple[list[str], int]:
     """The ids of requests ``offset`` to ``offset + limit`` (None: to the end) of those the
     filters match, oldest first (created_at, id), and how many they match: the database
-    filters, counts and pages, so that a page costs what it holds, not every request ever
-    made. ``pool_name``: allocated there (by the name, which outlives the pool), or one of
-    ``queued_there``: where a queued request waits is the engine's to say."""
+    filters, counts and pages (``page_of``). ``pool_name``: allocated there (by the name,
+    which outlives the pool), or one of ``queued_there``: where a queued request waits is
+    the engine's to say."""
     table, allocation = schema.request, schema.allocation
     where: list[ColumnElement[bool]] = []
     if status is not None:
@@ -721,11 +721,22 @@ def request_page(
             "queued_there", list(queued_there), expanding=True, literal_execute=True
         )
         where.append(allocated_there | table.c.id.in_(waiting))
-    total = connection.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
-    page = select(table.c.id).where(*where).order_by(table.c.created_at, table.c.id)
+    statement = select(table.c.id).where(*where).order_by(table.c.created_at, table.c.id)
+    rows, total = page_of(connection, statement, limit, offset)
+    return [row["id"] for row in rows], total
+
+
+def page_of(
+    connection: Connection, statement: Select[Any], limit: int | None, offset: int
+) -> tuple[list[RowMapping], int]:
+    """Rows ``offset`` to ``offset + limit`` (None: to the end) of ordered ``statement``,
+    and how many it has in all: a page costs what it holds, not every row ever written."""
+    total = connection.execute(
+        select(func.count()).select_from(statement.order_by(None).subquery())
+    ).scalar_one()
     if limit is not None:
-        page = page.limit(limit)
-    return list(connection.execute(page.offset(offset)).scalars()), total
+        statement = statement.limit(limit)
+    return list(connection.execute(statement.offset(offset)).mappings()), total
 
 
 def requests_by_id(connection: Connection, request_ids: Sequence[str]) -> list[Request]:

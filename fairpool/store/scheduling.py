@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, Select, func, insert, select, update
 
 from fairpool.errors import NotFound
 from fairpool.ids import new_id
@@ -21,7 +21,7 @@ from fairpool.store.records import (
     Workload,
     WorkloadStatus,
 )
-from fairpool.store.repo import keyed, resolve_id
+from fairpool.store.repo import keyed, page_of, resolve_id
 from fairpool.store.schema import as_utc
 
 # -- config versions -------------------------------------------------------------------------
@@ -140,13 +140,37 @@ def list_workloads(
     queue: str | None = None,
 ) -> list[Workload]:
     """Workloads in submission order, optionally only those in ``statuses`` / ``queue``."""
+    found = connection.execute(_workloads(statuses, queue)).mappings()
+    return [Workload.from_row(row) for row in found]
+
+
+def workload_page(
+    connection: Connection,
+    statuses: Iterable[WorkloadStatus] | None = None,
+    queue: str | None = None,
+    created_by: str | None = None,
+    *,
+    limit: int | None = None,
+    offset: int = 0,
+) -> tuple[list[Workload], int]:
+    """``list_workloads``' ``offset`` to ``offset + limit`` (None: to the end), only those
+    submitted with token ``created_by`` if given, and how many match (``page_of``)."""
+    rows, total = page_of(connection, _workloads(statuses, queue, created_by), limit, offset)
+    return [Workload.from_row(row) for row in rows], total
+
+
+def _workloads(
+    statuses: Iterable[WorkloadStatus] | None, queue: str | None, created_by: str | None = None
+) -> Select[Any]:
     table = schema.workload
     statement = select(table).order_by(table.c.submitted_at, table.c.id)
     if statuses is not None:
         statement = statement.where(table.c.status.in_([s.value for s in statuses]))
     if queue is not None:
         statement = statement.where(table.c.queue == queue)
-    return [Workload.from_row(row) for row in connection.execute(statement).mappings()]
+    if created_by is not None:
+        statement = statement.where(table.c.created_by_token_id == created_by)
+    return statement
 
 
 def any_queued_workload(connection: Connection) -> bool:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, delete, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, Select, delete, func, insert, select, update
 
 from fairpool.errors import NotFound, as_ref
 from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
-from fairpool.store.repo import keyed, resolve_id
+from fairpool.store.repo import keyed, page_of, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     IntegralRecord,
@@ -288,6 +288,28 @@ def list_operations(
     statuses: Iterable[OperationStatus] | None = None,
 ) -> list[OperationRecord]:
     """Operations in start order, optionally of one tree / in ``statuses``."""
+    rows = list(connection.execute(_operations(tree, statuses)).mappings())
+    return _with_placements(connection, rows)
+
+
+def operation_page(
+    connection: Connection,
+    tree: str | None = None,
+    statuses: Iterable[OperationStatus] | None = None,
+    created_by: str | None = None,
+    *,
+    limit: int | None = None,
+    offset: int = 0,
+) -> tuple[list[OperationRecord], int]:
+    """``list_operations``' ``offset`` to ``offset + limit`` (None: to the end), only those
+    started with token ``created_by`` if given, and how many match (``page_of``)."""
+    rows, total = page_of(connection, _operations(tree, statuses, created_by), limit, offset)
+    return _with_placements(connection, rows), total
+
+
+def _operations(
+    tree: str | None, statuses: Iterable[OperationStatus] | None, created_by: str | None = None
+) -> Select[Any]:
     table = schema.tree_operation
     statement = select(table).order_by(table.c.created_at, table.c.id)
     if tree is not None:
@@ -297,7 +319,9 @@ def list_operations(
         ))
     if statuses is not None:
         statement = statement.where(table.c.status.in_([s.value for s in statuses]))
-    return _with_placements(connection, list(connection.execute(statement).mappings()))
+    if created_by is not None:
+        statement = statement.where(table.c.created_by_token_id == created_by)
+    return statement
 
 
 def update_operation(
