@@ -110,6 +110,7 @@ class AsyncClient:
     cancel = _on_thread(Client.cancel)
     delete = _on_thread(Client.delete)
     reconcile = _on_thread(Client.reconcile)
+    prune = _on_thread(Client.prune)
 
     async def close(self) -> None:
         """Close the connections to the server or the embedded database."""

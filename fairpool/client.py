@@ -58,6 +58,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneView,
     RequestView,
 )
 
@@ -413,6 +414,12 @@ class Client:
     def reconcile(self) -> PassSummary:
         """Run one pass now (every change already runs one)."""
         return self._service.reconcile()
+
+    def prune(self, older_than: int, *, dry_run: bool = False) -> PruneView:
+        """Delete what ended more than ``older_than`` seconds ago: finished requests and their
+        history, finished workloads and operations (``dry_run``: count them). Nothing live is
+        touched. On a server, admins only."""
+        return self._service.prune(older_than, dry_run=dry_run)
 
     def close(self) -> None:
         """Close the connections to the server or the embedded database."""

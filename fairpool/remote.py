@@ -40,6 +40,7 @@ from fairpool.ids import new_id
 from fairpool.outage import Outage
 from fairpool.views import (
     COMPONENT_TYPES,
+    MAX_RETENTION,
     OPERATION_STATUSES,
     REQUEST_STATUSES,
     WORKLOAD_STATUSES,
@@ -49,6 +50,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneView,
     RequestView,
     V,
     check_page,
@@ -305,6 +307,11 @@ class RemoteService:
 
     def reconcile(self) -> PassSummary:
         return PassSummary.from_dict(self._call("POST", "/reconcile"))
+
+    def prune(self, older_than: int, *, dry_run: bool = False) -> PruneView:
+        validate_int("older_than", older_than, 0, MAX_RETENTION)  # as the service words it
+        body = {"older_than": older_than, "dry_run": dry_run}
+        return PruneView.from_dict(self._call("POST", "/prune", json=body))
 
     def check_admin(self) -> None:
         """Forbidden unless this client's token is an admin's (or the server needs none)."""

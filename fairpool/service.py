@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar, cast, get_args
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
+from fairpool import retention
 from fairpool.backoff import jittered
 from fairpool.engine.explain import QueueEntry, queue_entries
 from fairpool.engine.model import Allocation as EngineAllocation
@@ -69,6 +70,7 @@ from fairpool.store.records import (
 from fairpool.store.schema import as_utc
 from fairpool.views import (
     COMPONENT_TYPES,
+    MAX_RETENTION,
     REQUEST_STATUSES,
     ComponentView,
     EventView,
@@ -76,6 +78,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneView,
     QueuePlace,
     RequestView,
     check_page,
@@ -945,6 +948,16 @@ class Service:
             return lambda tx, _: None
 
         self._write(change)
+
+    def prune(
+        self, older_than: int, *, dry_run: bool = False, batches: int | None = None
+    ) -> PruneView:
+        """Delete what ended more than ``older_than`` seconds ago (``retention.prune``):
+        finished requests and their history, finished workloads and operations; ``batches``:
+        in at most that many transactions."""
+        validate_int("older_than", older_than, 0, MAX_RETENTION)
+        before = self.clock() - timedelta(seconds=older_than)
+        return retention.prune(self.db, before, dry_run=dry_run, batches=batches)
 
     def check_admin(self) -> None:
         """Nothing: the embedded store has no tokens (``RemoteService.check_admin``)."""

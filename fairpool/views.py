@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -122,6 +122,8 @@ class RequestView:
 #: largest ``offset`` (the database's OFFSET is a signed 64-bit integer).
 MAX_PAGE_SIZE = 10_000
 MAX_OFFSET = 2**62
+#: The longest ``older_than`` of a prune (seconds): a hundred years.
+MAX_RETENTION = 100 * 365 * 24 * 3600
 
 
 def check_page(limit: int | None, offset: int) -> None:
@@ -275,6 +277,30 @@ class PoolView:
                 RequestView.from_dict(r) for r in data.get("queued_requests", ())
             ),
         })
+
+
+@dataclass(frozen=True, slots=True)
+class PruneView:
+    """What a prune deleted (or, ``dry_run``, would delete): what ended before ``before``."""
+
+    before: datetime
+    dry_run: bool = False
+    requests: int = 0
+    events: int = 0
+    workloads: int = 0
+    operations: int = 0
+    #: False: more is due, left for the next prune (one given a number of batches).
+    complete: bool = True
+
+    def adding(self, what: str, count: int) -> PruneView:
+        return replace(self, **{what: getattr(self, what) + count})
+
+    def as_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PruneView:
+        return cls(**{**data, "before": datetime.fromisoformat(data["before"])})
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,6 +278,14 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("GET", "/config", {"params": {"version": "+1"}}, 422, "version"),
         ("GET", "/config/versions/+1/diff", {}, 422, "version"),
         ("GET", "/requests", {"params": {"pool": "nope"}}, 404, None),
+        *(("GET", path, {"params": {"limit": bad}}, 422, "limit")
+          for path in ("/workloads", "/operations") for bad in (0, 10_001, "4.0")),
+        ("GET", "/operations", {"params": {"offset": -1}}, 422, "offset"),
+        ("POST", "/prune", {"json": {}}, 422, "older_than"),
+        ("POST", "/prune", {"json": {"older_than": -1}}, 422, "older_than"),
+        ("POST", "/prune", {"json": {"older_than": "30d"}}, 422, "older_than"),
+        ("POST", "/prune", {"json": {"older_than": 100 * 365 * 86400 + 1}}, 422, "older_than"),
+        ("POST", "/prune", {"json": {"older_than": 0, "dry_run": "yes"}}, 422, "dry_run"),
         # A query parameter a route does not take, or one given twice, is not ignored.
         ("GET", "/requests", {"params": {"page": 2}}, 422, "page"),
         ("GET", "/requests", {"params": [("status", "queued"), ("status", "allocated")]}, 422, "status"),

@@ -398,6 +398,7 @@ def test_submitter_creates_for_its_components_only_and_cannot_write_pools(
             ("POST", f"/pools/{pools}/policies", {"component": "c-a", "priority": 9}),
             ("DELETE", f"/pools/{pools}/policies/c-a", None),
             ("POST", "/reconcile", None),
+            ("POST", "/prune", {"older_than": 0}),  # everyone's history
         ]:
             assert_403(a.request(method, path, json=body), "needs an admin token",
                        "is a submitter")

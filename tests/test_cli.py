@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -960,3 +961,26 @@ def test_config_apply_a_changed_queue_is_refused_before_the_change_is_shown(
         "resource_queues[0].preemption: queue 'p' differs from its spec in version 1; a queue's "
         "spec cannot change once applied: give the changed queue a new name"]
     assert len(fairpool(tmp_path, "config", "list", "-o", "json").ok().json["items"]) == 1
+
+
+def test_prune_deletes_what_ended_and_says_how_much(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fairpool(home, "resource-pool", "create", "p", "-c", '{"gpu": 1}').ok()
+    fairpool(home, "resource-pool", "attach-policy", "p", "c", "-p", "1").ok()
+    ended = fairpool(home, *CREATE_REQUEST, "c", "--gpu-count", "1", "-o", "json").ok().json
+    fairpool(home, "resource-request", "release", ended["id"]).ok()
+    held = fairpool(home, *CREATE_REQUEST, "c", "--gpu-count", "1", "-o", "json").ok().json
+    before = db_dump(home)
+    counted = fairpool(home, "prune", "--older-than", "0", "--dry-run", "-o", "json").ok().json
+    assert db_dump(home) == before
+    assert (counted["dry_run"], counted["requests"], counted["events"]) == (True, 1, 3)
+    table = fairpool(home, "prune", "--older-than", "0").ok().out
+    assert table.splitlines()[0].strip() == "Deleted"
+    assert re.search(r"│ REQUESTS +│ 1 +│", table) and re.search(r"│ EVENTS +│ 3 +│", table)
+    listed = fairpool(home, "resource-request", "list", "-o", "json").ok().json["items"]
+    assert [r["id"] for r in listed] == [held["id"]]
+    assert fairpool(home, "prune", "--older-than", "1d", "-o", "json").ok().json["requests"] == 0
+    for bad, needle in (("3x", "'3x' is not a duration"), ("36501d", "longer than 36500 days")):
+        refused = fairpool(home, "prune", "--older-than", bad)
+        assert refused.code == 2 and needle in refused.err, refused
+    assert "--older-than" in fairpool(home, "prune").err  # required

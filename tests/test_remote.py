@@ -485,6 +485,10 @@ def tree_commands(fp: Transcript) -> None:
     fp("node", "remove", "gpu-02")                                            # unknown node
     fp("operation", "list", "-o", "yaml")
     fp("operation", "list", "--tree", "")                # an empty name (remotely: every tree)
+    fp("prune", "--older-than", "0", "--dry-run", "-o", "json")
+    fp("prune", "--older-than", "30d")                                        # none that old
+    fp("prune", "--older-than", "3x")                                         # not a duration
+    fp("prune", "--older-than", "36501d")                                     # too long
     # Options the service takes or refuses in its words, which the API's own shape refused
     # (65 entries) or named wrongly (deeper than five levels: "config.…bool: Input should be
     # a valid boolean"); an empty option name and 17 trees, which only one side refused.
@@ -573,6 +577,15 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     reasons = [str(s.stdout.get("reason")) for s in embedded.steps
                if s.args[:2] == ("workload", "submit") and isinstance(s.stdout, dict)]
     assert any("preempting" in reason for reason in reasons)
+    [counted] = [s.stdout for s in embedded.steps if s.args[:1] == ("prune",) and s.code == 0
+                 and isinstance(s.stdout, dict)]
+    assert counted["dry_run"] and counted["requests"] > 0 and counted["events"] > 0
+    [none_that_old] = [s for s in embedded.steps if s.args == ("prune", "--older-than", "30d")]
+    assert "Deleted" in none_that_old.stdout and " 0 " in none_that_old.stdout
+    for args, needle in ((("prune", "--older-than", "3x"), "'3x' is not a duration"),
+                         (("prune", "--older-than", "36501d"), "is longer than 36500 days")):
+        [refused] = [s for s in embedded.steps if s.args == args]
+        assert refused.code == 2 and needle in refused.stderr, refused
     assert "Traceback" not in server.log()
 
 
@@ -1131,6 +1144,11 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
         step(f"{what}_page limit 0", lambda page=page: page(limit=0))
         step(f"{what}_page offset '1'", lambda page=page: page(offset="1"))
         step(f"{what}_page bad status", lambda page=page: page(status="done"))
+    step("prune, older_than text", lambda: client.prune("30d"))  # type: ignore[arg-type]
+    step("prune, older_than -1", lambda: client.prune(-1))
+    step("prune, a dry run", lambda: client.prune(0, dry_run=True))
+    step("prune", lambda: client.prune(0))
+    step("list_requests after the prune", client.list_requests)
     return steps
 
 
@@ -1190,6 +1208,9 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("request_page offset 4611686018427387905",
          "InvalidInput: offset: must be at most 4611686018427387904"),
         ("request_page offset '0'", "InvalidInput: offset: must be an integer (got '0')"),
+        ("prune, older_than text", "InvalidInput: older_than: must be an integer (got '30d')"),
+        ("prune, older_than -1",
+         "InvalidInput: older_than: must be a non-negative integer (got -1)"),
         *((f"{what}_page {label}", message) for what in ("workload", "operation")
           for label, message in (
               ("limit 0", "InvalidInput: limit: must be a positive integer (got 0)"),
@@ -1230,6 +1251,12 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert [r["id"] for r in answers["request_page to the end"]["items"]] == low[1:]
     assert answers["request_page past the end"]["items"] == []
     assert answers["request_page past the end"]["pagination"]["total"] == 3
+    pruned = answers["prune"]
+    assert pruned == {**answers["prune, a dry run"], "dry_run": False}
+    assert pruned["requests"] >= 3 and pruned["events"] > pruned["requests"]
+    assert (pruned["workloads"], pruned["operations"]) == (0, 0)  # all three of each live
+    assert {r["status"] for r in answers["list_requests after the prune"]} <= {
+        "queued", "allocated"}
     for what in ("workload", "operation"):  # three of each, made in the sequence's last lines
         rest = answers[f"{what}_page to the end"]
         assert rest["pagination"] == {"index": 1, "max_size": 3, "total_pages": 1, "total": 3}

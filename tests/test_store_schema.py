@@ -70,7 +70,12 @@ def _describe(url: str) -> dict[str, dict[str, Any]]:
                 "pk": inspector.get_pk_constraint(table),
                 "fks": by_name(inspector.get_foreign_keys(table)),
                 "uniques": by_name(inspector.get_unique_constraints(table)),
-                "indexes": by_name(inspector.get_indexes(table)),
+                # A partial index's WHERE is a clause object too: its text.
+                "indexes": by_name([
+                    {**index, "dialect_options": {
+                        key: str(value) for key, value in index.get("dialect_options", {}).items()
+                    }} for index in inspector.get_indexes(table)
+                ]),
                 "checks": by_name(inspector.get_check_constraints(table)),
             }
             for table in inspector.get_table_names()

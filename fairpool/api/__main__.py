@@ -10,7 +10,16 @@ import sys
 from fairpool.api.auth import AuthSetupError, auth_enabled
 from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
 from fairpool.backends import target
+from fairpool.cli.common import duration_seconds
 from fairpool.errors import FairpoolError, one_line
+from fairpool.views import MAX_RETENTION
+
+
+def _duration(text: str) -> int:
+    try:
+        return duration_seconds(text, MAX_RETENTION)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow --no-auth on a non-loopback host (a trusted network only)",
     )
+    parser.add_argument(
+        "--keep-history", type=_duration, default=None, metavar="DURATION",
+        help="prune what ended longer ago than this (30d, 12h; default: keep everything)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be from 1 to 65535 (got {args.port})")
@@ -61,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             None, args.database_url or os.environ.get("FAIRPOOL_DATABASE_URL"), given
         )
         serve(args.host, args.port, args.home, database_url, args.tick, args.log_level,
-              auth=args.auth, insecure=args.insecure)
+              auth=args.auth, insecure=args.insecure, keep_history=args.keep_history)
     except FairpoolError as error:  # the database cannot be opened: one line, as the CLI's
         print(f"Error: {one_line(str(error))}", file=sys.stderr)
         return 1

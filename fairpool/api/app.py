@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import replace
@@ -59,6 +60,7 @@ from fairpool.api.models import (
     PolicyUpdate,
     PoolCreate,
     PoolUpdate,
+    Prune,
     QueryText,
     RequestCreate,
     UrlNumber,
@@ -90,6 +92,10 @@ MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
 #: processes on the same database (this process's own changes wake it at once).
 RECHECK_SECONDS = 1.0
+#: With ``keep_history``, the longest time between prunes (seconds), and the most
+#: transactions one tick's prune takes (``retention.BATCH`` rows each).
+PRUNE_EVERY = 3600.0
+PRUNE_BATCHES = 10
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -118,8 +124,11 @@ _DENIALS = _error_responses(
 class Api:
     """What the endpoints share: the service, change notifications, metrics, the reconciler."""
 
-    def __init__(self, service: Service, tick: float) -> None:
+    def __init__(self, service: Service, tick: float, keep_history: int | None = None) -> None:
         self.service = service
+        #: Seconds what ended is kept (``Service.prune``); None: for ever.
+        self.keep_history = keep_history
+        self._next_prune = 0.0
         self.notifier = notifier_for(service.db)
         self.trees = TreesService(service.db)
         self.scheduling = SchedulingService(service.db)
@@ -183,9 +192,29 @@ class Api:
             try:
                 self.reconcile_trees()
             finally:
-                # Waiting workloads' decisions depend on time too (a blocked one holds units
-                # after 300 s); one small read when none waits.
-                self.scheduling.reconcile_waiting()
+                try:
+                    # Waiting workloads' decisions depend on time too (a blocked one holds
+                    # units after 300 s); one small read when none waits.
+                    self.scheduling.reconcile_waiting()
+                finally:
+                    self.prune_if_due()
+
+    def prune_if_due(self) -> None:
+        """With ``keep_history``, a prune when the last is that long ago, or an hour: each
+        then deletes little, in short transactions (``retention``), and at most
+        ``PRUNE_BATCHES`` of them per tick. Said in the log."""
+        now = time.monotonic()
+        if self.keep_history is None or now < self._next_prune:
+            return
+        self._next_prune = now + min(self.keep_history, PRUNE_EVERY)
+        done = self.service.prune(self.keep_history, batches=PRUNE_BATCHES)
+        if not done.complete:  # more: on the next tick, so that leases still expire on time
+            self._next_prune = now
+        counts = {what: getattr(done, what)
+                  for what in ("requests", "events", "workloads", "operations")}
+        if any(counts.values()):
+            log.info("Pruned what ended before %s: %s", done.before.isoformat(timespec="seconds"),
+                     ", ".join(f"{count} {what}" for what, count in counts.items()))
 
     def begin_shutdown(self) -> None:
         """No more waiting: long-polls answer now so that in-flight requests can finish."""
@@ -278,13 +307,14 @@ def _traced(app: FastAPI) -> bool:
 
 
 def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
-               loopback_only: bool = False) -> FairpoolApp:
+               loopback_only: bool = False, keep_history: int | None = None) -> FairpoolApp:
     """The API over ``service``. Its lifespan runs the reconciler thread (one pass every
     ``tick`` seconds). The caller owns the service and closes its database. With ``auth``,
     ``/api/v1`` needs API tokens (see ``fairpool.api.auth``); without, requests from another
     site's web page are refused, and with ``loopback_only`` those addressed to a name that is
-    not a loopback one (``fairpool.api.browsers``)."""
-    api = Api(service, tick)
+    not a loopback one (``fairpool.api.browsers``). ``keep_history``: seconds what ended is
+    kept before the reconciler prunes it (``Api.prune_if_due``); None: for ever."""
+    api = Api(service, tick, keep_history)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -545,6 +575,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """Run one reconcile pass now; answers what it changed."""
         summary = api.reconcile()
         return _json(summary.as_dict())
+
+    @route("POST", "/prune", tags=["operations"])
+    def prune(body: Prune) -> JSONResponse:
+        """Delete what ended more than ``older_than`` seconds ago: finished requests and
+        their history, finished workloads and operations (``dry_run``: count them). Nothing
+        live is touched. Answers how many of each."""
+        return _json(service.prune(body.older_than, dry_run=body.dry_run).as_dict())
 
     @route("GET", "/auth/admin", status_code=204, tags=["operations"])
     def check_admin() -> Response:

@@ -115,6 +115,7 @@ RULES: dict[str, Rule] = {
     "cancel": Rule.OWN_REQUEST,
     "delete_request": Rule.OWN_REQUEST,
     "reconcile": Rule.ADMIN,
+    "prune": Rule.ADMIN,
     "check_admin": Rule.ADMIN,
     # The scheduler config: applying and rolling back configs is for admins; reading it and
     # submitting workloads for everyone, each ending only its own workloads.

@@ -27,7 +27,7 @@ from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
-from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE
+from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, MAX_RETENTION
 
 #: Request bodies larger than this are refused with 413.
 MAX_BODY_BYTES = 64 * 1024
@@ -177,6 +177,14 @@ class Cancel(Strict):
         default=None,
         description="Why: kept as the reason, `cancelled: <reason>` (else `cancelled by user`).",
     )
+
+
+class Prune(Strict):
+    older_than: int = Field(
+        ge=0, le=MAX_RETENTION,
+        description="Seconds: what ended (a final status) longer ago than this is deleted.",
+    )
+    dry_run: bool = Field(default=False, description="Only count what would be deleted.")
 
 
 class ErrorBody(BaseModel):

@@ -88,12 +88,15 @@ def serve(
     log_level: str = "info",
     auth: bool | None = None,
     insecure: bool = False,
+    keep_history: int | None = None,
 ) -> None:
     """Serve the API until SIGTERM, SIGINT or SIGHUP, on the embedded store under ``home``
     (else ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
 
     ``auth``: require API tokens; by default only when ``host`` is not a loopback address.
     ``auth=False`` on such a host raises ``AuthSetupError`` unless ``insecure``.
+    ``keep_history``: seconds what ended is kept, then pruned (``Service.prune``); None: for
+    ever.
     """
     enabled = auth_enabled(host, auth, insecure)
     # uvicorn closes the socket at its shutdown; the block, if it never got to start.
@@ -101,7 +104,8 @@ def serve(
         service = open_service(home, database_url)
         try:
             app = create_app(service, tick=tick, auth=enabled,
-                             loopback_only=not enabled and is_loopback(host))
+                             loopback_only=not enabled and is_loopback(host),
+                             keep_history=keep_history)
             api: Api = app.state.api
             config = uvicorn.Config(
                 app,

@@ -32,6 +32,42 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+#: Seconds per unit of a ``Duration``.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Duration(click.ParamType[int]):
+    """A duration, to whole seconds: a number with ``s``, ``m``, ``h`` or ``d`` (``30d``,
+    ``12h``; a bare number is seconds), from 0 to ``high`` seconds."""
+
+    name = "duration"
+
+    def __init__(self, high: int) -> None:
+        self.high = high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        try:
+            return duration_seconds(str(value), self.high)
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+def duration_seconds(text: str, high: int) -> int:
+    """``text``, a ``Duration``, in seconds; else ``ValueError`` saying why."""
+    written = text.strip().lower()
+    unit = _UNITS.get(written[-1:], 1) if written else 1
+    number = written[:-1] if written[-1:] in _UNITS else written
+    if not number.isdecimal() or len(number) > 15:
+        raise ValueError(f"{text!r} is not a duration: a whole number with s, m, h or d "
+                         "(30d, 12h).")
+    seconds = int(number) * unit
+    if seconds > high:
+        raise ValueError(f"{text!r} is longer than {high // 86400} days.")
+    return seconds
+
+
 def database_url_option(help: str, envvar: str | None = None) -> Callable[[F], F]:
     """``--database-url``, worded for its command."""
     return click.option("--database-url", envvar=envvar, default=None, metavar="URL",

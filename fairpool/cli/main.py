@@ -16,7 +16,7 @@ from click.exceptions import NoArgsIsHelpError
 
 from fairpool import backends
 from fairpool.cli import output as o
-from fairpool.cli.common import database_url_option, service
+from fairpool.cli.common import Duration, database_url_option, service
 from fairpool.cli.component import component
 from fairpool.cli.config import config
 from fairpool.cli.queue import queue
@@ -29,6 +29,7 @@ from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError, InvalidInput, one_line
 from fairpool.frontends.names import check_unicode
 from fairpool.integrations.zenml.cli import zenml
+from fairpool.views import MAX_RETENTION
 
 
 def error_message(error: Exception) -> str:
@@ -155,6 +156,25 @@ def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str
         if ctx.get_parameter_source(name) is commandline
     ])
     ctx.obj["token"] = token
+
+
+@cli.command("prune")
+@click.option("--older-than", type=Duration(MAX_RETENTION), required=True,
+              help="Delete what ended longer ago than this: 30d, 12h, 90m, 3600s.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+@o.output_option
+def prune(older_than: int, dry_run: bool, output: str) -> None:
+    """Delete what ended long ago: finished requests and their history (and the history of
+    deleted ones), finished workloads and operations. Nothing live is touched."""
+    with o.spinner("Counting...\n" if dry_run else "Pruning...\n"):
+        done = service().prune(older_than, dry_run=dry_run).as_dict()
+    if output != "table":
+        o.dump(done, output)
+        return
+    o.print_properties("Would delete" if dry_run else "Deleted", [
+        ("ended before", done["before"]),
+        *((what, done[what]) for what in ("requests", "events", "workloads", "operations")),
+    ])
 
 
 @cli.command("reconcile")

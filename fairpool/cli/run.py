@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from fairpool.cli import output as o
-from fairpool.cli.common import Seconds, database_url_option, service
+from fairpool.cli.common import Duration, Seconds, database_url_option, service
 from fairpool.cli.resource_request import (
     EXIT_TIMEOUT,
     cancel_and_exit,
@@ -46,7 +46,7 @@ from fairpool.leases import (
     passing,
     still_waiting,
 )
-from fairpool.views import RequestView
+from fairpool.views import MAX_RETENTION, RequestView
 
 
 @click.command(
@@ -393,9 +393,12 @@ def _exit_code(code: int) -> int:
               "not a loopback address.")
 @click.option("--insecure", is_flag=True,
               help="Allow --no-auth on a non-loopback host (a trusted network only).")
+@click.option("--keep-history", type=Duration(MAX_RETENTION), default=None,
+              help="Prune what ended longer ago than this, hourly (30d, 12h; `fairpool prune`). "
+              "Default: keep everything.")
 @click.pass_context
 def server(ctx: click.Context, host: str, port: int, database_url: str | None,
-           tick: float, auth: bool | None, insecure: bool) -> None:
+           tick: float, auth: bool | None, insecure: bool, keep_history: int | None) -> None:
     """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM, SIGHUP or
     Ctrl-C."""
     from fairpool.api.auth import AuthSetupError, auth_enabled
@@ -407,4 +410,4 @@ def server(ctx: click.Context, host: str, port: int, database_url: str | None,
         raise click.UsageError(str(error)) from None
     root = ctx.find_root().obj
     serve(host, port, root.get("home"), database_url or root.get("database_url"), tick,
-          auth=auth, insecure=insecure)
+          auth=auth, insecure=insecure, keep_history=keep_history)

@@ -1079,3 +1079,39 @@ def list_tokens(connection: Connection) -> list[ApiToken]:
 
 def revoke_token(connection: Connection, token_id: str, now: datetime) -> None:
     _update(connection, schema.api_token, token_id, "token", revoked_at=as_utc(now))
+
+
+# Retention (``fairpool.retention``)
+
+
+def finished_before(table: Table, before: datetime) -> ColumnElement[bool]:
+    """Rows of ``table`` (request, workload, tree_operation) that ended before ``before``:
+    only a final status sets ``finished_at``."""
+    return table.c.finished_at < before
+
+
+def ids_where(
+    connection: Connection, table: Table, where: ColumnElement[bool], limit: int
+) -> list[Any]:
+    """The ids of up to ``limit`` rows of ``table`` matching ``where``."""
+    return list(connection.scalars(select(table.c.id).where(where).limit(limit)))
+
+
+def delete_ids(connection: Connection, table: Table, ids: Sequence[Any]) -> None:
+    connection.execute(delete(table).where(table.c.id.in_(list(ids))))
+
+
+def count_where(connection: Connection, table: Table, where: ColumnElement[bool]) -> int:
+    return int(connection.execute(select(func.count()).select_from(table).where(where))
+               .scalar_one())
+
+
+def stale_events(before: datetime, requests_gone: ColumnElement[bool] | None = None
+                 ) -> ColumnElement[bool]:
+    """Events from before ``before`` whose request is gone (deleted, or ``requests_gone``:
+    about to be), or that name none: a live request's history is kept whatever its age."""
+    event, request = schema.event, schema.request
+    gone = ~exists().where(request.c.id == event.c.request_id)
+    if requests_gone is not None:
+        gone = gone | event.c.request_id.in_(select(request.c.id).where(requests_gone))
+    return (event.c.at < before) & (event.c.request_id.is_(None) | gone)

@@ -57,6 +57,13 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+def _named_by(column: str) -> Index:
+    """An index of the rows whose ``column`` (a nullable foreign key) names one: what its
+    ON DELETE action looks up, partial because most rows name none."""
+    where = text(f"{column} IS NOT NULL")
+    return Index(None, column, sqlite_where=where, postgresql_where=where)
+
+
 def as_utc(moment: datetime) -> datetime:
     """``moment`` in UTC, as the store gives it back; a naive one is refused, its zone unknown."""
     if moment.tzinfo is None:
@@ -265,6 +272,10 @@ request = Table(
     Index(None, "status", "created_at", "id"),
     # A submitter's own requests.
     Index(None, "created_by_token_id"),
+    # What a deleted preemptor's ON DELETE SET NULL looks up: without it, each deleted
+    # request scanned the table (a prune of 50,000 took minutes). Partial: only preempted
+    # requests name one, so a submit pays nothing.
+    _named_by("preempted_by_id"),
 )
 
 request_resource = Table(
@@ -585,4 +596,6 @@ tree_job = Table(
     ),
     Index(None, "operation_id", "status"),
     Index(None, "node", "status"),
+    # As request.preempted_by_id's: a deleted operation's preempted jobs, found at once.
+    _named_by("preempted_by"),
 )

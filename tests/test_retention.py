@@ -1,0 +1,211 @@
+"""Retention (``fairpool prune``, ``Service.prune``) on a real database, SQLite and
+PostgreSQL: what ended before the cutoff goes, with its history; nothing live, nothing recent,
+and no decision changes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fairpool import retention
+from fairpool.errors import InvalidInput, NotFound
+from fairpool.scheduling import SchedulingService
+from fairpool.service import Service
+from fairpool.store.db import Database
+from fairpool.trees_service import TreesService
+from fairpool.views import MAX_RETENTION
+from tests.servers import API, ApiServer, running, setup_pool
+from tests.test_service import Clock, table_counts
+
+DAY = 24 * 3600
+WORKLOADS = "resource_queues: [{name: default}]\nscheduling_rules: [{resource_queue: default}]\n"
+
+
+class World:
+    """The three services on one database, on one clock."""
+
+    def __init__(self, database_url: str) -> None:
+        self.clock = Clock()
+        db = Database.open(database_url)
+        self.requests = Service(db, self.clock)
+        self.workloads = SchedulingService(db, self.clock)
+        self.trees = TreesService(db, self.clock)
+
+    def later(self, days: float) -> None:
+        self.clock.now += timedelta(days=days)
+
+    def live_state(self) -> Any:
+        """What decisions are made from: pools' use, queues, live workloads and operations.
+        Not a live retry's link to its attempt before, which goes with that attempt."""
+        return (
+            [p.as_dict() for p in self.requests.list_pools()],
+            *([{**r.as_dict(), "previous_attempt_id": None}
+               for r in self.requests.list_requests(status=status)]
+              for status in ("queued", "allocated")),
+            [w.id for w in self.workloads.list_workloads(status="admitted")],
+            [op.as_dict() for op in self.trees.list_operations(status="running")],
+        )
+
+
+@pytest.fixture
+def world(database_url: str) -> Iterator[World]:
+    made = World(database_url)
+    yield made
+    made.requests.close()
+
+
+def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
+    world: World,
+) -> None:
+    svc, sched, trees = world.requests, world.workloads, world.trees
+    svc.create_pool("p", {"gpu": 2})
+    svc.attach_policy("p", "low", priority=1)
+    svc.attach_policy("p", "high", priority=9)
+    sched.apply_config(WORKLOADS)
+    trees.add_node("n", [], {"cpu": 8})
+    trees.create_tree("t")
+    trees.create_pool("t", "a")
+
+    def operation() -> str:
+        return trees.start_operation(pool="a", user="u", job_resources={"cpu": 1},
+                                     job_count=1).id
+
+    def workload() -> str:
+        return sched.submit_workload(demand={"cpu": "1"}).id
+
+    # Day 0: some end, some stay live.
+    released = svc.create_request("low", demand={"gpu": 1}).id
+    svc.release_request(released)
+    deleted = svc.create_request("low", demand={"gpu": 1}).id
+    svc.delete_request(deleted)  # its history outlives it, until a prune
+    preempted = svc.create_request("low", demand={"gpu": 2}, max_retries=1).id
+    held = svc.create_request("high", demand={"gpu": 2}).id  # preempts it: a retry waits
+    retry = svc.get_request(preempted).retried_as_id
+    assert retry is not None and svc.get_request(retry).status == "queued"
+    old_workload, live_workload = workload(), workload()
+    sched.release_workload(old_workload)
+    old_operation, live_operation = operation(), operation()
+    trees.complete_operation(old_operation)
+    # Day 10: more end, recently.
+    world.later(10)
+    recent = svc.create_request("low", demand={"gpu": 1}).id
+    svc.cancel_request(recent)
+    recent_workload = workload()
+    sched.cancel_workload(recent_workload)
+    recent_operation = operation()
+    trees.abort_operation(recent_operation)
+
+    before = world.live_state()
+    rows = table_counts(svc)
+    would = svc.prune(5 * DAY, dry_run=True)
+    assert table_counts(svc) == rows  # a dry run deletes nothing
+    assert (would.dry_run, would.before) == (True, world.clock.now - timedelta(days=5))
+    assert (would.requests, would.workloads, would.operations) == (2, 1, 1)
+    assert would.events == len(svc.request_events(released)) + len(
+        svc.request_events(deleted)) + len(svc.request_events(preempted))
+
+    done = svc.prune(5 * DAY)
+    assert done.as_dict() == {**would.as_dict(), "dry_run": False,
+                              "before": done.before.isoformat()}
+    for gone in (released, preempted):
+        with pytest.raises(NotFound):
+            svc.get_request(gone)
+    for gone in (released, deleted, preempted):
+        with pytest.raises(NotFound):
+            svc.request_events(gone)
+    with pytest.raises(NotFound):
+        sched.get_workload(old_workload)
+    with pytest.raises(NotFound):
+        trees.describe_operation(old_operation)
+    # The live and the recent stay, each with its whole history.
+    assert svc.get_request(held).status == "allocated"
+    assert [e.kind for e in svc.request_events(held)] == ["created", "allocated"]
+    assert svc.get_request(recent).status == "cancelled"
+    kept = svc.get_request(retry)  # its predecessor gone: still attempt 2, still waiting
+    assert (kept.status, kept.attempt, kept.previous_attempt_id) == ("queued", 2, None)
+    assert sched.get_workload(live_workload).status == "admitted"
+    assert sched.get_workload(recent_workload).status == "cancelled"
+    assert trees.describe_operation(live_operation).status == "running"
+    assert trees.describe_operation(recent_operation).status == "aborted"
+    assert world.live_state() == before
+    # No decision changes: the next pass finds nothing to do, and a release still admits.
+    assert svc.reconcile().as_dict()["granted"] == []
+    svc.release_request(held)
+    assert svc.get_request(retry).status == "allocated"
+    again = svc.prune(5 * DAY)
+    assert (again.requests, again.events, again.workloads, again.operations) == (0, 0, 0, 0)
+
+
+def test_a_large_prune_goes_in_batches_and_may_leave_the_rest_for_the_next(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "BATCH", 3)
+    svc = world.requests
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "c")
+    for _ in range(10):
+        svc.release_request(svc.create_request("c", demand={"gpu": 1}).id)
+    live = svc.create_request("c", demand={"gpu": 1}).id
+    world.later(1)
+    some = svc.prune(0, batches=2)  # as a server's tick does: the rest on the next
+    assert (some.requests, some.events, some.complete) == (6, 0, False)
+    rest = svc.prune(0)
+    assert (rest.requests, rest.events, rest.complete) == (4, 30, True)  # 3 per request
+    assert [r.id for r in svc.list_requests()] == [live]
+    assert svc.prune(0, batches=0).complete  # nothing due: nothing left over
+
+
+@pytest.mark.parametrize(("older_than", "message"), [
+    (-1, "older_than: must be a non-negative integer (got -1)"),
+    (True, "older_than: must be an integer (got True)"),
+    (1.5, "older_than: must be an integer (got 1.5)"),
+    (MAX_RETENTION + 1, f"older_than: must be at most {MAX_RETENTION}"),
+])
+def test_a_bad_cutoff_is_refused_naming_it(world: World, older_than: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        world.requests.prune(older_than)
+    assert str(refused.value).startswith(message)
+
+
+def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
+    """``--keep-history``: the reconciler prunes (here each second): the ended request goes,
+    the held one stays."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "home", tick=0.2,
+                       extra=("--keep-history", "1s"))
+    with running(server):
+        setup_pool(server.url, "p", ["c"], {"gpu": 2})
+        with httpx.Client(base_url=server.url + API, timeout=30.0) as http:
+            def create() -> str:
+                made = http.post("/requests", json={"component": "c", "resources": {"gpu": 1}})
+                assert made.status_code == 201, made.text
+                return str(made.json()["id"])
+
+            ended, held = create(), create()
+            assert http.post(f"/requests/{ended}/release").status_code == 200
+            deadline = time.monotonic() + 30
+            while http.get(f"/requests/{ended}").status_code != 404:
+                assert time.monotonic() < deadline, "never pruned"
+                time.sleep(0.2)
+            assert http.get(f"/requests/{ended}/events").status_code == 404
+            assert http.get(f"/requests/{held}").json()["status"] == "allocated"
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("bad", ["3x", "36501d"])
+def test_a_bad_keep_history_is_one_usage_line(bad: str) -> None:
+    for command in ([sys.executable, "-m", "fairpool.api"],
+                    [str(Path(sys.executable).parent / "fairpool"), "server"]):
+        run = subprocess.run([*command, "--keep-history", bad],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "--keep-history" in run.stderr, run.stderr
+        [line] = run.stderr.strip().splitlines()[-1:]
+        assert ("is not a duration: a whole number with s, m, h or d (30d, 12h)." if bad == "3x"
+                else "is longer than 36500 days.") in line, run.stderr
