@@ -75,7 +75,7 @@ def submit(client: httpx.Client, component: str, **resources: int) -> dict[str, 
     return body
 
 
-def poll_until(check: Callable[[], bool], seconds: float, every: float = 0.1) -> float:
+def poll_until(check: Callable[[], bool], seconds: float = 30, every: float = 0.05) -> float:
     """Seconds until ``check()`` held; fails after ``seconds``."""
     started = time.monotonic()
     while not check():

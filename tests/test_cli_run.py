@@ -22,6 +22,7 @@ from sqlalchemy import make_url
 from fairpool import Client
 from tests.conftest import POSTGRES_CONNINFO
 from tests.servers import ApiServer, request_arrived, running, setup_pool
+from tests.test_api import poll_until
 from tests.test_cli import CLI, cli_env, fairpool
 from tests.test_postgres import terminate_all
 
@@ -161,13 +162,6 @@ def dead(pid: int) -> bool:
         return True
 
 
-def until(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 #: The commands that wait for units, as they would wait for a GPU held by "high".
 WAITING = {
     "run": ("run", "--component", "low", "--gpu-count", "1", "--", "true"),
@@ -181,7 +175,7 @@ def waiting(home: Path, command: str) -> subprocess.Popen[str]:
     setup(home)
     fairpool(home, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
     runner = start(home, *WAITING[command])
-    until(lambda: ("low", "queued", 1) in statuses(home))
+    poll_until(lambda: ("low", "queued", 1) in statuses(home))
     time.sleep(0.3)  # in its wait
     return runner
 
@@ -328,7 +322,7 @@ def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--",
                        sys.executable, "-c", script)
-    until(lambda: pid_file.exists() and pid_file.read_text() != "")
+    poll_until(lambda: pid_file.exists() and pid_file.read_text() != "")
     command = int(pid_file.read_text())
     runner.kill()
     runner.wait(timeout=30)
@@ -336,7 +330,7 @@ def test_the_command_dies_with_a_killed_run(tmp_path: Path) -> None:
         assert pipe is not None
         pipe.close()
 
-    until(lambda: dead(command))
+    poll_until(lambda: dead(command))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -355,7 +349,7 @@ def test_signals_reach_the_command_and_its_exit_code_comes_back(
     )
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--",
                        sys.executable, "-c", script)
-    until(marker.exists)
+    poll_until(marker.exists)
     runner.send_signal(signum)
     out, err = runner.communicate(timeout=30)
     assert runner.returncode == 7, err
@@ -374,7 +368,7 @@ def test_a_preempted_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_
     )
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "1",
                        "--grace", "2", "--", sys.executable, "-c", script)
-    until(marker.exists)
+    poll_until(marker.exists)
     # Timed from before the preempting command: it commits some time before it exits.
     preempting = time.monotonic()
     fairpool(tmp_path, "resource-request", "create", "--component", "high", "--gpu-count", "1").ok()
@@ -408,7 +402,7 @@ def test_the_command_goes_on_when_its_database_connections_are_lost(
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "2",
                    "--", sys.executable, "-c", script,
                    env={**cli_env(tmp_path), "FAIRPOOL_DATABASE_URL": url})
-    until(started.exists)
+    poll_until(started.exists)
     dbname = make_url(url).database
     with psycopg.connect(POSTGRES_CONNINFO, dbname=dbname, autocommit=True) as other:
         assert terminate_all(other) >= 1
@@ -438,7 +432,7 @@ def test_the_command_goes_on_while_the_server_cannot_be_reached(tmp_path: Path) 
         env = {**cli_env(tmp_path), "FAIRPOOL_URL": server.url}
         runner = start(tmp_path, "run", "--component", "gone-orch", "--gpu-count", "1",
                            "--lease-ttl", "3", "--", sys.executable, "-c", script, env=env)
-        until(marker.exists)
+        poll_until(marker.exists)
         server.kill()
         _, err = runner.communicate(timeout=90)
     assert runner.returncode == 5, err
@@ -478,9 +472,9 @@ def test_a_signal_while_the_preempted_command_stops_cancels_its_retry(tmp_path: 
     log = tmp_path / "log"
     runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
                          "--lease-ttl", "1", "--grace", "3")
-    until(log.exists)
+    poll_until(log.exists)
     preempt(tmp_path)
-    until(lambda: "term" in log.read_text())
+    poll_until(lambda: "term" in log.read_text())
     runner.send_signal(signal.SIGTERM)
     _, err = runner.communicate(timeout=60)
     assert runner.returncode == 128 + signal.SIGTERM, err
@@ -504,7 +498,7 @@ def test_a_command_that_ends_before_it_hears_of_its_preemption_leaves_no_retry(
     script = (f"import os, time\nopen({str(started)!r}, 'w').close()\n"
               f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n")
     runner = preemptible(tmp_path, script, "--lease-ttl", "60")  # a heartbeat every 20 s
-    until(started.exists)
+    poll_until(started.exists)
     preempt(tmp_path)
     go.touch()
     _, err = runner.communicate(timeout=60)
@@ -542,10 +536,10 @@ def test_a_retry_granted_while_the_command_stops_keeps_its_lease(
     log = tmp_path / "log"
     runner = preemptible(tmp_path, script.replace("sys.argv[1]", repr(str(log))),
                          "--lease-ttl", "1", "--grace", "3")
-    until(log.exists)
+    poll_until(log.exists)
     time.sleep(0.5)  # a process it leaves behind started
     boss = preempt(tmp_path)
-    until(lambda: "term" in log.read_text())
+    poll_until(lambda: "term" in log.read_text())
     fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
     _, err = runner.communicate(timeout=60)
     assert runner.returncode == 0, err
@@ -562,7 +556,7 @@ def test_a_request_deleted_while_held_stops_the_command_saying_so(tmp_path: Path
     setup(tmp_path)
     runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl",
                    "3", "--", "sleep", "30")
-    until(lambda: ("low", "allocated", 1) in statuses(tmp_path))
+    poll_until(lambda: ("low", "allocated", 1) in statuses(tmp_path))
     (held,) = fairpool(tmp_path, "resource-request", "list", "-o", "json").ok().json["items"]
     fairpool(tmp_path, "resource-request", "delete", held["id"]).ok()
     _, err = runner.communicate(timeout=30)
@@ -581,7 +575,7 @@ def test_a_signal_nohup_ignores_leaves_the_wait_be(tmp_path: Path, command: str)
         stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
     )
-    until(lambda: ("low", "queued", 1) in statuses(tmp_path))
+    poll_until(lambda: ("low", "queued", 1) in statuses(tmp_path))
     runner.send_signal(signal.SIGHUP)
     time.sleep(0.5)
     fairpool(tmp_path, "resource-request", "release", boss).ok()
@@ -613,7 +607,7 @@ def test_one_ctrl_c_in_a_terminal_reaches_the_command_once(tmp_path: Path, own_g
     pid, terminal = pty.fork()  # as a shell runs a job: in a terminal, in its foreground
     if pid == 0:
         os.execve(argv[0], argv, cli_env(tmp_path))
-    until(started.exists)
+    poll_until(started.exists)
     os.write(terminal, b"\x03")  # Ctrl-C
     out = b""
     with contextlib.suppress(OSError):  # EIO once the terminal's last process is gone
@@ -673,18 +667,18 @@ def test_a_preempted_command_is_killed_on_time_while_the_server_is_away(
         runner = start(tmp_path, "run", "--component", "away-low", "--gpu-count", "1",
                        "--max-retries", "1", "--lease-ttl", "1", "--grace", "2", "--",
                        sys.executable, "-c", script, env=env)
-        until(lambda: log.exists() and "start" in log.read_text())
+        poll_until(lambda: log.exists() and "start" in log.read_text())
         pid = int(log.read_text().split()[1])
         with httpx.Client(base_url=server.url + "/api/v1") as http:
             assert http.post("/pools/away-gpus/policies",
                              json={"component": "away-high", "priority": 9}).status_code == 201
             assert http.post("/requests", json={"component": "away-high",
                                                 "resources": {"gpu": 1}}).status_code == 201
-        until(lambda: "term" in log.read_text())
+        poll_until(lambda: "term" in log.read_text())
         termed = time.monotonic()
         server.kill()
 
-        until(lambda: dead(pid))
+        poll_until(lambda: dead(pid))
         took = time.monotonic() - termed
         _, err = runner.communicate(timeout=60)
     assert 1.5 < took < 3.5, (took, err)
@@ -732,7 +726,7 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
             waiter = start(tmp_path, *WAITING[command], env=env)
             # Started, and its submit sent: it waits in the stopped server's socket (a fixed
             # sleep was too short on a busy machine).
-            until(lambda: request_arrived(server.port) or waiter.poll() is not None, 60)
+            poll_until(lambda: request_arrived(server.port) or waiter.poll() is not None, 60)
             waiter.send_signal(signal.SIGTERM)
         finally:
             server.process.send_signal(signal.SIGCONT)
@@ -756,7 +750,7 @@ def test_a_command_that_ends_while_the_heartbeat_tells_of_its_preemption_is_not_
     script = (f"import os, time\nopen({str(log)!r}, 'a').write('run\\n')\n"
               f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n")
     runner = preemptible(tmp_path, script, "--lease-ttl", "6")  # a heartbeat every 2 s
-    until(log.exists)
+    poll_until(log.exists)
     started = time.monotonic()
 
     def at(seconds: float) -> None:
@@ -790,11 +784,11 @@ def test_a_retry_preempted_while_the_command_stops_is_followed(tmp_path: Path) -
     log = tmp_path / "log"
     runner = preemptible(tmp_path, SLOW_TO_STOP.replace("sys.argv[1]", repr(str(log))),
                          "--lease-ttl", "1", "--grace", "5", "--max-retries", "2")
-    until(log.exists)
+    poll_until(log.exists)
     boss = preempt(tmp_path)
-    until(lambda: "term" in log.read_text())
+    poll_until(lambda: "term" in log.read_text())
     fairpool(tmp_path, "resource-request", "release", boss).ok()  # the retry is granted
-    until(lambda: ("low", "allocated", 2) in statuses(tmp_path))
+    poll_until(lambda: ("low", "allocated", 2) in statuses(tmp_path))
     boss = preempt(tmp_path)  # and preempted, the command still stopping
     fairpool(tmp_path, "resource-request", "release", boss).ok()
     _, err = runner.communicate(timeout=60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +22,7 @@ from fairpool.store.db import Database
 from fairpool.trees_service import TreesService
 from fairpool.views import MAX_RETENTION
 from tests.servers import API, ApiServer, running, setup_pool
+from tests.test_api import poll_until
 from tests.test_service import Clock, table_counts
 
 DAY = 24 * 3600
@@ -190,10 +190,7 @@ def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
 
             ended, held = create(), create()
             assert http.post(f"/requests/{ended}/release").status_code == 200
-            deadline = time.monotonic() + 30
-            while http.get(f"/requests/{ended}").status_code != 404:
-                assert time.monotonic() < deadline, "never pruned"
-                time.sleep(0.2)
+            poll_until(lambda: http.get(f"/requests/{ended}").status_code == 404)
             assert http.get(f"/requests/{ended}/events").status_code == 404
             assert http.get(f"/requests/{held}").json()["status"] == "allocated"
     assert "Traceback" not in server.log()
