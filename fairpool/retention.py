@@ -51,9 +51,8 @@ def prune(
                 break
             if batches is not None and batches <= 0:
                 return replace(done, complete=False)
-            with db.write() as conn:
-                repo.delete_ids(conn, table, ids)  # gone meanwhile (another replica's): no matter
-            done = done.adding(name, len(ids))
+            with db.write() as conn:  # those gone meanwhile (another replica's) not counted
+                done = done.adding(name, repo.delete_ids(conn, table, ids))
             batches = None if batches is None else batches - 1
             if len(ids) < BATCH:
                 break

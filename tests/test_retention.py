@@ -18,6 +18,7 @@ from fairpool import retention
 from fairpool.errors import InvalidInput, NotFound
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
+from fairpool.store import repo, schema
 from fairpool.store.db import Database
 from fairpool.trees_service import TreesService
 from fairpool.views import MAX_RETENTION
@@ -161,6 +162,26 @@ def test_a_large_prune_goes_in_batches_and_may_leave_the_rest_for_the_next(
     assert (rest.requests, rest.events, rest.complete) == (4, 30, True)  # 3 per request
     assert [r.id for r in svc.list_requests()] == [live]
     assert svc.prune(0, batches=0).complete  # nothing due: nothing left over
+
+
+def test_what_another_replica_pruned_meanwhile_is_not_counted(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = world.requests
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "c")
+    for _ in range(3):
+        svc.release_request(svc.create_request("c", demand={"gpu": 1}).id)
+    delete_ids = repo.delete_ids
+
+    def raced(conn: Any, table: Any, ids: Any) -> int:
+        if table is schema.request:  # between the read and the write, another prune's delete
+            delete_ids(conn, table, ids[:1])
+        return delete_ids(conn, table, ids)
+
+    monkeypatch.setattr(repo, "delete_ids", raced)
+    world.later(1)
+    assert svc.prune(0).requests == 2
 
 
 @pytest.mark.parametrize(("older_than", "message"), [

@@ -1097,8 +1097,9 @@ def ids_where(
     return list(connection.scalars(select(table.c.id).where(where).limit(limit)))
 
 
-def delete_ids(connection: Connection, table: Table, ids: Sequence[Any]) -> None:
-    connection.execute(delete(table).where(table.c.id.in_(list(ids))))
+def delete_ids(connection: Connection, table: Table, ids: Sequence[Any]) -> int:
+    """How many of ``ids`` were still there to delete."""
+    return connection.execute(delete(table).where(table.c.id.in_(list(ids)))).rowcount
 
 
 def count_where(connection: Connection, table: Table, where: ColumnElement[bool]) -> int:
