@@ -295,6 +295,11 @@ class PruneView:
     def adding(self, what: str, count: int) -> PruneView:
         return replace(self, **{what: getattr(self, what) + count})
 
+    def counts(self) -> dict[str, int]:
+        """How many of each kind: requests, events, workloads, operations."""
+        return {what: getattr(self, what)
+                for what in ("requests", "events", "workloads", "operations")}
+
     def as_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 

@@ -214,6 +214,9 @@ def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
             poll_until(lambda: http.get(f"/requests/{ended}").status_code == 404)
             assert http.get(f"/requests/{ended}/events").status_code == 404
             assert http.get(f"/requests/{held}").json()["status"] == "allocated"
+            metrics = httpx.get(server.url + "/metrics").text
+            assert 'fairpool_pruned_total{kind="requests"} 1.0' in metrics
+            assert 'fairpool_pruned_total{kind="events"} 3.0' in metrics
     assert "Traceback" not in server.log()
 
 

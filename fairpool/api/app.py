@@ -210,8 +210,8 @@ class Api:
         done = self.service.prune(self.keep_history, batches=PRUNE_BATCHES)
         if not done.complete:  # more: on the next tick, so that leases still expire on time
             self._next_prune = now
-        counts = {what: getattr(done, what)
-                  for what in ("requests", "events", "workloads", "operations")}
+        self.metrics.pruned(done)
+        counts = done.counts()
         if any(counts.values()):
             log.info("Pruned what ended before %s: %s", done.before.isoformat(timespec="seconds"),
                      ", ".join(f"{count} {what}" for what, count in counts.items()))
@@ -581,7 +581,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """Delete what ended more than ``older_than`` seconds ago: finished requests and
         their history, finished workloads and operations (``dry_run``: count them). Nothing
         live is touched. Answers how many of each."""
-        return _json(service.prune(body.older_than, dry_run=body.dry_run).as_dict())
+        done = service.prune(body.older_than, dry_run=body.dry_run)
+        api.metrics.pruned(done)
+        return _json(done.as_dict())
 
     @route("GET", "/auth/admin", status_code=204, tags=["operations"])
     def check_admin() -> Response:

@@ -21,7 +21,7 @@ from fairpool.api.errors import log_failure
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary
+from fairpool.views import PassSummary, PruneView
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WAIT_BUCKETS = (
@@ -78,6 +78,13 @@ class Metrics:
             ["on"],
             registry=self.registry,
         )
+        self.prunes = Counter(
+            "fairpool_pruned",
+            "Rows prunes deleted (what ended before their cutoff), by kind: requests, events, "
+            "workloads, operations.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.registry.register(StateCollector(service, scheduling, trees))
         #: The batch counters' series by where batches ran: prometheus_client finds a
         #: labelled series under a lock, once per batch otherwise.
@@ -108,6 +115,12 @@ class Metrics:
             )
         series[0].inc()
         series[1].inc(operations)
+
+    def pruned(self, done: PruneView) -> None:
+        """A prune ran (``--keep-history``, ``POST /prune``); a dry run deleted nothing."""
+        if not done.dry_run:
+            for kind, count in done.counts().items():
+                self.prunes.labels(kind).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -167,13 +167,12 @@ def prune(older_than: int, dry_run: bool, output: str) -> None:
     """Delete what ended long ago: finished requests and their history (and the history of
     deleted ones), finished workloads and operations. Nothing live is touched."""
     with o.spinner("Counting...\n" if dry_run else "Pruning...\n"):
-        done = service().prune(older_than, dry_run=dry_run).as_dict()
+        done = service().prune(older_than, dry_run=dry_run)
     if output != "table":
-        o.dump(done, output)
+        o.dump(done.as_dict(), output)
         return
     o.print_properties("Would delete" if dry_run else "Deleted", [
-        ("ended before", done["before"]),
-        *((what, done[what]) for what in ("requests", "events", "workloads", "operations")),
+        ("ended before", done.before.isoformat()), *done.counts().items(),
     ])
 
 
