@@ -1654,9 +1654,11 @@ def _component(conn: Connection, name: str, kind: ComponentType) -> Component | 
 
 
 def _waiting_on(entries: Mapping[str, tuple[QueueEntry, ...]], pool: str) -> list[str]:
-    """The requests that wait on pool ``pool`` (by the engine's queue entries)."""
+    """The requests that wait on pool ``pool`` (by the engine's queue entries): not those
+    it can never serve (position 0), as the pool's own view of its queue."""
     queue = frontend.node_name(pool)
-    return [id_ for id_, places in entries.items() if any(p.queue == queue for p in places)]
+    return [id_ for id_, places in entries.items()
+            if any(p.queue == queue and p.position > 0 for p in places)]
 
 
 def _known_component(state: _State, name: str | None) -> None:

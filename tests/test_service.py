@@ -748,7 +748,8 @@ def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
     svc.create_pool("p", {"gpu": 2})
     svc.create_pool("q", {"gpu": 2})
     svc.create_pool("gone", {"gpu": 1})
-    for pool in ("p", "q"):
+    svc.create_pool("cpus", {"cpu": 1})  # a's GPU requests wait there too, never eligible
+    for pool in ("p", "q", "cpus"):
         svc.attach_policy(pool, "a", priority=1)
     svc.attach_policy("p", "b", priority=5)
     svc.attach_policy("q", "a", component_type="step_operator")  # the name again, another type
@@ -774,7 +775,8 @@ def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
     assert {v.id for v in every} >= set(made)
     assert {v.status for v in every} == {
         "queued", "allocated", "released", "rejected", "preempted", "cancelled"}
-    assert any(len(v.queue) > 1 for v in every)  # one waits on two pools
+    assert any(len([p for p in v.queue if p.position]) > 1 for v in every)  # on two pools
+    assert any(p.pool == "cpus" and not p.position for v in every for p in v.queue)
     own = {made[0], made[3]}
 
     def wanted(view: RequestView, status: str | None, component: str | None,
@@ -782,12 +784,13 @@ def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
         return (
             status in (None, view.status)
             and component in (None, view.component)
-            and (pool is None or view.pool == pool or any(p.pool == pool for p in view.queue))
+            and (pool is None or view.pool == pool
+                 or any(p.pool == pool and p.position for p in view.queue))
             and (created_by is None or view.id in own)
         )
 
     for status, component, pool, created_by in itertools.product(
-        (None, *REQUEST_STATUSES), (None, "a", "b", "c"), (None, "p", "q", "gone"),
+        (None, *REQUEST_STATUSES), (None, "a", "b", "c"), (None, "p", "q", "cpus", "gone"),
         (None, token.id),
     ):
         if pool == "gone":  # its name outlives it: a listing names it, a filter cannot
