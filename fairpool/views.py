@@ -124,6 +124,9 @@ MAX_PAGE_SIZE = 10_000
 MAX_OFFSET = 2**62
 #: The longest ``older_than`` of a prune (seconds): a hundred years.
 MAX_RETENTION = 100 * 365 * 24 * 3600
+#: The shortest a server's ``--keep-history`` (seconds): clients still read what ended a
+#: moment ago (a holder hears its request was preempted at its next heartbeat).
+MIN_KEEP_HISTORY = 3600
 
 
 def check_page(limit: int | None, offset: int) -> None:

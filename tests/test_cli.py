@@ -589,7 +589,7 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
     (missing, bad_choice, no_number, forever, no_value, no_output, no_size,
-     no_page) = fairpool_many(tour.home, [
+     no_page, past_every_page) = fairpool_many(tour.home, [
         ("resource-pool", "create", "p3"),
         ("resource-pool", "requests", POOL, "--view", "sideways"),
         # click's FloatRange lets NaN through: a deadline that never comes.
@@ -600,6 +600,8 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
         ("--home", str(tour.home), "token", "list", "-o"),
         ("resource-request", "list", "--page", "2"),
         ("resource-request", "list", "--size", "3", "--page", "0"),
+        # Its offset past the largest: the service named "offset", which nobody typed.
+        ("resource-request", "list", "--size", "5", "--page", str(2**62)),
     ])
     assert missing.code == 2 and "--capacity" in missing.err
     assert bad_choice.code == 2 and "sideways" in bad_choice.err
@@ -619,6 +621,9 @@ def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:
         "Error: --page needs --size. (see 'fairpool resource-request list -h')\n")
     assert no_page.code == 2 and no_page.err == (
         "Error: Invalid value for '--page': 0 is not in the range x>=1. "
+        "(see 'fairpool resource-request list -h')\n")
+    assert past_every_page.code == 2 and past_every_page.err == (
+        f"Error: Invalid value for '--page': {2**62} is past any list's last page. "
         "(see 'fairpool resource-request list -h')\n")
 
 
@@ -980,7 +985,8 @@ def test_prune_deletes_what_ended_and_says_how_much(tmp_path: Path) -> None:
     listed = fairpool(home, "resource-request", "list", "-o", "json").ok().json["items"]
     assert [r["id"] for r in listed] == [held["id"]]
     assert fairpool(home, "prune", "--older-than", "1d", "-o", "json").ok().json["requests"] == 0
-    for bad, needle in (("3x", "'3x' is not a duration"), ("36501d", "longer than 36500 days")):
+    for bad, needle in (("3x", "'3x' is not a duration"), ("36501d", "longer than 36500 days"),
+                        ("٣d", "is not a duration"), ("9" * 17, "longer than 36500 days")):
         refused = fairpool(home, "prune", "--older-than", bad)
         assert refused.code == 2 and needle in refused.err, refused
     assert "--older-than" in fairpool(home, "prune").err  # required

@@ -4,6 +4,7 @@ and no decision changes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from fairpool.store import repo, schema
 from fairpool.store.db import Database
 from fairpool.trees_service import TreesService
 from fairpool.views import MAX_RETENTION
-from tests.servers import API, ApiServer, running, setup_pool
+from tests.servers import API, ApiServer, running
 from tests.test_api import poll_until
 from tests.test_service import Clock, table_counts
 
@@ -44,12 +45,10 @@ class World:
         self.clock.now += timedelta(days=days)
 
     def live_state(self) -> Any:
-        """What decisions are made from: pools' use, queues, live workloads and operations.
-        Not a live retry's link to its attempt before, which goes with that attempt."""
+        """What decisions are made from: pools' use, queues, live workloads and operations."""
         return (
             [p.as_dict() for p in self.requests.list_pools()],
-            *([{**r.as_dict(), "previous_attempt_id": None}
-               for r in self.requests.list_requests(status=status)]
+            *([r.as_dict() for r in self.requests.list_requests(status=status)]
               for status in ("queued", "allocated")),
             [w.id for w in self.workloads.list_workloads(status="admitted")],
             [op.as_dict() for op in self.trees.list_operations(status="running")],
@@ -87,10 +86,15 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     svc.release_request(released)
     deleted = svc.create_request("low", demand={"gpu": 1}).id
     svc.delete_request(deleted)  # its history outlives it, until a prune
-    preempted = svc.create_request("low", demand={"gpu": 2}, max_retries=1).id
-    held = svc.create_request("high", demand={"gpu": 2}).id  # preempts it: a retry waits
-    retry = svc.get_request(preempted).retried_as_id
-    assert retry is not None and svc.get_request(retry).status == "queued"
+    # Attempts of one request: the first preempted, so is the second, the third waits.
+    first = svc.create_request("low", demand={"gpu": 2}, max_retries=2).id
+    ended_high = svc.create_request("high", demand={"gpu": 2}).id
+    second = svc.get_request(first).retried_as_id
+    assert second is not None
+    svc.release_request(ended_high)
+    held = svc.create_request("high", demand={"gpu": 2}).id
+    third = svc.get_request(second).retried_as_id
+    assert third is not None and svc.get_request(third).status == "queued"
     old_workload, live_workload = workload(), workload()
     sched.release_workload(old_workload)
     old_operation, live_operation = operation(), operation()
@@ -109,17 +113,18 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     would = svc.prune(5 * DAY, dry_run=True)
     assert table_counts(svc) == rows  # a dry run deletes nothing
     assert (would.dry_run, would.before) == (True, world.clock.now - timedelta(days=5))
-    assert (would.requests, would.workloads, would.operations) == (2, 1, 1)
-    assert would.events == len(svc.request_events(released)) + len(
-        svc.request_events(deleted)) + len(svc.request_events(preempted))
+    # Not the second attempt: its retry lives on, and a holder follows it from there.
+    assert (would.requests, would.workloads, would.operations) == (3, 1, 1)
+    assert would.events == sum(len(svc.request_events(r))
+                               for r in (released, deleted, first, ended_high))
 
     done = svc.prune(5 * DAY)
     assert done.as_dict() == {**would.as_dict(), "dry_run": False,
                               "before": done.before.isoformat()}
-    for gone in (released, preempted):
+    for gone in (released, first, ended_high):
         with pytest.raises(NotFound):
             svc.get_request(gone)
-    for gone in (released, deleted, preempted):
+    for gone in (released, deleted, first, ended_high):
         with pytest.raises(NotFound):
             svc.request_events(gone)
     with pytest.raises(NotFound):
@@ -130,8 +135,9 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     assert svc.get_request(held).status == "allocated"
     assert [e.kind for e in svc.request_events(held)] == ["created", "allocated"]
     assert svc.get_request(recent).status == "cancelled"
-    kept = svc.get_request(retry)  # its predecessor gone: still attempt 2, still waiting
-    assert (kept.status, kept.attempt, kept.previous_attempt_id) == ("queued", 2, None)
+    kept = svc.get_request(second)
+    assert (kept.status, kept.attempt, kept.retried_as_id) == ("preempted", 2, third)
+    assert kept.previous_attempt_id is None  # the first is gone
     assert sched.get_workload(live_workload).status == "admitted"
     assert sched.get_workload(recent_workload).status == "cancelled"
     assert trees.describe_operation(live_operation).status == "running"
@@ -140,9 +146,14 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     # No decision changes: the next pass finds nothing to do, and a release still admits.
     assert svc.reconcile().as_dict()["granted"] == []
     svc.release_request(held)
-    assert svc.get_request(retry).status == "allocated"
+    assert svc.get_request(third).status == "allocated"
     again = svc.prune(5 * DAY)
-    assert (again.requests, again.events, again.workloads, again.operations) == (0, 0, 0, 0)
+    assert again.counts() == {"requests": 0, "events": 0, "workloads": 0, "operations": 0}
+    # Once the last attempt ended long enough ago, the second goes with it.
+    svc.release_request(third)
+    world.later(10)
+    svc.prune(5 * DAY)
+    assert svc.list_requests() == []
 
 
 def test_a_large_prune_goes_in_batches_and_may_leave_the_rest_for_the_next(
@@ -197,36 +208,48 @@ def test_a_bad_cutoff_is_refused_naming_it(world: World, older_than: Any, messag
 
 
 def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
-    """``--keep-history``: the reconciler prunes (here each second): the ended request goes,
-    the held one stays."""
-    server = ApiServer(tmp_path / "server.log", home=tmp_path / "home", tick=0.2,
-                       extra=("--keep-history", "1s"))
-    with running(server):
-        setup_pool(server.url, "p", ["c"], {"gpu": 2})
-        with httpx.Client(base_url=server.url + API, timeout=30.0) as http:
-            def create() -> str:
-                made = http.post("/requests", json={"component": "c", "resources": {"gpu": 1}})
-                assert made.status_code == 201, made.text
-                return str(made.json()["id"])
-
-            ended, held = create(), create()
-            assert http.post(f"/requests/{ended}/release").status_code == 200
-            poll_until(lambda: http.get(f"/requests/{ended}").status_code == 404)
-            assert http.get(f"/requests/{ended}/events").status_code == 404
-            assert http.get(f"/requests/{held}").json()["status"] == "allocated"
-            metrics = httpx.get(server.url + "/metrics").text
-            assert 'fairpool_pruned_total{kind="requests"} 1.0' in metrics
-            assert 'fairpool_pruned_total{kind="events"} 3.0' in metrics
+    """``--keep-history 1h``: a store whose requests ended days ago (written on a clock set
+    back), pruned as the server starts; what it holds now stays. Said in its log and its
+    metrics."""
+    home = tmp_path / "home"
+    old = Service(Database.open(f"sqlite:///{home / 'fairpool.db'}"), Clock())  # March 2026
+    try:
+        old.create_pool("p", {"gpu": 2})
+        old.attach_policy("p", "c")
+        ended = old.create_request("c", demand={"gpu": 1}).id
+        old.release_request(ended)
+        kept = old.create_request("c", demand={"gpu": 1}).id  # held since March, no lease
+    finally:
+        old.close()
+    server = ApiServer(tmp_path / "server.log", home=home, tick=0.2,
+                       extra=("--keep-history", "1h", "--log-level", "info"))
+    with running(server), httpx.Client(base_url=server.url + API, timeout=30.0) as http:
+        poll_until(lambda: http.get(f"/requests/{ended}").status_code == 404)
+        assert http.get(f"/requests/{ended}/events").status_code == 404
+        assert http.get(f"/requests/{kept}").json()["status"] == "allocated"
+        made = http.post("/requests", json={"component": "c", "resources": {"gpu": 1}})
+        assert http.post(f"/requests/{made.json()['id']}/release").status_code == 200
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'fairpool_pruned_total{kind="requests"} 1.0' in metrics
+        assert 'fairpool_pruned_total{kind="events"} 3.0' in metrics
+        # Ended a moment ago: kept for the hour (only what ended an hour ago goes).
+        assert len(http.get("/requests").json()["items"]) == 2
+    assert re.search(r"INFO: +Pruned what ended before \S+: 1 requests, 3 events, "
+                     r"0 workloads, 0 operations", server.log()), server.log()
     assert "Traceback" not in server.log()
 
 
-@pytest.mark.parametrize("bad", ["3x", "36501d"])
-def test_a_bad_keep_history_is_one_usage_line(bad: str) -> None:
+@pytest.mark.parametrize(("bad", "problem"), [
+    ("3x", "is not a duration: a whole number with s, m, h or d (30d, 12h)."),
+    ("٣d", "is not a duration: a whole number with s, m, h or d (30d, 12h)."),
+    ("36501d", "is longer than 36500 days."),
+    ("99999999999999999", "is longer than 36500 days."),
+    ("30m", "is shorter than 1h."),  # clients still read what ended a moment ago
+])
+def test_a_bad_keep_history_is_one_usage_line(bad: str, problem: str) -> None:
     for command in ([sys.executable, "-m", "fairpool.api"],
                     [str(Path(sys.executable).parent / "fairpool"), "server"]):
         run = subprocess.run([*command, "--keep-history", bad],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and "--keep-history" in run.stderr, run.stderr
-        [line] = run.stderr.strip().splitlines()[-1:]
-        assert ("is not a duration: a whole number with s, m, h or d (30d, 12h)." if bad == "3x"
-                else "is longer than 36500 days.") in line, run.stderr
+        assert f"{bad!r} {problem}" in run.stderr.strip().splitlines()[-1], run.stderr

@@ -12,12 +12,12 @@ from fairpool.api.server import DEFAULT_HOST, DEFAULT_PORT, serve
 from fairpool.backends import target
 from fairpool.cli.common import duration_seconds
 from fairpool.errors import FairpoolError, one_line
-from fairpool.views import MAX_RETENTION
+from fairpool.views import MAX_RETENTION, MIN_KEEP_HISTORY
 
 
 def _duration(text: str) -> int:
     try:
-        return duration_seconds(text, MAX_RETENTION)
+        return duration_seconds(text, MIN_KEEP_HISTORY, MAX_RETENTION)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--keep-history", type=_duration, default=None, metavar="DURATION",
-        help="prune what ended longer ago than this (30d, 12h; default: keep everything)",
+        help="prune what ended longer ago than this (30d, 12h; at least 1h), at start and "
+        "then hourly (default: keep everything)",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:

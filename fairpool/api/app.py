@@ -92,8 +92,8 @@ MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
 #: processes on the same database (this process's own changes wake it at once).
 RECHECK_SECONDS = 1.0
-#: With ``keep_history``, the longest time between prunes (seconds), and the most
-#: transactions one tick's prune takes (``retention.BATCH`` rows each).
+#: With ``keep_history``, the time between prunes (seconds), and the most transactions one
+#: tick's prune takes (``retention.BATCH`` rows each).
 PRUNE_EVERY = 3600.0
 PRUNE_BATCHES = 10
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -200,13 +200,13 @@ class Api:
                     self.prune_if_due()
 
     def prune_if_due(self) -> None:
-        """With ``keep_history``, a prune when the last is that long ago, or an hour: each
-        then deletes little, in short transactions (``retention``), and at most
-        ``PRUNE_BATCHES`` of them per tick. Said in the log."""
+        """With ``keep_history``, a prune at start and then hourly: each then deletes little,
+        in short transactions (``retention``), and at most ``PRUNE_BATCHES`` of them per
+        tick. Said in the log."""
         now = time.monotonic()
         if self.keep_history is None or now < self._next_prune:
             return
-        self._next_prune = now + min(self.keep_history, PRUNE_EVERY)
+        self._next_prune = now + PRUNE_EVERY
         done = self.service.prune(self.keep_history, batches=PRUNE_BATCHES)
         if not done.complete:  # more: on the next tick, so that leases still expire on time
             self._next_prune = now

@@ -116,8 +116,13 @@ def serve(
                 timeout_graceful_shutdown=GRACE_SECONDS,
                 server_header=False,
             )
-            # After Config: it sets uvicorn's logging up.
+            # After Config: it sets uvicorn's logging up. fairpool's own lines (a prune's, a
+            # failed pass's) go where uvicorn's go, at its level: they had no handler, so
+            # only Python's last resort printed warnings and errors, bare, and info was lost.
             log = logging.getLogger("uvicorn.error")
+            ours = logging.getLogger("fairpool")
+            ours.handlers, ours.propagate = logging.getLogger("uvicorn").handlers, False
+            ours.setLevel(log.level)
             log.info("Store: %s", service.db.where)
             _announce_auth(log, service, enabled, host)
             # What is alive now (modules, the app) lives as long as the process: kept out of

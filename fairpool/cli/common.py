@@ -38,34 +38,43 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class Duration(click.ParamType[int]):
     """A duration, to whole seconds: a number with ``s``, ``m``, ``h`` or ``d`` (``30d``,
-    ``12h``; a bare number is seconds), from 0 to ``high`` seconds."""
+    ``12h``; a bare number is seconds), from ``low`` to ``high`` seconds."""
 
     name = "duration"
 
-    def __init__(self, high: int) -> None:
-        self.high = high
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, int):
             return value
         try:
-            return duration_seconds(str(value), self.high)
+            return duration_seconds(str(value), self.low, self.high)
         except ValueError as error:
             self.fail(str(error), param, ctx)
 
 
-def duration_seconds(text: str, high: int) -> int:
+def duration_seconds(text: str, low: int, high: int) -> int:
     """``text``, a ``Duration``, in seconds; else ``ValueError`` saying why."""
     written = text.strip().lower()
     unit = _UNITS.get(written[-1:], 1) if written else 1
     number = written[:-1] if written[-1:] in _UNITS else written
-    if not number.isdecimal() or len(number) > 15:
+    # ASCII digits only: str.isdigit() takes other scripts' (٣), which no one means here.
+    if not (number.isascii() and number.isdigit()):
         raise ValueError(f"{text!r} is not a duration: a whole number with s, m, h or d "
                          "(30d, 12h).")
-    seconds = int(number) * unit
+    seconds = int(number) * unit if len(number) <= 15 else high + 1  # int() caps digits
     if seconds > high:
         raise ValueError(f"{text!r} is longer than {high // 86400} days.")
+    if seconds < low:
+        raise ValueError(f"{text!r} is shorter than {_spoken(low)}.")
     return seconds
+
+
+def _spoken(seconds: int) -> str:
+    """``seconds`` in its largest whole unit: ``1h``, ``90m``."""
+    unit = next(u for u in ("d", "h", "m", "s") if seconds % _UNITS[u] == 0)
+    return f"{seconds // _UNITS[unit]}{unit}"
 
 
 def database_url_option(help: str, envvar: str | None = None) -> Callable[[F], F]:

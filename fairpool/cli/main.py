@@ -159,7 +159,7 @@ def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str
 
 
 @cli.command("prune")
-@click.option("--older-than", type=Duration(MAX_RETENTION), required=True,
+@click.option("--older-than", type=Duration(0, MAX_RETENTION), required=True,
               help="Delete what ended longer ago than this: 30d, 12h, 90m, 3600s.")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @o.output_option
@@ -172,7 +172,7 @@ def prune(older_than: int, dry_run: bool, output: str) -> None:
         o.dump(done.as_dict(), output)
         return
     o.print_properties("Would delete" if dry_run else "Deleted", [
-        ("ended before", done.before.isoformat()), *done.counts().items(),
+        ("ended before", done.before.isoformat(timespec="seconds")), *done.counts().items(),
     ])
 
 

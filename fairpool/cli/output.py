@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool.errors import counted
-from fairpool.views import MAX_PAGE_SIZE, Page, page_dict
+from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, Page, page_dict
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -111,7 +111,11 @@ def page_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
             if page > 1:
                 raise click.UsageError("--page needs --size.")
             return None, 0
-        return size, (page - 1) * size
+        offset = (page - 1) * size
+        if offset > MAX_OFFSET:  # else the service would name an offset nobody typed
+            raise click.BadParameter(f"{page} is past any list's last page.",
+                                     param_hint="'--page'")
+        return size, offset
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         def command(size: int | None, **options: Any) -> Any:

@@ -46,7 +46,7 @@ from fairpool.leases import (
     passing,
     still_waiting,
 )
-from fairpool.views import MAX_RETENTION, RequestView
+from fairpool.views import MAX_RETENTION, MIN_KEEP_HISTORY, RequestView
 
 
 @click.command(
@@ -393,9 +393,9 @@ def _exit_code(code: int) -> int:
               "not a loopback address.")
 @click.option("--insecure", is_flag=True,
               help="Allow --no-auth on a non-loopback host (a trusted network only).")
-@click.option("--keep-history", type=Duration(MAX_RETENTION), default=None,
-              help="Prune what ended longer ago than this, hourly (30d, 12h; `fairpool prune`). "
-              "Default: keep everything.")
+@click.option("--keep-history", type=Duration(MIN_KEEP_HISTORY, MAX_RETENTION), default=None,
+              help="Prune what ended longer ago than this (30d, 12h; at least 1h), at start "
+              "and then hourly, as `fairpool prune` does. Default: keep everything.")
 @click.pass_context
 def server(ctx: click.Context, host: str, port: int, database_url: str | None,
            tick: float, auth: bool | None, insecure: bool, keep_history: int | None) -> None:

@@ -1086,8 +1086,18 @@ def revoke_token(connection: Connection, token_id: str, now: datetime) -> None:
 
 def finished_before(table: Table, before: datetime) -> ColumnElement[bool]:
     """Rows of ``table`` (request, workload, tree_operation) that ended before ``before``:
-    only a final status sets ``finished_at``."""
-    return table.c.finished_at < before
+    only a final status sets ``finished_at``. A request, only once its retry attempt (if
+    any) ended before it too: a holder told of a preemption follows ``retried_as_id`` from
+    the attempt it held, which must still be there to say so."""
+    ended = table.c.finished_at < before
+    if table is not schema.request:
+        return ended
+    later = table.alias("later")
+    retry_lives_on = exists().where(
+        later.c.previous_attempt_id == table.c.id,
+        later.c.finished_at.is_(None) | (later.c.finished_at >= before),
+    )
+    return ended & ~retry_lives_on
 
 
 def ids_where(
