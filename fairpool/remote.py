@@ -250,18 +250,22 @@ class RemoteService:
         offset: int = 0,
     ) -> Page[RequestView]:
         """One ``GET /requests``; ``limit`` None: as many as it takes to reach the end."""
-        if status is not None:  # as the service words it (the API's check words it otherwise)
-            one_of("status", status, REQUEST_STATUSES)
         filters = {"status": status, "component": component, "pool": pool}
-        return self._page("/requests", filters, limit, offset, RequestView.from_dict)
+        return self._page("/requests", filters, REQUEST_STATUSES, limit, offset,
+                          RequestView.from_dict)
 
     def _page(
-        self, path: str, filters: Mapping[str, str | None], limit: int | None, offset: int,
-        parse: Callable[[dict[str, Any]], V],
+        self, path: str, filters: Mapping[str, str | None], statuses: Sequence[str],
+        limit: int | None, offset: int, parse: Callable[[dict[str, Any]], V],
     ) -> Page[V]:
         """One ``GET path`` (a list), its items ``parse``d; ``limit`` None: as many as it
-        takes to reach the end, as embedded."""
-        check_page(limit, offset)  # a query string would carry "2" or True as a number
+        takes to reach the end, as embedded. Its ``status`` filter, one of ``statuses``."""
+        # Checked here as the service words them: the API words a bad status otherwise, and
+        # a query string would carry "2" or True as a number.
+        status = filters.get("status")
+        if status is not None:
+            one_of("status", status, statuses)
+        check_page(limit, offset)
         params = {key: value for key, value in filters.items() if value is not None}
         items: list[V] = []
         while True:
@@ -553,10 +557,8 @@ class RemoteScheduling:
         self, status: str | None = None, queue: str | None = None, *, limit: int | None = None,
         offset: int = 0,
     ) -> Page[Answer]:
-        if status is not None:  # as the service words it (the API's check words it otherwise)
-            one_of("status", status, WORKLOAD_STATUSES)
         filters = {"status": status, "queue": queue}
-        return self._remote._page("/workloads", filters, limit, offset, Answer)
+        return self._remote._page("/workloads", filters, WORKLOAD_STATUSES, limit, offset, Answer)
 
     def release_workload(self, ref: str) -> Answer:
         path = f"/workloads/{_segment(ref, 'workload')}/release"
@@ -823,10 +825,9 @@ class RemoteTrees:
         self, tree: str | None = None, status: str | None = None, *, limit: int | None = None,
         offset: int = 0,
     ) -> Page[Answer]:
-        if status is not None:  # as the service words it (the API's check words it otherwise)
-            one_of("status", status, OPERATION_STATUSES)
         filters = {"tree": tree, "status": status}
-        return self._remote._page("/operations", filters, limit, offset, Answer)
+        return self._remote._page("/operations", filters, OPERATION_STATUSES, limit, offset,
+                                  Answer)
 
     def complete_operation(self, ref: str) -> Answer:
         path = f"/operations/{_segment(ref, 'operation')}/complete"

@@ -75,7 +75,7 @@ from fairpool.service import Service
 from fairpool.store import trees as tree_store
 from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, RequestView, page_dict
+from fairpool.views import PassSummary, PruneView, RequestView, page_dict
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -184,20 +184,15 @@ class Api:
 
     def tick(self) -> None:
         """The reconciler's pass: requests (leases, timeouts), then pool trees (starvation
-        timeouts act without a command), then waiting workloads, each also when an earlier
-        one failed."""
-        try:
-            self.service.tick()
-        finally:
+        timeouts act without a command), then waiting workloads (their decisions depend on
+        time too: a blocked one holds units after 300 s; one small read when none waits),
+        then a prune if due; each also when an earlier one failed (each failure logged)."""
+        for step in (self.service.tick, self.reconcile_trees,
+                     self.scheduling.reconcile_waiting, self.prune_if_due):
             try:
-                self.reconcile_trees()
-            finally:
-                try:
-                    # Waiting workloads' decisions depend on time too (a blocked one holds
-                    # units after 300 s); one small read when none waits.
-                    self.scheduling.reconcile_waiting()
-                finally:
-                    self.prune_if_due()
+                step()
+            except Exception as error:  # the database may be away a while: try next tick
+                log_failure("reconcile pass failed", error)
 
     def prune_if_due(self) -> None:
         """With ``keep_history``, a prune at start and then hourly: each then deletes little,
@@ -207,14 +202,21 @@ class Api:
         if self.keep_history is None or now < self._next_prune:
             return
         self._next_prune = now + PRUNE_EVERY
-        done = self.service.prune(self.keep_history, batches=PRUNE_BATCHES)
+        done = self.prune(self.keep_history, batches=PRUNE_BATCHES)
         if not done.complete:  # more: on the next tick, so that leases still expire on time
             self._next_prune = now
-        self.metrics.pruned(done)
         counts = done.counts()
         if any(counts.values()):
             log.info("Pruned what ended before %s: %s", done.before.isoformat(timespec="seconds"),
                      ", ".join(f"{count} {what}" for what, count in counts.items()))
+
+    def prune(
+        self, older_than: int, *, dry_run: bool = False, batches: int | None = None
+    ) -> PruneView:
+        """``Service.prune``, counted in the metrics."""
+        done = self.service.prune(older_than, dry_run=dry_run, batches=batches)
+        self.metrics.pruned(done)
+        return done
 
     def begin_shutdown(self) -> None:
         """No more waiting: long-polls answer now so that in-flight requests can finish."""
@@ -581,9 +583,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """Delete what ended more than ``older_than`` seconds ago: finished requests and
         their history, finished workloads and operations (``dry_run``: count them). Nothing
         live is touched. Answers how many of each."""
-        done = service.prune(body.older_than, dry_run=body.dry_run)
-        api.metrics.pruned(done)
-        return _json(done.as_dict())
+        return _json(api.prune(body.older_than, dry_run=body.dry_run).as_dict())
 
     @route("GET", "/auth/admin", status_code=204, tags=["operations"])
     def check_admin() -> Response:

@@ -46,8 +46,6 @@ class Duration(click.ParamType[int]):
         self.low, self.high = low, high
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int):
-            return value
         try:
             return duration_seconds(str(value), self.low, self.high)
         except ValueError as error:

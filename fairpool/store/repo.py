@@ -1120,9 +1120,10 @@ def count_where(connection: Connection, table: Table, where: ColumnElement[bool]
 def stale_events(before: datetime, requests_gone: ColumnElement[bool] | None = None
                  ) -> ColumnElement[bool]:
     """Events from before ``before`` whose request is gone (deleted, or ``requests_gone``:
-    about to be), or that name none: a live request's history is kept whatever its age."""
+    about to be), or that name none (no request has a NULL id): a live request's history is
+    kept whatever its age."""
     event, request = schema.event, schema.request
     gone = ~exists().where(request.c.id == event.c.request_id)
     if requests_gone is not None:
         gone = gone | event.c.request_id.in_(select(request.c.id).where(requests_gone))
-    return (event.c.at < before) & (event.c.request_id.is_(None) | gone)
+    return (event.c.at < before) & gone
