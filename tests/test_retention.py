@@ -14,8 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from fairpool import retention
+from fairpool.api import app
 from fairpool.errors import InvalidInput, NotFound
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
@@ -99,6 +101,8 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     sched.release_workload(old_workload)
     old_operation, live_operation = operation(), operation()
     trees.complete_operation(old_operation)
+    svc.create_pool("old", {"gpu": 1})
+    svc.delete_pool("old")  # an event that names no request
     # Day 10: more end, recently.
     world.later(10)
     recent = svc.create_request("low", demand={"gpu": 1}).id
@@ -107,6 +111,8 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     sched.cancel_workload(recent_workload)
     recent_operation = operation()
     trees.abort_operation(recent_operation)
+    svc.create_pool("recent", {"gpu": 1})
+    svc.delete_pool("recent")
 
     before = world.live_state()
     rows = table_counts(svc)
@@ -115,8 +121,8 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     assert (would.dry_run, would.before) == (True, world.clock.now - timedelta(days=5))
     # Not the second attempt: its retry lives on, and a holder follows it from there.
     assert (would.requests, would.workloads, would.operations) == (3, 1, 1)
-    assert would.events == sum(len(svc.request_events(r))
-                               for r in (released, deleted, first, ended_high))
+    assert would.events == 1 + sum(len(svc.request_events(r))  # and pool old's
+                                   for r in (released, deleted, first, ended_high))
 
     done = svc.prune(5 * DAY)
     assert done.as_dict() == {**would.as_dict(), "dry_run": False,
@@ -127,6 +133,9 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     for gone in (released, deleted, first, ended_high):
         with pytest.raises(NotFound):
             svc.request_events(gone)
+    with svc.db.read() as conn:
+        assert list(conn.scalars(select(schema.event.c.message).where(
+            schema.event.c.request_id.is_(None)))) == ["pool recent deleted"]
     with pytest.raises(NotFound):
         sched.get_workload(old_workload)
     with pytest.raises(NotFound):
@@ -173,6 +182,39 @@ def test_a_large_prune_goes_in_batches_and_may_leave_the_rest_for_the_next(
     assert (rest.requests, rest.events, rest.complete) == (4, 30, True)  # 3 per request
     assert [r.id for r in svc.list_requests()] == [live]
     assert svc.prune(0, batches=0).complete  # nothing due: nothing left over
+
+
+def test_a_servers_prune_takes_a_batch_a_tick_then_waits_an_hour(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Api.prune_if_due``: at most ``PRUNE_BATCHES`` transactions per tick, the rest on
+    the next ticks, so that leases still expire on time; once done, none for an hour."""
+    monkeypatch.setattr(retention, "BATCH", 2)
+    monkeypatch.setattr(app, "PRUNE_BATCHES", 1)
+    svc = world.requests
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "c")
+
+    def ended() -> None:
+        svc.release_request(svc.create_request("c", demand={"gpu": 1}).id)
+
+    def rows() -> int:
+        counts = table_counts(svc)
+        return int(counts["request"] + counts["event"])
+
+    for _ in range(3):
+        ended()  # 3 requests, 9 events: 6 batches of 2
+    world.later(1)
+    api = app.Api(svc, tick=1.0, keep_history=3600)
+    left = [rows()]
+    for _ in range(7):
+        api.prune_if_due()
+        left.append(rows())
+    assert left == [12, 10, 9, 7, 5, 3, 1, 0]  # requests: 2, 1; events: 2, 2, 2, 2, 1
+    ended()
+    world.later(1)
+    api.prune_if_due()  # due again in an hour only
+    assert rows() == 4  # its request and 3 events
 
 
 def test_what_another_replica_pruned_meanwhile_is_not_counted(
