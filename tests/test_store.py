@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, event, func, select
+from sqlalchemy import Connection, event, func, select, text
 from sqlalchemy.exc import DBAPIError
 
 from fairpool.errors import AmbiguousReference, NotFound
-from fairpool.store import repo, schema
+from fairpool.store import repo, schema, trees
 from fairpool.store.db import Database, default_url, fairpool_home, migration_config
 from fairpool.store.records import Allocation, ComponentType, Event, RequestStatus, TokenRole
 from tests import forked_cli
@@ -678,6 +678,46 @@ def test_queued_requests_take_two_queries(db: Database, component_id: str) -> No
         assert count() == 2
     assert len(queue) == 200
     assert [request.demand for request in queue[:2]] == [{"cpu": 1, "gpu": 1}, {"cpu": 2, "gpu": 1}]
+
+
+# More ids than a statement may bind on PostgreSQL (65535 parameters). This machine's SQLite
+# allows 250000 (its default is 32766), so the test is PostgreSQL's.
+MANY = 66_000
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_lookups_by_more_ids_than_a_statement_binds(db: Database) -> None:
+    """The lookups of operations and jobs by id split their lists (``repo.batches``), as
+    those of requests and workloads do: in one IN list they failed ("number of parameters
+    must be between 0 and 65535")."""
+    operations = [f"op-{i:06d}" for i in range(MANY)]
+    with db.write() as connection:
+        trees.insert_tree(connection, "physical", {}, NOW)
+        # Made by the server: 140,000 inserts from here would take most of the test's time.
+        connection.execute(text(
+            "INSERT INTO tree_operation (id, user_name, job_resources, job_count, gang,"
+            " interruptible, status, created_at, updated_at)"
+            " SELECT 'op-' || lpad(i::text, 6, '0'), 'u', '{\"cpu\": 1}', 1, false, false,"
+            " 'pending', :now, :now FROM generate_series(0, :last) AS i"
+        ), {"now": NOW, "last": MANY - 1})
+        connection.execute(text(
+            "INSERT INTO tree_operation_placement (operation_id, tree, position, pool, weight,"
+            " resource_limits, running) SELECT id, 'physical', 0, 'research', '1', '{}', false"
+            " FROM tree_operation"
+        ))
+        # Started last first: the lists' order is the jobs' start order across batches.
+        first, last = operations[0], operations[-1]
+        trees.insert_jobs(connection, "physical", [(last, "node-a")], NOW)
+        trees.insert_jobs(connection, "physical", [(first, "node-b")], at(1))
+    with db.write() as connection:
+        listed = trees.list_operations(connection)
+        assert [op.id for op in listed] == operations
+        assert all(op.placements[0].pool == "research" for op in listed)
+        jobs = trees.jobs_of(connection, operations)
+        assert [(job.operation_id, job.node) for job in jobs] == [(last, "node-a"), (first, "node-b")]
+        trees.preempt_job(connection, jobs[0].id, None, "limits", NOW, deadline=at(5))
+        trees.finish_interruptions(connection, [*operations, jobs[0].id], at(5))
+        assert trees.jobs_of(connection, operations, live=True) == [jobs[1]]
 
 
 # Several processes

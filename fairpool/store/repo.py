@@ -11,10 +11,10 @@ row.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
     BindParameter,
@@ -58,6 +58,13 @@ Amounts = Mapping[str, int]
 
 # Ids per IN list: far below SQLite's 32766 and PostgreSQL's 65535 bound parameters.
 _BATCH = 10_000
+
+T = TypeVar("T")
+
+
+def batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``items`` in slices of ``_BATCH``: each fits one IN list on either database."""
+    return (items[start : start + _BATCH] for start in range(0, len(items), _BATCH))
 
 
 def resolve_id(
@@ -682,8 +689,7 @@ def _ids_where(
     connection: Connection, table: Table, ids: Sequence[str], condition: ColumnElement[bool]
 ) -> set[str]:
     found: set[str] = set()
-    for start in range(0, len(ids), _BATCH):
-        batch = ids[start : start + _BATCH]
+    for batch in batches(ids):
         found.update(connection.scalars(select(table.c.id).where(table.c.id.in_(batch), condition)))
     return found
 
@@ -743,9 +749,8 @@ def requests_by_id(connection: Connection, request_ids: Sequence[str]) -> list[R
     """Those of the requests ``request_ids`` that exist, in queue order; two queries per
     ``_BATCH`` ids."""
     found: list[Request] = []
-    for start in range(0, len(request_ids), _BATCH):
-        batch = {"ids": list(request_ids[start : start + _BATCH])}
-        found += _requests(connection, _REQUESTS_BY_ID, _REQUESTS_BY_ID_DEMAND, batch)
+    for batch in batches(request_ids):
+        found += _requests(connection, _REQUESTS_BY_ID, _REQUESTS_BY_ID_DEMAND, {"ids": batch})
     if len(request_ids) > _BATCH:
         found.sort(key=lambda request: (request.created_at, request.id))
     return found
@@ -824,9 +829,8 @@ def allocations_and_retries(
     """``allocation_and_retry`` of each of ``request_ids`` that exists; a query per
     ``_BATCH`` ids."""
     found: dict[str, tuple[Allocation | None, str | None]] = {}
-    for start in range(0, len(request_ids), _BATCH):
-        batch = {"ids": list(request_ids[start : start + _BATCH])}
-        for row in connection.execute(_ALLOCATIONS_AND_RETRIES, batch).mappings():
+    for batch in batches(request_ids):
+        for row in connection.execute(_ALLOCATIONS_AND_RETRIES, {"ids": batch}).mappings():
             found[row["id"]] = _allocation_and_retry(row)
     return found
 

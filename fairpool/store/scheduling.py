@@ -21,7 +21,7 @@ from fairpool.store.records import (
     Workload,
     WorkloadStatus,
 )
-from fairpool.store.repo import keyed, page_of, resolve_id
+from fairpool.store.repo import batches, keyed, page_of, resolve_id
 from fairpool.store.schema import as_utc
 
 # -- config versions -------------------------------------------------------------------------
@@ -187,17 +187,12 @@ def live_workloads(connection: Connection) -> list[Workload]:
 
 
 #: Ids per statement of ``workloads_by_id``: well under SQLite's bound on parameters.
-_IDS_PER_READ = 1000
-
-
 def workloads_by_id(connection: Connection, ids: Iterable[str]) -> list[Workload]:
     """The workloads with these ids (in no particular order; those not found are left out)."""
     table = schema.workload
-    wanted = sorted(ids)
     found: list[Workload] = []
-    for start in range(0, len(wanted), _IDS_PER_READ):
-        chunk = wanted[start:start + _IDS_PER_READ]
-        rows = connection.execute(select(table).where(table.c.id.in_(chunk))).mappings()
+    for batch in batches(sorted(ids)):
+        rows = connection.execute(select(table).where(table.c.id.in_(batch))).mappings()
         found.extend(Workload.from_row(row) for row in rows)
     return found
 

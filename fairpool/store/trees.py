@@ -16,7 +16,7 @@ from fairpool.errors import NotFound, as_ref
 from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
-from fairpool.store.repo import keyed, page_of, resolve_id
+from fairpool.store.repo import batches, keyed, page_of, resolve_id
 from fairpool.store.schema import as_utc
 from fairpool.store.tree_records import (
     IntegralRecord,
@@ -262,14 +262,12 @@ def insert_operation(
 def _with_placements(
     connection: Connection, rows: Sequence[RowMapping]
 ) -> list[OperationRecord]:
-    """Operation records for ``rows``, each with its placements (one more query)."""
+    """Operation records for ``rows``, each with its placements (a query per batch)."""
     table = schema.tree_operation_placement
     placements: dict[str, list[PlacementRecord]] = {row["id"]: [] for row in rows}
-    if placements:
-        found = connection.execute(
-            select(table).where(table.c.operation_id.in_(list(placements)))
-        ).mappings()
-        for row in found:
+    for batch in batches(list(placements)):
+        found = connection.execute(select(table).where(table.c.operation_id.in_(batch)))
+        for row in found.mappings():
             placements[row["operation_id"]].append(PlacementRecord.from_row(row))
     return [OperationRecord.from_row(row, placements[row["id"]]) for row in rows]
 
@@ -390,11 +388,13 @@ def jobs_of(
     """Jobs of these operations in start order (only those whose units are in use when
     ``live``)."""
     table = schema.tree_job
-    statement = select(table).where(table.c.operation_id.in_(operation_ids))
-    if live:
-        statement = statement.where(table.c.status.in_(LIVE_JOBS))
-    rows = connection.execute(statement.order_by(table.c.started_at, table.c.id)).mappings()
-    return [JobRecord.from_row(row) for row in rows]
+    jobs: list[JobRecord] = []
+    for batch in batches(operation_ids):
+        statement = select(table).where(table.c.operation_id.in_(batch))
+        if live:
+            statement = statement.where(table.c.status.in_(LIVE_JOBS))
+        jobs.extend(JobRecord.from_row(row) for row in connection.execute(statement).mappings())
+    return sorted(jobs, key=lambda job: (job.started_at, job.id))
 
 
 def live_jobs_on(connection: Connection, node: str) -> int:
@@ -441,10 +441,10 @@ def preempt_job(
 def finish_interruptions(connection: Connection, job_ids: Sequence[str], now: datetime) -> None:
     """Interrupted jobs whose deadline has come: preempted, their units free."""
     table = schema.tree_job
-    if job_ids:
+    for batch in batches(job_ids):
         connection.execute(
             update(table)
-            .where(table.c.id.in_(job_ids), table.c.status == JobStatus.INTERRUPTING.value)
+            .where(table.c.id.in_(batch), table.c.status == JobStatus.INTERRUPTING.value)
             .values(status=JobStatus.PREEMPTED.value, finished_at=as_utc(now))
         )
 
