@@ -58,6 +58,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneProgress,
     PruneView,
     RequestView,
 )
@@ -415,11 +416,14 @@ class Client:
         """Run one pass now (every change already runs one)."""
         return self._service.reconcile()
 
-    def prune(self, older_than: int, *, dry_run: bool = False) -> PruneView:
+    def prune(
+        self, older_than: int, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> PruneView:
         """Delete what ended more than ``older_than`` seconds ago: finished requests and their
         history, finished workloads and operations (``dry_run``: count them). Nothing live is
-        touched. On a server, admins only."""
-        return self._service.prune(older_than, dry_run=dry_run)
+        touched. On a server, admins only; a call per part of bounded size there.
+        ``progress``: told what is deleted so far, as it goes."""
+        return self._service.prune(older_than, dry_run=dry_run, progress=progress)
 
     def close(self) -> None:
         """Close the connections to the server or the embedded database."""

@@ -50,6 +50,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneProgress,
     PruneView,
     RequestView,
     V,
@@ -312,10 +313,19 @@ class RemoteService:
     def reconcile(self) -> PassSummary:
         return PassSummary.from_dict(self._call("POST", "/reconcile"))
 
-    def prune(self, older_than: int, *, dry_run: bool = False) -> PruneView:
+    def prune(
+        self, older_than: int, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> PruneView:
+        """As many calls as the server needs: each takes a bounded part, so none outlasts
+        a read timeout however much is due."""
         validate_int("older_than", older_than, 0, MAX_RETENTION)  # as the service words it
         body = {"older_than": older_than, "dry_run": dry_run}
-        return PruneView.from_dict(self._call("POST", "/prune", json=body))
+        done = PruneView.from_dict(self._call("POST", "/prune", json=body))
+        while not done.complete:
+            if progress is not None:
+                progress(done)
+            done = done.then(PruneView.from_dict(self._call("POST", "/prune", json=body)))
+        return done
 
     def check_admin(self) -> None:
         """Forbidden unless this client's token is an admin's (or the server needs none)."""

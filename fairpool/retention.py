@@ -16,18 +16,23 @@ from datetime import datetime
 
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
-from fairpool.views import PruneView
+from fairpool.views import PruneProgress, PruneView
 
 #: Rows deleted per transaction.
 BATCH = 1_000
 
 
 def prune(
-    db: Database, before: datetime, *, dry_run: bool = False, batches: int | None = None
+    db: Database,
+    before: datetime,
+    *,
+    dry_run: bool = False,
+    batches: int | None = None,
+    progress: PruneProgress | None = None,
 ) -> PruneView:
     """Delete what ended before ``before`` (see the module); ``dry_run``: only count it.
     ``batches``: in at most that many transactions, the rest left for the next prune
-    (``PruneView.complete``)."""
+    (``PruneView.complete``); ``progress``: told after each."""
     tables = {
         "requests": schema.request, "workloads": schema.workload,
         "operations": schema.tree_operation,
@@ -53,6 +58,8 @@ def prune(
                 return replace(done, complete=False)
             with db.write() as conn:  # those gone meanwhile (another replica's) not counted
                 done = done.adding(name, repo.delete_ids(conn, table, ids))
+            if progress is not None:
+                progress(done)
             batches = None if batches is None else batches - 1
             if len(ids) < BATCH:
                 break

@@ -78,6 +78,7 @@ from fairpool.views import (
     PassSummary,
     PolicyView,
     PoolView,
+    PruneProgress,
     PruneView,
     QueuePlace,
     RequestView,
@@ -950,14 +951,21 @@ class Service:
         self._write(change)
 
     def prune(
-        self, older_than: int, *, dry_run: bool = False, batches: int | None = None
+        self,
+        older_than: int,
+        *,
+        dry_run: bool = False,
+        batches: int | None = None,
+        progress: PruneProgress | None = None,
     ) -> PruneView:
         """Delete what ended more than ``older_than`` seconds ago (``retention.prune``):
         finished requests and their history, finished workloads and operations; ``batches``:
         in at most that many transactions."""
         validate_int("older_than", older_than, 0, MAX_RETENTION)
         before = self.clock() - timedelta(seconds=older_than)
-        return retention.prune(self.db, before, dry_run=dry_run, batches=batches)
+        return retention.prune(
+            self.db, before, dry_run=dry_run, batches=batches, progress=progress
+        )
 
     def check_admin(self) -> None:
         """Nothing: the embedded store has no tokens (``RemoteService.check_admin``)."""

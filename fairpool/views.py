@@ -6,7 +6,7 @@ The CLI, and later the HTTP API, print these; nothing downstream re-derives a fi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -298,6 +298,12 @@ class PruneView:
     def adding(self, what: str, count: int) -> PruneView:
         return replace(self, **{what: getattr(self, what) + count})
 
+    def then(self, later: PruneView) -> PruneView:
+        """This prune and the ``later`` one that went on with it, as one: the counts summed,
+        the later cutoff (what ended before it is gone when ``later`` is complete)."""
+        summed = {what: count + getattr(later, what) for what, count in self.counts().items()}
+        return replace(later, **summed)
+
     def counts(self) -> dict[str, int]:
         """How many of each kind: requests, events, workloads, operations."""
         return {what: getattr(self, what)
@@ -309,6 +315,10 @@ class PruneView:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PruneView:
         return cls(**{**data, "before": datetime.fromisoformat(data["before"])})
+
+
+#: Told what a prune has deleted so far, as it goes (``fairpool prune`` shows it).
+PruneProgress = Callable[[PruneView], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,6 +180,27 @@ def running(*servers: ApiServer) -> Iterator[tuple[ApiServer, ...]]:
             server.stop()
 
 
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on a thread of this process, so that what a test patches
+    holds in it too, on a free loopback port: its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def setup_pool(url: str, pool: str, components: Sequence[str], capacity: dict[str, int]) -> None:
     with httpx.Client(base_url=url + API, timeout=30.0) as http:
         response = http.post("/pools", json={"name": pool, "capacity": capacity})

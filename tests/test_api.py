@@ -31,7 +31,7 @@ from sqlalchemy import text
 from fairpool.api.server import _listen
 from fairpool.store.db import SCHEMA_HEAD, Database
 from tests.conftest import BACKENDS, Backend
-from tests.servers import ApiServer, free_port, server_on
+from tests.servers import ApiServer, free_port, server_on, serving
 
 API = "/api/v1"
 TERMINAL = {"released", "rejected", "preempted", "cancelled"}
@@ -286,6 +286,8 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/prune", {"json": {"older_than": "30d"}}, 422, "older_than"),
         ("POST", "/prune", {"json": {"older_than": 100 * 365 * 86400 + 1}}, 422, "older_than"),
         ("POST", "/prune", {"json": {"older_than": 0, "dry_run": "yes"}}, 422, "dry_run"),
+        ("POST", "/prune", {"json": {"older_than": 0, "batches": 0}}, 422, "batches"),
+        ("POST", "/prune", {"json": {"older_than": 0, "batches": 21}}, 422, "batches"),
         # A query parameter a route does not take, or one given twice, is not ignored.
         ("GET", "/requests", {"params": {"page": 2}}, 422, "page"),
         ("GET", "/requests", {"params": [("status", "queued"), ("status", "allocated")]}, 422, "status"),
@@ -539,8 +541,6 @@ def test_a_long_poll_reads_its_request_once_and_not_when_its_pass_wakes_it(
     view that pass hands it is the answer, unread. Given a prefix, it watches the id once
     known, and reads again. Still queued at the deadline, it reads the whole view (queue
     positions) last."""
-    import uvicorn
-
     from fairpool.api.app import create_app
     from tests.test_service import team_service
 
@@ -552,37 +552,27 @@ def test_a_long_poll_reads_its_request_once_and_not_when_its_pass_wakes_it(
             method = getattr(service, name)
             monkeypatch.setattr(service, name, lambda ref, name=name, method=method, **how: (
                 calls.append(name), method(ref, **how))[1])
-        server = uvicorn.Server(uvicorn.Config(create_app(service, tick=3600.0),
-                                               host="127.0.0.1", port=free_port(),
-                                               log_level="warning"))
-        running = threading.Thread(target=server.run, daemon=True)
-        running.start()
-        try:
-            while not server.started:
-                time.sleep(0.01)
-            base = f"http://127.0.0.1:{server.config.port}/api/v1"
-            with httpx.Client(base_url=base, timeout=30.0) as client, ThreadPoolExecutor(1) as pool:
-                for ref, reads_before_the_release, release in (
-                    (waiting[0].id, 1, holder.id),
-                    (waiting[1].id[:8], 2, waiting[0].id),
-                ):
-                    calls.clear()
-                    polling = pool.submit(client.get, f"/requests/{ref}/wait", params={"timeout": 20})
-                    while len(calls) < reads_before_the_release:
-                        time.sleep(0.01)
-                    assert ok(client.post(f"/requests/{release}/release"))["status"] == "released"
-                    answer = ok(polling.result(10))
-                    assert answer["status"] == "allocated"
-                    # Woken by the pass that allocated it, with its view: no read.
-                    assert calls == ["decided_request"] * reads_before_the_release
-                    assert answer == ok(client.get(f"/requests/{answer['id']}"))
+        with (serving(create_app(service, tick=3600.0)) as url,
+              httpx.Client(base_url=url + API, timeout=30.0) as client,
+              ThreadPoolExecutor(1) as pool):
+            for ref, reads_before_the_release, release in (
+                (waiting[0].id, 1, holder.id),
+                (waiting[1].id[:8], 2, waiting[0].id),
+            ):
                 calls.clear()
-                timed_out = ok(client.get(f"/requests/{waiting[2].id}/wait", params={"timeout": 0.1}))
-                assert timed_out["status"] == "queued" and timed_out["queue"][0]["position"] == 1
-                assert calls == ["decided_request", "decided_request", "get_request"]
-        finally:
-            server.should_exit = True
-            running.join(10)
+                polling = pool.submit(client.get, f"/requests/{ref}/wait", params={"timeout": 20})
+                while len(calls) < reads_before_the_release:
+                    time.sleep(0.01)
+                assert ok(client.post(f"/requests/{release}/release"))["status"] == "released"
+                answer = ok(polling.result(10))
+                assert answer["status"] == "allocated"
+                # Woken by the pass that allocated it, with its view: no read.
+                assert calls == ["decided_request"] * reads_before_the_release
+                assert answer == ok(client.get(f"/requests/{answer['id']}"))
+            calls.clear()
+            timed_out = ok(client.get(f"/requests/{waiting[2].id}/wait", params={"timeout": 0.1}))
+            assert timed_out["status"] == "queued" and timed_out["queue"][0]["position"] == 1
+            assert calls == ["decided_request", "decided_request", "get_request"]
 
 
 def test_the_server_keeps_what_lives_from_its_start_out_of_full_collections(

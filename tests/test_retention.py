@@ -16,16 +16,17 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from fairpool import retention
+from fairpool import Client, retention
 from fairpool.api import app
+from fairpool.api.app import create_app
 from fairpool.errors import InvalidInput, NotFound
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import repo, schema
 from fairpool.store.db import Database
 from fairpool.trees_service import TreesService
-from fairpool.views import MAX_RETENTION
-from tests.servers import API, ApiServer, running
+from fairpool.views import MAX_RETENTION, PruneView
+from tests.servers import API, ApiServer, running, serving
 from tests.test_api import poll_until
 from tests.test_service import Clock, table_counts
 
@@ -178,8 +179,11 @@ def test_a_large_prune_goes_in_batches_and_may_leave_the_rest_for_the_next(
     world.later(1)
     some = svc.prune(0, batches=2)  # as a server's tick does: the rest on the next
     assert (some.requests, some.events, some.complete) == (6, 0, False)
-    rest = svc.prune(0)
+    told: list[tuple[int, int]] = []
+    rest = svc.prune(0, progress=lambda so_far: told.append((so_far.requests, so_far.events)))
     assert (rest.requests, rest.events, rest.complete) == (4, 30, True)  # 3 per request
+    # After each transaction: the requests left, then their history.
+    assert told == [(3, 0), (4, 0), *((4, events) for events in (3, 6, 9, 12, 15, 18, 21, 24, 27, 30))]
     assert [r.id for r in svc.list_requests()] == [live]
     assert svc.prune(0, batches=0).complete  # nothing due: nothing left over
 
@@ -247,6 +251,34 @@ def test_a_bad_cutoff_is_refused_naming_it(world: World, older_than: Any, messag
     with pytest.raises(InvalidInput) as refused:
         world.requests.prune(older_than)
     assert str(refused.value).startswith(message)
+
+
+def test_a_prune_over_http_takes_a_bounded_part_a_call(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However much is due, one ``POST /prune`` takes ``PRUNE_BATCHES_PER_CALL``
+    transactions at most and says whether more is; the client calls again until none is
+    (one call did all that was due: on PostgreSQL, half a million requests reach the
+    client's 75 s read timeout, after which it sent the call again)."""
+    monkeypatch.setattr(retention, "BATCH", 3)
+    svc = world.requests
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "c")
+    for _ in range(30):  # 10 transactions of requests, 30 of their events: 2 calls
+        svc.release_request(svc.create_request("c", demand={"gpu": 1}).id)
+    world.later(1)
+    with serving(create_app(svc, tick=3600.0)) as url:
+        with httpx.Client(base_url=url + API, timeout=30.0) as http:
+            one = http.post("/prune", json={"older_than": 0, "batches": 2}).json()
+            assert (one["requests"], one["events"], one["complete"]) == (6, 0, False)
+        client = Client(url)
+        told: list[PruneView] = []
+        done = client.prune(0, progress=told.append)
+        client.close()
+    assert (done.requests, done.events, done.complete) == (24, 90, True)
+    assert [(part.requests, part.events, part.complete) for part in told] == [(24, 36, False)]
+    assert done.before > told[0].before  # the last call's cutoff: all before it is gone
+    assert svc.list_requests() == []
 
 
 def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:

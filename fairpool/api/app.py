@@ -582,8 +582,10 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     def prune(body: Prune) -> JSONResponse:
         """Delete what ended more than ``older_than`` seconds ago: finished requests and
         their history, finished workloads and operations (``dry_run``: count them). Nothing
-        live is touched. Answers how many of each."""
-        return _json(api.prune(body.older_than, dry_run=body.dry_run).as_dict())
+        live is touched. Answers how many of each, and whether more is due (``complete``
+        false: call again, the cutoff then a little later)."""
+        done = api.prune(body.older_than, dry_run=body.dry_run, batches=body.batches)
+        return _json(done.as_dict())
 
     @route("GET", "/auth/admin", status_code=204, tags=["operations"])
     def check_admin() -> Response:

@@ -66,6 +66,8 @@ UrlNumber = Annotated[float, _written(_NUMBER, "a number in decimal digits")]
 
 #: A list's page (``views.page_dict``): how many items, from which (0-based), in its order.
 DEFAULT_PAGE_SIZE = 100
+#: The most transactions (``retention.BATCH`` rows each) one ``POST /prune`` takes.
+PRUNE_BATCHES_PER_CALL = 20
 PageLimit = Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)]
 PageOffset = Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)]
 
@@ -185,6 +187,11 @@ class Prune(Strict):
         description="Seconds: what ended (a final status) longer ago than this is deleted.",
     )
     dry_run: bool = Field(default=False, description="Only count what would be deleted.")
+    batches: int = Field(
+        default=PRUNE_BATCHES_PER_CALL, ge=1, le=PRUNE_BATCHES_PER_CALL,
+        description="At most this many transactions of 1,000 rows each, so that a call "
+        "takes seconds however much is due: `complete` false says more is, for the next call.",
+    )
 
 
 class ErrorBody(BaseModel):

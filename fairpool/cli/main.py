@@ -29,7 +29,7 @@ from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError, InvalidInput, one_line
 from fairpool.frontends.names import check_unicode
 from fairpool.integrations.zenml.cli import zenml
-from fairpool.views import MAX_RETENTION
+from fairpool.views import MAX_RETENTION, PruneView
 
 
 def error_message(error: Exception) -> str:
@@ -166,8 +166,13 @@ def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str
 def prune(older_than: int, dry_run: bool, output: str) -> None:
     """Delete what ended long ago: finished requests and their history (and the history of
     deleted ones), finished workloads and operations. Nothing live is touched."""
-    with o.spinner("Counting...\n" if dry_run else "Pruning...\n"):
-        done = service().prune(older_than, dry_run=dry_run)
+    with o.spinner("Counting...\n" if dry_run else "Pruning...\n") as say:
+
+        def progress(so_far: PruneView) -> None:
+            deleted = ", ".join(f"{n:,} {what}" for what, n in so_far.counts().items() if n)
+            say(f"Pruning... deleted {deleted} so far\n")
+
+        done = service().prune(older_than, dry_run=dry_run, progress=progress)
     if output != "table":
         o.dump(done.as_dict(), output)
         return

@@ -78,13 +78,14 @@ def _text(value: str) -> Any:
 
 
 @contextmanager
-def spinner(message: str) -> Iterator[None]:
-    """ZenML's ``console.status(...)``: a spinner on stderr, only when it is a terminal."""
+def spinner(message: str) -> Iterator[Callable[[str], None]]:
+    """ZenML's ``console.status(...)``: a spinner on stderr, only when it is a terminal.
+    Gives a function that changes its message (progress)."""
     if not sys.stderr.isatty():
-        yield
+        yield lambda message: None
         return
-    with err().status(message):
-        yield
+    with err().status(message) as status:
+        yield lambda message: status.update(_text(message))
 
 
 def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
