@@ -78,6 +78,7 @@ from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.store.tree_records import (
     IntegralRecord,
+    JobRecord,
     JobStatus,
     NodeRecord,
     OperationRecord,
@@ -1187,7 +1188,11 @@ class TreesService:
             found, total = store.operation_page(
                 conn, tree, statuses, created_by, limit=limit, offset=offset
             )
-            views = tuple(self._operation_view(conn, op, {}, shares=False) for op in found)
+            jobs: dict[str, list[JobRecord]] = {op.id: [] for op in found}
+            for job in store.jobs_of(conn, list(jobs)):  # one query for the page, not one each
+                jobs[job.operation_id].append(job)
+            views = tuple(self._operation_view(conn, op, {}, shares=False, jobs=jobs[op.id])
+                          for op in found)
         return Page(views, total, limit, offset)
 
     def complete_operation(self, ref: str) -> OperationView:
@@ -1237,10 +1242,12 @@ class TreesService:
         operation: OperationRecord,
         results: Mapping[str, _Pass],
         shares: bool = True,
+        jobs: Sequence[JobRecord] | None = None,
     ) -> OperationView:
         """The operation; its shares in each tree from ``results`` (the passes just run), else
-        computed now."""
-        jobs = store.jobs_of(conn, [operation.id])
+        computed now. ``jobs``: its jobs, when already read (else read here)."""
+        if jobs is None:
+            jobs = store.jobs_of(conn, [operation.id])
         running = [j for j in jobs if j.status is JobStatus.RUNNING]
         interrupting = [j for j in jobs if j.status is JobStatus.INTERRUPTING]
         nodes: dict[str, int] = {}

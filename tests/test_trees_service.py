@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import func, select, update
+from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store.db import Database
-from fairpool.trees_service import TreesService
+from fairpool.trees_service import OperationView, TreesService
 from fairpool.views import OPERATION_STATUSES
 from tests.test_service import Clock
 
@@ -661,6 +661,35 @@ def test_a_page_of_operations_is_its_slice_of_every_operation_the_filters_match(
                 expected[offset:end], len(expected)), (tree, status, created_by, limit, offset)
     with pytest.raises(InvalidInput, match=r"^limit: must be a positive integer \(got 0\)$"):
         two_trees.operation_page(limit=0)
+
+
+def test_a_page_of_operations_reads_their_jobs_at_once(seed: TreesService) -> None:
+    """As many statements for 30 operations as for 3: their jobs in one query (a page of
+    100 read its jobs in 100)."""
+    for _ in range(30):
+        seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=2)
+    statements: list[str] = []
+
+    def record(*args: Any) -> None:
+        statements.append(args[2])
+
+    def counted(limit: int) -> tuple[int, list[int]]:
+        statements.clear()
+        event.listen(Engine, "before_cursor_execute", record)
+        try:
+            page = seed.operation_page(limit=limit)
+        finally:
+            event.remove(Engine, "before_cursor_execute", record)
+        return len(statements), [jobs(op) for op in page.items]
+
+    def jobs(op: OperationView) -> Any:
+        return op.running_jobs, op.pending_jobs, op.nodes, op.interrupting
+
+    counted(1)  # a first read may set its connection up
+    few, many = counted(3), counted(30)
+    assert few[0] == many[0]
+    assert many[1] == [jobs(seed.describe_operation(op.id)) for op in seed.list_operations()]
+    assert {running for running, *_ in many[1]} == {0, 2}  # some run, some wait
 
 
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
