@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # the CLI imports this module: asyncio would cost it ~50 ms a start
     import asyncio
@@ -15,6 +15,11 @@ def one_line(text: str) -> str:
     stripped and joined by single spaces. Spaces within a line are kept: a value shown in
     it, ``(got '   ')``, is shown as it was."""
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+#: What every backend can store (PostgreSQL's name columns are VARCHAR(255)): no name or id
+#: is longer.
+MAX_NAME: Final = 255
 
 
 def clipped(text: str) -> str:
@@ -46,7 +51,10 @@ class NotFound(FairpoolError, LookupError):
     @classmethod
     def of(cls, what: str, ref: object, where: str = "") -> NotFound:
         """The one wording, which the remote client also gives for a ref it cannot send:
-        ``no pool 'x'``, ``no pool 'x' in tree t``."""
+        ``no pool 'x'``, ``no pool 'x' in tree t``. A ref longer than any name is shown
+        clipped (a whole file pasted was echoed whole)."""
+        if isinstance(ref, str) and len(ref) > MAX_NAME:
+            ref = clipped(ref)
         return cls(f"no {what} {ref!r}{where}")
 
     @classmethod

@@ -456,6 +456,9 @@ def tree_commands(fp: Transcript) -> None:
     fp("operation", "complete", batch["id"])                                  # already ended
     fp("operation", "abort", adhoc["id"][:8])
     fp("operation", "abort", "ffffffff")                                      # not found
+    fp("operation", "abort", "f" * 3000)                          # not found: shown clipped
+    fp("resource-pool", "describe", "p" * 256)                    # longer than any name
+    fp("resource-pool", "describe", "p" * 255)                    # could be one: shown whole
     fp("pool-tree", "set", "physical", "fair_share_starvation_timeout", "1000", "-o", "json")
     fp("pool-tree", "set", "physical", "fair_share_starvation_tolerance", "2")  # bad value
     fp("pool-tree", "set", "physical", "max_operation_count", "2024-13-45")    # a 500 remotely
@@ -586,6 +589,11 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
                          (("prune", "--older-than", "36501d"), "is longer than 36500 days")):
         [refused] = [s for s in embedded.steps if s.args == args]
         assert refused.code == 2 and needle in refused.stderr, refused
+    for ref, shown in (("f" * 3000, "f" * 20 + "..."), ("p" * 256, "p" * 20 + "..."),
+                       ("p" * 255, "p" * 255)):
+        [missing] = [s for s in embedded.steps if s.args[-1] == ref]
+        assert missing.code == 1 and f"{shown!r}" in missing.stderr, missing  # one line, short
+        assert len(missing.stderr) < 300 + len(shown), missing
     assert "Traceback" not in server.log()
 
 

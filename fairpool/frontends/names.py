@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Final
 
+# MAX_NAME's home is fairpool.errors, which shows a longer ref clipped.
+from fairpool.errors import MAX_NAME as MAX_NAME
 from fairpool.errors import InvalidInput, clipped, is_unicode
 
-#: What every backend can store (PostgreSQL's name columns are VARCHAR(255)).
-MAX_NAME: Final = 255
 #: Keys of one mapping of resource amounts, and labels of one request or workload: what a
 #: pass plans and a row holds stays bounded, embedded as over HTTP.
 MAX_KEYS: Final = 64
