@@ -80,6 +80,16 @@ class PostgresServer:
             self._ready.append(self._clones.submit(self._clone, template))
         return self._ready.popleft().result()
 
+    def create_collated(self, icu_locale: str) -> str:
+        """A new, empty database whose text sorts by ``icu_locale`` (``en-US``: as where the
+        OS's locale is, PostgreSQL's Docker image's say), not by code point."""
+        name = f"fairpool_test_{uuid.uuid4().hex}"
+        self._admin.execute(sql.SQL(
+            "CREATE DATABASE {} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE {} "
+            "LOCALE 'C.UTF-8'"
+        ).format(sql.Identifier(name), sql.Literal(icu_locale)))
+        return name
+
     def drop_later(self, name: str) -> None:
         self._pending.append(self._drops.submit(self._drop, name))
 

@@ -32,6 +32,7 @@ from fairpool.errors import Conflict, Unreachable
 from fairpool.service import Service
 from fairpool.store import db as store_db
 from fairpool.store import repo, schema
+from fairpool.store import trees as store_trees
 from fairpool.store.db import (
     TCP_DEFAULTS,
     WRITE_LOCK_KEY,
@@ -39,8 +40,9 @@ from fairpool.store.db import (
     generation,
     migration_config,
 )
+from fairpool.trees_service import TreesService
 from fairpool.views import RequestView
-from tests.conftest import POSTGRES_CONNINFO
+from tests.conftest import POSTGRES_CONNINFO, PostgresServer
 from tests.test_busy_routes import call
 from tests.test_service import team_service
 from tests.test_store import (
@@ -889,3 +891,34 @@ def test_processes_opening_a_new_database_at_once(new_database: Callable[..., st
         assert len(repo.list_events(connection)) == PROCESSES
         head = ScriptDirectory.from_config(migration_config(connection)).get_current_head()
         assert MigrationContext.configure(connection).get_current_revision() == head
+
+
+def test_names_list_in_code_point_order_whatever_the_databases_collation(
+    postgres: PostgresServer, request: pytest.FixtureRequest
+) -> None:
+    """On a database sorting as en-US does (PostgreSQL's default where the OS's locale is),
+    nodes, trees and a tree's pools were listed in its order: ``_x, a, a_b, a-b, A:1, ab, b,
+    B, Z1``, where SQLite and a C database list ``A:1, B, Z1, _x, a, a-b, a_b, ab, b`` (found
+    by helper-65). Remote and embedded lists then differed."""
+    name = postgres.create_collated("en-US")
+    request.addfinalizer(lambda: postgres.drop_later(name))
+    names = ["b", "B", "a", "_x", "Z1", "a-b", "a_b", "ab", "A:1"]
+    with Database.open(postgres.url(name)) as db:
+        svc, trees = Service(db), TreesService(db)
+        trees.create_tree("t", {"node_tag_filter": "t"})
+        for i, each in enumerate(names):
+            trees.add_node(each, [], {"cpu": 1})
+            trees.create_tree(each, {"node_tag_filter": f"tag{i}"})  # nodes of its own: none
+            trees.create_pool("t", each)
+            svc.create_pool(each, dict.fromkeys(names, 1))
+            svc.attach_policy(names[0], each)
+        with db.read() as conn:  # the database's own order differs
+            ordered = conn.scalars(select(schema.pool.c.name).order_by(schema.pool.c.name))
+            assert list(ordered) != sorted(names)
+        assert [node.name for node in trees.list_nodes()] == sorted(names)
+        assert [tree.name for tree in trees.list_trees()] == sorted([*names, "t"])
+        with db.read() as conn:
+            assert [pool.name for pool in store_trees.list_pools(conn, "t")] == sorted(names)
+        assert [pool.name for pool in svc.list_pools()] == sorted(names)
+        assert [c.name for c in svc.list_components()] == sorted(names)
+        assert list(svc.get_pool(names[0]).capacity) == sorted(names)

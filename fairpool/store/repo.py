@@ -49,7 +49,7 @@ from fairpool.store.records import (
     RequestStatus,
     TokenRole,
 )
-from fairpool.store.schema import as_utc
+from fairpool.store.schema import as_utc, by_code_point
 
 if TYPE_CHECKING:
     from fairpool.store.db import Database
@@ -161,7 +161,9 @@ def _component(
     return Component.from_row(row)
 
 
-_COMPONENTS = select(schema.component).order_by(schema.component.c.name, schema.component.c.type)
+_COMPONENTS = select(schema.component).order_by(
+    by_code_point(schema.component.c.name), schema.component.c.type
+)
 
 
 def list_components(connection: Connection) -> list[Component]:
@@ -180,11 +182,11 @@ def delete_component(connection: Connection, component_id: str) -> None:
 def _pool_statements(where: ColumnElement[bool]) -> tuple[Select[Any], Select[Any]]:
     """The pools matching ``where``, and their capacity rows."""
     table, resource = schema.pool, schema.pool_resource
-    statement = select(table).where(where).order_by(table.c.name)
+    statement = select(table).where(where).order_by(by_code_point(table.c.name))
     capacity = (
         select(resource.c.pool_id, resource.c.key, resource.c.total)
         .where(resource.c.pool_id.in_(statement.with_only_columns(table.c.id)))
-        .order_by(resource.c.pool_id, resource.c.key)
+        .order_by(resource.c.pool_id, by_code_point(resource.c.key))
     )
     return statement, capacity
 
@@ -279,7 +281,7 @@ def _policy_statements(where: ColumnElement[bool]) -> tuple[Select[Any], Select[
     resources = (
         select(resource.c.policy_id, resource.c.key, resource.c.reserved, resource.c.limit)
         .where(resource.c.policy_id.in_(statement.with_only_columns(table.c.id)))
-        .order_by(resource.c.policy_id, resource.c.key)
+        .order_by(resource.c.policy_id, by_code_point(resource.c.key))
     )
     return statement, resources
 
@@ -428,7 +430,7 @@ def _demand_statement(statement: Select[Any]) -> Select[Any]:
     return (
         select(resource.c.request_id, resource.c.key, resource.c.amount)
         .where(resource.c.request_id.in_(statement.with_only_columns(schema.request.c.id)))
-        .order_by(resource.c.request_id, resource.c.key)
+        .order_by(resource.c.request_id, by_code_point(resource.c.key))
     )
 
 
@@ -468,7 +470,7 @@ _REQUESTS_BY_ID_DEMAND = (
         schema.request_resource.c.amount,
     )
     .where(schema.request_resource.c.request_id.in_(bindparam("ids", expanding=True)))
-    .order_by(schema.request_resource.c.request_id, schema.request_resource.c.key)
+    .order_by(schema.request_resource.c.request_id, by_code_point(schema.request_resource.c.key))
 )
 
 

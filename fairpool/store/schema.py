@@ -33,6 +33,9 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.event import listens_for
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from fairpool.store.records import (
@@ -62,6 +65,25 @@ def _named_by(column: str) -> Index:
     ON DELETE action looks up, partial because most rows name none."""
     where = text(f"{column} IS NOT NULL")
     return Index(None, column, sqlite_where=where, postgresql_where=where)
+
+
+class by_code_point(FunctionElement[str]):  # lower case: a SQL function, as func.*
+    """A text column to ORDER BY in code point order on every database, SQLite's own:
+    PostgreSQL orders by the database's collation, and an en-US one put ``_x, a, a_b, a-b,
+    A:1`` where SQLite has ``A:1, _x, a, a-b, a_b``, so lists differed with the store."""
+
+    inherit_cache = True
+    type = String()
+
+
+@compiles(by_code_point)
+def _as_it_is(element: by_code_point, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
+@compiles(by_code_point, "postgresql")
+def _collate_c(element: by_code_point, compiler: SQLCompiler, **kw: Any) -> str:
+    return f'{compiler.process(element.clauses, **kw)} COLLATE "C"'
 
 
 def as_utc(moment: datetime) -> datetime:

@@ -17,7 +17,7 @@ from fairpool.ids import new_id
 from fairpool.store import schema
 from fairpool.store.direct import check_found
 from fairpool.store.repo import batches, keyed, page_of, resolve_id
-from fairpool.store.schema import as_utc
+from fairpool.store.schema import as_utc, by_code_point
 from fairpool.store.tree_records import (
     IntegralRecord,
     JobRecord,
@@ -44,7 +44,7 @@ def insert_node(
 
 def list_nodes(connection: Connection) -> list[NodeRecord]:
     table = schema.cluster_node
-    rows = connection.execute(select(table).order_by(table.c.name)).mappings()
+    rows = connection.execute(select(table).order_by(by_code_point(table.c.name))).mappings()
     return [NodeRecord.from_row(row) for row in rows]
 
 
@@ -121,7 +121,7 @@ def find_tree(connection: Connection, name: str) -> PoolTreeRecord | None:
 
 def list_trees(connection: Connection) -> list[PoolTreeRecord]:
     table = schema.pool_tree
-    rows = connection.execute(select(table).order_by(table.c.name)).mappings()
+    rows = connection.execute(select(table).order_by(by_code_point(table.c.name))).mappings()
     return [PoolTreeRecord.from_row(row) for row in rows]
 
 
@@ -141,7 +141,7 @@ def set_default_tree(connection: Connection, name: str) -> None:
 def list_pools(connection: Connection, tree: str) -> list[TreePoolRecord]:
     table = schema.tree_pool
     rows = connection.execute(
-        select(table).where(table.c.tree == tree).order_by(table.c.name)
+        select(table).where(table.c.tree == tree).order_by(by_code_point(table.c.name))
     ).mappings()
     return [TreePoolRecord.from_row(row) for row in rows]
 
