@@ -27,6 +27,19 @@ def clipped(text: str) -> str:
     return text if len(text) <= 20 else text[:20] + "..."
 
 
+#: The most characters of a value an error line shows.
+MAX_SHOWN: Final = 80
+
+
+def shown(value: object) -> str:
+    """``value`` as an error line shows it: a long string clipped, any other long value's
+    text cut (a tree's whole 100 kB config was echoed in its error line)."""
+    if isinstance(value, str) and len(value) > MAX_SHOWN:
+        value = clipped(value)
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
 def counted(count: int, noun: str) -> str:
     """``1 job``, ``2 jobs``: a count as a message writes it (regular plurals only)."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
@@ -73,7 +86,7 @@ class InvalidInput(FairpoolError, ValueError):
     """Bad input; the message names the field and the value."""
 
     def __init__(self, field: str, value: object, problem: str) -> None:
-        super().__init__(f"{field}: {problem} (got {value!r})")
+        super().__init__(f"{field}: {problem} (got {shown(value)})")
         self.field = field
         self.value = value
 

@@ -692,6 +692,18 @@ def test_a_page_of_operations_reads_their_jobs_at_once(seed: TreesService) -> No
     assert {running for running, *_ in many[1]} == {0, 2}  # some run, some wait
 
 
+def test_an_error_line_cuts_a_long_value(trees: TreesService) -> None:
+    """A misspelt option echoed its whole value: one line of 100 kB for 700 presets
+    (found by helper-65). Any value is cut as a string is, at 80 characters."""
+    presets = {f"preset_{i:04d}": {"weight": 1.5} for i in range(700)}
+    with pytest.raises(InvalidInput) as refused:
+        trees.create_tree("big", {"config_presets": presets})
+    assert str(refused.value) == (
+        "config.config_presets: unknown pool tree option; did you mean 'pool_config_presets'? "
+        "(got " + repr(presets)[:77] + "...)"
+    )
+
+
 def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
     op = seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
     with pytest.raises(Conflict, match="node gpu-01 runs 1 job;"):

@@ -36,11 +36,11 @@ from fairpool.errors import (
     at_least,
     clipped,
     one_line,
+    shown,
 )
 
 log = logging.getLogger("fairpool.api")
 
-_MAX_SHOWN = 80
 #: pydantic's error kinds for a number out of its bounds.
 _BOUNDS = frozenset(("greater_than", "greater_than_equal", "less_than", "less_than_equal"))
 
@@ -75,13 +75,6 @@ def _encodable(text: str) -> str:
     """``text`` with a lone surrogate (a name's ``\\ud800`` in a YAML document) escaped as a
     terminal shows it: the answer is UTF-8, which cannot hold one."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, str) and len(value) > _MAX_SHOWN:
-        value = clipped(value)  # as the service shows a long value
-    text = repr(value)
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
 
 def _message(kind: str, ctx: Mapping[str, Any], value: object, default: str) -> str:
@@ -195,7 +188,7 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
         value = len(value)
     detail = f"{field or 'request body'}: {message}"
     if kind != "missing" and "input" in first:
-        detail += f" (got {_shown(value)})"
+        detail += f" (got {shown(value)})"
     if len(errors) > 1:
         detail += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return error_response(422, detail, field)
