@@ -344,8 +344,11 @@ class RemoteService:
         if "json" in kwargs:
             # NaN and infinities written as JavaScript writes them, which the server reads, so
             # that it refuses them naming the field as the service does embedded (httpx would
-            # not send them); ASCII escapes, so that a lone surrogate reaches the server's check.
-            kwargs["content"] = json.dumps(_sendable(kwargs.pop("json")), allow_nan=True)
+            # not send them). UTF-8, 4 bytes a character at most (ASCII escapes took 12, and
+            # the widest labels 300 kB); a lone surrogate, which UTF-8 cannot hold, as its
+            # JSON escape, so that it reaches the server's check.
+            text = json.dumps(_sendable(kwargs.pop("json")), allow_nan=True, ensure_ascii=False)
+            kwargs["content"] = text.encode("utf-8", "backslashreplace")
             kwargs["headers"] = {"content-type": "application/json"}
         for name, value in (kwargs.get("params") or {}).items():
             if isinstance(value, str):  # a lone surrogate: no URL carries one

@@ -1157,6 +1157,14 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("prune, a dry run", lambda: client.prune(0, dry_run=True))
     step("prune", lambda: client.prune(0))
     step("list_requests after the prune", client.list_requests)
+    # The most labels, keys and values as long as may be, in characters UTF-8 writes in 4
+    # bytes: remotely a 413 before 2026-11-30 (a 64 KiB cap, and the SDK's JSON wrote each
+    # as a 12-byte escape; found by helper-65).
+    widest = {f"{i:02d}" + "\U0001F600" * 253: "\U0001F600" * 255 for i in range(64)}
+    step("submit, the widest labels",
+         lambda: client.submit({"gpu": 1}, component="sdk-low", labels=widest))
+    step("scheduling.submit_workload, the widest labels",
+         lambda: client.scheduling.submit_workload(demand={"cpu": "1"}, labels=widest))
     return steps
 
 
@@ -1192,6 +1200,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert not differences, "\n".join(differences)
     # And the sequence did what it says (both modes equally wrong would pass the above).
     answers = dict(local)
+    for name in ("submit, the widest labels", "scheduling.submit_workload, the widest labels"):
+        assert len(answers[name]["labels"]) == 64, answers[name]
     for name, needle in [
         ("create_pool again", "Conflict: a resource pool named `sdk` already exists"),
         ("create_pool invalid", "InvalidInput: capacity.gpu"),

@@ -29,8 +29,10 @@ from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, MAX_RETENTION
 
-#: Request bodies larger than this are refused with 413.
-MAX_BODY_BYTES = 64 * 1024
+#: Request bodies larger than this are refused with 413: room for the widest valid body of
+#: any route, every character written as a 12-byte JSON escape (64 labels of 255-character
+#: keys and values, 64 resource keys: 587 kB). Config documents have limits of their own.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 def text(value: str) -> str:
