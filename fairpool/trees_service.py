@@ -806,7 +806,8 @@ class TreesService:
                              key=lambda p: (-len(current.ancestors(p)), p))
             for pool_name in removed:
                 if live.get(pool_name):
-                    raise Conflict(f"pool {pool_name} has {live[pool_name]} started operations; "
+                    raise Conflict(f"pool {pool_name} has "
+                                   f"{counted(live[pool_name], 'started operation')}; "
                                    "it cannot be removed")
             changes.extend(f"- pool {pool_name}" for pool_name in removed)
             # New and moved pools are saved (parents first) before the removed ones go (leaves
@@ -860,7 +861,7 @@ class TreesService:
             state = _State.load(conn, name)
             if state.operations:
                 raise Conflict(
-                    f"pool tree {name} has {len(state.operations)} started operations "
+                    f"pool tree {name} has {counted(len(state.operations), 'started operation')} "
                     f"({', '.join(op.id for op in state.operations[:5])}"
                     f"{', ...' if len(state.operations) > 5 else ''}): "
                     "complete or abort them first"
@@ -975,7 +976,7 @@ class TreesService:
             self._own_pool(state, name)
             started = store.count_live_operations(conn, tree).get(name, 0)
             if started:
-                raise Conflict(f"pool {name} has {started} started operations; "
+                raise Conflict(f"pool {name} has {counted(started, 'started operation')}; "
                                "complete or abort them first")
             state.tree.without_pool(name)
             store.delete_pool(conn, tree, name)
@@ -1139,7 +1140,7 @@ class TreesService:
                     if owner == user and EPHEMERAL_DELIMITER not in name)
         if owned >= config.max_ephemeral_pool_per_user:
             raise InvalidInput("pool", pool, f"no such pool in tree {tree.name}, and user {user} "
-                               f"already has {owned} ephemeral pools there "
+                               f"already has {counted(owned, 'ephemeral pool')} there "
                                "(max_ephemeral_pool_per_user "
                                f"{config.max_ephemeral_pool_per_user})")
         return pool, self._add_ephemeral(conn, state, ephemeral, user, now)
@@ -1506,13 +1507,13 @@ def _check_operation_count(conn: Connection, state: _State, leaf: str) -> None:
         if started >= limit:
             raise InvalidInput(
                 "pool", pool,
-                f"has {started} started operations in tree {state.tree.name}, its "
+                f"has {counted(started, 'started operation')} in tree {state.tree.name}, its "
                 f"max_operation_count is {limit}",
             )
     started = sum(per_pool.values())
     if started >= state.tree.config.max_operation_count:
         raise InvalidInput(
-            "tree", state.tree.name, f"has {started} started operations, its "
+            "tree", state.tree.name, f"has {counted(started, 'started operation')}, its "
             f"max_operation_count is {state.tree.config.max_operation_count}",
         )
 

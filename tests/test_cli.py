@@ -932,7 +932,7 @@ def test_config_apply_says_which_running_workloads_lost_their_queue(tmp_path: Pa
     fairpool(tmp_path, "workload", "release", second).ok()
     applied = fairpool(tmp_path, "config", "apply", "-f", str(gone), "--yes").ok()
     assert (f"1 admitted workload whose queue or flavor this version removes keeps running, "
-            f"charged to no quota, until they end: {first}") in applied.err, applied.err
+            f"charged to no quota, until it ends: {first}") in applied.err, applied.err
     assert other not in applied.err
 
 

@@ -177,7 +177,7 @@ def test_a_tree_is_deleted_when_nothing_runs_in_it(tmp_path: Path) -> None:
                   "--job-resources", '{"cpu": 1}', "--job-count", "2", "-o", "json").ok().json
     before = db_dump(tmp_path)
     assert_one_error(fairpool(tmp_path, "pool-tree", "delete", "physical"),
-                     "pool tree physical has 1 started operations", op["id"],
+                     "pool tree physical has 1 started operation", op["id"],
                      "complete or abort them first")
     assert db_dump(tmp_path) == before
     fairpool(tmp_path, "operation", "complete", op["id"]).ok()

@@ -182,7 +182,7 @@ def test_ephemeral_pools(seed: TreesService) -> None:
         seed.create_pool("physical", "sub", parent="dave")
     with pytest.raises(InvalidInput, match=under_it):
         seed.set_pool("physical", "project-batch", "parent", "dave")
-    with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pools there"):
+    with pytest.raises(InvalidInput, match="user dave already has 1 ephemeral pool there"):
         seed.start_operation(pool="scratch", user="dave", job_resources=CPU, job_count=1)
     seed.complete_operation(op.id)
     with pytest.raises(NotFound):
@@ -708,7 +708,7 @@ def test_nodes_and_pools_in_use_cannot_be_removed(seed: TreesService) -> None:
     op = seed.start_operation(pool="project-batch", user="u", job_resources=CPU, job_count=1)
     with pytest.raises(Conflict, match="node gpu-01 runs 1 job;"):
         seed.remove_node("gpu-01")
-    with pytest.raises(Conflict, match="pool project-batch has 1 started operations"):
+    with pytest.raises(Conflict, match="pool project-batch has 1 started operation;"):
         seed.delete_pool("physical", "project-batch")
     seed.complete_operation(op.id)
     with pytest.raises(Conflict, match="already completed"):
@@ -956,7 +956,7 @@ def test_a_tree_limit_pends_the_operation_in_that_tree_only(two_trees: TreesServ
      InvalidInput, "tree_options.cpus.resource_limits.cpu"),
     # admission is checked in every tree: research holds 1 started operation at most
     ({"trees": ["physical", "cpus"], "tree_options": {"cpus": {"pool": "research"}}},
-     InvalidInput, "pool: has 1 started operations in tree cpus, its max_operation_count is 1 "
+     InvalidInput, "pool: has 1 started operation in tree cpus, its max_operation_count is 1 "
      "(got 'research')"),
 ])
 def test_a_refused_multi_tree_operation_writes_nothing(

@@ -146,7 +146,7 @@ def _print_applied(applied: dict[str, Any], output: str, *, confirmed: bool) -> 
         o.declare(
             f"{counted(orphans, 'admitted workload')} whose queue or flavor this version "
             f"removes {'keeps' if orphans == 1 else 'keep'} running, charged to no quota, "
-            "until they end: " + ", ".join(applied["orphaned"])
+            f"until {'it ends' if orphans == 1 else 'they end'}: " + ", ".join(applied["orphaned"])
         )
     for key, verb in (("admitted", "admitted"), ("failed", "rejected or failed")):
         if applied[key]:
