@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from fairpool import Client
+from fairpool.cli.resource_request import reason_of
 from tests import forked_cli
 from tests.conftest import PostgresServer
 from tests.servers import free_port
@@ -273,6 +274,34 @@ def test_pool_requests_views(tour: Tour) -> None:
     for text in ("STATE", "STATUS", "COMPONENT", "RESOURCES", "POSITION", "REASON",
                  "active", "queued", "limit 4", "3 items found"):
         assert text in out, text
+
+
+def test_a_table_to_a_pipe_has_a_line_a_row_and_a_narrow_one_a_record_a_row(
+    tour: Tour,
+) -> None:
+    """Piped with no ``COLUMNS``, rich wrapped tables at 80 columns, squeezing each column to
+    a few letters a line ("phy/sic/al"; found by helper-65): now each row is one line,
+    however long. Too narrow for the columns' words, each row is a record of its own, no
+    word broken."""
+    listed = fairpool(tour.home, "resource-request", "list", "-o", "json").ok().json["items"]
+    reasons = {request["id"]: reason_of(request) for request in listed}
+    assert max(map(len, reasons.values())) > 40
+    env = {key: value for key, value in cli_env(tour.home).items() if key != "COLUMNS"}
+    code, out, err = forked_cli.run(["resource-request", "list"], env)
+    assert code == 0, err
+    for request in listed:
+        [line] = [line for line in out.splitlines() if request["id"] in line]
+        assert request["status"] in line and reasons[request["id"]] in line, line
+    assert max(map(len, out.splitlines())) > 80
+    code, out, err = forked_cli.run(["resource-request", "list"], {**env, "COLUMNS": "60"})
+    assert code == 0, err
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 60
+    assert [line.split()[3] for line in lines if line.split()[1:2] == ["ID"]] == [
+        request["id"] for request in listed]
+    for request in listed:
+        words = " ".join(line.strip("│ ") for line in lines).split()
+        assert all(word in words for word in reasons[request["id"]].split()), request
 
 
 def test_tables_keep_ids_whole_at_a_common_terminal_width(tour: Tour) -> None:

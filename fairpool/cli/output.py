@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -200,12 +201,63 @@ def table(
 
     result = Table(title=None if title is None else _text(title), title_justify="left",
                    show_lines=False)
-    for column in columns:
-        # Ids (and a tree's elements, ids among them) are copied into the next command: the
-        # other columns wrap first. Where they cannot, rich still folds these last.
-        result.add_column(header(column), overflow="fold", no_wrap=column in UNBROKEN_COLUMNS)
-    for row in rows:
-        result.add_row(*(_text(format_cell(column, row.get(column))) for column in columns))
+    cells = [[format_cell(column, row.get(column)) for column in columns] for row in rows]
+    for index, column in enumerate(columns):
+        # Lines break between words, never inside one (squeezed, "physical" became "phy/
+        # sic/al"), so a column is as wide as its longest word; a longer one (past an id's
+        # 36 characters) folds. Ids (and a tree's elements) are copied into the next
+        # command: they never break.
+        words = [*header(column).split(), *(word for row in cells for word in row[index].split())]
+        result.add_column(header(column), overflow="fold", no_wrap=column in UNBROKEN_COLUMNS,
+                          min_width=min(max(map(len, words)), _LONGEST_WORD))
+    for row in cells:
+        result.add_row(*map(_text, row))
+    return result
+
+
+#: Columns are at least as wide as their longest word, up to this (an id's length).
+_LONGEST_WORD = 36
+#: A width no table reaches: to measure one as it would be with all the room it wants.
+_UNBOUNDED = 1_000_000
+
+
+def print_table(
+    rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
+) -> None:
+    """``table``, printed whole: to a pipe or a file at its natural width (a line per row,
+    for grep; rich would wrap it at 80 columns), unless ``COLUMNS`` says a width; where it
+    is too narrow for its columns' words, each row as a record of its own, as psql's
+    expanded display does."""
+    from rich.measure import Measurement
+
+    console = out()
+    shown = table(rows, columns, title=title)
+    measured = Measurement.get(console, console.options.update_width(_UNBOUNDED), shown)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        from rich.console import Console
+
+        # print(width=) only narrows: a console of that width for this table alone.
+        wide = max(console.width, measured.maximum)
+        Console(file=console.file, width=wide, highlight=False, soft_wrap=False).print(shown)
+    elif measured.minimum <= console.width:
+        console.print(shown)
+    else:
+        for row in rows:
+            console.print(_record(row, columns))
+
+
+def _record(row: Row, columns: Sequence[str]) -> Table:
+    """One row of a table as a record: a line per column, its name then its value."""
+    from rich.table import Table
+
+    values = [format_cell(column, row.get(column)) for column in columns]
+    result = Table(show_header=False)
+    result.add_column(no_wrap=True)
+    result.add_column(overflow="fold", min_width=min(
+        max((len(word) for value in values for word in value.split()), default=1),
+        _LONGEST_WORD))
+    for column, value in zip(columns, values, strict=True):
+        result.add_row(_text(header(column)), _text(value))
     return result
 
 
@@ -234,7 +286,7 @@ def print_list(
                           "filters."))
         return
     shown = [row_formatter(row) for row in rows] if row_formatter else list(rows)
-    out().print(table(shown, columns))
+    print_table(shown, columns)
     out().print(_text(
         f"Page ({pagination['index']}/{pagination['total_pages']}), "
         f"{counted(pagination['total'], 'item')} found for the applied filters."
@@ -269,6 +321,6 @@ def print_section(
 ) -> None:
     """A titled sub-table in a describe view; a one-line note when there is nothing to show."""
     if rows:
-        out().print(table(rows, columns, title=title))
+        print_table(rows, columns, title=title)
     else:
         out().print(_text(f"{title}: {empty_message}"))

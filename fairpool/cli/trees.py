@@ -215,7 +215,7 @@ def _print_tree(data: dict[str, Any], output: str) -> None:
         for row in data["elements"]
     ]
     if rows:
-        o.out().print(o.table(rows, ELEMENT_COLUMNS))
+        o.print_table(rows, ELEMENT_COLUMNS)
     for warning in data["warnings"]:
         o.declare(f"Warning: {warning}")
 
