@@ -767,6 +767,7 @@ class Service:
     def request_events(self, ref: str) -> list[EventView]:
         """Request ``ref``'s history, oldest first. The log outlives the request: a deleted
         one's, ``deleted`` last, is found by its whole id."""
+        self._catch_up()
         with self.db.read() as conn:
             request_id, events = repo.request_events(conn, ref)
             names = repo.pool_names(conn, {e.pool_id for e in events if e.pool_id is not None})

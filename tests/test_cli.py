@@ -427,6 +427,25 @@ def test_every_output_format_parses(tour: Tour) -> None:
     assert "Reconcile pass" in r[("reconcile",)].ok().out
 
 
+def test_a_list_filtered_to_a_pool_gives_the_reason_there(tmp_path: Path) -> None:
+    """A request queued on two pools showed its first pool's reason in a list filtered to
+    the other; its description showed position 0 for a pool that can never serve it, which
+    reads as the head of the queue (found by helper-66)."""
+    for pool, capacity in (("X", '{"gpu": 1}'), ("Y", '{"gpu": 1}'), ("Z", '{"fpga": 1}')):
+        fairpool(tmp_path, "resource-pool", "create", pool, "-c", capacity).ok()
+        fairpool(tmp_path, "resource-pool", "attach-policy", pool, "dual", "-p", "1").ok()
+    made = [fairpool(tmp_path, "resource-request", "create", "--component", "dual",
+                     "--gpu-count", "1", "-o", "json").ok().json for _ in range(3)]
+    for pool in ("X", "Y"):
+        listed = fairpool(tmp_path, "resource-request", "list", "--status", "queued",
+                          "--pool", pool).ok().out
+        assert f"pool {pool}: gpu requested 1, free 0 of 1" in listed, listed
+    described = fairpool(tmp_path, "resource-request", "describe", made[2]["id"]).ok().out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in described.splitlines() if line.count("│") == 5}
+    assert (rows["X"], rows["Y"], rows["Z"]) == ("1", "1", "-"), described
+
+
 def test_empty_lists_say_so(tmp_path: Path) -> None:
     pools, requests = fairpool_many(tmp_path, [
         ("resource-pool", "list"), ("resource-request", "list"),

@@ -562,7 +562,8 @@ def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
 ) -> None:
     """Embedded (``catch_up``) nobody runs passes between commands. A read found the lease
     run out and showed it allocated until the next write; a heartbeat that expired another
-    holder's lease freed its units but granted them to nobody (and then no read was due)."""
+    holder's lease freed its units but granted them to nobody (and then no read was due); a
+    request's history left the expiry out until another read (found by helper-66)."""
     svc.catch_up = True
     first, second, waiting = two_holders_and_a_waiter(svc)
     clock.now += timedelta(seconds=61)
@@ -570,7 +571,9 @@ def test_embedded_reads_and_heartbeats_catch_up_with_expired_leases(
     assert svc.get_request(first.id).status == "released"
     assert svc.get_request(waiting.id).status == "allocated"  # granted then, not later
     clock.now += timedelta(seconds=121)
-    assert svc.get_pool("p").occupied == {"gpu": 1}  # a read: the second's lease ran out
+    # Its history, read first, says so too (it listed no expiry until another read).
+    assert svc.request_events(second.id)[-1].kind == "lease_expired"
+    assert svc.get_pool("p").occupied == {"gpu": 1}
     assert svc.get_request(second.id).status == "released"
 
 

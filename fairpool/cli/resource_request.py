@@ -34,12 +34,14 @@ class WaitTimeout(click.ClickException):
     exit_code = EXIT_TIMEOUT
 
 
-def reason_of(request: dict[str, Any]) -> str:
-    """Why a request is where it is: for a queued one the live reason of its first queue entry
-    (the stored reason dates from the last pass), else its status reason."""
+def reason_of(request: dict[str, Any], pool: str | None = None) -> str:
+    """Why a request is where it is: for a queued one the live reason of its queue entry in
+    ``pool`` (a list filtered to it), else of its first (the stored reason dates from the
+    last pass); else its status reason."""
     places = request.get("queue") or ()
-    if request.get("status") == "queued" and places and places[0].get("reason"):
-        return str(places[0]["reason"])
+    place = next((p for p in places if p.get("pool") == pool), places[0] if places else None)
+    if request.get("status") == "queued" and place and place.get("reason"):
+        return str(place["reason"])
     return str(request.get("status_reason") or "")
 
 
@@ -86,10 +88,11 @@ def print_request(request: dict[str, Any], output: str) -> None:
         ],
     )
     if request["status"] == "queued":
-        o.print_section(
-            "Queue", request.get("queue") or [], QUEUE_COLUMNS,
-            empty_message="not waiting in any pool.",
-        )
+        # Position 0: a pool that can never serve it (it waits in none of its queues), not
+        # the head of one; read as "next in line" (found by helper-66).
+        places = [{**place, "position": place["position"] or "-"}
+                  for place in request.get("queue") or []]
+        o.print_section("Queue", places, QUEUE_COLUMNS, empty_message="not waiting in any pool.")
 
 
 def declare_status(request: dict[str, Any]) -> None:
@@ -375,7 +378,7 @@ def list_requests(
     o.print_page(
         service().request_page(status, component, pool, limit=limit, offset=offset),
         REQUEST_COLUMNS, output, empty_message="No resource requests found.",
-        row_formatter=lambda row: {**row, "reason": reason_of(row)},
+        row_formatter=lambda row: {**row, "reason": reason_of(row, pool)},
     )
 
 
