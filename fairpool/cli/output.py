@@ -11,7 +11,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
@@ -194,7 +194,7 @@ def header(column: str) -> str:
     return column.replace("_", " ").upper()
 
 
-def table(
+def _table(
     rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
 ) -> Table:
     from rich.table import Table
@@ -203,13 +203,9 @@ def table(
                    show_lines=False)
     cells = [[format_cell(column, row.get(column)) for column in columns] for row in rows]
     for index, column in enumerate(columns):
-        # Lines break between words, never inside one (squeezed, "physical" became "phy/
-        # sic/al"), so a column is as wide as its longest word; a longer one (past an id's
-        # 36 characters) folds. Ids (and a tree's elements) are copied into the next
-        # command: they never break.
-        words = [*header(column).split(), *(word for row in cells for word in row[index].split())]
+        # Ids (and a tree's elements) are copied into the next command: they never break.
         result.add_column(header(column), overflow="fold", no_wrap=column in UNBROKEN_COLUMNS,
-                          min_width=min(max(map(len, words)), _LONGEST_WORD))
+                          min_width=_widest_word([header(column), *(row[index] for row in cells)]))
     for row in cells:
         result.add_row(*map(_text, row))
     return result
@@ -217,6 +213,13 @@ def table(
 
 #: Columns are at least as wide as their longest word, up to this (an id's length).
 _LONGEST_WORD = 36
+
+
+def _widest_word(texts: Iterable[str]) -> int:
+    """A column's least width: lines break between words, never inside one (squeezed,
+    "physical" became "phy/sic/al"); a word past ``_LONGEST_WORD`` folds."""
+    return min(max((len(word) for text in texts for word in text.split()), default=1),
+               _LONGEST_WORD)
 #: A width no table reaches: to measure one as it would be with all the room it wants.
 _UNBOUNDED = 1_000_000
 
@@ -224,14 +227,14 @@ _UNBOUNDED = 1_000_000
 def print_table(
     rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
 ) -> None:
-    """``table``, printed whole: to a pipe or a file at its natural width (a line per row,
+    """A table of ``rows``, printed whole: to a pipe or a file at its natural width (a line per row,
     for grep; rich would wrap it at 80 columns), unless ``COLUMNS`` says a width; where it
     is too narrow for its columns' words, each row as a record of its own, as psql's
     expanded display does."""
     from rich.measure import Measurement
 
     console = out()
-    shown = table(rows, columns, title=title)
+    shown = _table(rows, columns, title=title)
     measured = Measurement.get(console, console.options.update_width(_UNBOUNDED), shown)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         from rich.console import Console
@@ -242,6 +245,8 @@ def print_table(
     elif measured.minimum <= console.width:
         console.print(shown)
     else:
+        if title is not None:
+            console.print(_text(title))
         for row in rows:
             console.print(_record(row, columns))
 
@@ -253,9 +258,7 @@ def _record(row: Row, columns: Sequence[str]) -> Table:
     values = [format_cell(column, row.get(column)) for column in columns]
     result = Table(show_header=False)
     result.add_column(no_wrap=True)
-    result.add_column(overflow="fold", min_width=min(
-        max((len(word) for value in values for word in value.split()), default=1),
-        _LONGEST_WORD))
+    result.add_column(overflow="fold", min_width=_widest_word(values))
     for column, value in zip(columns, values, strict=True):
         result.add_row(_text(header(column)), _text(value))
     return result

@@ -186,7 +186,6 @@ def live_workloads(connection: Connection) -> list[Workload]:
     return list_workloads(connection, (WorkloadStatus.QUEUED, WorkloadStatus.ADMITTED))
 
 
-#: Ids per statement of ``workloads_by_id``: well under SQLite's bound on parameters.
 def workloads_by_id(connection: Connection, ids: Iterable[str]) -> list[Workload]:
     """The workloads with these ids (in no particular order; those not found are left out)."""
     table = schema.workload
