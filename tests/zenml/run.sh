@@ -4,11 +4,8 @@
 #   tests/zenml/run.sh [pytest args]        ZENML_VENV=path (default .zenml-venv) to reuse one
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+[ -n "${ZENML_PREPARED:-}" ] || bash tests/zenml/prepare.sh
 source tests/zenml/venv.sh
-"$VENV/bin/pip" check
-# The integration type-checks against the real ZenML (the main mypy run excludes it, so
-# pyproject's mypy settings are not read here: --config-file "").
-"$VENV/bin/mypy" --config-file "" --strict --python-version 3.11 fairpool/integrations/zenml
 # Nothing of ZenML's may land in the user's config: each test sets its own ZENML_CONFIG_PATH;
 # this one only covers ZenML's import-time defaults.
 export ZENML_CONFIG_PATH="${ZENML_CONFIG_PATH:-$(mktemp -d)}"
