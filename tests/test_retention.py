@@ -271,10 +271,9 @@ def test_a_prune_over_http_takes_a_bounded_part_a_call(
         with httpx.Client(base_url=url + API, timeout=30.0) as http:
             one = http.post("/prune", json={"older_than": 0, "batches": 2}).json()
             assert (one["requests"], one["events"], one["complete"]) == (6, 0, False)
-        client = Client(url)
         told: list[PruneView] = []
-        done = client.prune(0, progress=told.append)
-        client.close()
+        with Client(url) as client:
+            done = client.prune(0, progress=told.append)
     assert (done.requests, done.events, done.complete) == (24, 90, True)
     assert [(part.requests, part.events, part.complete) for part in told] == [(24, 36, False)]
     assert done.before > told[0].before  # the last call's cutoff: all before it is gone
