@@ -49,12 +49,12 @@ from fairpool.leases import (
     still_waiting,
     wait_timeout,
 )
+from fairpool.paging import Page
 from fairpool.settings import ResourceSettings, request_map
 from fairpool.signals import resent_from_finalizer, signal_main
 from fairpool.views import (
     ComponentView,
     EventView,
-    Page,
     PassSummary,
     PolicyView,
     PoolView,
@@ -382,10 +382,13 @@ class Client:
         *,
         limit: int | None = None,
         offset: int = 0,
+        after: str | None = None,
     ) -> Page[RequestView]:
         """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
-        the filters match, oldest first, and ``total``: how many they match."""
-        return self._service.request_page(status, component, pool, limit=limit, offset=offset)
+        the filters match, oldest first, and ``total``: how many they match. ``after``: a
+        page's ``next``, to go on where it ended, wherever deletes since have moved it."""
+        return self._service.request_page(status, component, pool, limit=limit, offset=offset,
+                                          after=after)
 
     def wait(self, ref: str, timeout: float | None = None) -> RequestView:
         """Block until the request leaves the queue (or ``timeout`` seconds pass)."""

@@ -38,6 +38,7 @@ from fairpool.errors import (
 from fairpool.frontends.names import MAX_VERSION, check_unicode
 from fairpool.ids import new_id
 from fairpool.outage import Outage
+from fairpool.paging import Page, V, check_page
 from fairpool.views import (
     COMPONENT_TYPES,
     MAX_RETENTION,
@@ -46,15 +47,12 @@ from fairpool.views import (
     WORKLOAD_STATUSES,
     ComponentView,
     EventView,
-    Page,
     PassSummary,
     PolicyView,
     PoolView,
     PruneProgress,
     PruneView,
     RequestView,
-    V,
-    check_page,
 )
 
 #: Items asked for per call when a list wants them all.
@@ -249,35 +247,40 @@ class RemoteService:
         *,
         limit: int | None = None,
         offset: int = 0,
+        after: str | None = None,
     ) -> Page[RequestView]:
         """One ``GET /requests``; ``limit`` None: as many as it takes to reach the end."""
         filters = {"status": status, "component": component, "pool": pool}
-        return self._page("/requests", filters, REQUEST_STATUSES, limit, offset,
+        return self._page("/requests", filters, REQUEST_STATUSES, (limit, offset, after),
                           RequestView.from_dict)
 
     def _page(
         self, path: str, filters: Mapping[str, str | None], statuses: Sequence[str],
-        limit: int | None, offset: int, parse: Callable[[dict[str, Any]], V],
+        page: tuple[int | None, int, str | None], parse: Callable[[dict[str, Any]], V],
     ) -> Page[V]:
-        """One ``GET path`` (a list), its items ``parse``d; ``limit`` None: as many as it
-        takes to reach the end, as embedded. Its ``status`` filter, one of ``statuses``."""
+        """One ``GET path`` (a list), its items ``parse``d, of ``page``: ``(limit, offset,
+        after)``. ``limit`` None: as many as it takes to reach the end, as embedded, each
+        after the cursor the one before ended at, so that a delete meanwhile skips nothing.
+        Its ``status`` filter, one of ``statuses``."""
         # Checked here as the service words them: the API words a bad status otherwise, and
         # a query string would carry "2" or True as a number.
         status = filters.get("status")
         if status is not None:
             one_of("status", status, statuses)
-        check_page(limit, offset)
+        limit, offset, after = page
+        check_page(limit, offset, after)
         params = {key: value for key, value in filters.items() if value is not None}
+        place: dict[str, Any] = {"offset": offset, **({} if after is None else {"after": after})}
         items: list[V] = []
         while True:
-            page = self._call("GET", path, params={
-                **params, "limit": _LIST_PAGE if limit is None else limit,
-                "offset": offset + len(items),
+            answer = self._call("GET", path, params={
+                **params, **place, "limit": _LIST_PAGE if limit is None else limit,
             })
-            items += [parse(item) for item in page["items"]]
-            total = page["pagination"]["total"]
-            if limit is not None or not page["items"] or offset + len(items) >= total:
-                return Page(tuple(items), total, limit, offset)
+            items += [parse(item) for item in answer["items"]]
+            total, next_ = answer["pagination"]["total"], answer["pagination"]["next"]
+            if limit is not None or next_ is None:
+                return Page(tuple(items), total, limit, offset, next_)
+            place = {"offset": 0, "after": next_}
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """Long-poll: the server answers as soon as the request leaves the queue. While the
@@ -568,10 +571,11 @@ class RemoteScheduling:
 
     def workload_page(
         self, status: str | None = None, queue: str | None = None, *, limit: int | None = None,
-        offset: int = 0,
+        offset: int = 0, after: str | None = None,
     ) -> Page[Answer]:
         filters = {"status": status, "queue": queue}
-        return self._remote._page("/workloads", filters, WORKLOAD_STATUSES, limit, offset, Answer)
+        return self._remote._page("/workloads", filters, WORKLOAD_STATUSES,
+                                  (limit, offset, after), Answer)
 
     def release_workload(self, ref: str) -> Answer:
         path = f"/workloads/{_segment(ref, 'workload')}/release"
@@ -836,11 +840,11 @@ class RemoteTrees:
 
     def operation_page(
         self, tree: str | None = None, status: str | None = None, *, limit: int | None = None,
-        offset: int = 0,
+        offset: int = 0, after: str | None = None,
     ) -> Page[Answer]:
         filters = {"tree": tree, "status": status}
-        return self._remote._page("/operations", filters, OPERATION_STATUSES, limit, offset,
-                                  Answer)
+        return self._remote._page("/operations", filters, OPERATION_STATUSES,
+                                  (limit, offset, after), Answer)
 
     def complete_operation(self, ref: str) -> Answer:
         path = f"/operations/{_segment(ref, 'operation')}/complete"

@@ -33,11 +33,12 @@ from fairpool.frontends.config_diff import changed_queues, diff_configs, summary
 from fairpool.frontends.pools import cancel_reason, validate_filter
 from fairpool.idempotency import Keyed
 from fairpool.ids import new_id
+from fairpool.paging import Page, check_page
 from fairpool.store import scheduling as store
 from fairpool.store import schema
 from fairpool.store.db import Database, generation, read_generation
 from fairpool.store.records import ConfigVersion, ConfigVersionInfo, Workload, WorkloadStatus
-from fairpool.views import WORKLOAD_STATUSES, Page, check_page
+from fairpool.views import WORKLOAD_STATUSES
 
 _EMPTY = SchedulerConfig()
 
@@ -651,27 +652,29 @@ class SchedulingService:
         *,
         limit: int | None = None,
         offset: int = 0,
+        after: str | None = None,
         created_by: str | None = None,
     ) -> Page[WorkloadView]:
-        """Workloads ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
-        with ``status``, routed to ``queue``, submitted with token ``created_by``; in
-        submission order, and how many match."""
+        """Workloads ``offset`` to ``offset + limit`` (``limit`` None: to the end), after the
+        cursor ``after`` if given, of those with ``status``, routed to ``queue``, submitted
+        with token ``created_by``; in submission order, and how many match."""
         statuses = None
         if status is not None:
             statuses = [WorkloadStatus(one_of("status", status, WORKLOAD_STATUSES))]
         validate_filter("queue", queue)
-        check_page(limit, offset)
+        cursor = check_page(limit, offset, after)
         with self.db.read() as conn:
             if queue is not None and all(
                 queue not in known["queue_specs"] for _, known in _summarised(conn, record=False)
             ):  # a typo, said as one: not an empty list
                 raise NotFound.of("resource queue", queue, " in any scheduler config version")
-            found, total = store.workload_page(
-                conn, statuses, queue, created_by, limit=limit, offset=offset
+            found, total, end = store.workload_page(
+                conn, statuses, queue, created_by, limit=limit, offset=offset, after=cursor
             )
             live, parts = self._read(conn)
         outcome = live.outcome(self.clock(), parts) if live.waiting else None
-        return Page(tuple(self._view(w, outcome) for w in found), total, limit, offset)
+        return Page(tuple(self._view(w, outcome) for w in found), total, limit, offset,
+                    str(end) if end else None)
 
     def release_workload(self, ref: str) -> WorkloadView:
         """The workload ended: its quota is free for the next."""

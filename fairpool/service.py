@@ -52,6 +52,7 @@ from fairpool.group_commit import GroupCommit, Pending
 from fairpool.idempotency import validate_key
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.outage import Outage
+from fairpool.paging import Page, check_page
 from fairpool.store import repo
 from fairpool.store.db import Database, DatabaseUnreachable, default_url, fairpool_home
 from fairpool.store.db import generation as db_generation
@@ -74,7 +75,6 @@ from fairpool.views import (
     REQUEST_STATUSES,
     ComponentView,
     EventView,
-    Page,
     PassSummary,
     PolicyView,
     PoolView,
@@ -82,7 +82,6 @@ from fairpool.views import (
     PruneView,
     QueuePlace,
     RequestView,
-    check_page,
 )
 
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
@@ -824,23 +823,25 @@ class Service:
         *,
         limit: int | None = None,
         offset: int = 0,
+        after: str | None = None,
         created_by: str | None = None,
     ) -> Page[RequestView]:
-        """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
-        with ``status``, of ``component`` (any type), allocated in or queued on ``pool``, made
-        with token ``created_by``; oldest first, and how many match (``repo.request_page``)."""
+        """Requests ``offset`` to ``offset + limit`` (``limit`` None: to the end), after the
+        cursor ``after`` if given (a page's ``next``), of those with ``status``, of
+        ``component`` (any type), allocated in or queued on ``pool``, made with token
+        ``created_by``; oldest first, and how many match (``repo.request_page``)."""
         if status is not None:
             one_of("status", status, REQUEST_STATUSES)
         frontend.validate_filter("component", component)
         frontend.validate_filter("pool", pool)
-        check_page(limit, offset)
+        cursor = check_page(limit, offset, after)
         self._catch_up()
         with self.db.read() as conn:
             state = _State.load(conn)
             pool_name = repo.get_pool(conn, pool).name if pool is not None else None
             _known_component(state, component)
             entries = queue_entries(reconcile(state.snapshot(self.clock())))
-            ids, total = repo.request_page(
+            ids, total, end = repo.request_page(
                 conn,
                 status=RequestStatus(status) if status is not None else None,
                 component_ids=[c.id for c in state.components.values() if c.name == component]
@@ -851,13 +852,14 @@ class Service:
                 created_by=created_by,
                 limit=limit,
                 offset=offset,
+                after=cursor,
             )
             held = repo.allocations_and_retries(conn, ids)
             views = tuple(
                 _view(state.components, request, *held[request.id], entries.get(request.id, ()))
                 for request in repo.requests_by_id(conn, ids)
             )
-        return Page(views, total, limit, offset)
+        return Page(views, total, limit, offset, str(end) if end else None)
 
     def wait(self, ref: str, seconds: float) -> RequestView:
         """The request once it leaves the queue, or as it stands after ``seconds``.

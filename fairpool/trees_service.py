@@ -73,6 +73,7 @@ from fairpool.frontends.trees import (
 )
 from fairpool.frontends.yaml_text import load_yaml
 from fairpool.idempotency import Keyed
+from fairpool.paging import Page, check_page
 from fairpool.store import schema
 from fairpool.store import trees as store
 from fairpool.store.db import Database
@@ -86,7 +87,7 @@ from fairpool.store.tree_records import (
     PlacementRecord,
     PoolTreeRecord,
 )
-from fairpool.views import OPERATION_STATUSES, Page, check_page
+from fairpool.views import OPERATION_STATUSES
 
 #: Jobs of one operation: every pass (each command, each server's reconciler tick) plans and
 #: stores each job, so one operation must not be able to stall whoever shares the store
@@ -1173,28 +1174,29 @@ class TreesService:
         *,
         limit: int | None = None,
         offset: int = 0,
+        after: str | None = None,
         created_by: str | None = None,
     ) -> Page[OperationView]:
-        """Operations ``offset`` to ``offset + limit`` (``limit`` None: to the end) of those
-        placed in ``tree``, with ``status``, started with token ``created_by``; oldest
-        first, and how many match."""
+        """Operations ``offset`` to ``offset + limit`` (``limit`` None: to the end), after
+        the cursor ``after`` if given, of those placed in ``tree``, with ``status``, started
+        with token ``created_by``; oldest first, and how many match."""
         statuses = None
         if status is not None:
             statuses = [OperationStatus(one_of("status", status, OPERATION_STATUSES))]
         validate_filter("tree", tree)
-        check_page(limit, offset)
+        cursor = check_page(limit, offset, after)
         with self.db.read() as conn:
             if tree is not None and store.find_tree(conn, tree) is None:
                 raise NotFound.of("pool tree", tree)  # not an empty list: a typo is said
-            found, total = store.operation_page(
-                conn, tree, statuses, created_by, limit=limit, offset=offset
+            found, total, end = store.operation_page(
+                conn, tree, statuses, created_by, limit=limit, offset=offset, after=cursor
             )
             jobs: dict[str, list[JobRecord]] = {op.id: [] for op in found}
             for job in store.jobs_of(conn, list(jobs)):  # one query for the page, not one each
                 jobs[job.operation_id].append(job)
             views = tuple(self._operation_view(conn, op, {}, shares=False, jobs=jobs[op.id])
                           for op in found)
-        return Page(views, total, limit, offset)
+        return Page(views, total, limit, offset, str(end) if end else None)
 
     def complete_operation(self, ref: str) -> OperationView:
         return self._end(ref, OperationStatus.COMPLETED, JobStatus.COMPLETED, "completed")

@@ -5,13 +5,10 @@ The CLI, and later the HTTP API, print these; nothing downstream re-derives a fi
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
-
-from fairpool.errors import validate_int
+from typing import Any
 
 #: A component's types and the statuses of requests, workloads and operations, as views
 #: carry them: the values of the store's enums as plain tuples, for what must not load
@@ -118,64 +115,11 @@ class RequestView:
         return cls(**values)
 
 
-#: The most requests one page holds (the API's ``limit``, the CLI's ``--size``), and the
-#: largest ``offset`` (the database's OFFSET is a signed 64-bit integer).
-MAX_PAGE_SIZE = 10_000
-MAX_OFFSET = 2**62
 #: The longest ``older_than`` of a prune (seconds): a hundred years.
 MAX_RETENTION = 100 * 365 * 24 * 3600
 #: The shortest a server's ``--keep-history`` (seconds): clients still read what ended a
 #: moment ago (a holder hears its request was preempted at its next heartbeat).
 MIN_KEEP_HISTORY = 3600
-
-
-def check_page(limit: int | None, offset: int) -> None:
-    """A page's ``limit`` (None: to the end) and ``offset``, refused in the API's words."""
-    if limit is not None:
-        validate_int("limit", limit, 1, MAX_PAGE_SIZE)
-    validate_int("offset", offset, 0, MAX_OFFSET)
-
-
-def page_dict(
-    items: Sequence[Mapping[str, Any]], total: int | None = None, limit: int | None = None,
-    offset: int = 0,
-) -> dict[str, Any]:
-    """ZenML's page shape: ``{"items", "pagination": {"index" (1-based), "max_size",
-    "total_pages" (at least 1), "total"}}``; without ``total`` and ``limit``, one page holding
-    everything."""
-    total = len(items) if total is None else total
-    size = total if limit is None else limit
-    return {
-        "items": list(items),
-        "pagination": {
-            "index": offset // size + 1 if size else 1,
-            "max_size": size,
-            "total_pages": max(1, math.ceil(total / size)) if size else 1,
-            "total": total,
-        },
-    }
-
-
-class _Viewed(Protocol):
-    def as_dict(self) -> Mapping[str, Any]: ...
-
-
-V = TypeVar("V", bound=_Viewed)
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[V]):
-    """Items ``offset`` to ``offset + limit`` of those a list's filters match (requests,
-    workloads, operations; oldest first), and how many they match; ``limit`` None: all from
-    ``offset``."""
-
-    items: tuple[V, ...]
-    total: int
-    limit: int | None = None
-    offset: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return page_dict([v.as_dict() for v in self.items], self.total, self.limit, self.offset)
 
 
 @dataclass(frozen=True, slots=True)

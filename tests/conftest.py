@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy import URL
 
+from fairpool.paging import Page, V
 from fairpool.store.db import Database
 
 Backend = Literal["sqlite", "postgresql"]
@@ -207,3 +208,18 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield f"sqlite:///{tmp_path / 'fairpool.db'}"
         return
     yield _on_postgres(request, migrated=True)
+
+
+def walked_pages(page: Callable[..., Page[V]], total: int) -> list[V]:
+    """Every item of a list read a page at a time, each ``page(after=...)`` the ``next`` of
+    the one before; ``next`` is given while, and only while, more follow."""
+    items: list[V] = []
+    after: str | None = None
+    while True:
+        found = page(after=after)
+        items += found.items
+        assert found.total == total
+        assert (found.next is None) == (len(items) >= total), (len(items), total, found.next)
+        if found.next is None:
+            return items
+        after = found.next

@@ -145,8 +145,12 @@ def test_tour(client: httpx.Client) -> None:
     assert time.monotonic() - started < 1.0
 
     page = ok(client.get("/requests", params={"component": "tour-orch", "limit": 1}))
-    assert page["pagination"] == {"index": 1, "max_size": 1, "total_pages": 2, "total": 2}
+    assert page["pagination"] == {"index": 1, "max_size": 1, "total_pages": 2, "total": 2,
+                                  "next": page["pagination"]["next"]}
     assert [r["id"] for r in page["items"]] == [first["id"]]
+    rest = ok(client.get("/requests", params={"component": "tour-orch", "limit": 1,
+                                              "after": page["pagination"]["next"]}))
+    assert [r["id"] for r in rest["items"]] == [second["id"]] and rest["pagination"]["next"] is None
     page = ok(client.get("/requests", params={"component": "tour-orch", "limit": 1, "offset": 1}))
     assert page["pagination"]["index"] == 2 and [r["id"] for r in page["items"]] == [second["id"]]
     assert ok(client.get("/requests", params={"status": "allocated", "pool": "tour-gpus"}))["pagination"]["total"] == 1
@@ -284,6 +288,10 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         *(("GET", path, {"params": {"limit": bad}}, 422, "limit")
           for path in ("/workloads", "/operations") for bad in (0, 10_001, "4.0")),
         ("GET", "/operations", {"params": {"offset": -1}}, 422, "offset"),
+        # Only what a page's `next` was is a cursor; it is never longer than a name.
+        *(("GET", path, {"params": {"after": bad}}, 422, "after")
+          for path in ("/requests", "/workloads", "/operations")
+          for bad in ("x", "MjAyNg", "", "a" * 256)),
         ("POST", "/prune", {"json": {}}, 422, "older_than"),
         ("POST", "/prune", {"json": {"older_than": -1}}, 422, "older_than"),
         ("POST", "/prune", {"json": {"older_than": "30d"}}, 422, "older_than"),

@@ -431,7 +431,7 @@ def test_the_live_state_a_transaction_keeps_is_what_the_database_holds(
     assert checked > 40
     with svc.db.read() as conn:  # each request's events, written together, exactly once
         events = repo.list_events(conn)
-        ids, _ = repo.request_page(conn)
+        ids, _, _ = repo.request_page(conn)
     assert sorted(e.request_id for e in events if e.kind in ("created", "retried")) == sorted(ids)
 
 

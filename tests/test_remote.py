@@ -765,6 +765,37 @@ def test_a_proxy_path_left_out_of_the_url_is_said_so_not_the_proxys_page() -> No
         "new as this client?"]
 
 
+def test_a_whole_list_misses_nothing_that_a_delete_between_its_pages_moves(
+    server: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote list reads page after page; the requests on its first page are deleted
+    before it asks for the second. It asks after where the first ended: asking from an
+    offset skipped the two after them."""
+    setup_pool(server.url, "paged-gpus", ["paged-orch"], {"gpu": 1})
+    monkeypatch.setattr("fairpool.remote._LIST_PAGE", 2)
+    asked: list[dict[str, Any]] = []
+    call = RemoteService._call
+
+    def deleting_what_the_first_page_held(
+        self: RemoteService, method: str, path: str, **options: Any
+    ) -> Any:
+        answer = call(self, method, path, **options)
+        if path == "/requests" and method == "GET":
+            asked.append(options["params"])
+            if len(asked) == 1:
+                for item in answer["items"]:
+                    self.delete_request(item["id"])
+        return answer
+
+    with Client(url=server.url) as client:
+        made = [client.submit({"gpu": 1}, component="paged-orch", lease_ttl=None).id
+                for _ in range(6)]
+        monkeypatch.setattr(RemoteService, "_call", deleting_what_the_first_page_held)
+        assert [r.id for r in client.list_requests(component="paged-orch")] == made
+        assert [r.id for r in client.list_requests(component="paged-orch")] == made[2:]
+    assert [params.get("after") is None for params in asked] == [True, False, False, True, False]
+
+
 def test_waits_ride_out_a_server_restart_and_say_what_is_left_when_they_give_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1062,6 +1093,10 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("request_page", lambda: client.request_page(component="sdk-low", limit=2, offset=1))
     step("request_page to the end", lambda: client.request_page(component="sdk-low", offset=1))
     step("request_page past the end", lambda: client.request_page(limit=5, offset=10))
+    step("request_page after a page's end", lambda: list(client.request_page(
+        component="sdk-low", limit=5, after=client.request_page(component="sdk-low", limit=1).next
+    ).items))
+    step("request_page after no cursor", lambda: client.request_page(after="MjAyNg"))
     for bad in (0, 10_001, True, "2", 1.5):
         step(f"request_page limit {bad!r}", lambda bad=bad: client.request_page(limit=bad))
     for bad in (-1, 2**62 + 1, "0"):
@@ -1149,6 +1184,9 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
         step(f"{what}_page", lambda page=page: page(limit=2, offset=1))
         step(f"{what}_page to the end", lambda page=page: page(offset=1))
         step(f"{what}_page past the end", lambda page=page: page(limit=5, offset=10))
+        step(f"{what}_page after a page's end",
+             lambda page=page: list(page(limit=5, after=page(limit=1).next).items))
+        step(f"{what}_page after no cursor", lambda page=page: page(after="x"))
         step(f"{what}_page limit 0", lambda page=page: page(limit=0))
         step(f"{what}_page offset '1'", lambda page=page: page(offset="1"))
         step(f"{what}_page bad status", lambda page=page: page(status="done"))
@@ -1226,6 +1264,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("request_page offset 4611686018427387905",
          "InvalidInput: offset: must be at most 4611686018427387904"),
         ("request_page offset '0'", "InvalidInput: offset: must be an integer (got '0')"),
+        ("request_page after no cursor", "InvalidInput: after: not the cursor of a page "
+         "(a page's `next`) (got 'MjAyNg')"),
         ("prune, older_than text", "InvalidInput: older_than: must be an integer (got '30d')"),
         ("prune, older_than -1",
          "InvalidInput: older_than: must be a non-negative integer (got -1)"),
@@ -1233,7 +1273,8 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
           for label, message in (
               ("limit 0", "InvalidInput: limit: must be a positive integer (got 0)"),
               ("offset '1'", "InvalidInput: offset: must be an integer (got '1')"),
-              ("bad status", "InvalidInput: status: must be one of"))),
+              ("bad status", "InvalidInput: status: must be one of"),
+              ("after no cursor", "InvalidInput: after: not the cursor of a page"))),
         ("release again", "Conflict: "),
         ("cancel released", "Conflict: "),
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
@@ -1265,8 +1306,9 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     low = [answers[n]["id"] for n in ("submit", "submit queued", "submit rejected")]
     assert [r["id"] for r in answers["request_page"]["items"]] == low[1:]
     assert answers["request_page"]["pagination"] == {
-        "index": 1, "max_size": 2, "total_pages": 2, "total": 3}
+        "index": 1, "max_size": 2, "total_pages": 2, "total": 3, "next": None}
     assert [r["id"] for r in answers["request_page to the end"]["items"]] == low[1:]
+    assert [r["id"] for r in answers["request_page after a page's end"]] == low[1:]
     assert answers["request_page past the end"]["items"] == []
     assert answers["request_page past the end"]["pagination"]["total"] == 3
     pruned = answers["prune"]
@@ -1277,8 +1319,10 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         "queued", "allocated"}
     for what in ("workload", "operation"):  # three of each, made in the sequence's last lines
         rest = answers[f"{what}_page to the end"]
-        assert rest["pagination"] == {"index": 1, "max_size": 3, "total_pages": 1, "total": 3}
+        assert rest["pagination"] == {"index": 1, "max_size": 3, "total_pages": 1, "total": 3,
+                                      "next": None}
         assert answers[f"{what}_page"]["items"] == rest["items"][:2]
+        assert answers[f"{what}_page after a page's end"] == rest["items"]  # from the second
         assert answers[f"{what}_page"]["pagination"]["total_pages"] == 2
         assert answers[f"{what}_page past the end"]["items"] == []
     assert [r["id"] for r in answers["pool_requests active"]] == [answers["submit"]["id"]]

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store.db import Database
 from fairpool.views import WORKLOAD_STATUSES
+from tests.conftest import walked_pages
 from tests.test_config_scenarios import SPOT_THEN_ANY
 from tests.test_service import Clock
 
@@ -433,6 +435,9 @@ def test_a_page_of_workloads_is_its_slice_of_every_workload_the_filters_match(
             assert ([w.id for w in page.items], page.total) == (
                 [w.id for w in expected[offset:end]], len(expected)
             ), (status, queue, created_by, limit, offset)
+        assert [w.id for w in walked_pages(partial(
+            sched.workload_page, status, queue, limit=3, created_by=created_by
+        ), len(expected))] == [w.id for w in expected]
     with pytest.raises(InvalidInput, match=r"^limit: must be at most 10000 \(got 10001\)$"):
         sched.workload_page(limit=10_001)
     with pytest.raises(InvalidInput, match=r"^offset: must be an integer \(got 1.0\)$"):

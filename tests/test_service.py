@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from fairpool.store import repo, schema
 from fairpool.store.db import Database, read_generation
 from fairpool.store.records import ComponentType
 from fairpool.views import REQUEST_STATUSES, PassSummary, RequestView
+from tests.conftest import walked_pages
 from tests.worlds import demand
 
 
@@ -742,6 +744,37 @@ def test_a_ref_no_name_or_id_can_be_is_refused_in_the_servers_words(
                                      trees=["t"], pool=["p"])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("step", [timedelta(0), timedelta(milliseconds=1)],
+                         ids=["made-at-one-time", "made-in-turn"])
+def test_a_page_after_a_cursor_goes_on_where_the_last_ended_whatever_was_deleted(
+    database_url: str, step: timedelta,
+) -> None:
+    """A list read a page at a time while what was read is deleted (a prune, a delete):
+    after the last page's cursor nothing is skipped, where an offset skips as many as were
+    deleted. Made at one time, requests are in the order of their ids."""
+    svc = Service(Database.open(database_url), Clock(step=step))
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "a")
+    for _ in range(6):
+        svc.create_request("a", "orchestrator", {"gpu": 1})  # one allocated, five queued
+    every = [view.id for view in svc.list_requests()]
+    first = svc.request_page(limit=2)
+    assert [view.id for view in first.items] == every[:2] and first.next is not None
+    for view in first.items:
+        svc.delete_request(view.id)
+    assert [view.id for view in svc.request_page(limit=2, offset=2).items] == every[4:]
+    after = svc.request_page(limit=2, after=first.next)
+    assert [view.id for view in after.items] == every[2:4]
+    assert (after.total, after.offset) == (4, 0)
+    assert [view.id for view in svc.request_page(after=after.next).items] == every[4:]
+    assert [view.id for view in svc.request_page(limit=1, offset=1, after=after.next).items] == [
+        every[5]]
+    for bad in ("", "x", str(first.next)[:20], every[0]):
+        with pytest.raises(InvalidInput, match=r"^after: not the cursor of a page "):
+            svc.request_page(after=bad)
+    svc.db.close()
+
+
 def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
     svc: Service,
 ) -> None:
@@ -806,3 +839,6 @@ def test_a_page_of_requests_is_its_slice_of_every_request_the_filters_match(
             end = None if limit is None else offset + limit
             assert (list(page.items), page.total) == (expected[offset:end], len(expected)), (
                 status, component, pool, created_by, limit, offset)
+        assert walked_pages(partial(
+            svc.request_page, status, component, pool, limit=2, created_by=created_by
+        ), len(expected)) == expected

@@ -572,7 +572,7 @@ def test_request_page_filters_counts_and_pages_in_queue_order(db: Database, comp
 
     def minutes(**filters: Any) -> tuple[list[int], int]:
         with db.read() as connection:
-            ids, total = repo.request_page(connection, **filters)
+            ids, total, _ = repo.request_page(connection, **filters)
         return [minute_of[id_] for id_ in ids], total
 
     assert minutes() == ([1, 2, 3, 4, 5], 5)

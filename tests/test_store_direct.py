@@ -180,7 +180,7 @@ def test_deferred_writes_are_seen_by_the_next_statement_and_committed(db: Databa
         assert Direct(text("SELECT count(*) FROM request")).scalar(connection) == 2
         Direct(insert(schema.request)).execute(connection, _request(component.id, "c"))
     with db.read() as connection:  # the last one was sent at the end, before the commit
-        ids, _ = repo.request_page(connection)
+        ids, _, _ = repo.request_page(connection)
         assert [r.status.value for r in repo.requests_by_id(connection, ids)] == [
             "released", "queued", "queued"
         ]

@@ -10,6 +10,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from fairpool.store import schema
 from fairpool.store.db import Database
 from fairpool.trees_service import OperationView, TreesService
 from fairpool.views import OPERATION_STATUSES
+from tests.conftest import walked_pages
 from tests.test_service import Clock
 
 GPU_NODE = {"cpu": 64, "memory": "512GiB", "gpu": 8, "user_slots": 64}
@@ -659,6 +661,9 @@ def test_a_page_of_operations_is_its_slice_of_every_operation_the_filters_match(
             end = None if limit is None else offset + limit
             assert ([op.id for op in page.items], page.total) == (
                 expected[offset:end], len(expected)), (tree, status, created_by, limit, offset)
+        assert [op.id for op in walked_pages(partial(
+            two_trees.operation_page, tree, status, limit=3, created_by=created_by
+        ), len(expected))] == expected
     with pytest.raises(InvalidInput, match=r"^limit: must be a positive integer \(got 0\)$"):
         two_trees.operation_page(limit=0)
 

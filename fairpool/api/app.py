@@ -53,6 +53,7 @@ from fairpool.api.models import (
     Cancel,
     ComponentType,
     ErrorBody,
+    PageAfter,
     PageLimit,
     PageOffset,
     PathText,
@@ -70,12 +71,13 @@ from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
 from fairpool.errors import Later, NotFound, WouldWait, one_line
+from fairpool.paging import page_dict
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.store import trees as tree_store
 from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, PruneView, RequestView, page_dict
+from fairpool.views import PassSummary, PruneView, RequestView
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -397,11 +399,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         pool: QueryText | None = None,
         limit: PageLimit = DEFAULT_PAGE_SIZE,
         offset: PageOffset = 0,
+        after: PageAfter | None = None,
     ) -> JSONResponse:
         """Requests, oldest first, filtered, one page: ``{"items", "pagination"}``; a
         submitter's own only."""
         page = service.request_page(
-            status, component, pool, limit=limit, offset=offset, created_by=listed_for(caller)
+            status, component, pool, limit=limit, offset=offset, after=after,
+            created_by=listed_for(caller)
         )
         shown_page = replace(page, items=tuple(visible_requests(tokens, caller, list(page.items))))
         return _json(shown_page.as_dict())

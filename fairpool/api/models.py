@@ -27,7 +27,8 @@ from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
-from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, MAX_RETENTION
+from fairpool.paging import MAX_OFFSET, MAX_PAGE_SIZE
+from fairpool.views import MAX_RETENTION
 
 #: Request bodies larger than this are refused with 413: room for the widest valid body of
 #: any route, every character written as a 12-byte JSON escape (64 labels of 255-character
@@ -66,12 +67,18 @@ def _written(pattern: re.Pattern[str], what: str) -> BeforeValidator:
 UrlInt = Annotated[int, _written(_INTEGER, "an integer in decimal digits")]
 UrlNumber = Annotated[float, _written(_NUMBER, "a number in decimal digits")]
 
-#: A list's page (``views.page_dict``): how many items, from which (0-based), in its order.
+#: A list's page (``paging.page_dict``): how many items, from which (0-based), in its order,
+#: after which cursor (a page's ``next``; the service says what is not one).
 DEFAULT_PAGE_SIZE = 100
 #: The most transactions (``retention.BATCH`` rows each) one ``POST /prune`` takes.
 PRUNE_BATCHES_PER_CALL = 20
 PageLimit = Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)]
 PageOffset = Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)]
+PageAfter = Annotated[str, Query(
+    max_length=MAX_NAME,
+    description="A page's `pagination.next`: the items after that page's last, wherever "
+    "deletes since have moved it (an offset moves with them).",
+)]
 
 #: Patterns in the schema, so that clients and fuzzers know: no NUL characters anywhere,
 #: and names hold at least one non-space character.

@@ -19,6 +19,7 @@ from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
     Cancel,
     IdempotencyKey,
+    PageAfter,
     PageLimit,
     PageOffset,
     PathText,
@@ -196,11 +197,13 @@ def scheduling_router(
         queue: QueryText | None = None,
         limit: PageLimit = DEFAULT_PAGE_SIZE,
         offset: PageOffset = 0,
+        after: PageAfter | None = None,
     ) -> JSONResponse:
         """Workloads in submission order, optionally by status and queue, one page:
         ``{"items", "pagination"}``; a submitter's own only."""
         page = scheduling.workload_page(
-            status, queue, limit=limit, offset=offset, created_by=listed_for(caller)
+            status, queue, limit=limit, offset=offset, after=after,
+            created_by=listed_for(caller)
         )
         return shown(caller, page.as_dict())
 

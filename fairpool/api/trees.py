@@ -26,6 +26,7 @@ from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
     TEXT_PATTERN,
     IdempotencyKey,
+    PageAfter,
     PageLimit,
     PageOffset,
     PathText,
@@ -297,11 +298,13 @@ def trees_router(
         status: OperationStatus | None = None,
         limit: PageLimit = DEFAULT_PAGE_SIZE,
         offset: PageOffset = 0,
+        after: PageAfter | None = None,
     ) -> JSONResponse:
         """Operations, oldest first, optionally of one tree and one status, one page:
         ``{"items", "pagination"}``; a submitter's own only."""
         page = trees.operation_page(
-            tree, status, limit=limit, offset=offset, created_by=listed_for(caller)
+            tree, status, limit=limit, offset=offset, after=after,
+            created_by=listed_for(caller)
         )
         return shown(caller, page.as_dict())
 

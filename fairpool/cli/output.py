@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fairpool.errors import counted
-from fairpool.views import MAX_OFFSET, MAX_PAGE_SIZE, Page, page_dict
+from fairpool.paging import MAX_OFFSET, MAX_PAGE_SIZE, Page, page_dict
 
 if TYPE_CHECKING:
     from rich.console import Console

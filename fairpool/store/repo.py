@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import (
     BindParameter,
+    Column,
     ColumnElement,
     Connection,
     RowMapping,
@@ -28,13 +29,16 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     select,
     true,
+    tuple_,
     update,
 )
 
 from fairpool.errors import AmbiguousReference, NotFound, as_ref
 from fairpool.ids import new_id
+from fairpool.paging import Cursor
 from fairpool.store import schema
 from fairpool.store.direct import Direct, check_found
 from fairpool.store.records import (
@@ -706,12 +710,13 @@ def request_page(
     created_by: str | None = None,
     limit: int | None = None,
     offset: int = 0,
-) -> tuple[list[str], int]:
+    after: Cursor | None = None,
+) -> tuple[list[str], int, Cursor | None]:
     """The ids of requests ``offset`` to ``offset + limit`` (None: to the end) of those the
-    filters match, oldest first (created_at, id), and how many they match: the database
-    filters, counts and pages (``page_of``). ``pool_name``: allocated there (by the name,
-    which outlives the pool), or one of ``queued_there``: where a queued request waits is
-    the engine's to say."""
+    filters match after ``after``, oldest first (created_at, id), how many they match, and
+    the page's cursor: the database filters, counts and pages (``page_of``).
+    ``pool_name``: allocated there (by the name, which outlives the pool), or one of
+    ``queued_there``: where a queued request waits is the engine's to say."""
     table, allocation = schema.request, schema.allocation
     where: list[ColumnElement[bool]] = []
     if status is not None:
@@ -729,22 +734,40 @@ def request_page(
             "queued_there", list(queued_there), expanding=True, literal_execute=True
         )
         where.append(allocated_there | table.c.id.in_(waiting))
-    statement = select(table.c.id).where(*where).order_by(table.c.created_at, table.c.id)
-    rows, total = page_of(connection, statement, limit, offset)
-    return [row["id"] for row in rows], total
+    statement = select(table.c.id, table.c.created_at).where(*where)
+    rows, total, cursor = page_of(
+        connection, statement, (table.c.created_at, table.c.id), limit, offset, after
+    )
+    return [row["id"] for row in rows], total, cursor
 
 
 def page_of(
-    connection: Connection, statement: Select[Any], limit: int | None, offset: int
-) -> tuple[list[RowMapping], int]:
-    """Rows ``offset`` to ``offset + limit`` (None: to the end) of ordered ``statement``,
-    and how many it has in all: a page costs what it holds, not every row ever written."""
-    total = connection.execute(
-        select(func.count()).select_from(statement.order_by(None).subquery())
-    ).scalar_one()
-    if limit is not None:
-        statement = statement.limit(limit)
-    return list(connection.execute(statement.offset(offset)).mappings()), total
+    connection: Connection,
+    statement: Select[Any],
+    order: tuple[Column[datetime], Column[str]],
+    limit: int | None,
+    offset: int,
+    after: Cursor | None = None,
+) -> tuple[list[RowMapping], int, Cursor | None]:
+    """Rows ``offset`` to ``offset + limit`` (None: to the end) of ``statement`` in
+    ``order`` (a time, then an id; its own order is dropped), of those after ``after`` if
+    given; how many it has in all; and the cursor of the page's end while more rows
+    follow: a page costs what it holds, not every row ever written."""
+    at, id_ = order
+    statement = statement.order_by(None)
+    total = connection.execute(select(func.count()).select_from(statement.subquery())).scalar_one()
+    if after is not None:
+        # Bound as the columns are: SQLite compares the time as the text it stores.
+        after_row = tuple_(literal(after.at, at.type), literal(after.id, id_.type))
+        statement = statement.where(tuple_(at, id_) > after_row)
+    statement = statement.order_by(at, id_).offset(offset)
+    if limit is None:
+        return list(connection.execute(statement).mappings()), total, None
+    rows = list(connection.execute(statement.limit(limit + 1)).mappings())
+    if len(rows) <= limit:
+        return rows, total, None
+    del rows[limit:]  # the one more said that more follow
+    return rows, total, Cursor(rows[-1][at.key], rows[-1][id_.key])
 
 
 def requests_by_id(connection: Connection, request_ids: Sequence[str]) -> list[Request]:

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Select, func, insert, select, update
 
 from fairpool.errors import NotFound
 from fairpool.ids import new_id
+from fairpool.paging import Cursor
 from fairpool.store import schema
 from fairpool.store.records import (
     WORKLOAD_RESOURCES,
@@ -152,11 +153,17 @@ def workload_page(
     *,
     limit: int | None = None,
     offset: int = 0,
-) -> tuple[list[Workload], int]:
-    """``list_workloads``' ``offset`` to ``offset + limit`` (None: to the end), only those
-    submitted with token ``created_by`` if given, and how many match (``page_of``)."""
-    rows, total = page_of(connection, _workloads(statuses, queue, created_by), limit, offset)
-    return [Workload.from_row(row) for row in rows], total
+    after: Cursor | None = None,
+) -> tuple[list[Workload], int, Cursor | None]:
+    """``list_workloads``' ``offset`` to ``offset + limit`` (None: to the end) after
+    ``after``, only those submitted with token ``created_by`` if given, how many match, and
+    the page's cursor (``page_of``)."""
+    table = schema.workload
+    rows, total, cursor = page_of(
+        connection, _workloads(statuses, queue, created_by),
+        (table.c.submitted_at, table.c.id), limit, offset, after,
+    )
+    return [Workload.from_row(row) for row in rows], total, cursor
 
 
 def _workloads(

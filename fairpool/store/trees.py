@@ -14,6 +14,7 @@ from sqlalchemy import Connection, RowMapping, Select, delete, func, insert, sel
 
 from fairpool.errors import NotFound, as_ref
 from fairpool.ids import new_id
+from fairpool.paging import Cursor
 from fairpool.store import schema
 from fairpool.store.direct import check_found
 from fairpool.store.repo import batches, keyed, page_of, resolve_id
@@ -298,11 +299,17 @@ def operation_page(
     *,
     limit: int | None = None,
     offset: int = 0,
-) -> tuple[list[OperationRecord], int]:
-    """``list_operations``' ``offset`` to ``offset + limit`` (None: to the end), only those
-    started with token ``created_by`` if given, and how many match (``page_of``)."""
-    rows, total = page_of(connection, _operations(tree, statuses, created_by), limit, offset)
-    return _with_placements(connection, rows), total
+    after: Cursor | None = None,
+) -> tuple[list[OperationRecord], int, Cursor | None]:
+    """``list_operations``' ``offset`` to ``offset + limit`` (None: to the end) after
+    ``after``, only those started with token ``created_by`` if given, how many match, and
+    the page's cursor (``page_of``)."""
+    table = schema.tree_operation
+    rows, total, cursor = page_of(
+        connection, _operations(tree, statuses, created_by),
+        (table.c.created_at, table.c.id), limit, offset, after,
+    )
+    return _with_placements(connection, rows), total, cursor
 
 
 def _operations(
