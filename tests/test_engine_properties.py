@@ -77,6 +77,29 @@ def contended(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
     return world, ops
 
 
+@st.composite
+def step_slots(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
+    """ZenML's usual pool: GPUs reserved between teams, and step slots (``step_run``, one per
+    request) that no team reserves, so that nobody is a borrower by them."""
+    capacity = draw(st.integers(2, 6))
+    world = World().pool("p", {"gpu": capacity, "step_run": draw(st.integers(2, 12))})
+    components = [f"c{i}" for i in range(draw(st.integers(2, 3)))]
+    left = capacity
+    for component in components:
+        reserved = draw(st.integers(0, left))
+        left -= reserved
+        world.policy(component, "p", draw(st.integers(0, 2)), {"gpu": reserved})
+    ops: list[tuple[str, object]] = []
+    for i in range(draw(st.integers(1, 30))):
+        if draw(st.integers(0, 4)) == 0:
+            ops.append(("release", draw(st.integers(0, 1000))))
+        else:
+            ops.append((draw(st.sampled_from(["submit", "burst"])),
+                        (f"r{i:02d}", draw(st.sampled_from(components)),
+                         {"gpu": draw(st.integers(1, 3)), "step_run": 1}, True, 0)))
+    return world, ops
+
+
 def check_invariants(world: World, snapshot: Snapshot, plan: Plan) -> None:
     usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     np_usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -129,7 +152,7 @@ def passes(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.one_of(worlds(), contended()))
+@given(st.one_of(worlds(), contended(), step_slots()))
 def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, object]]]) -> None:
     world, ops = case
     for snapshot, plan in passes(world, ops, 10.0):
@@ -142,7 +165,7 @@ def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, obj
 # exception docs/semantics.md states (a request granted earlier in the pass, exposed by a
 # later grant, is a victim only in the next pass).
 @settings(max_examples=150, deadline=None, derandomize=True)
-@given(st.one_of(worlds(), contended()))
+@given(st.one_of(worlds(), contended(), step_slots()))
 def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
     case: tuple[World, list[tuple[str, object]]],
 ) -> None:

@@ -209,6 +209,44 @@ CASES = [
         "pool p: gpu requested 2, free 0 of 4",
         Check.CAPACITY,
     ),
+    # A request asks for one step_run: where the pool meters it, a policy that reserves none
+    # makes each of its requests a borrower, not a request within its share. Reclaim is for
+    # the latter: blue-1, served after red-2 as a borrower, reclaimed red-1 (red-2, granted
+    # in the same pass, was no victim): running work evicted, and red-2 started in its stead.
+    Case(
+        "where the pool meters step_run, reserving none makes a request a borrower",
+        lambda: World().pool("p", {"gpu": 4, "step_run": 32})
+        .policy("red", "p", 5, {"gpu": 2}, {"gpu": 4}).policy("blue", "p", 5, {"gpu": 2}, {"gpu": 4})
+        .run("red-1", "red", "p", demand(gpu_count=2), 1.0)
+        .wait("red-2", "red", demand(gpu_count=2), at=2.0)
+        .wait("blue-1", "blue", demand(gpu_count=2), at=3.0),
+        {"red-2": "allocated:p", "blue-1": "waiting"},
+        "pool p: gpu requested 2, free 0 of 4",
+        Check.CAPACITY,
+    ),
+    Case(
+        "where the pool meters step_run, reserving some makes a request within its share",
+        lambda: World().pool("p", {"gpu": 4, "step_run": 32})
+        .policy("red", "p", 5, {"gpu": 2, "step_run": 16})
+        .policy("blue", "p", 5, {"gpu": 2, "step_run": 16})
+        .run("red-1", "red", "p", demand(gpu_count=2), 1.0)
+        .wait("red-2", "red", demand(gpu_count=2), at=2.0)
+        .wait("blue-1", "blue", demand(gpu_count=2), at=3.0),
+        {"blue-1": "allocated:p", "red-2": "waiting"},
+        "pool p: gpu requested 2, free 0 of 4",
+        Check.CAPACITY,
+    ),
+    Case(
+        "no reclaim by a request that must borrow another key the pool meters",
+        lambda: World().pool("p", {"gpu": 4, "mcpu": 8000})
+        .policy("red", "p", 5, {"gpu": 2, "mcpu": 4000}).policy("blue", "p", 5, {"gpu": 2})
+        .run("red-1", "red", "p", demand(gpu_count=2), 1.0)
+        .wait("red-2", "red", demand(gpu_count=2), at=2.0)
+        .wait("blue-1", "blue", demand(gpu_count=2, cpu_count=1), at=3.0),
+        {"red-2": "allocated:p", "blue-1": "waiting"},
+        "pool p: gpu requested 2, free 0 of 4",
+        Check.CAPACITY,
+    ),
     Case(
         "same priority, same share status: oldest first",
         lambda: World().pool("p", {"gpu": 2})

@@ -12,9 +12,10 @@ Order of work (see docs/semantics.md for the rules in prose):
    borrowers is what reclaim would enforce anyway (an owner evicts a borrower whatever the
    priorities), so doing it up front never grants units only to take them back.
 3. An entry that fits is granted, and the request's other entries disappear. One that is short
-   only of capacity may preempt (strictly lower priority, or reclaim of borrowed units; another
-   leaf's units within its own guarantee are never taken), unless its queue node says
-   ``preempts=False`` or another of its placements fits as things stand. Otherwise it waits,
+   only of capacity may preempt (strictly lower priority, or reclaim of borrowed units by an
+   entry within its guarantee; another leaf's units within its own guarantee are never
+   taken), unless its queue node says ``preempts=False`` or another of its placements fits
+   as things stand. Otherwise it waits,
    with the first failed check as its reason; a waiter blocked past its queue's
    ``backfill_after`` holds the units it needs so that smaller requests stop passing it.
    A victim the snapshot lists in ``requeue`` joins the queue as a request, in queue order;
@@ -321,7 +322,8 @@ class _Pass:
     # -- checks ------------------------------------------------------------------------
 
     def _in_share(self, placement: Placement) -> bool:
-        """Whether the placement fits each leaf's unused guarantee on every metered key."""
+        """Whether the placement fits each leaf's unused guarantee on every metered key: it
+        goes before borrowers (``_share``), and may reclaim (``_preempt``)."""
         for charge in placement.charges:
             leaf = self.forest.nodes[charge.leaf]
             used = self.usage[charge.leaf]
@@ -414,16 +416,6 @@ class _Pass:
                     return True
         return False
 
-    def _within_guarantee(self, placement: Placement, keys: set[str]) -> bool:
-        """Whether ``placement`` fits its leaves' unused guarantee on ``keys``."""
-        for charge in placement.charges:
-            leaf = self.forest.nodes[charge.leaf]
-            used = self.usage[charge.leaf]
-            for key in keys & charge.amounts.keys():
-                if used.get(key, 0) + charge.amounts[key] > leaf.guarantee.get(key, 0):
-                    return False
-        return True
-
     def _preempt(self, request: Request, placement: Placement, failures: list[Reason]) -> bool:
         """Free room for ``placement`` with the fewest useful victims; False if impossible."""
         by_name = {n.name: n.id for n in self.forest.path(placement.queue)}
@@ -433,9 +425,11 @@ class _Pass:
         for failure in failures:
             shortage[by_name[failure.node]].add(failure.key)
         short_keys = {f.key for f in failures}
-        # Whether the waiter fits its unused guarantee: only a victim on its own leaf changes
-        # that, so it is computed again only then.
-        reclaim = self._within_guarantee(placement, short_keys)
+        # Reclaim is for a waiter within its share as the queue order says (the short keys
+        # and every other metered one): one the order put after a borrower, were it let
+        # reclaim, would evict that borrower's running work (grants of the pass are not
+        # victims). Only a victim on its own leaf changes it, so it is computed again then.
+        reclaim = self._in_share(placement)
         waiter_leaves = {c.leaf for c in placement.charges}
         candidates: dict[str, Allocation] = {}
         for node_id, keys in shortage.items():
@@ -461,7 +455,7 @@ class _Pass:
             self._remove(victim)
             chosen.append((victim, rule))
             if any(c.leaf in waiter_leaves for c in victim.placement.charges):
-                reclaim = self._within_guarantee(placement, short_keys)
+                reclaim = self._in_share(placement)
             if self._fits(placement, request.preemptible):
                 fits = True
                 break
