@@ -439,7 +439,7 @@ def test_a_list_filtered_to_a_pool_gives_the_reason_there(tmp_path: Path) -> Non
     for pool in ("X", "Y"):
         listed = fairpool(tmp_path, "resource-request", "list", "--status", "queued",
                           "--pool", pool).ok().out
-        assert f"pool {pool}: gpu requested 1, free 0 of 1" in listed, listed
+        assert f"policy dual on {pool}: gpu requested 1, in use 1 of limit 1" in listed, listed
     described = fairpool(tmp_path, "resource-request", "describe", made[2]["id"]).ok().out
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
             for line in described.splitlines() if line.count("│") == 5}

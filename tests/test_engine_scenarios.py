@@ -248,14 +248,23 @@ CASES = [
         Check.CAPACITY,
     ),
     Case(
+        "a policy without a limit is at the pool total: the wait says so, not that the pool is full",
+        lambda: World().pool("p", {"gpu": 4}).policy("w", "p", 1).policy("a", "p", 1)
+        .run("w-1", "w", "p", demand(gpu_count=2), 1.0)
+        .wait("w-2", "w", demand(gpu_count=3), at=2.0),
+        {"w-2": "waiting"},
+        "policy w on p: gpu requested 3, in use 2 of limit 4",
+        Check.LIMIT,
+    ),
+    Case(
         "same priority, same share status: oldest first",
         lambda: World().pool("p", {"gpu": 2})
         .policy("red", "p", 5, {"gpu": 2}, {"gpu": 2}).policy("blue", "p", 5)
         .wait("blue-new", "blue", demand(gpu_count=2), at=5.0)
         .wait("blue-old", "blue", demand(gpu_count=2), at=4.0),
         {"blue-old": "allocated:p", "blue-new": "waiting"},
-        "pool p: gpu requested 2, free 0 of 2",
-        Check.CAPACITY,
+        "policy blue on p: gpu requested 2, in use 2 of limit 2",
+        Check.LIMIT,
     ),
     Case(
         "same priority, no reserved headroom: nobody is preempted",
@@ -570,7 +579,8 @@ def test_a_waiter_ahead_of_a_preemptor_gets_the_units_the_preemption_freed_beyon
 def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
     # r-1 and r-2 (2 GPUs each) have waited past backfill_after. a has 1 GPU free and nobody
     # to preempt; b has 2. r-1 takes b; r-2, first in a's queue now, holds a's free GPU, so
-    # the younger s does not take it (it did: r-2 was set aside behind r-1 on a).
+    # the younger s does not take it (it did: r-2 was set aside behind r-1 on a). On b it
+    # holds nothing: hi is at its limit there (the pool total), and no unit frees that.
     world = (
         World().pool("a", {"gpu": 3}).pool("b", {"gpu": 2})
         .policy("hi", "a", 10).policy("hi", "b", 10).policy("x", "a", 20).policy("s", "a", 1)
@@ -584,7 +594,7 @@ def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
     assert outcome(plan, world.snapshot()) == {
         "r-1": "allocated:b", "r-2": "waiting", "s-1": "waiting"}
     entries = queue_entries(plan)
-    assert [(e.queue, e.holding) for e in entries["r-2"]] == [("pool a", True), ("pool b", True)]
+    assert [(e.queue, e.holding) for e in entries["r-2"]] == [("pool a", True), ("pool b", False)]
     assert "held for an older request" in entries["s-1"][0].reason.message
 
 

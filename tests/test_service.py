@@ -140,7 +140,7 @@ def test_waiting_reason_is_stored_and_only_rewritten_when_it_changes(svc: Servic
     svc.attach_policy("p", "orch", priority=1)
     svc.create_request("orch", demand=demand(gpu_count=1))
     waiting = svc.create_request("orch", demand=demand(gpu_count=1))
-    assert waiting.status_reason == "waiting: pool p: gpu requested 1, free 0 of 1"
+    assert waiting.status_reason == "waiting: policy orch on p: gpu requested 1, in use 1 of limit 1"
     before = svc.get_request(waiting.id).updated
     svc.reconcile()
     assert svc.get_request(waiting.id).updated == before

@@ -47,7 +47,8 @@ def pool_node(pool: Pool) -> Node:
 
 def policy_node(policy: Policy, pool: Pool, component_name: str) -> Node:
     """A policy's leaf. A pool key the policy omits has reserved 0 and limit = pool total,
-    which the pool's own capacity already enforces, so only explicit limits are set."""
+    set as such: the pool's capacity alone would enforce it, but a waiter blocked by its own
+    component's usage would then be told the pool has no room, not that it is at its limit."""
     return Node(
         id=policy.id,
         name=f"policy {component_name} on {pool.name}",
@@ -55,7 +56,7 @@ def policy_node(policy: Policy, pool: Pool, component_name: str) -> Node:
         capacity={},
         open_keys=None,
         guarantee={key: policy.reserved.get(key, 0) for key in pool.capacity},
-        limit={key: value for key, value in policy.limit.items() if key in pool.capacity},
+        limit={key: policy.limit.get(key, total) for key, total in pool.capacity.items()},
     )
 
 
