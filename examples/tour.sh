@@ -6,6 +6,8 @@ set -euo pipefail
 export FAIRPOOL_HOME="${FAIRPOOL_HOME:-$(mktemp -d -t fairpool-tour-XXXXXX)}"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+# A create rejected at once exits 1: shown, and the tour goes on.
+rejected() { printf '$ %s\n' "$*"; "$@" && exit 1 || printf '(exit %s)\n' "$?"; }
 field() { python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 
 say "A pool of 8 GPUs and 32 step slots (store: $FAIRPOOL_HOME)"
@@ -25,8 +27,8 @@ run fairpool resource-request create --component sandbox-orch --gpu-count 2 --ma
 run fairpool resource-request create --component sandbox-orch --gpu-count 2 --max-retries 1
 
 say "Hard rejections never queue, and say why"
-run fairpool resource-request create --component prod-orch --gpu-count 10
-run fairpool resource-request create --component prod-orch --gpu-count 4 --non-preemptible
+rejected fairpool resource-request create --component prod-orch --gpu-count 10
+rejected fairpool resource-request create --component prod-orch --gpu-count 4 --non-preemptible
 
 say "Prod needs 4 GPUs; only 2 are free: sandbox's newest borrowed run is preempted and retried"
 prod=$(fairpool resource-request create --component prod-orch --gpu-count 4 -o json | field id)

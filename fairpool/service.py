@@ -164,8 +164,12 @@ def open_service(
     home: str | None = None, url: str | None = None, catch_up: bool = False
 ) -> Service:
     """The embedded default: a SQLite file under ``home`` (else FAIRPOOL_HOME, else the user
-    data dir). ``catch_up``: see ``Service.catch_up``."""
-    return Service(Database.open(url or default_url(fairpool_home(home))), catch_up=catch_up)
+    data dir), made if need be. ``catch_up``: see ``Service.catch_up``."""
+    if url is None:
+        chosen = fairpool_home(home)
+        chosen.mkdir(parents=True, exist_ok=True)
+        url = default_url(chosen)
+    return Service(Database.open(url), catch_up=catch_up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,7 +543,7 @@ class Service:
             if any(p.component_id == component_id for p in existing):
                 raise Conflict(
                     f"{kind} `{component}` already has a policy on resource pool `{pool.name}`: "
-                    "detach it first"
+                    "change it in place (update-policy), or detach it first"
                 )
             candidate = Policy(
                 id="",

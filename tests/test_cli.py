@@ -187,11 +187,15 @@ def tour(tmp_path_factory: pytest.TempPathFactory) -> Tour:
         (*request, "--gpu-count", "2", "--cpu-count", "4", "--memory", "16GiB"),
         (*request, "--gpu-count", "2", "--label", "team=vision"),
     ]))
-    c, d = (r.ok().json for r in fairpool_many(home, [
+    queued, rejected = fairpool_many(home, [
         (*request, "--gpu-count", "2"),
         (*request, "--gpu-count", "10"),
-    ]))
-    return Tour(home, pool, a, b, c, d)
+    ])
+    # Rejected: printed, and said by the exit code (it was 0: found by helpers 67 and 68).
+    assert rejected.code == 1, rejected
+    assert rejected.err_lines == [
+        f"Resource request `{rejected.json['id']}` rejected: {rejected.json['status_reason']}"]
+    return Tour(home, pool, a, b, queued.ok().json, rejected.json)
 
 
 def test_version_and_home_option(tmp_path: Path) -> None:
@@ -302,6 +306,29 @@ def test_a_table_to_a_pipe_has_a_line_a_row_and_a_narrow_one_a_record_a_row(
     for request in listed:
         words = " ".join(line.strip("│ ") for line in lines).split()
         assert all(word in words for word in reasons[request["id"]].split()), request
+
+
+def test_a_description_breaks_no_word_piped_or_narrow(tour: Tour) -> None:
+    """A describe table (a property a row) was wrapped at 80 columns when piped, and folded
+    an id in two on a narrow terminal (found by helper-67): it is printed whole as a list
+    is, and where even its words do not fit, a line per property."""
+    request = tour.d
+    env = {key: value for key, value in cli_env(tour.home).items() if key != "COLUMNS"}
+    args = ["resource-request", "describe", request["id"]]
+    code, piped, err = forked_cli.run(args, env)
+    assert code == 0, err
+    reason = request["status_reason"]
+    assert len(reason) > 40
+    assert any(request["id"] in line and line.startswith("│ ID ") for line in piped.splitlines())
+    assert any(reason in line for line in piped.splitlines()), piped
+    code, narrow, err = forked_cli.run(args, {**env, "COLUMNS": "64"})
+    assert code == 0, err
+    assert max(map(len, narrow.splitlines())) <= 64
+    assert any(request["id"] in line for line in narrow.splitlines()), narrow
+    code, narrower, err = forked_cli.run(args, {**env, "COLUMNS": "40"})
+    assert code == 0, err
+    assert f"ID: {request['id']}" in narrower.splitlines()
+    assert f"REASON: {reason}" in narrower.splitlines()
 
 
 def test_tables_keep_ids_whole_at_a_common_terminal_width(tour: Tour) -> None:
@@ -484,7 +511,6 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("resource-pool", "attach-policy", POOL, "c2", "-p", "1", "-r", '{"gpu": 7}'),
      ("reserved.gpu", "8")),  # 2 + 7 reserved > 8
     (("resource-pool", "attach-policy", "no-such-pool", "c2", "-p", "1"), ("no-such-pool",)),
-    (("resource-pool", "list-policies"), ("resource pool", "--component")),
     # A filter naming no pool is said, the empty name too (it listed every request).
     (("resource-request", "list", "--pool", ""), ("no pool ''",)),
     (("resource-pool", "list-policies", ""), ("no pool ''",)),
@@ -566,6 +592,18 @@ def test_a_database_that_cannot_be_opened_is_one_error_line(
         assert started.stderr.startswith(f"Error: cannot open the database {not_listening}"), \
             started.stderr
         assert len(started.stderr.strip().splitlines()) == 1, started.stderr
+
+
+def test_a_sqlite_url_into_no_directory_is_refused_and_a_home_is_made(tmp_path: Path) -> None:
+    """A mistyped SQLite path made its directories and an empty store, read as "No
+    resource pools found." (found by helper-67); the home is made, however deep."""
+    missing = tmp_path / "no" / "such"
+    refused = fairpool(tmp_path, "--database-url", f"sqlite:///{missing}/x.db",
+                       "resource-pool", "list")
+    assert_one_error(refused, f"database-url: {missing} is not a directory")
+    assert not (tmp_path / "no").exists()
+    fairpool(tmp_path / "deep" / "er", "resource-pool", "list").ok()
+    assert (tmp_path / "deep" / "er" / "fairpool.db").exists()
 
 
 def test_every_command_works_on_the_database_it_is_given(tmp_path: Path, database_url: str
@@ -716,6 +754,12 @@ def test_pool_update_detach_and_delete(tmp_path: Path) -> None:
     ]
     nothing = fairpool(tmp_path, "resource-pool", "update", "scratch").ok()
     assert nothing.out == "" and nothing.err_lines == ["No updates specified."]
+    typo = fairpool(tmp_path, "resource-pool", "update", "scratc")  # was "No updates" too, 0
+    assert (typo.code, typo.err_lines) == (1, ["Error: no pool 'scratc'"])
+    unnamed = fairpool(tmp_path, "resource-pool", "list-policies")
+    assert unnamed.code == 2 and unnamed.err_lines == [
+        "Error: Specify a resource pool, a component (--component), or both. "
+        "(see 'fairpool resource-pool list-policies -h')"], unnamed
     updated = fairpool(
         tmp_path, "resource-pool", "update", "scratch", "-c", '{"gpu": 4, "tpu": 0}',
         "-d", "smaller", "-o", "json",

@@ -457,7 +457,7 @@ def _request_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str
 NEW_REQUESTS = [
     (1, 0, "allocated", "allocated on pool gpus"),
     (3, 0, "rejected", "pool gpus: gpu requested 3 > capacity 2"),
-    (1, 2, "queued", "waiting: pool gpus: gpu requested 1, free 0 of 2"),
+    (1, 2, "queued", "waiting: policy team on gpus: gpu requested 1, in use 2 of limit 2"),
 ]
 
 

@@ -285,6 +285,7 @@ def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
     back), pruned as the server starts; what it holds now stays. Said in its log and its
     metrics."""
     home = tmp_path / "home"
+    home.mkdir()
     old = Service(Database.open(f"sqlite:///{home / 'fairpool.db'}"), Clock())  # March 2026
     try:
         old.create_pool("p", {"gpu": 2})

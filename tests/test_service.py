@@ -245,7 +245,8 @@ def test_a_component_filter_must_name_a_component(svc: Service) -> None:
 def test_one_policy_per_component_and_pool(svc: Service) -> None:
     svc.create_pool("p", {"gpu": 8})
     svc.attach_policy("p", "a")
-    with pytest.raises(Conflict, match="already has a policy"):
+    with pytest.raises(Conflict, match=r"already has a policy on resource pool `p`: change it "
+                       r"in place \(update-policy\), or detach it first$"):
         svc.attach_policy("p", "a", priority=3)
     # The same name as a step operator is another component.
     svc.attach_policy("p", "a", component_type="step_operator")

@@ -787,7 +787,7 @@ def test_concurrent_writers_are_serialized(tmp_path: Path) -> None:
 
 
 def test_processes_opening_a_new_database_at_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'new' / 'fairpool.db'}"
+    url = f"sqlite:///{tmp_path / 'fairpool.db'}"
     assert _run_processes(_open_at_once, url) == ["ok"] * PROCESSES
     with Database.open(url) as db, db.read() as connection:
         assert len(repo.list_events(connection)) == PROCESSES

@@ -187,10 +187,12 @@ def test_reopening_keeps_data(database_url: str) -> None:
         assert repo.get_pool(connection, "gpus").capacity == {"gpu": 8}
 
 
-def test_opening_a_sqlite_file_creates_its_directories(tmp_path: Path) -> None:
+def test_opening_a_sqlite_file_in_no_directory_is_refused(tmp_path: Path) -> None:
+    """It made the directories: a mistyped path read as a new, empty store."""
     url = f"sqlite:///{tmp_path / 'nested' / 'dir' / 'fairpool.db'}"
-    Database.open(url).close()
-    assert (tmp_path / "nested" / "dir" / "fairpool.db").is_file()
+    with pytest.raises(InvalidInput, match=rf"^database-url: {tmp_path}/nested/dir is not a "):
+        Database.open(url)
+    assert not (tmp_path / "nested").exists()
 
 
 NEWER = (r"its schema \(revision 9999\) is not one this fairpool knows \(its newest is "

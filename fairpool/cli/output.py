@@ -167,13 +167,14 @@ def _yaml(data: Any) -> str:
 
 
 def format_value(value: Any) -> str:
-    """One table cell: mappings as ``key value, ...``, lists comma-joined, None as empty."""
+    """One table cell: mappings as ``key value, ...``, lists comma-joined, None as empty (in a
+    mapping, as ``-``: ``resource_flow -``, not ``resource_flow ,``)."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, Mapping):
-        return ", ".join(f"{key} {format_value(item)}" for key, item in value.items())
+        return ", ".join(f"{key} {format_value(item) or '-'}" for key, item in value.items())
     if isinstance(value, list | tuple):
         return ", ".join(format_value(item) for item in value)
     return str(value)
@@ -227,28 +228,36 @@ _UNBOUNDED = 1_000_000
 def print_table(
     rows: Sequence[Row], columns: Sequence[str], *, title: str | None = None
 ) -> None:
-    """A table of ``rows``, printed whole: to a pipe or a file at its natural width (a line per row,
-    for grep; rich would wrap it at 80 columns), unless ``COLUMNS`` says a width; where it
-    is too narrow for its columns' words, each row as a record of its own, as psql's
-    expanded display does."""
+    """A table of ``rows`` (``_print_whole``); where the width is too narrow for its
+    columns' words, each row as a record of its own, as psql's expanded display does."""
+
+    def records() -> None:
+        if title is not None:
+            out().print(_text(title))
+        for row in rows:
+            out().print(_record(row, columns))
+
+    _print_whole(_table(rows, columns, title=title), records)
+
+
+def _print_whole(table: Table, narrow: Callable[[], None]) -> None:
+    """``table`` printed whole: to a pipe or a file at its natural width (a line per row,
+    for grep; rich would wrap it at 80 columns), unless ``COLUMNS`` says a width; where that
+    is too narrow for its columns' words, ``narrow()`` instead, breaking none."""
     from rich.measure import Measurement
 
     console = out()
-    shown = _table(rows, columns, title=title)
-    measured = Measurement.get(console, console.options.update_width(_UNBOUNDED), shown)
+    measured = Measurement.get(console, console.options.update_width(_UNBOUNDED), table)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         from rich.console import Console
 
         # print(width=) only narrows: a console of that width for this table alone.
         wide = max(console.width, measured.maximum)
-        Console(file=console.file, width=wide, highlight=False, soft_wrap=False).print(shown)
+        Console(file=console.file, width=wide, highlight=False, soft_wrap=False).print(table)
     elif measured.minimum <= console.width:
-        console.print(shown)
+        console.print(table)
     else:
-        if title is not None:
-            console.print(_text(title))
-        for row in rows:
-            console.print(_record(row, columns))
+        narrow()
 
 
 def _record(row: Row, columns: Sequence[str]) -> Table:
@@ -308,15 +317,25 @@ def print_page(
 
 
 def print_properties(title: str, properties: Sequence[tuple[str, Any]]) -> None:
-    """A key/value table, like ``cli_utils.print_pydantic_model``."""
+    """A key/value table, like ``cli_utils.print_pydantic_model``, printed whole as a table
+    of rows is (``_print_whole``); too narrow for its words, a line per property, which the
+    terminal wraps (an id folded inside a cell could no longer be copied)."""
     from rich.table import Table
 
+    values = [(header(key), format_cell(key, value)) for key, value in properties]
     result = Table(title=_text(title), title_justify="left")
-    result.add_column("PROPERTY", no_wrap=True)
-    result.add_column("VALUE", overflow="fold")
-    for key, value in properties:
-        result.add_row(_text(header(key)), _text(format_cell(key, value)))
-    out().print(result)
+    # rich measures a no_wrap column by its longest word, yet prints it whole.
+    result.add_column("PROPERTY", no_wrap=True, min_width=max(len(name) for name, _ in values))
+    result.add_column("VALUE", overflow="fold", min_width=_widest_word(v for _, v in values))
+    for name, value in values:
+        result.add_row(_text(name), _text(value))
+
+    def lines() -> None:
+        out().print(_text(title))
+        for name, value in values:
+            out().print(_text(f"{name}: {value}"), soft_wrap=True)
+
+    _print_whole(result, lines)
 
 
 def print_section(

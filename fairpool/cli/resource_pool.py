@@ -174,6 +174,7 @@ def update(
 ) -> None:
     """Update a resource pool's capacity or description."""
     if capacity is None and description is None:
+        service().get_pool(name_id_or_prefix)  # ZenML's words, but a typo is still told
         o.declare("No updates specified.")
         return
     parsed = parse_mapping("capacity", capacity)
@@ -294,9 +295,7 @@ def list_policies(
 ) -> None:
     """List the policies of a pool, or the pools a component is attached to."""
     if resource_pool_name_or_id is None and component is None:
-        raise click.ClickException(
-            "Specify a resource pool, a component (--component), or both."
-        )
+        raise click.UsageError("Specify a resource pool, a component (--component), or both.")
     policies = [
         p.as_dict()
         for p in service().list_policies(resource_pool_name_or_id, component, component_type)

@@ -185,7 +185,7 @@ def request_fields(
 @o.output_option
 def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str,
            **fields: Any) -> None:
-    """Ask for units: allocated now, queued, or rejected with the reason."""
+    """Ask for units: allocated now, queued, or rejected with the reason (exit 1)."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait.")
     request = request_fields(**fields)
@@ -203,6 +203,8 @@ def create(lease_ttl: int | None, wait: bool, timeout: float | None, output: str
     print_request(data, output)
     if wait:
         finish_wait(data)
+    elif data["status"] == "rejected":  # said above; a script tells it by the exit code
+        click.get_current_context().exit(1)
 
 
 def wait_for(request_id: str, timeout: float | None) -> dict[str, Any]:

@@ -277,8 +277,10 @@ class Database:
                 f"{backend}+{driver}://",
             )
         if backend == "sqlite":
-            if parsed.database not in (None, "", ":memory:"):
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            # A mistyped path would else be a new, empty store (the home is made for it).
+            folder = Path(parsed.database or ".").parent
+            if parsed.database not in (None, "", ":memory:") and not folder.is_dir():
+                raise InvalidInput("database-url", url, f"{folder} is not a directory")
             engine = create_engine(parsed, json_serializer=_json_text)
             _control_sqlite_transactions(engine)
         elif backend == "postgresql":
