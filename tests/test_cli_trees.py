@@ -132,6 +132,14 @@ def test_the_issues_tour(home: Path) -> None:
           "{guarantee_type: burst,\n guarantee_type: relaxed}"),
          ("integral_guarantees.guarantee_type: duplicate key 'guarantee_type' on line 2 "
           "(first on line 1)",)),
+        # Past a float's range, as written (it said "must be positive (got 0.0)"): as a
+        # value, in a JSON mapping, and in a YAML one.
+        (("pool", "set", "project-batch", "--tree", "physical", "weight", "1e-400"),
+         ("weight: 1e-400 is out of a number's range: it reads as 0.0",)),
+        (("pool", "create", "x", "--tree", "physical", "--config", '{"weight": 1e400}'),
+         ("config.weight: 1e400 is out of a number's range: it reads as inf",)),
+        (("pool", "create", "x", "--tree", "physical", "--config", "{weight: -1.5e-999}"),
+         ("config.weight: -1.5e-999 is out of a number's range: it reads as -0.0",)),
         # YAML 1.1's octal and base 60 (JSON refuses them, YAML 1.2 reads 10 and text).
         (("pool", "set", "project-batch", "--tree", "physical", "weight", "010"),
          ("weight: 010 is octal in YAML 1.1 (8): write 8, 10 for decimal, or '010' for text",)),

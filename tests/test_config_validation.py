@@ -509,6 +509,9 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("quota string", quota("'8'"), QUOTA, "must be a number (got string '8')"),
     ("quota with unit", quota("8Gi"), QUOTA, "must be a number (got string '8Gi')"),
     ("quota infinite", quota(".inf"), QUOTA, "must be a finite number (got number .inf)"),
+    # Read as 0.0, it was taken: a quota that blocks the flavor.
+    ("quota below a float's range", quota("1e-400"), QUOTA,
+     "1e-400 is out of a number's range: it reads as 0.0"),
     ("quota too large", quota("10000000000001"), QUOTA, "must be at most 1000000000000 (got 10000000000001)"),
     ("quota a list", quota("[8]"), QUOTA, "must be a number (got a list)"),
     # -- scheduling_rules

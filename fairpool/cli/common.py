@@ -128,7 +128,7 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        parsed: Any = json.loads(text, object_pairs_hook=_once_each)
+        parsed: Any = json.loads(text, object_pairs_hook=_once_each, parse_float=_in_range)
     except RecursionError:  # it recurses per level (so does YAML's)
         raise InvalidInput(field, clipped(text), "nested too deeply") from None
     except ValueError:  # not JSON, or a key given twice: YAML's reading says where
@@ -138,6 +138,18 @@ def parse_mapping(field: str, text: str | None) -> dict[str, Any] | None:
     if not isinstance(parsed, dict):
         raise InvalidInput(field, text, "must be a JSON or YAML mapping, e.g. '{\"gpu\": 8}'")
     return parsed
+
+
+def _in_range(text: str) -> float:
+    """A JSON number a float holds; past its range (``1e-400`` reads as 0.0), YAML's reading
+    refuses it at its path, as written (``number_problem``)."""
+    value = float(text)
+    if math.isinf(value) or value == 0:
+        from fairpool.frontends.yaml_text import beyond_float
+
+        if beyond_float(text, value):
+            raise ValueError(text)
+    return value
 
 
 def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

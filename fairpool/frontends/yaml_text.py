@@ -21,6 +21,7 @@ exhaust Python's stack (it composes recursively), and a scalar its constructors 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import ClassVar, Final, NamedTuple
@@ -120,15 +121,27 @@ class UserLoader(yaml.SafeLoader):
 UserLoader.add_implicit_resolver(_FLOAT_TAG, JSON_EXPONENT, list("-0123456789"))
 
 
+def beyond_float(text: str, value: float) -> bool:
+    """Whether ``text``, a number in digits, is past a float's range: read as inf, or as 0.0
+    though not zero (``1e-400``)."""
+    digits = text.lstrip("+-").replace("_", "").lower()
+    if math.isinf(value):
+        return "inf" not in digits
+    return value == 0 and any(d in "123456789" for d in digits.partition("e")[0])
+
+
 def number_problem(text: str, value: object, *, or_text: bool = False) -> str | None:
     """Why ``text``, which YAML 1.1 read as the number ``value``, is to be written otherwise,
     and how (``or_text``: quoted, too); None if it reads alike in JSON or YAML 1.2 (or is
     ``0x10``, ``1_000``: plainly meant). A leading zero makes an integer octal in YAML 1.1
-    only, and ``:`` makes base 60."""
+    only, and ``:`` makes base 60. A number past a float's range (``1e-400``, ``1e400``)
+    is refused as written: a check of what it reads as would show 0.0 or inf."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     digits = text.lstrip("+-").replace("_", "")
     reading = short(int_text(value) if isinstance(value, int) else repr(value))
+    if isinstance(value, float) and beyond_float(text, value):
+        return f"{short(text)} is out of a number's range: it reads as {reading}"
     ways = [reading]
     if ":" in digits:
         kind = "base 60"
@@ -237,6 +250,7 @@ __all__ = [
     "KeyGivenTwice",
     "Path",
     "UserLoader",
+    "beyond_float",
     "format_path",
     "int_text",
     "load_yaml",
