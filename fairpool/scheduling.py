@@ -768,9 +768,11 @@ class SchedulingService:
             if decision.status is wl.Status.ADMITTED:
                 assert decision.admission is not None
                 values.update(status=WorkloadStatus.ADMITTED, admitted_at=now,
-                              flavors=list(decision.admission.flavors))
+                              flavors=list(decision.admission.flavors),
+                              status_notes=list(decision.notes))
             elif decision.status in (wl.Status.REJECTED, wl.Status.FAILED):
-                values["status"] = WorkloadStatus(decision.status.value)
+                values.update(status=WorkloadStatus(decision.status.value),
+                              status_notes=list(decision.notes))
             elif all(getattr(workload, key) == value for key, value in values.items()):
                 continue  # still queued for the same reason: a long idle queue costs no writes
             tx.update_workload(workload_id, now, **values)
@@ -805,7 +807,7 @@ class SchedulingService:
             preemptions=workload.preemptions,
             requeued_at=workload.requeued_at,
             position=decision.position if queued and decision is not None else None,
-            notes=decision.notes if decision is not None else (),
+            notes=decision.notes if decision is not None else workload.notes,
         )
 
 

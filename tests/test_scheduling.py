@@ -252,6 +252,36 @@ def test_routing_fails_a_workload_no_rule_takes(sched: SchedulingService) -> Non
     )
 
 
+def test_a_decided_workload_keeps_the_notes_of_the_pass_that_decided_it(
+    sched: SchedulingService,
+) -> None:
+    """Notes were worked out only while a workload waited: once admitted, rejected or failed,
+    even by a config apply, nothing said which rule fell through (found by helper-69)."""
+    sched.apply_config(COMPLETE)
+    admitted = sched.submit_workload(labels={"team": "research"}, priority=150,
+                                     demand={"gpu": 1})
+    assert admitted.status == "admitted"
+    assert any("priority 150 is outside" in note for note in admitted.notes), admitted.notes
+    assert sched.get_workload(admitted.id).notes == admitted.notes
+    assert [w.notes for w in sched.list_workloads() if w.id == admitted.id] == [admitted.notes]
+    sched.apply_config("resource_queues: [{name: q, resource_groups: [{covered_resources: "
+                       "[gpu], flavors: [{name: f, resources: [{name: gpu, nominal_quota: 1}]}]}]}]"
+                       "\nresource_flavors: [{name: f}]\n"
+                       "scheduling_rules: [{resource_queue: q}]\n")
+    sched.submit_workload(demand={"gpu": 1})
+    waiting = sched.submit_workload(priority=5, demand={"gpu": 1})
+    assert waiting.status == "queued"
+    sched.apply_config("resource_queues: [{name: q, resource_groups: [{covered_resources: "
+                       "[gpu], flavors: [{name: f, resources: [{name: gpu, nominal_quota: 1}]}]}]}]"
+                       "\nresource_flavors: [{name: f}]\n"
+                       "scheduling_rules: [{resource_queue: q, priority_policy: "
+                       "{max: 1, on_violation: reject}}]\n")
+    failed = sched.get_workload(waiting.id)
+    assert (failed.status, failed.reason) == ("failed", "no scheduling rule matched")
+    assert failed.notes == (
+        "scheduling_rules[0]: priority 5 is outside [0, 1] (on_violation: reject), falls through",)
+
+
 def test_lower_priority_workloads_are_preempted_and_requeued(sched: SchedulingService) -> None:
     sched.apply_config(COMPLETE)
     research = {"labels": {"team": "research"}, "demand": {"gpu": 8, "cpu": 64}}

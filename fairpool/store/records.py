@@ -345,6 +345,9 @@ class Workload:
     preemptions: int
     #: When it was last preempted and queued again (None: never): it waits from then.
     requeued_at: datetime | None = None
+    #: Why earlier rules and other flavors did not apply, when it was decided (admitted,
+    #: rejected, failed); a queued one's are said by the pass that reads it.
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Workload:
@@ -365,4 +368,5 @@ class Workload:
             finished_at=row["finished_at"],
             preemptions=row["preemptions"],
             requeued_at=row["requeued_at"],
+            notes=tuple(row["status_notes"]),
         )

@@ -401,6 +401,9 @@ workload = Table(
     _time("requeued_at", nullable=True),
     _created_by(),
     *_idempotency(),
+    # Why earlier rules and other flavors did not apply, as the pass that decided it said
+    # (a queued one's are the live pass's).
+    Column("status_notes", JSON, nullable=False, server_default=text("'[]'")),
     CheckConstraint(_one_of("status", WorkloadStatus), name="status"),
     *(CheckConstraint(f"{key} >= 0", name=f"{key}_non_negative") for key in WORKLOAD_RESOURCES),
     CheckConstraint("requested_priority IS NULL OR requested_priority >= 0",
