@@ -443,25 +443,20 @@ CASES = [
         {"w": "admitted bounded p30"},
     ),
     Case(
-        "priority: no default -> 0, even below min (bounds apply to requested priorities)",
-        policy_config("{ min: 10, max: 40 }"), [wl("w")],
-        {"w": "admitted bounded p0"},
-    ),
-    Case(
         "priority: on_violation unset behaves as reject (falls through)",
-        policy_config("{ min: 10, max: 40 }"), [wl("w", priority=50)],
+        policy_config("{ default: 10, min: 10, max: 40 }"), [wl("w", priority=50)],
         {"w": "admitted default p50"},
         says={"w": "priority 50 is outside [10, 40] (on_violation: unset, so reject), falls through"},
     ),
     Case(
         "priority: force_update clamps up to min",
-        policy_config("{ min: 10, max: 40, on_violation: force_update }"),
+        policy_config("{ default: 10, min: 10, max: 40, on_violation: force_update }"),
         [wl("w", priority=5)],
         {"w": "admitted bounded p10"},
     ),
     Case(
         "priority: max unset is no upper bound",
-        policy_config("{ min: 10 }"), [wl("w", priority=10**6)],
+        policy_config("{ default: 10, min: 10 }"), [wl("w", priority=10**6)],
         {"w": "admitted bounded p1000000"},
     ),
     # -- flavors and quotas ------------------------------------------------------------------

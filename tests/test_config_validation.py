@@ -536,6 +536,9 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("priority string", policy("{default: '5'}"), f"{PP}.default", "must be an integer >= 0 (got string '5')"),
     ("priority too large", policy(f"{{max: {MAX_PRIORITY + 1}}}"), f"{PP}.max", f"must be at most {MAX_PRIORITY} (got integer {MAX_PRIORITY + 1})"),
     ("min <= max", policy("{min: 60, max: 50}"), f"{PP}.min", "min (60) must be <= max (50)"),
+    # The seed: default "If unset, 0", and min <= default (a warning until 2026-11-30).
+    ("min <= an unset default", policy("{min: 10, max: 100}"), f"{PP}.default",
+     "default (unset: 0) must be >= min (10): set one in range"),
     ("default >= min", policy("{default: 5, min: 10}"), f"{PP}.default", "default (5) must be >= min (10)"),
     ("default <= max", policy("{default: 150, max: 100}"), f"{PP}.default", "default (150) must be <= max (100)"),
     # Compared values are shown as written, not as YAML read them (16, 1000).
@@ -721,7 +724,8 @@ def test_warnings() -> None:
             resource_groups: [{covered_resources: [gpu], flavors: [{name: used}]}]
           - {name: orphan, preemption: {within_resource_queue: lower_priority}}
         scheduling_rules:
-          - {resource_queue: capped, priority_policy: {min: 10, max: 100, on_violation: reject}}
+          - {resource_queue: capped,
+             priority_policy: {default: 10, min: 10, max: 100, on_violation: reject}}
           - {resource_queue: capped}
           - {resource_queue: capped, selector: [{key: Team, operator: exists}]}
         """
@@ -729,7 +733,6 @@ def test_warnings() -> None:
     assert [(issue.path, issue.message) for issue in warnings(config)] == [
         ("scheduling_rules[0]", "catch-all rule at index 0 is not last: rules after it only see workloads whose priority it rejects"),
         ("scheduling_rules[1]", "catch-all rule at index 1 is not last: rules after it never match"),
-        ("scheduling_rules[0].priority_policy", "default is unset, so a workload that requests no priority gets 0, below min (10)"),
         ("resource_flavors[1]", "flavor 'unused' is not used by any resource queue"),
         ("resource_queues[1]", "queue 'orphan' is not the target of any scheduling rule"),
         ("resource_queues[1].preemption", "queue 'orphan' is a passthrough (no resource_groups): it admits everything and never preempts"),
@@ -951,11 +954,16 @@ def test_cli_validate_a_json_document_with_exponent_numbers(tmp_path: Path) -> N
         ('resource_queues: [{name: "p\\e[31m"}]\n', {"resource_queues": [{"name": "p\x1b[31m"}]}),
         ("resource_flavors:\n  - <<: {name: a}\n    <<: {name: b}\n", {"resource_flavors": [{"name": "b"}]}),
         ("resource_flavors: [{name: 1e3}]\n", {"resource_flavors": [{"name": "1e3"}]}),
+        # Applied with a warning until 2026-11-30.
+        ("resource_queues: [{name: q}]\n"
+         "scheduling_rules: [{resource_queue: q, priority_policy: {min: 10}}]\n",
+         {"resource_queues": [{"name": "q"}],
+          "scheduling_rules": [{"resource_queue": "q", "priority_policy": {"min": 10}}]}),
     ],
-    ids=["non-printing name", "second merge key", "1e3 as text"],
+    ids=["non-printing name", "second merge key", "1e3 as text", "min over an unset default"],
 )
 def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: dict[str, Any]) -> None:
-    """What rules added on 2026-11-29 refuse, a version applied before may hold: it must
+    """What rules added since 2026-11-29 refuse, a version applied before may hold: it must
     still load (each pass reads the active version, each apply every version)."""
     with pytest.raises(ConfigError):
         load_config(document)
@@ -983,8 +991,8 @@ GROUPS = ("resource_flavors: [{name: f}]\nresource_queues:\n  - name: q\n"
          GROUPS % "[{name: gpu, nominal_quota: 8}, {name: cpu, nominal_quota: 2}]"),
         ("resource_flavors: [{name: a, advanced_instance_config: {n: 1:30, m: 1e1}}]\n",
          "resource_flavors: [{name: a, advanced_instance_config: {n: 90, m: '1e1'}}]\n"),
-        ("resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 010}}]\n",
-         "resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 8}}]\n"),
+        ("resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 010, default: 9}}]\n",
+         "resource_queues: [{name: q}]\nscheduling_rules: [{resource_queue: q, priority_policy: {min: 8, default: 9}}]\n"),
     ],
     ids=["octal quota", "base 60 in advanced_instance_config", "octal priority"],
 )

@@ -1192,13 +1192,18 @@ class _Checker:
         default, low, high = numbers["default"], numbers["min"], numbers["max"]
         shown = {key: self.shown(number, (*path, key))
                  for key, number in numbers.items() if number is not None}
-        # Each pair that is given is checked; an unset default is 0 (see ``warnings``).
+        # An unset default is 0 (the seed: "If unset, 0"; min "Must be ≤ max and ≤ default").
         if low is not None and high is not None and low > high:
             self.error((*path, "min"), f"min ({shown['min']}) must be <= max ({shown['max']})")
             ok = False
         if default is not None and low is not None and default < low:
             self.error((*path, "default"),
                        f"default ({shown['default']}) must be >= min ({shown['min']})")
+            ok = False
+        if default is None and low and (high is None or low <= high) and not self.stored:
+            # A warning until 2026-11-30, so a version applied before keeps loading.
+            self.error((*path, "default"),
+                       f"default (unset: 0) must be >= min ({shown['min']}): set one in range")
             ok = False
         if default is not None and high is not None and default > high:
             self.error((*path, "default"),
@@ -1317,16 +1322,6 @@ def warnings(config: SchedulerConfig) -> list[ConfigIssue]:
                 f"catch-all rule at index {index} is not last: {consequence}",
             )
         )
-    for index, rule in enumerate(rules):
-        policy = rule.priority_policy
-        if policy is not None and policy.default is None and (policy.min or 0) > 0:
-            result.append(
-                ConfigIssue(
-                    f"scheduling_rules[{index}].priority_policy",
-                    f"default is unset, so a workload that requests no priority gets 0, "
-                    f"below min ({policy.min})",
-                )
-            )
 
     used_flavors = {
         flavor.name
