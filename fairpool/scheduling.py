@@ -550,19 +550,28 @@ class SchedulingService:
             document, config, self.clock(), rolled_back_from, idempotency
         )
         outcome = self._pass(tx)
-        # Those whose queue or flavor this version removes (not those an earlier one did).
-        orphaned = tuple(
-            w.workload.id for w in before.pure_running
-            if w.admission.queue is not None
-            and wl.admitted_queue(before.config, w.admission) is not None
-            and wl.admitted_queue(config, w.admission) is None
-        )
+        # Those whose queue or flavor this version removes (not those an earlier one did), and
+        # those it brings back: each one's reason says whether a quota counts it.
+        orphaned: list[str] = []
+        for running in before.pure_running:
+            admission = running.admission
+            charged = wl.admitted_queue(config, admission) is not None
+            if admission.queue is None or running.workload.id in outcome.repriced or (
+                charged == (wl.admitted_queue(before.config, admission) is not None)
+            ):
+                continue
+            reason = wl.admitted_reason(admission.queue, admission.flavors, admission.priority)
+            if not charged:
+                orphaned.append(running.workload.id)
+                reason += (f"; config version {version.version} has no such queue or flavor: "
+                           "it runs on, charged to no quota")
+            tx.update_workload(running.workload.id, self.clock(), status_reason=reason)
         waited = [w.id for w in before.waiting]
         return Applied(
             self._version_view(version, version),
             tuple(warnings(config)),
             diff_configs(before.config, config),
-            orphaned,
+            tuple(orphaned),
             tuple(i for i in waited if outcome.decisions[i].status is wl.Status.ADMITTED),
             tuple(i for i in waited
                   if outcome.decisions[i].status in (wl.Status.REJECTED, wl.Status.FAILED)),

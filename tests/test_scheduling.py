@@ -403,9 +403,16 @@ def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
     applied = sched.apply_config(passthrough)
     assert set(applied.orphaned) == {v.id for v in views[:3]}
     assert applied.admitted == (views[3].id,)  # routed again: now to the passthrough queue
-    assert sched.get_workload(views[0].id).status == "admitted"
+    orphan = sched.get_workload(views[0].id)
+    # Its reason said it was admitted to its queue, a queue no version had any more.
+    assert (orphan.status, orphan.reason) == ("admitted", f"{views[0].reason}; config version "
+                                              "2 has no such queue or flavor: it runs on, "
+                                              "charged to no quota")
     # The next version did not remove their queue: it was gone already.
     assert sched.apply_config(passthrough).orphaned == ()
+    assert sched.get_workload(views[0].id).reason == orphan.reason
+    sched.rollback_config(1)  # the queue is back: they count against its quota again
+    assert sched.get_workload(views[0].id).reason == views[0].reason
 
 
 def test_bad_workloads_are_refused_before_anything_is_written(sched: SchedulingService) -> None:
