@@ -149,6 +149,8 @@ class ExplainView:
     reason: str
     notes: tuple[str, ...]
     config_version: int | None
+    #: Queued: where it would wait, 1 = next (behind those waiting ahead of it).
+    position: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -625,10 +627,9 @@ class SchedulingService:
         now = self.clock()
         checked = _validate(labels, priority, demand, reserved, now)
         with self.db.read() as conn:
-            live, _ = self._read(conn)
-        decision = wl.explain(
-            live.config, checked, live.pure_running, now.timestamp()
-        )
+            live, parts = self._read(conn)
+        decision = wl.explain(live.config, checked, live.pure_running, now.timestamp(),
+                              waiting=live.pure_waiting, reuse=parts)
         return ExplainView(
             decision.status.value,
             decision.route.rule,
@@ -638,6 +639,7 @@ class SchedulingService:
             decision.reason,
             decision.notes,
             None if live.version is None else live.version.version,
+            decision.position,
         )
 
     def get_workload(self, ref: str) -> WorkloadView:

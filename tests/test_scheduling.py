@@ -345,6 +345,29 @@ def test_a_running_workload_competes_at_the_priority_the_config_in_force_gives_i
         "admitted", 0, running.admitted_at)
 
 
+def test_explain_answers_what_a_submit_gets_behind_those_that_wait(
+    sched: SchedulingService,
+) -> None:
+    """Explain took no account of waiting workloads: it said "admitted" for a workload a
+    submit queued, the free quota held for one that had waited 300 s (helper-69)."""
+    clock = sched.clock
+    assert isinstance(clock, Clock)
+    sched.apply_config(
+        "resource_flavors: [{name: f}]\n"
+        "resource_queues: [{name: q, resource_groups: [{covered_resources: [gpu],\n"
+        "  flavors: [{name: f, resources: [{name: gpu, nominal_quota: 4}]}]}]}]\n"
+        "scheduling_rules: [{resource_queue: q}]\n")
+    sched.submit_workload(demand={"gpu": 3})
+    big = sched.submit_workload(demand={"gpu": 4})
+    assert sched.explain(demand={"gpu": 1}).status == "admitted"  # it may pass big, for now
+    clock.now += timedelta(seconds=301)
+    explained = sched.explain(demand={"gpu": 1})
+    submitted = sched.submit_workload(demand={"gpu": 1})
+    assert (explained.status, explained.position) == ("queued", 2) == (
+        submitted.status, submitted.position)
+    assert explained.reason == submitted.reason and big.id[:8] in explained.reason
+
+
 def test_a_preempted_workload_waits_from_its_requeue_not_its_submission(
     sched: SchedulingService,
 ) -> None:

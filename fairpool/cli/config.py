@@ -276,7 +276,8 @@ def diff(version: int, output: str) -> None:
 @workload_options
 @o.output_option
 def explain(output: str, **options: Any) -> None:
-    """Which rule, queue, flavor and priority a workload would get now; and why not others."""
+    """Which rule, queue, flavor and priority a workload would get now (behind those that
+    wait); and why not others."""
     data = scheduling().explain(**workload_fields(options)).as_dict()
     if output != "table":
         o.dump(data, output)
@@ -287,6 +288,7 @@ def explain(output: str, **options: Any) -> None:
         ("queue", data["queue"]),
         ("flavors", data["flavors"]),
         ("priority", data["priority"]),
+        ("position", data["position"]),
         ("reason", data["reason"]),
         ("config_version", data["config_version"]),
     ])

@@ -1044,7 +1044,11 @@ def explain(
     workload: Workload,
     running: Sequence[RunningWorkload],
     now: float,
+    *,
+    waiting: Sequence[Workload] = (),
+    reuse: Parts | None = None,
 ) -> Decision:
-    """What would happen to ``workload`` if submitted now, given what runs (other waiting
-    workloads are not considered): which rule, queue, flavor and priority, and why not others."""
-    return schedule(config, [workload], running, now).decisions[workload.id]
+    """What would happen to ``workload`` if submitted now, given what runs and what waits (it
+    queues behind those ahead of it, and units held for one that waited long are not its):
+    which rule, queue, flavor, priority and position, and why not others."""
+    return schedule(config, [*waiting, workload], running, now, reuse).decisions[workload.id]
