@@ -1028,6 +1028,24 @@ def test_config_apply_says_which_running_workloads_lost_their_queue(tmp_path: Pa
     assert other not in applied.err
 
 
+def test_queue_describe_says_unlimited_and_a_signed_zero_is_said_plainly(tmp_path: Path) -> None:
+    """`queue describe` left an unlimited quota blank where `queue list` says "unlimited";
+    `--gpu -0` said "must be >= 0 (got '-0')" (found by helper-69)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("resource_flavors: [{name: f}]\n"
+                      "resource_queues: [{name: q, resource_groups: [{covered_resources: "
+                      "[gpu, cpu], flavors: [{name: f, resources: [{name: gpu, "
+                      "nominal_quota: 2}]}]}]}]\nscheduling_rules: [{resource_queue: q}]\n")
+    fairpool(tmp_path, "config", "apply", "-f", str(config), "--yes").ok()
+    fairpool(tmp_path, "workload", "submit", "--gpu", "1", "--cpu", "3").ok()
+    described = fairpool(tmp_path, "queue", "describe", "q").ok().out
+    rows = [line.split("│")[1:-1] for line in described.splitlines() if line.count("│") == 6]
+    assert [[cell.strip() for cell in row] for row in rows] == [
+        ["f", "gpu", "1", "2", "1"], ["f", "cpu", "3", "unlimited", "1"]], described
+    assert_one_error(fairpool(tmp_path, "workload", "submit", "--gpu", "-0"),
+                     "demand.gpu: must be >= 0, unsigned (got '-0')")
+
+
 def test_config_apply_an_equivalent_queue_spec_is_no_change(tmp_path: Path) -> None:
     """Unset preemption is ``never``: spelling it out is the same queue, not a change."""
     plain, spelt = tmp_path / "plain.yaml", tmp_path / "spelt.yaml"

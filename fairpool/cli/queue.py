@@ -48,5 +48,7 @@ def describe(name: str, output: str) -> None:
     o.print_properties(f"Resource queue '{name}'", [
         (key, data[key]) for key in ("passthrough", "preemption", "queued", "admitted")
     ])
-    o.print_section("Usage against quota", data["usage"], USAGE_COLUMNS,
-                    empty_message="none")
+    # An unlimited resource's quota is None: said as `queue list` says it, not left blank.
+    usage = [{**row, "nominal_quota": row["nominal_quota"] or "unlimited"}
+             for row in data["usage"]]
+    o.print_section("Usage against quota", usage, USAGE_COLUMNS, empty_message="none")

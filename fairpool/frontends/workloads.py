@@ -246,7 +246,7 @@ def _milli(resource: str, value: object) -> int:
     if not exact.is_finite():
         raise InvalidInput(field_name, value, "must be a finite number")
     if exact.is_signed():  # -0 too: it would be a demand of nothing, asked as negative
-        raise InvalidInput(field_name, value, "must be >= 0")
+        raise InvalidInput(field_name, value, "must be >= 0" if exact else "must be >= 0, unsigned")
     if exact > MAX_QUOTA:
         raise InvalidInput(field_name, value, f"must be at most {MAX_QUOTA}")
     milli = exact.scaleb(QUOTA_DECIMALS)
