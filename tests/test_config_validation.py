@@ -622,6 +622,22 @@ def test_every_problem_is_reported_at_once_in_document_order_with_lines() -> Non
     assert "\n" not in str(caught.value)
 
 
+def test_a_wrong_covered_resource_hides_none_of_the_flavors_problems() -> None:
+    """One wrong entry (``memory``) made the flavors' subset check pass every name: the
+    resources outside the group were reported only once it was fixed (found by helper-69)."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(GROUPS.replace("[gpu, cpu]", "[gpu, memory, gpu]")
+                    % "[{name: tpu, nominal_quota: 1}, {name: cpu, nominal_quota: 1}]")
+    assert [(issue.path.rsplit(".", 2)[-2:], issue.message) for issue in caught.value.errors] == [
+        (["resource_groups[0]", "covered_resources[1]"],
+         "must be one of gpu, cpu, memory_gb, tpu (got 'memory'; did you mean 'memory_gb'?)"),
+        (["resource_groups[0]", "covered_resources[2]"],
+         "duplicate resource 'gpu' (also covered_resources[0])"),
+        (["resources[0]", "name"], "resource 'tpu' is not in this group's covered_resources (gpu)"),
+        (["resources[1]", "name"], "resource 'cpu' is not in this group's covered_resources (gpu)"),
+    ]
+
+
 def test_a_mappings_own_problems_keep_document_order_with_its_fields() -> None:
     """Unknown keys and cross-field rules are found after a mapping's fields, and reported
     where they stand in the text."""

@@ -977,10 +977,10 @@ class _Checker:
         group_index = path[-1]
         assert isinstance(group_index, int)
         covered: list[Resource] | None = None
+        allowed: frozenset[Resource] | None = None
         if "covered_resources" in spec:
-            covered = self.covered(spec["covered_resources"], path, covered_by, group_index)
-        # The subset check needs the covered set; when it is broken, every valid name passes.
-        allowed = None if covered is None else frozenset(covered)
+            covered, allowed = self.covered(spec["covered_resources"], path, covered_by,
+                                            group_index)
         flavors: list[FlavorQuotas | None] | None = None
         if "flavors" in spec:
             flavors_path = (*path, "flavors")
@@ -1005,17 +1005,23 @@ class _Checker:
 
     def covered(
         self, value: object, group_path: Path, covered_by: dict[Resource, int], group_index: int
-    ) -> list[Resource] | None:
+    ) -> tuple[list[Resource] | None, frozenset[Resource] | None]:
+        """The group's covered resources (None when any entry is wrong), and the resources
+        it names, for the flavors' subset check: one wrong entry (``memory``) hid what the
+        flavors name outside the others (None: not a list, every valid name passes)."""
         path = (*group_path, "covered_resources")
         entries = self.items(value, path, non_empty=True)
         if entries is None:
-            return None
+            return None, None
+        named: set[Resource] = set()
         result: list[Resource] = []
         ok = True
         seen: dict[Resource, int] = {}
         for index, entry in enumerate(entries):
             entry_path = (*path, index)
             resource = self.choice(entry, entry_path, Resource)
+            if resource is not None:
+                named.add(resource)
             if resource is None:
                 ok = False
             elif resource in seen:
@@ -1036,7 +1042,7 @@ class _Checker:
                 seen[resource] = index
                 covered_by[resource] = group_index
                 result.append(resource)
-        return result if ok else None
+        return (result if ok else None), frozenset(named)
 
     def flavor_quotas(
         self,
