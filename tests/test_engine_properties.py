@@ -55,10 +55,15 @@ def worlds(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
 
 
 @st.composite
-def contended(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
-    """One GPU pool, fully reserved between a few teams: preemption and reserved checks bite."""
+def contended(
+    draw: st.DrawFn, step_slots: bool = False
+) -> tuple[World, list[tuple[str, object]]]:
+    """One GPU pool, fully reserved between a few teams: preemption and reserved checks bite.
+    ``step_slots``: ZenML's usual pool, where each request takes a step slot too (``step_run``)
+    that no team reserves, so that every request borrows one."""
     capacity = draw(st.integers(2, 8))
-    world = World().pool("p", {"gpu": capacity})
+    slots = {"step_run": draw(st.integers(2, 12))} if step_slots else {}
+    world = World().pool("p", {"gpu": capacity, **slots})
     components = [f"c{i}" for i in range(draw(st.integers(2, 3)))]
     left = capacity
     for component in components:
@@ -73,30 +78,8 @@ def contended(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
         else:
             ops.append((draw(st.sampled_from(["submit", "burst"])),
                         (f"r{i:02d}", draw(st.sampled_from(components)),
-                         {"gpu": draw(st.integers(1, 3))}, draw(st.booleans()), 0)))
-    return world, ops
-
-
-@st.composite
-def step_slots(draw: st.DrawFn) -> tuple[World, list[tuple[str, object]]]:
-    """ZenML's usual pool: GPUs reserved between teams, and step slots (``step_run``, one per
-    request) that no team reserves, so that nobody is a borrower by them."""
-    capacity = draw(st.integers(2, 6))
-    world = World().pool("p", {"gpu": capacity, "step_run": draw(st.integers(2, 12))})
-    components = [f"c{i}" for i in range(draw(st.integers(2, 3)))]
-    left = capacity
-    for component in components:
-        reserved = draw(st.integers(0, left))
-        left -= reserved
-        world.policy(component, "p", draw(st.integers(0, 2)), {"gpu": reserved})
-    ops: list[tuple[str, object]] = []
-    for i in range(draw(st.integers(1, 30))):
-        if draw(st.integers(0, 4)) == 0:
-            ops.append(("release", draw(st.integers(0, 1000))))
-        else:
-            ops.append((draw(st.sampled_from(["submit", "burst"])),
-                        (f"r{i:02d}", draw(st.sampled_from(components)),
-                         {"gpu": draw(st.integers(1, 3)), "step_run": 1}, True, 0)))
+                         {"gpu": draw(st.integers(1, 3)), **dict.fromkeys(slots, 1)},
+                         draw(st.booleans()), 0)))
     return world, ops
 
 
@@ -152,7 +135,7 @@ def passes(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.one_of(worlds(), contended(), step_slots()))
+@given(st.one_of(worlds(), contended(), contended(step_slots=True)))
 def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, object]]]) -> None:
     world, ops = case
     for snapshot, plan in passes(world, ops, 10.0):
@@ -165,7 +148,7 @@ def test_invariants_hold_after_every_pass(case: tuple[World, list[tuple[str, obj
 # exception docs/semantics.md states (a request granted earlier in the pass, exposed by a
 # later grant, is a victim only in the next pass).
 @settings(max_examples=150, deadline=None, derandomize=True)
-@given(st.one_of(worlds(), contended(), step_slots()))
+@given(st.one_of(worlds(), contended(), contended(step_slots=True)))
 def test_a_pass_is_a_fixed_point_a_second_one_changes_nothing(
     case: tuple[World, list[tuple[str, object]]],
 ) -> None:
