@@ -1037,7 +1037,12 @@ def test_queue_describe_says_unlimited_and_a_signed_zero_is_said_plainly(tmp_pat
                       "[gpu, cpu], flavors: [{name: f, resources: [{name: gpu, "
                       "nominal_quota: 2}]}]}]}]\nscheduling_rules: [{resource_queue: q}]\n")
     fairpool(tmp_path, "config", "apply", "-f", str(config), "--yes").ok()
-    fairpool(tmp_path, "workload", "submit", "--gpu", "1", "--cpu", "3").ok()
+    workload = fairpool(tmp_path, "workload", "submit", "--gpu", "1", "--cpu", "3", "-o",
+                        "json").ok().json["id"]
+    # Its id has a row of its own, as a request's: whole on a narrow terminal too.
+    code, narrow, err = forked_cli.run(["workload", "describe", workload],
+                                       {**cli_env(tmp_path), "COLUMNS": "40"})
+    assert code == 0 and f"ID: {workload}" in narrow.splitlines(), (err, narrow)
     described = fairpool(tmp_path, "queue", "describe", "q").ok().out
     rows = [line.split("│")[1:-1] for line in described.splitlines() if line.count("│") == 6]
     assert [[cell.strip() for cell in row] for row in rows] == [

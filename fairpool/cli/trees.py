@@ -397,7 +397,7 @@ def _print_operation(data: dict[str, Any], output: str) -> None:
         o.dump(data, output)
         return
     keys: tuple[str, ...] = (
-        "tree", "pool", "user", "status", "reason", "job_resources", "job_count", "gang",
+        "id", "tree", "pool", "user", "status", "reason", "job_resources", "job_count", "gang",
         "interruptible", "weight", "resource_limits", "running_jobs", "pending_jobs", "nodes",
         "interrupting_jobs", "preempted_jobs", *PLACEMENT_SHARES, "created_at", "started_at",
         "finished_at",

@@ -54,6 +54,7 @@ def print_workload(data: dict[str, Any], output: str) -> None:
         o.dump(data, output)
         return
     o.print_properties(f"Workload '{data['id']}'", [
+        ("id", data["id"]),  # a row of its own, as a request's: whole, to copy, at any width
         ("status", data["status"]),
         ("reason", data["reason"]),
         ("queue", data["queue"]),
