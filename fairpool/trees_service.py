@@ -649,13 +649,13 @@ def _declared_parent(state: _State, parent: str | None) -> None:
                            "tree's document (pool-tree apply) to keep it")
 
 
-def _check_ephemeral_parents(before: PoolTree, after: PoolTree) -> None:
-    """No change makes a setting under which operations would make an ephemeral pool where
-    none may be (``PoolTree.ephemeral_parent_problems``). One stored before 2026-11-29 is not
-    held against other changes: an ephemeral default_parent_pool now means the root, and a
-    fifo one refuses the operations that would need it, naming it."""
-    stored = {str(problem) for problem in before.ephemeral_parent_problems()}
-    for problem in after.ephemeral_parent_problems():
+def _check_late_rules(before: PoolTree, after: PoolTree) -> None:
+    """No change brings a problem of ``PoolTree.late_rule_problems``. One stored before its
+    rule is not held against other changes: an ephemeral default_parent_pool now means the
+    root, and a fifo one refuses the operations that would need it, naming it; a guarantee
+    its parent lacks is scaled as before."""
+    stored = {str(problem) for problem in before.late_rule_problems()}
+    for problem in after.late_rule_problems():
         if str(problem) not in stored:
             raise problem
 
@@ -801,7 +801,7 @@ class TreesService:
                 changes.append(f"~ tree {wanted.name}: config")
             merged = [*wanted.pools.values(),
                       *(current.pools[p] for p in ephemeral if p not in wanted.pools)]
-            _check_ephemeral_parents(current, PoolTree.build(wanted.name, wanted.config, merged))
+            _check_late_rules(current, PoolTree.build(wanted.name, wanted.config, merged))
             live = store.count_live_operations(conn, wanted.name)
             removed = sorted(set(current.pools) - set(wanted.pools) - set(ephemeral),
                              key=lambda p: (-len(current.ancestors(p)), p))
@@ -848,7 +848,7 @@ class TreesService:
                 config.pop(tree_option_name(option), None)
             else:
                 config.update(canonical_tree_options({option: parsed}))
-            _check_ephemeral_parents(state.tree,
+            _check_late_rules(state.tree,
                                      state.tree.with_config(PoolTreeConfig.from_mapping(config)))
             store.set_tree_config(conn, name, config, self.clock())
             self._check_node_membership(conn)
@@ -937,7 +937,7 @@ class TreesService:
             if name in state.tree.pools:
                 raise Conflict(f"pool {name} already exists in tree {tree}")
             _declared_parent(state, parent)
-            _check_ephemeral_parents(state.tree, state.tree.with_pool(Pool(name, parent, config)))
+            _check_late_rules(state.tree, state.tree.with_pool(Pool(name, parent, config)))
             store.save_pool(conn, tree, name, parent, config.to_mapping(), self.clock())
             self._passes(conn, [tree])
             return self._pool_view(conn, tree, name)
@@ -960,7 +960,7 @@ class TreesService:
             else:
                 given = PoolConfig.from_mapping({option: parsed})
                 changed = replace(pool, config=pool.config.updated(given))
-            _check_ephemeral_parents(state.tree, state.tree.with_pool(changed))
+            _check_late_rules(state.tree, state.tree.with_pool(changed))
             store.save_pool(conn, tree, name, changed.parent, changed.config.to_mapping(),
                             self.clock())
             self._passes(conn, [tree])

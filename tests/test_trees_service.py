@@ -610,6 +610,28 @@ def test_an_ephemeral_default_parent_stored_before_means_the_root(trees: TreesSe
     assert {row.name for row in trees.show_tree("t").elements} == {"<Root>"}
 
 
+def test_a_child_guarantees_no_resource_its_parent_guarantees_none_of(
+    trees: TreesService,
+) -> None:
+    """YTsaurus refuses it; here the parent's inferred share of the resource scaled the
+    child's whole guarantee down, cpu too (5 of 10 showed as 2; found by helper-71). A tree
+    stored so before 2026-11-30 still loads and takes other changes."""
+    trees.add_node("n1", [], {"cpu": 100, "gpu": 8})
+    trees.create_tree("t", {})
+    trees.create_pool("t", "P", None, {"strong_guarantee_resources": {"cpu": 10}})
+    refused = r"^pool c: strong_guarantee_resources\.gpu: its parent P guarantees no gpu: "
+    with pytest.raises(InvalidInput, match=refused + r"give it one \(got 2\)$"):
+        trees.create_pool("t", "c", "P", {"strong_guarantee_resources": {"cpu": 5, "gpu": 2}})
+    trees.create_pool("t", "c", "P", {"strong_guarantee_resources": {"cpu": 5}})
+    with pytest.raises(InvalidInput, match=refused):
+        trees.set_pool("t", "c", "strong_guarantee_resources", "{cpu: 5, gpu: 1}")
+    with trees.db.write() as conn:  # as a change before 2026-11-30 could store it
+        conn.execute(update(schema.tree_pool).where(schema.tree_pool.c.name == "c").values(
+            config={"strong_guarantee_resources": {"cpu": 5, "gpu": 2}}))
+    trees.set_pool("t", "c", "weight", "2")
+    assert trees.describe_pool("t", "c").config["weight"] == 2
+
+
 def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:
     with pytest.raises(NotFound, match="no pool tree 'nope'"):
         seed.list_operations(tree="nope")

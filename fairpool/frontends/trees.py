@@ -853,11 +853,17 @@ class PoolTree:
             current = self.pools[current].parent
         return chain
 
-    def ephemeral_parent_problems(self) -> list[InvalidInput]:
-        """Settings under which operations would make ephemeral pools where none may be:
-        under a fifo pool (it holds operations only), or under an ephemeral pool (the child
-        would keep it alive after its last operation, counted against its user's
-        ``max_ephemeral_pool_per_user``)."""
+    def late_rule_problems(self) -> list[InvalidInput]:
+        """What rules added after trees were stored refuse (a change may not bring one; a
+        stored tree holding one still loads):
+
+        * settings under which operations would make ephemeral pools where none may be:
+          under a fifo pool (it holds operations only), or under an ephemeral pool (the child
+          would keep it alive after its last operation, counted against its user's
+          ``max_ephemeral_pool_per_user``);
+        * a child's strong guarantee of a resource its parent guarantees none of, as
+          YTsaurus's master refuses it (2026-11-30): the parent's inferred share of it
+          scaled the child's whole guarantee down, main resource too."""
         problems = []
         keep = "gone with its last operation; name it in the tree's document (pool-tree " \
             "apply) to keep it"
@@ -872,6 +878,17 @@ class PoolTree:
             if self.pools[name].is_ephemeral and self.effective[name].create_ephemeral_subpools:
                 problems.append(InvalidInput(f"pool {name}: create_ephemeral_subpools", True,
                                              f"pool {name} is ephemeral, {keep}"))
+            above = self.pools[name].parent
+            if above is None:  # the root's guarantee is the whole tree
+                continue
+            own = self.effective[above].config.strong_guarantee_resources
+            for resource, amount in sorted(
+                self.effective[name].config.strong_guarantee_resources.items()
+            ):
+                if amount and resource not in own:
+                    problems.append(InvalidInput(
+                        f"pool {name}: strong_guarantee_resources.{resource}", amount,
+                        f"its parent {above} guarantees no {resource}: give it one"))
         return problems
 
     def parents_first(self) -> list[str]:
