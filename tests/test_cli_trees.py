@@ -132,6 +132,12 @@ def test_the_issues_tour(home: Path) -> None:
           "{guarantee_type: burst,\n guarantee_type: relaxed}"),
          ("integral_guarantees.guarantee_type: duplicate key 'guarantee_type' on line 2 "
           "(first on line 1)",)),
+        # As a pool's own: every operation started there failed, naming no real pool.
+        (("pool", "create", "x", "--tree", "physical", "--config",
+          '{"create_ephemeral_subpools": true, "ephemeral_subpool_config": '
+          '{"max_running_operation_count": 5, "max_operation_count": 2}}'),
+         ("pool x: ephemeral_subpool_config.max_running_operation_count: must not exceed "
+          "max_operation_count 2 (got 5)",)),
         # Past a float's range, as written (it said "must be positive (got 0.0)"): as a
         # value, in a JSON mapping, and in a YAML one.
         (("pool", "set", "project-batch", "--tree", "physical", "weight", "1e-400"),

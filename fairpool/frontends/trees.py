@@ -863,7 +863,10 @@ class PoolTree:
           ``max_ephemeral_pool_per_user``);
         * a child's strong guarantee of a resource its parent guarantees none of, as
           YTsaurus's master refuses it (2026-11-30): the parent's inferred share of it
-          scaled the child's whole guarantee down, main resource too."""
+          scaled the child's whole guarantee down, main resource too;
+        * an ``ephemeral_subpool_config`` whose max_running_operation_count exceeds its
+          max_operation_count, as a pool's may not (2026-11-30): every operation started in
+          the pool failed, naming a ``pool$user`` that did not exist."""
         problems = []
         keep = "gone with its last operation; name it in the tree's document (pool-tree " \
             "apply) to keep it"
@@ -878,6 +881,15 @@ class PoolTree:
             if self.pools[name].is_ephemeral and self.effective[name].create_ephemeral_subpools:
                 problems.append(InvalidInput(f"pool {name}: create_ephemeral_subpools", True,
                                              f"pool {name} is ephemeral, {keep}"))
+            template = self.effective[name].config.ephemeral_subpool_config
+            running, total = (
+                (None, None) if template is None
+                else (template.max_running_operation_count, template.max_operation_count)
+            )
+            if running is not None and total is not None and running > total:
+                problems.append(InvalidInput(
+                    f"pool {name}: ephemeral_subpool_config.max_running_operation_count",
+                    running, f"must not exceed max_operation_count {total}"))
             above = self.pools[name].parent
             if above is None:  # the root's guarantee is the whole tree
                 continue
