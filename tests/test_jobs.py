@@ -308,6 +308,21 @@ def test_non_preemptible_resource_usage_threshold_protects_small_operations() ->
     assert result.preemptions == ()
 
 
+def test_non_preemptible_usage_threshold_keeps_the_oldest_jobs_under_it() -> None:
+    """As YTsaurus: a job is kept while the jobs before it use strictly less than the
+    threshold, and the newer ones may go. It kept an operation's every job or none, by its
+    whole usage (found by helper-71)."""
+    t = tree(A, B, fair_share_starvation_timeout=0,
+             non_preemptible_resource_usage_threshold={"cpu": 5})
+    ops = [op("big", "a", 8, jobs=[("n1", float(i)) for i in range(1, 9)]),
+           op("small", "b", 8, start=10)]
+    result = plan(t, [node("n1", cpu=8)], ops, now=11.0,
+                  since={(ElementKind.OPERATION, "small"): 0.0})
+    # Down to its fair share (4) it could lose 4; the oldest 5 are kept.
+    assert [p.job for p in result.preemptions] == ["big/7", "big/6", "big/5"]
+    assert granted(result) == {"small": 3}
+
+
 def test_only_the_room_needed_is_taken_on_the_cheapest_node() -> None:
     t = tree(A, B, fair_share_starvation_timeout=0)
     nodes = [node("n1", cpu=4), node("n2", cpu=4)]

@@ -28,8 +28,8 @@ Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.comput
      *preemptible* jobs of other operations: those an operation can lose while its usage share
      stays at or above ``fair share * preemption_satisfaction_threshold`` (YTsaurus: an
      allocation is preemptible when it lies strictly above the threshold, counted oldest
-     first). Operations within ``non_preemptible_resource_usage_threshold`` lose nothing; a
-     gang loses all its jobs or none. The node needing the fewest victims wins (then its name);
+     first). ``non_preemptible_resource_usage_threshold`` keeps each oldest job while the
+     jobs before it use strictly less; a gang loses all its jobs or none. The node needing the fewest victims wins (then its name);
      victims that turn out unnecessary are dropped. A node that preempted is left alone for
      ``preemptive_scheduling_backoff``. A starving *gang* takes all its pending jobs at once
      (even past its fair share): each job is placed as above on working copies, and only if
@@ -47,6 +47,7 @@ Every pending job that is not granted is explained once per operation (:class:`O
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -534,15 +535,14 @@ class _Planner:
             floor = fair * threshold
             if not jobs or self.usage_share(op, resource, len(jobs)) <= floor:
                 continue
-            if self.protected(op, len(jobs)):
-                continue
+            kept = self.protected(op)
             if op.gang:
                 # All or nothing: only when losing every job keeps it at its floor.
-                removable = len(jobs) if floor == 0 else 0
+                removable = len(jobs) if floor == 0 and not kept else 0
             else:
                 removable = 0
                 while (
-                    removable < len(jobs)
+                    removable < len(jobs) - kept
                     and self.usage_share(op, resource, len(jobs) - removable - 1) >= floor
                 ):
                     removable += 1
@@ -551,17 +551,32 @@ class _Planner:
                 result[op.id] = newest_first[:removable]
         return result
 
-    def protected(self, op: OperationState, jobs: int) -> bool:
-        """``non_preemptible_resource_usage_threshold``: usage within it on every key named."""
+    def protected(self, op: OperationState) -> int:
+        """How many of its oldest jobs ``non_preemptible_resource_usage_threshold`` keeps: as
+        YTsaurus, each one while the usage of the jobs before it is strictly below the
+        threshold on every key named (it protected the whole operation or none of it, by its
+        total usage)."""
         pool = op.pool if op.pool != ROOT else None
         threshold = (
             self.tree.effective[pool].effective_non_preemptible_resource_usage_threshold
             if pool is not None
             else self.tree.config.non_preemptible_resource_usage_threshold
         )
-        return bool(threshold) and all(
-            op.job_resources.get(key, 0) * jobs <= amount for key, amount in threshold.items()
-        )
+        if not threshold:
+            return 0
+        kept = op.job_count
+        for key, amount in threshold.items():
+            each = op.job_resources.get(key, 0)
+            if each > 0:
+                before = max(0, math.ceil(amount / each))
+                while before > 0 and (before - 1) * each >= amount:  # floats: the same test
+                    before -= 1
+                while before * each < amount:
+                    before += 1
+                kept = min(kept, before)
+            elif amount <= 0:
+                return 0
+        return kept
 
     def preempt(self) -> None:
         starving = [
