@@ -144,6 +144,12 @@ def _share(value: Fraction) -> float:
     return round(float(value), 6)
 
 
+def _weight(value: Fraction) -> float:
+    """A weight as a share is shown, to 6 decimals, but to 6 significant digits below 1:
+    rounded as a share, 1e-12 showed as 0.0, which no weight may be."""
+    return round(float(value), 6) if value >= 1 else float(f"{float(value):.6g}")
+
+
 def _shares(values: Mapping[str, Fraction]) -> dict[str, float]:
     return {key: _share(value) for key, value in values.items()}
 
@@ -181,7 +187,7 @@ class SharesView:
             usage_share=_share(element.dominant_usage_share),
             demand_share=_share(element.dominant_demand_share),
             satisfaction=_share(element.dominant_usage_share / fair) if fair else None,
-            weight=_share(element.weight),
+            weight=_weight(element.weight),
             starving=starvation is not None and starvation.status.value == "starving",
             below_fair_share_since=None
             if starvation is None
@@ -1004,7 +1010,7 @@ class TreesService:
             config=pool.config.to_mapping(),
             effective={
                 "mode": resolved.mode.value,
-                "weight": _share(shares.pools[name].weight),
+                "weight": _weight(shares.pools[name].weight),
                 "fifo_sort_parameters": [p.value for p in resolved.fifo_sort_parameters],
                 "strong_guarantee_resources": dict(
                     resolved.config.strong_guarantee_resources

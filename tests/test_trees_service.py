@@ -632,6 +632,18 @@ def test_a_child_guarantees_no_resource_its_parent_guarantees_none_of(
     assert trees.describe_pool("t", "c").config["weight"] == 2
 
 
+def test_a_tiny_weight_shows_as_itself(trees: TreesService) -> None:
+    """Rounded to 6 decimals as a share is, a weight of 1e-12 showed as 0.0, which no weight
+    may be (found by helper-71)."""
+    trees.add_node("n1", [], {"cpu": 100})
+    trees.create_tree("t", {})
+    trees.create_pool("t", "tiny", None, {"weight": "1e-12"})
+    trees.create_pool("t", "big", None, {"weight": 123456789})
+    assert trees.describe_pool("t", "tiny").as_dict()["weight"] == 1e-12
+    assert {row.name.strip(): row.shares.weight for row in trees.show_tree("t").elements
+            if row.name.strip() in ("tiny", "big")} == {"tiny": 1e-12, "big": 123456789.0}
+
+
 def test_operations_of_an_unknown_tree_are_not_an_empty_list(seed: TreesService) -> None:
     with pytest.raises(NotFound, match="no pool tree 'nope'"):
         seed.list_operations(tree="nope")
