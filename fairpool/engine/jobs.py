@@ -27,13 +27,13 @@ Two steps, around the fair-share update (:func:`fairpool.engine.fairshare.comput
      has pending jobs may take jobs, up to its fair share, by preempting on one node the newest
      *preemptible* jobs of other operations: those an operation can lose while its usage share
      stays at or above ``fair share * preemption_satisfaction_threshold`` (YTsaurus: an
-     allocation is preemptible when it lies strictly above the threshold, counted oldest
-     first). ``non_preemptible_resource_usage_threshold`` keeps each oldest job while the
-     jobs before it use strictly less; a gang loses all its jobs or none. The node needing
-     the fewest victims wins (then its name); victims that turn out unnecessary are
-     dropped. A node that preempted is left alone for ``preemptive_scheduling_backoff``. A starving *gang* takes all its pending jobs at once
-     (even past its fair share): each job is placed as above on working copies, and only if
-     every one finds room are the victims preempted; otherwise nothing is.
+     allocation is preemptible when it lies strictly above the threshold, counted oldest first).
+     ``non_preemptible_resource_usage_threshold`` keeps each oldest job while the jobs before it
+     use strictly less; a gang loses all its jobs or none. The node needing the fewest victims
+     wins (then its name); victims that turn out unnecessary are dropped. A node that preempted
+     is left alone for ``preemptive_scheduling_backoff``. A starving *gang* takes all its
+     pending jobs at once (even past its fair share): each job is placed as above on working
+     copies, and only if every one finds room are the victims preempted; otherwise nothing is.
    * **Interruption** (``allocation_preemption_timeout``). A victim of an *interruptible*
      operation is not preempted at once: it is interrupted and keeps its units until
      ``now + allocation_preemption_timeout``; the first pass at or after that deadline frees
