@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+if TYPE_CHECKING:
+    _IntType = click.ParamType[int]
+else:  # generic from click 8.3 only: ZenML pins click <= 8.2.1, where a subscript raises
+    _IntType = click.ParamType
+
 
 class Seconds(click.FloatRange):
     """A finite number of seconds from ``min`` up: click's ``FloatRange`` lets NaN through (it
@@ -36,7 +41,7 @@ class Seconds(click.FloatRange):
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class Duration(click.ParamType[int]):
+class Duration(_IntType):
     """A duration, to whole seconds: a number with ``s``, ``m``, ``h`` or ``d`` (``30d``,
     ``12h``; a bare number is seconds), from ``low`` to ``high`` seconds."""
 

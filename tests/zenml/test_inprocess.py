@@ -4,7 +4,11 @@ in-process (local SQLite) store by ``enable()``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,3 +215,14 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
         ["released", "released: its step run was deleted"],
         ["cancelled", "cancelled: its step run was deleted"],
     ]
+
+
+def test_the_fairpool_command_runs_beside_zenml(tmp_path: Path) -> None:
+    """ZenML pins click <= 8.2.1, where fairpool's CLI did not import (a subscript only click
+    8.3 takes): every `fairpool` command, `fairpool zenml install` among them, was a traceback
+    in ZenML's environment (found by helper-70)."""
+    env = {**os.environ, "FAIRPOOL_HOME": str(tmp_path)}
+    for args in (["zenml", "--help"], ["prune", "--older-than", "1d", "--dry-run"]):
+        done = subprocess.run([sys.executable, "-m", "fairpool.cli.main", *args], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
