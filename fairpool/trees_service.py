@@ -1315,10 +1315,12 @@ class TreesService:
                                     j.interrupt_deadline)
                 for j in interrupting
             ),
-            preempted=tuple(  # in preemption order (the jobs come in start order)
+            preempted=tuple(  # in preemption order: by time, a pass's newest job first as chosen
                 PreemptedJobView(j.id, j.node, j.preempted_by, j.reason, j.finished_at)
-                for j in sorted((j for j in jobs if j.status is JobStatus.PREEMPTED),
-                                key=lambda j: j.finished_at or j.started_at)
+                for j in sorted(
+                    sorted((j for j in jobs if j.status is JobStatus.PREEMPTED),
+                           key=lambda j: (j.started_at, j.id), reverse=True),
+                    key=lambda j: j.finished_at or j.started_at)
             ),
             shares=None if several else first.shares,
             trees=tuple(placements),

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.service import Service
 from fairpool.store import schema
+from fairpool.store import trees as store
 from fairpool.store.db import Database
 from fairpool.trees_service import OperationView, TreesService
 from fairpool.views import OPERATION_STATUSES
@@ -846,6 +847,12 @@ def test_preempted_jobs_are_listed_in_preemption_order(trees: TreesService, cloc
     assert by == [y.id] * 10 + [z.id] * 8
     times = [job.at for job in preempted]
     assert times == sorted(times, key=lambda at: at or NOW)
+    # Within a pass, as chosen: the newest job first (they came in start order; helper-71).
+    with trees.db.read() as conn:
+        started = {job.id: (job.started_at, job.id) for job in store.jobs_of(conn, [x.id])}
+    for preemptor in (y.id, z.id):
+        mine = [started[job.job] for job in preempted if job.preempted_by == preemptor]
+        assert mine == sorted(mine, reverse=True)
 
 
 def test_an_interrupting_job_ends_with_its_operation(seed: TreesService, clock: Clock) -> None:
