@@ -68,6 +68,12 @@ def test_the_issues_tour(home: Path) -> None:
     assert pool["config"] == {"weight": 10}
     assert pool["effective"]["effective_max_running_operation_count"] == 50
     assert (pool["running_operation_count"], pool["operation_count"]) == (1, 1)
+    # The table has the per-resource shares too (only JSON had them; found by helper-71).
+    table = fairpool(home, "pool", "describe", "project-batch", "--tree", "physical").ok().out
+    assert "Detailed fair share" in table
+    assert [line.split("│")[2].strip() for line in table.splitlines()
+            if line.startswith("│ FAIR SHARE ") and "cpu" in line] == [", ".join(
+        f"{key} {value}" for key, value in pool["detailed"]["fair_share"].items())]
     described = fairpool(home, "operation", "describe", started["id"][:8]).ok().out
     assert "no node of tree physical has room" in described
     fairpool(home, "pool-tree", "set", "physical", "fair_share_starvation_timeout", "1000").ok()

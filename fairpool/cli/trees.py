@@ -298,6 +298,8 @@ def _print_pool(data: dict[str, Any], output: str) -> None:
             "operation_count", "fair_share", "usage_share", "demand_share", "dominant_resource",
             "satisfaction", "weight", "starving", "below_fair_share_since")
     o.print_properties(f"Pool '{data['name']}'", [(key, data[key]) for key in keys])
+    # The shares per resource, the strong guarantee as scaled and clamped: only JSON had them.
+    o.print_properties("Detailed fair share", list(data["detailed"].items()))
     o.print_properties("Effective values", list(data["effective"].items()))
     if data["integral"] is not None:
         o.print_properties("Integral guarantees", list(data["integral"].items()))
