@@ -34,6 +34,8 @@ class Cursor:
     @classmethod
     def parse(cls, text: str) -> Cursor:
         """The cursor ``str`` made; anything else is refused as ``after``."""
+        if not isinstance(text, str):
+            raise InvalidInput("after", text, "must be a string")
         try:
             padded = text + "=" * (-len(text) % 4)
             decoded = base64.b64decode(padded, altchars=b"-_", validate=True).decode()

@@ -773,6 +773,8 @@ def test_a_page_after_a_cursor_goes_on_where_the_last_ended_whatever_was_deleted
     for bad in ("", "x", str(first.next)[:20], every[0]):
         with pytest.raises(InvalidInput, match=r"^after: not the cursor of a page "):
             svc.request_page(after=bad)
+    with pytest.raises(InvalidInput, match=r"^after: must be a string \(got 5\)$"):
+        svc.request_page(after=5)  # type: ignore[arg-type]
     svc.db.close()
 
 
