@@ -275,7 +275,11 @@ def test_a_starving_operation_preempts_the_newest_jobs_above_fair_share() -> Non
         "fair share 0.1818 * preemption_satisfaction_threshold 1"
     )
     assert result.waiting["adhoc"].pending_jobs == 19
-    assert "starving, but no node" in result.waiting["adhoc"].reason
+    # What stops it is said (it was "no node can make room" whatever did; helper-71).
+    assert result.waiting["adhoc"].reason == (
+        "starving, but no job of another operation in tree physical may be preempted: each "
+        "is within its operation's fair share * preemption_satisfaction_threshold or "
+        "non_preemptible_resource_usage_threshold")
     assert result.preempted_nodes == ("n1", "n2")
 
 
@@ -287,7 +291,7 @@ def test_a_victim_never_drops_below_fair_share_times_the_threshold() -> None:
     # 2 * 2/11 = 0.3636...: batch keeps 37 jobs, so at most 63 are preempted
     assert len(result.preemptions) == 63
     assert granted(result) == {"adhoc": 63}
-    assert "starving, but no node" in result.waiting["adhoc"].reason
+    assert "starving, but no job of another operation" in result.waiting["adhoc"].reason
 
 
 def test_preemptive_scheduling_backoff_leaves_a_node_alone() -> None:
@@ -297,6 +301,9 @@ def test_preemptive_scheduling_backoff_leaves_a_node_alone() -> None:
     result = plan(t, nodes, ops, now=131.0, since={(ElementKind.OPERATION, "adhoc"): 0.0})
     assert {p.node for p in result.preemptions} == {"n2"}
     assert granted(result) == {"adhoc": 50}
+    assert result.waiting["adhoc"].reason == (
+        "starving, but the nodes of tree physical where preempting would make room preempted "
+        "less than preemptive_scheduling_backoff (5000 ms) ago")
 
 
 def test_non_preemptible_resource_usage_threshold_protects_small_operations() -> None:

@@ -554,8 +554,8 @@ class _Planner:
     def protected(self, op: OperationState) -> int:
         """How many of its oldest jobs ``non_preemptible_resource_usage_threshold`` keeps: as
         YTsaurus, each one while the usage of the jobs before it is strictly below the
-        threshold on every key named (it protected the whole operation or none of it, by its
-        total usage)."""
+        threshold on every key named that its jobs use (it protected the whole operation or
+        none of it, by its total usage)."""
         pool = op.pool if op.pool != ROOT else None
         threshold = (
             self.tree.effective[pool].effective_non_preemptible_resource_usage_threshold
@@ -574,8 +574,6 @@ class _Planner:
                 while before * each < amount:
                     before += 1
                 kept = min(kept, before)
-            elif amount <= 0:
-                return 0
         return kept
 
     def preempt(self) -> None:
@@ -617,10 +615,7 @@ class _Planner:
                     continue
                 choice = self.cheapest_room(op, victims, open_nodes, self.free)
                 if choice is None:
-                    self.waiting[op.id] = (
-                        f"starving, but no node of tree {self.tree.name} can make room for a job "
-                        "by preempting jobs above their fair share"
-                    )
+                    self.waiting[op.id] = self.why_no_preemption(op, victims, open_nodes)
                     break
                 node, chosen = choice
                 incoming = self.make_room(op, node, chosen, victims)
@@ -630,6 +625,26 @@ class _Planner:
                     self.hold(op, node, 1, incoming)
                     awaited += 1
                 self.waiting.pop(op.id, None)
+
+    def why_no_preemption(
+        self, op: OperationState, victims: Mapping[str, list[RunningJob]],
+        open_nodes: Sequence[str],
+    ) -> str:
+        """Why a starving ``op`` preempts nothing more: what stops it, named (it was "no node
+        can make room" whatever did)."""
+        tree = self.tree.name
+        if not any(jobs for victim_id, jobs in victims.items() if victim_id != op.id):
+            return (f"starving, but no job of another operation in tree {tree} may be "
+                    "preempted: each is within its operation's fair share * "
+                    "preemption_satisfaction_threshold or non_preemptible_resource_usage_threshold")
+        if len(open_nodes) < len(self.nodes) and self.cheapest_room(
+            op, victims, list(self.nodes), self.free
+        ) is not None:
+            backoff = self.tree.config.preemptive_scheduling_backoff
+            return (f"starving, but the nodes of tree {tree} where preempting would make room "
+                    f"preempted less than preemptive_scheduling_backoff ({backoff} ms) ago")
+        return (f"starving, but no node of tree {tree} can make room for a job by preempting "
+                "jobs above their fair share")
 
     def make_room(
         self,
