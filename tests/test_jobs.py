@@ -571,6 +571,22 @@ def test_usage_above_a_limit_loses_its_newest_preemptible_jobs(
     assert result.preempted_nodes == ()  # no preemptive scheduling: no backoff
 
 
+def test_a_job_taken_for_a_limit_and_found_unnecessary_stays() -> None:
+    """o3 (a gang, newest) was taken for p2's cpu limit, then o1 for its gpu limit, which
+    freed enough cpu too: o3 was granted again at once, its jobs moved for nothing (found by
+    ``test_gangs_are_all_or_nothing``, about 2 runs in 100)."""
+    t = tree(pool("p0"), pool("p1", "p0"), pool("p2", resource_limits={"cpu": 2, "gpu": 0}))
+    nodes = [node("n0", cpu=3, gpu=1), node("n1", cpu=1, gpu=0), node("n2", cpu=2, gpu=0)]
+    ops = [op("o0", "p0", 1, jobs=[("n0", 0.0)], cpu=1, gpu=0),
+           op("o1", "p2", 1, jobs=[("n0", 0.0)], cpu=2, gpu=1),
+           op("o2", "p0", 1, jobs=[("n1", 0.0)], cpu=1, gpu=0),
+           op("o3", "p2", 2, jobs=[("n2", 0.0), ("n2", 0.01)], gang=True, cpu=1, gpu=0)]
+    result = plan(t, nodes, ops, now=1.0)
+    assert [(p.job, p.reason) for p in result.preemptions] == [(
+        "o1/0", "preempted to bring pool p2 within its resource_limits.gpu (usage 1 > limit 0)")]
+    assert granted(result) == {}
+
+
 def test_an_interrupted_job_counts_as_gone_for_its_limit() -> None:
     """Interrupted for a limit at 20 s (deadline 30 s): the next pass before the deadline takes
     nothing more, and nothing starts in the pool until the units are free."""

@@ -820,15 +820,31 @@ class _Planner:
             key=lambda pair: (pair[1].started_at, pair[1].id),
             reverse=True,
         )
+
+        def count(unit: Sequence[Victim], sign: int) -> None:
+            for op, _ in unit:
+                active[op.id] += sign
+                for pool in _pools_of(self.tree, op.pool):
+                    _add(usage[pool], op.job_resources, sign)
+
+        chosen: list[tuple[list[Victim], str]] = []
         for unit in _units(candidates, victims):
             cause = violation(unit[0][0])
-            if cause is None:
-                continue
+            if cause is not None:
+                chosen.append((unit, cause))
+                count(unit, -1)
+        # Those that turn out unnecessary stay, the last chosen first: a newer gang taken for
+        # one key, where an older job taken next for another key freed enough of both, was
+        # granted again at once, elsewhere.
+        for unit, cause in reversed(list(chosen)):
+            count(unit, +1)
+            if violation(unit[0][0]) is None:
+                chosen.remove((unit, cause))
+            else:
+                count(unit, -1)
+        for unit, cause in chosen:
             for op, job in unit:
                 self.take(op, job, victims, None, f"to bring {cause}")
-                active[op.id] -= 1
-                for pool in _pools_of(self.tree, op.pool):
-                    _add(usage[pool], op.job_resources, -1)
 
     # -- the pass --------------------------------------------------------------------------
 
