@@ -567,13 +567,8 @@ class _Planner:
         kept = op.job_count
         for key, amount in threshold.items():
             each = op.job_resources.get(key, 0)
-            if each > 0:
-                before = max(0, math.ceil(amount / each))
-                while before > 0 and (before - 1) * each >= amount:  # floats: the same test
-                    before -= 1
-                while before * each < amount:
-                    before += 1
-                kept = min(kept, before)
+            if each > 0:  # how many i >= 0 have i * each < amount, exactly
+                kept = min(kept, max(0, math.ceil(Fraction(amount) / Fraction(each))))
         return kept
 
     def preempt(self) -> None:
@@ -836,13 +831,13 @@ class _Planner:
         # Those that turn out unnecessary stay, the last chosen first: a newer gang taken for
         # one key, where an older job taken next for another key freed enough of both, was
         # granted again at once, elsewhere.
-        for unit, cause in reversed(list(chosen)):
+        needed = []
+        for unit, cause in reversed(chosen):
             count(unit, +1)
-            if violation(unit[0][0]) is None:
-                chosen.remove((unit, cause))
-            else:
+            if violation(unit[0][0]) is not None:
                 count(unit, -1)
-        for unit, cause in chosen:
+                needed.append((unit, cause))
+        for unit, cause in reversed(needed):
             for op, job in unit:
                 self.take(op, job, victims, None, f"to bring {cause}")
 
