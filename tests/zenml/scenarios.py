@@ -121,6 +121,8 @@ def train(name: str, seconds: float) -> str:
             time.sleep(0.1)
     except KeyboardInterrupt:
         record(step=name, at="interrupted", after=time.time() - started)
+        # SCENARIO_STOP_SECONDS: the step takes that long to stop (saving a checkpoint).
+        time.sleep(float(os.environ.get("SCENARIO_STOP_SECONDS", "0")))
         raise
     record(step=name, at="end")
     return name
@@ -198,6 +200,31 @@ def short_one() -> None:
 @pipeline(dynamic=True, enable_cache=False)
 def train_long() -> None:
     train_retried("long", float(os.environ.get("SCENARIO_LONG_SECONDS", "60")))
+
+
+def submitted(train_step: Any) -> None:
+    """``train_step`` submitted; its future is waited for once its request is being preempted
+    (the pipeline did other work meanwhile), while the step is still stopping."""
+    future = train_step.submit(
+        "long", float(os.environ.get("SCENARIO_LONG_SECONDS", "60")), id="long"
+    )
+    deadline = time.time() + 300
+    while not any(r.status == ResourceRequestStatus.PREEMPTING for r in requests()):
+        if time.time() > deadline:
+            raise TimeoutError("the step was never preempted")
+        time.sleep(0.1)
+    record(step="pipeline", at="waits")
+    future.result()
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def train_long_submitted() -> None:
+    submitted(train_retried)
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def train_long_submitted_once() -> None:
+    submitted(train)
 
 
 @pipeline(dynamic=True, enable_cache=False)
@@ -479,8 +506,9 @@ def main() -> None:
     elif scenario in ("long", "short"):
         # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
         error = run(long_one if scenario == "long" else short_one)
-    elif scenario in ("train_long", "train_short"):
-        error = run(train_long if scenario == "train_long" else train_short)
+    elif scenario in ("train_long", "train_short", "train_long_submitted",
+                      "train_long_submitted_once"):
+        error = run(globals()[scenario])
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     with open(EVENTS) as f:

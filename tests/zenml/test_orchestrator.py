@@ -19,20 +19,30 @@ def at(events: list[dict[str, Any]], step: str, what: str) -> dict[str, Any]:
     return next(e for e in events if e["step"] == step and e["at"] == what)
 
 
-def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
+#: A submitted step's future waited for while the step stops (3 s, a checkpoint's save):
+#: ZenML's future returned at CANCELLING, as if the step had succeeded.
+SUBMITTED = {"SCENARIO_STOP_SECONDS": "3"}
+
+
+@pytest.mark.parametrize("low", ["train_long", "train_long_submitted"])
+def test_preemption_interrupts_the_running_step(zenml_home: ZenML, low: str) -> None:
     """A low-priority step (600 s of work, retried once by ZenML) holds the only GPU; a
     higher-priority pipeline's step arrives. The low step is interrupted in its own process
     long before its natural end, its request ends ``preempted`` and its step run is retried;
     the high step runs as soon as the GPU is free, then the retry (a new request) runs.
     The work is far longer than the test waits for anything: the high pipeline's start takes
     ~15 s on an idle machine and several times that on a loaded one, where 60 s of work
-    could end first, with nothing left to preempt."""
+    could end first, with nothing left to preempt. The step is called, or submitted and its
+    future waited for while the step is stopping."""
     setup = zenml_home.scenario("preempt_setup_isolated")
     high, low_result, low_out = zenml_home.preemption(
-        "train_long", "train_short", setup["stacks"], low_env={"SCENARIO_LONG_SECONDS": "600"}
+        low, "train_short", setup["stacks"],
+        low_env={"SCENARIO_LONG_SECONDS": "600", **(SUBMITTED if "submitted" in low else {})},
     )
     assert low_result["error"] is None, low_out[-4000:]
     events = low_result["events"]
+    if "submitted" in low:  # the pipeline waited for the future before the step stopped
+        assert at(events, "pipeline", "waits")["t"] < at(events, "long#1", "interrupted")["t"] + 3
 
     # The first attempt ran in its own process and was interrupted (KeyboardInterrupt from
     # ZenML's step heartbeat) before its 600 s were up.
@@ -61,6 +71,29 @@ def test_preemption_interrupts_the_running_step(zenml_home: ZenML) -> None:
     assert sorted((r["status"], r["step_status"], r["step_version"]) for r in others) == [
         ("released", "completed", 1), ("released", "completed", 2)
     ], low_result["requests"]
+
+
+def test_a_submitted_step_preempted_without_retries_fails_its_pipeline(
+    zenml_home: ZenML,
+) -> None:
+    """Without retries a preempted step fails (the seeds' "After preemption"): its submitted
+    future, waited for while the step stops, raises, and the run fails; the victim's request
+    ends ``preempted`` once its step run is ``cancelled``, and the high step runs. ZenML's
+    future returned at CANCELLING: the run ended ``completed``, nothing published the step's
+    end, and its request held the GPU (``preempting``) with the high step waiting for ever."""
+    setup = zenml_home.scenario("preempt_setup_isolated")
+    high, low_result, low_out = zenml_home.preemption(
+        "train_long_submitted_once", "train_short", setup["stacks"],
+        low_env={"SCENARIO_LONG_SECONDS": "600", **SUBMITTED},
+    )
+    assert low_result["error"] is not None, low_out[-4000:]
+    assert "cancelled" in low_result["error"].lower(), low_result["error"]
+    events = low_result["events"]
+    assert at(events, "pipeline", "waits")["t"] < at(events, "long", "interrupted")["t"] + 3
+    assert at(high["events"], "short", "end")
+    [victim] = low_result["requests"][:1]
+    assert (victim["status"], victim["step_status"]) == ("preempted", "cancelled"), victim
+    assert [s["status"] for s in low_result["step_runs"] if s["name"] == "long"] == ["cancelled"]
 
 
 def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(

@@ -199,6 +199,32 @@ class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
         super().run()
 
 
+def _wait_through_stopping() -> None:
+    """Makes the future of a submitted isolated step wait until the step has ended.
+
+    ZenML's ``_IsolatedStepFuture._wait_for_step_to_finish`` stops waiting at any status
+    but provisioning/running/retrying, and ``result()`` raises only for failed, cancelled or
+    stopped: a step being preempted (CANCELLING) or stopped (STOPPING) made ``result()``
+    return as if it had succeeded. The run then ended ``completed`` while the step still
+    stopped, its process was killed at exit before anything published its end, and its
+    request held its units for good (``preempting``, its preemptor waiting). Waiting on, the
+    future sees what the runner's monitor publishes (CANCELLED, STOPPED) or the retry.
+    Installed once per process, from the pipeline's process (the runner's)."""
+    from zenml.execution.pipeline.dynamic.outputs import _IsolatedStepFuture
+
+    wait = _IsolatedStepFuture._wait_for_step_to_finish
+    if getattr(wait, "waits_through_stopping", False):
+        return
+
+    def wait_through_stopping(self: _IsolatedStepFuture) -> StepRunResponse:
+        while (step_run := wait(self)).status in _CANCELLING:
+            time.sleep(0.5)
+        return step_run
+
+    wait_through_stopping.waits_through_stopping = True  # type: ignore[attr-defined]
+    _IsolatedStepFuture._wait_for_step_to_finish = wait_through_stopping  # type: ignore[method-assign]
+
+
 class FairpoolLocalOrchestrator(LocalOrchestrator):
     """The local orchestrator, with isolated steps as subprocesses that can be stopped."""
 
@@ -217,6 +243,7 @@ class FairpoolLocalOrchestrator(LocalOrchestrator):
             ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL,
             str(self.config.monitoring_interval_seconds),
         )
+        _wait_through_stopping()
         with temporary_environment({ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL: interval}):
             return super().submit_dynamic_pipeline(
                 snapshot=snapshot, stack=stack, environment=environment,
