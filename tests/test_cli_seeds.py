@@ -245,6 +245,10 @@ STORIES = [
         request("r", "orch", *gpus(1, *TRT), final=rejected(
             "pool p: has no tensorrt_sessions (zero capacity), requested 1"
         )),
+        # Not "requested 1 > reserved 0": reserving a key the pool lacks is refused.
+        request("np", "orch", *gpus(1, *TRT, NP), final=rejected(
+            "pool p: has no tensorrt_sessions (zero capacity), requested 1"
+        )),
     ),
     # -- hard rejections (no queue) ------------------------------------------------------------
     Story(

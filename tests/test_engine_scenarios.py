@@ -175,6 +175,15 @@ CASES = [
         "pool p: has no tensorrt_sessions (zero capacity), requested 1",
         Check.CAPACITY,
     ),
+    Case(
+        "non-preemptible on a key the pool does not list: the pool lacks it, whatever reserved",
+        lambda: World().pool("p", {"gpu": 4}).policy("orch", "p", 1, {"gpu": 1}, {"gpu": 2})
+        .wait("r", "orch", demand(gpu_count=1, pool_resources={"tensorrt_sessions": 1}),
+              preemptible=False),
+        {"r": "rejected"},
+        "pool p: has no tensorrt_sessions (zero capacity), requested 1",
+        Check.CAPACITY,
+    ),
     # -- hard rejections -------------------------------------------------------------------
     Case(
         "request exceeds pool capacity",

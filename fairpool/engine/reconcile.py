@@ -175,6 +175,12 @@ class _Forest:
 
 def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Reason | None:
     """The first reason this placement could not fit even on an empty system."""
+    delta = forest.delta(placement)
+    over_capacity = _over_capacity(forest, delta)
+    # A key the pool lacks first: no reservation can cover it (a policy's keys are its
+    # pool's), so "requested > reserved 0" would point to a fix that is refused.
+    if over_capacity is not None and over_capacity.bound == 0:
+        return over_capacity
     if not preemptible:
         for charge in placement.charges:
             leaf = forest.nodes[charge.leaf]
@@ -187,7 +193,22 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
                         "(non-preemptible)",
                     )
     # Capacity before limits: "the pool does not have that many" is the more basic answer.
-    delta = forest.delta(placement)
+    if over_capacity is not None:
+        return over_capacity
+    for node_id, units in delta.items():
+        node = forest.nodes[node_id]
+        for key, amount in units.items():
+            limit = node.limit.get(key)
+            if limit is not None and amount > limit:
+                return Reason(
+                    Check.LIMIT, node.name, key, amount, limit, 0,
+                    f"{node.name}: {key} requested {amount} > limit {limit}",
+                )
+    return None
+
+
+def _over_capacity(forest: _Forest, delta: Delta) -> Reason | None:
+    """The first node whose capacity is below what the placement charges it, on its own."""
     for node_id, units in delta.items():
         node = forest.nodes[node_id]
         for key, amount in units.items():
@@ -200,15 +221,6 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
                 )
                 return Reason(Check.CAPACITY, node.name, key, amount, cap, 0,
                               f"{node.name}: {detail}")
-    for node_id, units in delta.items():
-        node = forest.nodes[node_id]
-        for key, amount in units.items():
-            limit = node.limit.get(key)
-            if limit is not None and amount > limit:
-                return Reason(
-                    Check.LIMIT, node.name, key, amount, limit, 0,
-                    f"{node.name}: {key} requested {amount} > limit {limit}",
-                )
     return None
 
 
