@@ -1299,7 +1299,9 @@ class Service:
         queued."""
         conn = tx.conn
         retried = 0
+        victims: dict[str, list[str]] = defaultdict(list)
         for preemption in plan.preemptions:
+            victims[preemption.preemptor_id].append(preemption.victim_id)
             victim = state.holders.pop(preemption.victim_id)
             pool_id = state.allocations.pop(victim.id).pool_id
             repo.release_allocation(conn, victim.id, now)
@@ -1347,7 +1349,7 @@ class Service:
             policy = state.policies[placement.charges[0].leaf]
             pool = state.pools[policy.pool_id]
             lease = request.lease_ttl
-            message = frontend.allocated_on(pool.name, policy.priority)
+            message = frontend.allocated_on(pool.name, policy.priority, victims.get(request.id, ()))
             # The request's row first: a new one is written only now.
             state.holders[request.id] = self._decide(
                 tx, request, RequestStatus.ALLOCATED, message, now

@@ -225,6 +225,19 @@ def test_tour_creates_pool_and_allocates_with_zenml_resources(tour: Tour) -> Non
     assert tour.b["labels"] == {"team": "vision"}
 
 
+def test_create_says_which_requests_it_preempted(tmp_path: Path) -> None:
+    """The victims' reasons name their preemptor; the one who caused it is told too."""
+    fairpool(tmp_path, "resource-pool", "create", "g", "--capacity", '{"gpu": 2}').ok()
+    fairpool(tmp_path, "resource-pool", "attach-policy", "g", "low", "-p", "1").ok()
+    fairpool(tmp_path, "resource-pool", "attach-policy", "g", "high", "-p", "5").ok()
+    low = [fairpool(tmp_path, "resource-request", "create", "--component", "low",
+                    "--gpu-count", "1", "-o", "json").ok().json["id"] for _ in range(2)]
+    high = fairpool(tmp_path, "resource-request", "create", "--component", "high",
+                    "--gpu-count", "2")
+    assert (f"allocated in resource pool `g`, preempting requests {low[1]}, {low[0]}."
+            in " ".join(high.ok().err.split())), high.err
+
+
 def test_queued_and_rejected_requests_explain_themselves(tour: Tour) -> None:
     """A queued request shows its position and reason; a hard rejection names the pool,
     the key and the numbers."""

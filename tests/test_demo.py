@@ -37,7 +37,8 @@ def test_the_demo_tour_runs_and_shows_what_it_says(tmp_path: Path) -> None:
     assert ("rejected: policy prod-orch on training-gpus: gpu requested 4 > reserved 2 "
             "(non-preemptible)") in rejections
     # Prod is granted at once; sandbox's newest borrowed run was preempted, its retry queued.
-    assert "allocated on pool training-gpus (policy priority 100)" in preemption
+    assert re.search(r"REASON │ allocated on pool training-gpus \(policy priority 100\), "
+                     r"preempting request [0-9a-f-]{36} │", preemption), preemption
     assert preemption.count("│ active │ allocated │") == 3
     assert "│ queued │ queued │ sandbox-orch │ gpu 2, step_run 1 │ 1 │" in preemption
     assert "waiting: pool training-gpus: gpu requested 2, free 0 of 8" in waits

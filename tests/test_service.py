@@ -87,6 +87,10 @@ def test_preempted_request_with_retries_is_queued_again_as_a_linked_attempt(svc:
     assert victim.status == "preempted"
     assert victim.preempted_by_id == high.id
     assert victim.status_reason == f"preempted by request {high.id} on pool p (priority 9 > 1)"
+    # The preemptor's reason and history name its victims too (they said nothing of them).
+    preempting = f"allocated on pool p (policy priority 9), preempting request {low.id}"
+    assert high.status_reason == preempting
+    assert [e.message for e in svc.request_events(high.id)][-1] == preempting
     assert victim.retried_as_id is not None
     retry = svc.get_request(victim.retried_as_id)
     assert (retry.status, retry.attempt, retry.previous_attempt_id) == ("queued", 2, low.id)

@@ -16,6 +16,7 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
+from fairpool.frontends.pools import PREEMPTING
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.signals import resent_from_finalizer
 from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES, RequestView
@@ -99,7 +100,11 @@ def declare_status(request: dict[str, Any]) -> None:
     status = request["status"]
     rid = request["id"]
     if status == "allocated":
-        o.declare(f"Resource request `{rid}` allocated in resource pool `{request['pool']}`.")
+        reason = request["status_reason"] or ""
+        preempting = reason[reason.find(PREEMPTING):] if PREEMPTING in reason else ""
+        o.declare(
+            f"Resource request `{rid}` allocated in resource pool `{request['pool']}`{preempting}."
+        )
     elif status == "queued":
         o.declare(f"Resource request `{rid}` queued: {queue_summary(request)}")
     else:

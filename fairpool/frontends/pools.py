@@ -7,7 +7,7 @@ per pool its component has a policy on, highest policy priority first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput, mapping, validate_int
@@ -253,9 +253,18 @@ def policy_within(
     )
 
 
-def allocated_on(pool: str, priority: int) -> str:
-    """An allocated request's reason."""
-    return f"allocated on pool {pool} (policy priority {priority})"
+#: Between an allocated request's reason and the requests it preempted for its units.
+PREEMPTING = ", preempting "
+
+
+def allocated_on(pool: str, priority: int, preempted: Sequence[str] = ()) -> str:
+    """An allocated request's reason; with the requests preempted for it in the same pass
+    (their reasons name it, and its own should name them)."""
+    reason = f"allocated on pool {pool} (policy priority {priority})"
+    if preempted:
+        noun = "request" if len(preempted) == 1 else "requests"
+        reason += f"{PREEMPTING}{noun} {', '.join(preempted)}"
+    return reason
 
 
 def reprioritized(pool: str, priority: int, was: int) -> str:
