@@ -309,7 +309,10 @@ def store_checks() -> None:
                 requested_resources={"gpu": gpus, "step_run": 1}, preemptible=True))
 
     def seen(at: str) -> None:
-        record(step="requests", at=at, occupied=client.get_resource_pool("one").occupied_resources,
+        pool = client.get_resource_pool("one", hydrate=True)
+        record(step="requests", at=at, occupied=pool.occupied_resources,
+               queue_length=pool.queue_length,
+               queued=[q.request.status.value for q in pool.queued_requests],
                requests=[(r.status.value, r.status_reason) for r in requests()])
 
     # A component with no policy is not pooled: no request, its step runs as it would.

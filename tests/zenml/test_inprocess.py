@@ -195,6 +195,9 @@ def test_the_stores_hooks_end_what_would_hang(zenml_home: ZenML) -> None:
     (victim, victim_reason), (preemptor, preemptor_reason) = preempted["requests"][-2:]
     assert victim == "preempted" and victim_reason.startswith("preempted by request ")
     assert preemptor == "pending"  # and says what it waits for (it kept its old reason)
+    # In the pool's queue too, though it preempted on its first pass (with no queue row
+    # yet, it was left out of the queued view and the queue length).
+    assert (preempted["queue_length"], preempted["queued"]) == (1, ["pending"])
     assert preemptor_reason.startswith(
         "waiting for the steps of the requests it preempted to end: ")
     started = events[("requests", "victim started")]  # its launcher had seen the grant

@@ -192,6 +192,8 @@ class _State:
     allocations: dict[str, ResourcePoolAllocationSchema]
     #: Requests holding a live allocation, and pending ones, by id.
     requests: dict[str, ResourceRequestSchema]
+    #: Policies by (pool id, component id).
+    by_pool_component: dict[tuple[str, str], Policy]
     snapshot: Snapshot
 
     @classmethod
@@ -288,9 +290,8 @@ class _State:
                 EngineRequest(request_id, _ts(request.created), placements, request.preemptible)
             )
         snapshot = Snapshot(_ts(now), nodes, tuple(engine_allocations), tuple(queue))
-        return cls(
-            pools, pool_records, policies, policy_records, allocations, requests, snapshot
-        )
+        return cls(pools, pool_records, policies, policy_records, allocations, requests,
+                   by_pool_component, snapshot)
 
 
 class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
@@ -460,22 +461,25 @@ class FairpoolResourcePools(ResourcePoolsSQLStoreInterface):
             if request.status_reason != message:
                 request.status_reason = message
                 session.add(request)
-        # Requests waiting for their victims keep their queue rows, and say whom they wait
-        # for (their reason was the one they had before they preempted). A victim whose
+        # Requests waiting for their victims are queued on their victims' pools (one that
+        # preempted on its first pass has no queue row yet), and say whom they wait for
+        # (their reason was the one they had before they preempted). A victim whose
         # preemptor was deleted has none (ZenML's SET NULL): it stays preempting until its
         # step ends.
         victims: dict[str, list[str]] = defaultdict(list)
         for request in state.requests.values():
             initiator = request.preemption_initiated_by_id
-            if _stopping(request) and initiator is not None:
+            preemptor = state.requests.get(str(initiator))
+            if _stopping(request) and preemptor is not None:
                 victims[str(initiator)].append(str(request.id))
-                for queue_row in self._queue_rows(session, initiator):
-                    queued[(str(queue_row.pool_id), str(initiator))] = queue_row.priority
+                pool_id = str(state.allocations[str(request.id)].pool_id)
+                policy = state.by_pool_component.get((pool_id, _component_id(preemptor)))
+                queued[(pool_id, str(initiator))] = policy.priority if policy else 0
         for preemptor_id, stopping in victims.items():
-            preemptor = state.requests.get(preemptor_id)
+            preemptor = state.requests[preemptor_id]
             message = ("waiting for the steps of the requests it preempted to end: "
                        + _short(stopping))
-            if preemptor is not None and preemptor.status_reason != message:
+            if preemptor.status_reason != message:
                 preemptor.status_reason = message
                 session.add(preemptor)
         self._write_queue(session, queued, state)
