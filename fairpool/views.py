@@ -31,6 +31,10 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Between an allocated request's reason and the requests preempted for its units (the
+#: CLI's ``create`` repeats what follows).
+PREEMPTING = ", preempting "
+
 @dataclass(frozen=True, slots=True)
 class QueuePlace:
     """Where a waiting request stands in one pool (position 0: not eligible there)."""

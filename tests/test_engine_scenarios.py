@@ -607,6 +607,27 @@ def test_the_next_waiter_holds_the_pool_the_first_one_passed_on() -> None:
     assert "held for an older request" in entries["s-1"][0].reason.message
 
 
+def test_a_waiter_ahead_of_the_holder_is_not_told_its_units_are_held() -> None:
+    # lo-1 has waited past backfill_after and holds what frees on p; two-1 (priority 2) is
+    # ahead of it in the queue, and gets a freed GPU first: it was told the units were
+    # "held for an older request" (helper-73). lo-2, behind the holder, is told so.
+    world = (
+        World().pool("p", {"gpu": 4})
+        .policy("hi", "p", 100).policy("lo", "p", 1).policy("two", "p", 2)
+        .run("hi-1", "hi", "p", demand(gpu_count=4), 1.0)
+        .wait("lo-1", "lo", demand(gpu_count=2), at=2.0)
+        .wait("two-1", "two", demand(gpu_count=1), at=9_900.0)
+        .wait("lo-2", "lo", demand(gpu_count=1), at=9_950.0)
+    )
+    world.now = 10_000.0
+    entries = queue_entries(world.plan())
+    assert [(e.position, e.holding) for e in entries["two-1"] + entries["lo-1"]] == [
+        (1, False), (2, True)]
+    assert entries["two-1"][0].reason.message == "pool p: gpu requested 1, free 0 of 4"
+    assert entries["lo-2"][0].reason.message == (
+        "pool p: gpu requested 1, free 0 of 4, held for an older request")
+
+
 @dataclass(frozen=True)
 class OnePass:
     """A pass that left work to the next one with nothing new; now it does it itself."""

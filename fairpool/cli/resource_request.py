@@ -16,10 +16,9 @@ import click
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
 from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
-from fairpool.frontends.pools import PREEMPTING
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.signals import resent_from_finalizer
-from fairpool.views import COMPONENT_TYPES, REQUEST_STATUSES, RequestView
+from fairpool.views import COMPONENT_TYPES, PREEMPTING, REQUEST_STATUSES, RequestView
 
 REQUEST_COLUMNS = ("id", "status", "component", "pool", "resources", "reason", "created")
 QUEUE_COLUMNS = ("pool", "position", "reason", "holding")

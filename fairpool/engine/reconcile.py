@@ -587,9 +587,17 @@ class _Pass:
                 reason = stretch.reason
                 cls = self.classes[number]
                 placement = cls.placements[index]
-                # Explain with the pass's final state (what they wait for now).
-                failures = self._failures(placement, cls.preemptible)
+                # Explain with the pass's final state (what they wait for now), but for
+                # holds taken behind them in the queue: those keep nothing from them.
                 share = self._share(placement)
+                later = self._holds_after(
+                    (share, -placement.priority, *cls.keys[pos], number, index, pos)
+                )
+                for held in later:
+                    self._hold(held, -1)
+                failures = self._failures(placement, cls.preemptible)
+                for held in later:
+                    self._hold(held, +1)
                 self._wait(number, index, pos, end,
                            failures[0] if failures else reason,
                            (share, -placement.priority))

@@ -20,6 +20,7 @@ from fairpool.frontends.names import (
     check_printing,
 )
 from fairpool.store.records import Policy, Pool
+from fairpool.views import PREEMPTING
 
 #: Keys ZenML treats as unbounded when a pool has no row for them; every other absent key
 #: is zero capacity.
@@ -251,10 +252,6 @@ def policy_within(
         {key: amount for key, amount in policy.reserved.items() if key in capacity},
         {key: amount for key, amount in policy.limit.items() if key in capacity},
     )
-
-
-#: Between an allocated request's reason and the requests it preempted for its units.
-PREEMPTING = ", preempting "
 
 
 def allocated_on(pool: str, priority: int, preempted: Sequence[str] = ()) -> str:
