@@ -59,11 +59,11 @@ def check_page(limit: int | None, offset: int, after: str | None = None) -> Curs
 
 def page_dict(
     items: Sequence[Mapping[str, Any]], total: int | None = None, limit: int | None = None,
-    offset: int = 0,
+    offset: int = 0, next: str | None = None,
 ) -> dict[str, Any]:
     """ZenML's page shape: ``{"items", "pagination": {"index" (1-based), "max_size",
-    "total_pages" (at least 1), "total"}}``; without ``total`` and ``limit``, one page holding
-    everything."""
+    "total_pages" (at least 1), "total", "next"}}``; without ``total`` and ``limit``, one page
+    holding everything (``next`` null: nothing follows). Every list answers this one shape."""
     total = len(items) if total is None else total
     size = total if limit is None else limit
     return {
@@ -73,6 +73,7 @@ def page_dict(
             "max_size": size,
             "total_pages": max(1, math.ceil(total / size)) if size else 1,
             "total": total,
+            "next": next,
         },
     }
 
@@ -99,6 +100,6 @@ class Page(Generic[V]):
     next: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        shape = page_dict([v.as_dict() for v in self.items], self.total, self.limit, self.offset)
-        shape["pagination"]["next"] = self.next
-        return shape
+        return page_dict(
+            [v.as_dict() for v in self.items], self.total, self.limit, self.offset, self.next
+        )

@@ -97,7 +97,9 @@ def test_tour(client: httpx.Client) -> None:
     assert policy["effective_limit"] == {"gpu": 4, "step_run": 32}
     listed = ok(client.get("/policies", params={"pool": "tour-gpus"}))
     assert [p["component"] for p in listed["items"]] == ["tour-orch"]
-    assert listed["pagination"] == {"index": 1, "max_size": 1, "total_pages": 1, "total": 1}
+    # Every list in one shape: an unpaged one's `next` is null (it had none; helper-73).
+    assert listed["pagination"] == {"index": 1, "max_size": 1, "total_pages": 1, "total": 1,
+                                    "next": None}
 
     first = submit(client, "tour-orch", gpu=3, step_run=1)
     assert first["status"] == "allocated" and first["pool"] == "tour-gpus"

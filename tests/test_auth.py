@@ -158,7 +158,10 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
         for body, problem in [(b"{", "Expecting property name enclosed in double quotes at "
                                "position 1"),
                               (b'{"name": "\xff"}', "not UTF-8 (byte 0xff) at position 10"),
-                              (b"[" * 60_000, "nested too deeply")]:
+                              (b"[" * 60_000, "nested too deeply"),
+                              # JSON, but Python reads no such integer ("unreadable" before).
+                              (b'{"capacity": {"gpu": ' + b"9" * 4301 + b"}}",
+                               "a number of more than 4300 digits")]:
             garbage = {"content": body, "headers": {"content-type": "application/json"}}
             assert_401(anonymous.post("/pools", **garbage), "missing API token")
             with world.client("a") as submitter:

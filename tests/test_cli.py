@@ -208,7 +208,7 @@ def test_version_and_home_option(tmp_path: Path) -> None:
     assert version.stdout.strip() == "fairpool, version 0.1.0"
     assert listed.ok().json == {
         "items": [],
-        "pagination": {"index": 1, "max_size": 0, "total_pages": 1, "total": 0},
+        "pagination": {"index": 1, "max_size": 0, "total_pages": 1, "total": 0, "next": None},
     }
     assert (other / "fairpool.db").exists()  # --home wins over FAIRPOOL_HOME
     assert not (tmp_path / "env").exists()
@@ -434,7 +434,8 @@ def test_every_output_format_parses(tour: Tour) -> None:
 
     page = r[(*policies, "-o", "json")].ok().json
     assert r[(*policies, "-o", "yaml")].ok().yaml == page
-    assert page["pagination"] == {"index": 1, "max_size": 1, "total_pages": 1, "total": 1}
+    assert page["pagination"] == {"index": 1, "max_size": 1, "total_pages": 1, "total": 1,
+                                  "next": None}
     assert [(p["component"], p["priority"], p["reserved"], p["limit"]) for p in page["items"]] \
         == [(COMPONENT, 10, {"gpu": 2}, {"gpu": 4})]
     assert r[(*by_component, "-o", "json")].ok().json == page
@@ -444,7 +445,7 @@ def test_every_output_format_parses(tour: Tour) -> None:
     assert listed["pagination"]["total"] == len(listed["items"]) == 4
     paged = r[(*second_page, "-o", "json")].ok().json
     assert paged == {"items": listed["items"][3:], "pagination": {
-        "index": 2, "max_size": 3, "total_pages": 2, "total": 4}}
+        "index": 2, "max_size": 3, "total_pages": 2, "total": 4, "next": None}}
     assert "Page (2/2), 4 items found for the applied filters." in r[second_page].ok().out
     assert r[(*requests, "--size", "2", "--page", "3")].ok().out.strip() == (
         "Page (3/2) is empty: 4 items found for the applied filters.")

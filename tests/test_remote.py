@@ -268,8 +268,11 @@ def scheduler_commands(fp: Transcript) -> None:
     fp("workload", "list", "--status", "cancelled_or_failed")                 # the same words
     second = fp("workload", "list", "--size", "2", "--page", "2", "-o", "json")
     assert [w["id"] for w in second["items"]] == every[2:4]
+    cursor = second["pagination"].pop("next")  # the SDK's and the API's `after`
     assert second["pagination"] == {"index": 2, "max_size": 2, "total": len(every),
                                     "total_pages": -(-len(every) // 2)}
+    assert [w["id"] for w in fp("workload", "list", "-o", "json")["items"]] == every
+    assert isinstance(cursor, str) and cursor
     fp("workload", "list", "--status", "admitted", "--size", "1", "--page", "2")
     fp("workload", "list", "--size", "3", "--page", "99")                     # past the end
     fp("workload", "list", "--page", "2")                                     # no --size

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -151,6 +152,9 @@ def _unreadable(cause: BaseException | None) -> str:
         return f"not UTF-8 (byte 0x{cause.object[cause.start]:02x}) at position {cause.start}"
     if isinstance(cause, RecursionError):
         return "nested too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        # Python reads no integer of more than sys.get_int_max_str_digits() digits.
+        return f"a number of more than {sys.get_int_max_str_digits()} digits"
     return "unreadable"
 
 
