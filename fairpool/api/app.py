@@ -113,6 +113,7 @@ _ERRORS = _error_responses(
     (404, "Unknown name, id or prefix"),
     (409, "Ambiguous id prefix, or the current state forbids it"),
     (413, "Request body too large"),
+    (415, "A body not sent as JSON"),
     (422, "Invalid input; `field` names it"),
     (503, "Database busy or unreachable"),
 )
@@ -120,6 +121,10 @@ _ERRORS = _error_responses(
 _DENIALS = _error_responses(
     (401, "No token, or an unknown or revoked one"),
     (403, "The token's role or components do not allow it"),
+)
+#: With auth off, what every route under ``PREFIX`` may answer too (``SameOrigin``).
+_CROSS_SITE = _error_responses(
+    (403, "A request from another site (its Origin or Host not loopback's)"),
 )
 
 
@@ -350,7 +355,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     app.state.auth = tokens = Auth(service, auth)
     # After the token's check: a caller without one learns nothing of the routes.
     dependencies = [*tokens.dependencies(), Depends(known_query)]
-    denials = _DENIALS if tokens.enabled else {}
+    denials = _DENIALS if tokens.enabled else _CROSS_SITE
 
     def route(
         method: str, path: str, **options: Any
