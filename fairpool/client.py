@@ -127,6 +127,8 @@ class Grant:
         #: The heartbeat interrupted the main thread to tell it of ``lost`` (a
         #: KeyboardInterrupt there is ours, not a Ctrl-C).
         self.interrupted = False
+        #: The heartbeat heard of ``lost`` in a thread it cannot interrupt: the block ran on.
+        self.ran_on = False
         self._client = client
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -211,6 +213,12 @@ class Grant:
                     if self._main and not self._stop.is_set():
                         self.interrupted = True
                         _interrupt_main()
+                    self.ran_on = not self._main
+                if self.ran_on and request.retried_as_id is not None:
+                    # Nothing interrupts another thread: its block runs on to its end, and
+                    # never follows the retry attempt, which would get units nobody uses.
+                    with contextlib.suppress(FairpoolError):  # ended, or the lease will
+                        self._client.cancel(request.retried_as_id, not_followed(thread=True))
                 return
 
 
@@ -508,22 +516,26 @@ class _Acquire:
                 or inspect.isasyncgenfunction(function)):
             # Called, such a function only makes an object: the units would be given back
             # before its body ran.
-            raise TypeError(
-                f"Client.acquire() decorates a plain function (not {function!r}): use "
-                "AsyncClient.acquire() for an async def, `with client.acquire(...)` inside a "
-                "generator"
-            )
+            raise _not_plain(function)
 
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
             request = self._submit
             while True:
-                # Its own grant per call: the function may run in several threads at once,
-                # or call itself.
-                grant = self._start(request)
                 try:
+                    # Its own grant per call: the function may run in several threads at
+                    # once, or call itself. A retry attempt preempted before it was read
+                    # raises here, and is followed as well.
+                    grant = self._start(request)
                     try:
                         result = function(*args, **kwargs)
+                        if (inspect.isgenerator(result) or inspect.iscoroutine(result)
+                                or inspect.isasyncgen(result)):
+                            # Wrapped in a plain function (functools.wraps), it passed the
+                            # check above; its body has not run, and will not.
+                            if inspect.isgenerator(result) or inspect.iscoroutine(result):
+                                result.close()
+                            raise _not_plain(function)
                     except BaseException as error:
                         _finish(grant, type(error))
                         raise
@@ -580,10 +592,21 @@ class _Acquire:
                 signalled.let_go()
 
 
+def _not_plain(function: Callable[..., object]) -> TypeError:
+    return TypeError(
+        f"Client.acquire() decorates a plain function (not {function!r}): use "
+        "AsyncClient.acquire() for an async def, `with client.acquire(...)` inside a generator"
+    )
+
+
 def stopped_waiting(error: BaseException, timeout: float | None) -> str:
     """The cancel reason of a request its ``acquire`` stopped waiting for by ``error``."""
     if isinstance(error, WaitTimeout) and timeout is not None:
         return gave_up(timeout)
+    code = error.code if isinstance(error, SystemExit) else None
+    if isinstance(code, int) and code - 128 in _STOPPING_SIGNALS:
+        # The grant's own handler's SystemExit: the signal, as `fairpool run` names it.
+        return interrupted(signal.Signals(code - 128).name)
     return interrupted(type(error).__name__)
 
 
@@ -617,8 +640,8 @@ def _finish(grant: Grant, kind: type[BaseException] | None) -> None:
     if (kind is not None and issubclass(kind, NotGranted)) or grant.interrupted:
         raise not_granted(lost) from None
     if kind is None:  # its work is done: run again, a decorated function did it twice
-        log.warning("%s", lost_as_it_ended(lost, "block"))
-    if lost.retried_as_id is not None:
+        log.warning("%s", lost_as_it_ended(lost, "block", ran_on=grant.ran_on))
+    if lost.retried_as_id is not None and not grant.ran_on:  # else cancelled when heard
         with contextlib.suppress(Conflict, Unreachable):  # ended meanwhile; or the lease will
             grant._client.cancel(lost.retried_as_id, not_followed())
 

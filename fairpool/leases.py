@@ -21,10 +21,17 @@ MAX_LEASE_TTL = 30 * 24 * 3600
 MAX_RETRIES = 1000
 
 
+#: The longest interval between heartbeats, the default lease's third: a lease made long to
+#: ride out outages must not make a preemption go unheard for a third of it (20 minutes of
+#: an hour's), the holder running on units that are another's.
+MAX_HEARTBEAT_INTERVAL = 20.0
+
+
 def heartbeat_interval(lease_ttl: float) -> float:
     """Seconds between heartbeats: a third of the lease, so that two may be lost before it
-    expires (a preemption is heard within one interval); at least 0.2."""
-    return max(lease_ttl / 3, 0.2)
+    expires (a preemption is heard within one interval); at least 0.2, at most
+    ``MAX_HEARTBEAT_INTERVAL``."""
+    return min(max(lease_ttl / 3, 0.2), MAX_HEARTBEAT_INTERVAL)
 
 
 def holding(lease_ttl: object, timeout: object) -> tuple[float, float | None]:
@@ -77,16 +84,21 @@ def interrupted(cause: str) -> str:
     return f"interrupted while waiting ({cause})"
 
 
-def lost_as_it_ended(request: RequestView, holder: str) -> str:
+def lost_as_it_ended(request: RequestView, holder: str, ran_on: bool = False) -> str:
     """What a holder (``holder``: "command", "block") that ended by itself is told of units
-    it lost meanwhile without hearing of it: its ending stands."""
-    return (f"Resource request `{request.id}` was {request.status} as the {holder} ended: "
-            f"{request.status_reason}")
+    it lost meanwhile without hearing of it (``ran_on``: in a thread nothing interrupts, it
+    ran on after the loss was heard): its ending stands."""
+    when = (f"while the {holder} ran on (nothing interrupts a thread but the main one)"
+            if ran_on else f"as the {holder} ended")
+    return f"Resource request `{request.id}` was {request.status} {when}: {request.status_reason}"
 
 
-def not_followed() -> str:
+def not_followed(thread: bool = False) -> str:
     """Why a retry attempt is cancelled whose holder ended (its work done, or failed) before
-    it heard of the preemption: nobody would run it."""
+    it heard of the preemption (``thread``: runs in a thread nothing interrupts, so it will
+    not hear of it): nobody would run it."""
+    if thread:
+        return "not followed: its holder runs in a thread a preemption cannot interrupt"
     return "not followed: its holder ended before it heard of the preemption"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -471,6 +472,65 @@ def test_decorator_runs_again_on_the_retry_attempt(home: str, exits: bool) -> No
     assert runs == ["start", "start"]
 
 
+def test_the_decorator_follows_a_retry_attempt_preempted_before_it_read_it(home: str) -> None:
+    """Attempt 2 was granted and preempted again before the decorator read it: its
+    ``Preempted`` escaped (raised where the attempt is read, outside the ``try`` that follows
+    retries), and attempt 3 was granted to nobody until its lease ran out (helper-72)."""
+    client = Client(home=home)
+    runs: list[str] = []
+
+    @client.acquire({"gpu": 2}, component="low", lease_ttl=1, max_retries=2, timeout=20)
+    def train() -> str:
+        runs.append("start")
+        if len(runs) == 1:
+            client.release(client.submit({"gpu": 2}, component="high").id)  # attempt 2 granted
+            boss = client.submit({"gpu": 2}, component="high")  # and preempted: attempt 3
+            later(0.8, lambda: client.release(boss.id))
+            time.sleep(10)  # interrupted by the preemption
+        return "done"
+
+    assert train() == "done"
+    assert runs == ["start", "start"]
+    attempts = sorted(client.list_requests(component="low"), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status) for r in attempts] == [
+        (1, "preempted"), (2, "preempted"), (3, "released")]
+
+
+def test_a_function_in_a_thread_that_runs_on_after_its_preemption_leaves_no_retry_held(
+    home: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing interrupts a thread but the main one: the function runs on to its end. Its
+    retry attempt, which it will never follow, is cancelled as soon as the heartbeat hears of
+    the preemption; it was granted meanwhile, to nobody, until the function ended or its
+    lease ran out, and then said to be cancelled because the holder "ended before it heard
+    of the preemption" (helper-72)."""
+    client = Client(home=home)
+    heard = threading.Event()
+
+    @client.acquire({"gpu": 2}, component="low", lease_ttl=1, max_retries=1, timeout=20)
+    def train() -> str:
+        boss = client.submit({"gpu": 2}, component="high")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not heard.is_set():  # runs on
+            if client.list_requests(component="low", status="cancelled"):
+                heard.set()
+            time.sleep(0.1)
+        client.release(boss.id)
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="fairpool.client"):
+        with ThreadPoolExecutor(1) as worker:
+            assert worker.submit(train).result() == "done"
+    assert heard.is_set()  # cancelled while the function ran
+    attempts = sorted(client.list_requests(component="low"), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status) for r in attempts] == [(1, "preempted"), (2, "cancelled")]
+    assert attempts[1].status_reason == (
+        "cancelled: not followed: its holder runs in a thread a preemption cannot interrupt")
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert " was preempted while the block ran on (nothing interrupts a thread but the main " \
+        "one): preempted by request " in warning, warning
+
+
 @pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt(), None],
                          ids=["error", "ctrl-c", "returns"])
 def test_a_function_that_ends_before_it_hears_of_its_preemption_is_not_run_again(
@@ -609,10 +669,17 @@ def test_the_decorator_refuses_what_would_run_after_it_let_go(home: str) -> None
         with pytest.raises(TypeError, match="decorates a plain function"):
             client.acquire({"gpu": 1}, component="low")(function)  # type: ignore[arg-type]
     assert client.list_requests() == []
+    # Behind a plain wrapper the check above cannot see it: what it returns is refused, the
+    # body never having run (helper-72).
+    for function in (generator, coroutine):
+        wrapped = functools.wraps(function)(lambda f=function: f())
+        with pytest.raises(TypeError, match="decorates a plain function"):
+            client.acquire({"gpu": 1}, component="low")(wrapped)()
+    assert [r.status for r in client.list_requests()] == ["released", "released"]
 
 
 @pytest.mark.parametrize(("signum", "ended"), [
-    (signal.SIGTERM, (128 + signal.SIGTERM, "SystemExit")),
+    (signal.SIGTERM, (128 + signal.SIGTERM, "SIGTERM")),  # "SystemExit" before (helper-72)
     (signal.SIGINT, (-signal.SIGINT, "KeyboardInterrupt")),  # as Python dies of a Ctrl-C
 ])
 def test_a_signal_during_the_submit_cancels_the_request_it_makes(
@@ -649,3 +716,11 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
                 ("cancelled", f"cancelled: interrupted while waiting ({ended[1]})")]
         finally:
             client.close()
+
+
+def test_a_long_lease_still_hears_of_a_preemption_within_20_s() -> None:
+    """A third of the lease, at most 20 s: an hour's lease heartbeat every 20 minutes, its
+    holder running on preempted units meanwhile (helper-72)."""
+    from fairpool.leases import heartbeat_interval
+
+    assert [heartbeat_interval(ttl) for ttl in (0.3, 30, 60, 3600)] == [0.2, 10, 20, 20]
