@@ -551,6 +551,46 @@ def test_a_retry_granted_while_the_command_stops_keeps_its_lease(
     ]
 
 
+#: A command that ignores SIGTERM, as does the process it starts (``sh -c 'trap "" TERM;
+#: python3 work.py'``), whose pid it writes to the file ``log``.
+DEAF_WITH_A_CHILD = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "open(sys.argv[1], 'w').write(str(child.pid))\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_the_processes_a_preempted_command_leaves_get_no_second_grace(tmp_path: Path) -> None:
+    """Preempted, the command is killed when its grace ends; what it leaves was given a
+    grace of its own from then, running on twice ``--grace`` after the preemption on units
+    already another's, and ``run`` said their units were "given back" (helper-72)."""
+    setup(tmp_path)
+    log = tmp_path / "log"
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--grace", "4",
+                   "--lease-ttl", "1", "--", sys.executable, "-c",
+                   DEAF_WITH_A_CHILD.replace("sys.argv[1]", repr(str(log))))
+    poll_until(lambda: log.exists() and log.read_text())
+    grandchild = int(log.read_text())
+    preempt(tmp_path)
+    preempted = time.monotonic()
+
+    def gone() -> bool:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    poll_until(gone, 30, every=0.05)
+    ended = time.monotonic() - preempted
+    _, err = runner.communicate(timeout=60)
+    # The grace and a heartbeat (1/3 s) to hear of it; 8 s and more before.
+    assert ended < 7.5, ended
+    assert "Stopped 1 process the command left running: its units are preempted" in err, err
+
+
 def test_a_request_deleted_while_held_stops_the_command_saying_so(tmp_path: Path) -> None:
     """``run`` ended with the heartbeat's `Error: no request '...'`, as the SDK did not."""
     setup(tmp_path)

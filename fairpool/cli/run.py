@@ -187,6 +187,9 @@ def _run_once(
     unreachable = False
     interval = heartbeat_interval(lease_ttl)
     keep = _keeping(None)  # what keeps a retry attempt while we stop (none yet)
+    # When the command's grace ends, once we stop it: the processes it leaves get no more.
+    deadline: float | None = None
+    lost: RequestView | None = None
     try:
         while True:
             try:
@@ -211,16 +214,21 @@ def _run_once(
             if current.status != "allocated":
                 if child.poll() is not None:  # it ended by itself meanwhile: not stopped by us
                     return _exit_code(child.returncode), None, next(iter(received), None)
-                keep = _keeping(current.retried_as_id)
-                return _stop(child, grace, interval, keep), current, next(iter(received), None)
+                keep, lost = _keeping(current.retried_as_id), current
+                deadline = time.monotonic() + grace
+                return _stop(child, deadline, interval, keep), current, next(iter(received), None)
     except BaseException:
-        _stop(child, grace, interval)
+        deadline = time.monotonic() + grace
+        _stop(child, deadline, interval)
         raise
     finally:
-        left = _stop_leftovers(others | {child.pid}, grace, interval, keep)
+        left = _stop_leftovers(others | {child.pid}, deadline or time.monotonic() + grace,
+                               interval, keep)
         if left:
+            # Preempted, its units were another's already.
+            given = f": its units are {lost.status}" if lost else ": its units are given back"
             o.declare(f"Stopped {left} process{'es' if left > 1 else ''} the command left "
-                      "running: its units are given back")
+                      f"running{given}")
         restore(previous)
 
 
@@ -329,13 +337,14 @@ def _children() -> set[int]:
     return found
 
 
-def _stop_leftovers(ours: set[int], grace: float, every: float,
+def _stop_leftovers(ours: set[int], deadline: float, every: float,
                     meanwhile: Callable[[], None]) -> int:
-    """Stop the processes the command left running once it ended (SIGTERM, then SIGKILL
-    after ``grace``): they would go on using units given back. How many there were. As
-    ``_stop``, ``meanwhile`` is called ``every`` seconds (a retry attempt kept: a grace
-    longer than its lease let it expire)."""
-    deadline, stopped = time.monotonic() + grace, set[int]()
+    """Stop the processes the command left running once it ended (SIGTERM, then SIGKILL at
+    ``deadline``, the command's own when we stopped it: a second grace let them run on
+    units already another's): they would go on using units given back. How many there
+    were. As ``_stop``, ``meanwhile`` is called ``every`` seconds (a retry attempt kept: a
+    grace longer than its lease let it expire)."""
+    stopped = set[int]()
     kept = time.monotonic()
     while True:
         if time.monotonic() - kept >= every:
@@ -356,13 +365,12 @@ def _stop_leftovers(ours: set[int], grace: float, every: float,
         time.sleep(0.05)
 
 
-def _stop(child: subprocess.Popen[bytes], grace: float, every: float,
+def _stop(child: subprocess.Popen[bytes], deadline: float, every: float,
           meanwhile: Callable[[], None] = lambda: None) -> int:
-    """SIGTERM, then SIGKILL if the command has not ended after ``grace`` seconds, calling
+    """SIGTERM, then SIGKILL if the command has not ended at ``deadline``, calling
     ``meanwhile`` ``every`` seconds while it stops; its exit code."""
     if child.poll() is None:
         child.terminate()
-        deadline = time.monotonic() + grace
         while True:
             try:
                 child.wait(timeout=max(0.0, min(every, deadline - time.monotonic())))
