@@ -446,36 +446,14 @@ def test_preemption_reaches_a_holder_past_its_own_sigint_handler(home: str) -> N
         signal.signal(signal.SIGINT, old)
 
 
-@pytest.mark.parametrize("exits", [False, True], ids=["as-told", "its-own-way"])
-def test_decorator_runs_again_on_the_retry_attempt(home: str, exits: bool) -> None:
+@pytest.mark.parametrize("how", ["as-told", "its-own-way", "its-retry-preempted-too"])
+def test_decorator_runs_again_on_the_retry_attempt(home: str, how: str) -> None:
     """Also when, told of the preemption (the heartbeat's KeyboardInterrupt), the function
     exits its own way (PyTorch Lightning: SystemExit(1)): that was taken for an exit of its
-    own accord, and the retry attempt cancelled as not followed."""
-    client = Client(home=home)
-    runs: list[str] = []
-
-    @client.acquire({"gpu": 2}, component="low", lease_ttl=1, max_retries=1, timeout=20)
-    def train() -> str:
-        runs.append("start")
-        if len(runs) == 1:
-            boss = client.submit({"gpu": 2}, component="high")
-            later(0.8, lambda: client.release(boss.id))
-            try:
-                time.sleep(10)  # interrupted by the preemption
-            except KeyboardInterrupt:
-                if exits:
-                    raise SystemExit(1) from None
-                raise
-        return "done"
-
-    assert train() == "done"
-    assert runs == ["start", "start"]
-
-
-def test_the_decorator_follows_a_retry_attempt_preempted_before_it_read_it(home: str) -> None:
-    """Attempt 2 was granted and preempted again before the decorator read it: its
-    ``Preempted`` escaped (raised where the attempt is read, outside the ``try`` that follows
-    retries), and attempt 3 was granted to nobody until its lease ran out (helper-72)."""
+    own accord, and the retry attempt cancelled as not followed. And when attempt 2 was
+    granted and preempted in turn before the decorator read it: its ``Preempted`` escaped
+    (raised where the attempt is read, outside the ``try`` that follows retries), and attempt
+    3 was granted to nobody until its lease ran out (helper-72)."""
     client = Client(home=home)
     runs: list[str] = []
 
@@ -483,17 +461,24 @@ def test_the_decorator_follows_a_retry_attempt_preempted_before_it_read_it(home:
     def train() -> str:
         runs.append("start")
         if len(runs) == 1:
-            client.release(client.submit({"gpu": 2}, component="high").id)  # attempt 2 granted
-            boss = client.submit({"gpu": 2}, component="high")  # and preempted: attempt 3
+            if how == "its-retry-preempted-too":  # attempt 2 granted, then preempted below
+                client.release(client.submit({"gpu": 2}, component="high").id)
+            boss = client.submit({"gpu": 2}, component="high")
             later(0.8, lambda: client.release(boss.id))
-            time.sleep(10)  # interrupted by the preemption
+            try:
+                time.sleep(10)  # interrupted by the preemption
+            except KeyboardInterrupt:
+                if how == "its-own-way":
+                    raise SystemExit(1) from None
+                raise
         return "done"
 
     assert train() == "done"
     assert runs == ["start", "start"]
     attempts = sorted(client.list_requests(component="low"), key=lambda r: r.attempt)
+    preempted = 2 if how == "its-retry-preempted-too" else 1
     assert [(r.attempt, r.status) for r in attempts] == [
-        (1, "preempted"), (2, "preempted"), (3, "released")]
+        *[(n, "preempted") for n in range(1, preempted + 1)], (preempted + 1, "released")]
 
 
 def test_a_function_in_a_thread_that_runs_on_after_its_preemption_leaves_no_retry_held(
