@@ -337,6 +337,15 @@ def test_overcommitted_guarantees_are_reported() -> None:
     assert "exceed the tree total" in warning and "5/6" in warning
 
 
+def test_a_limit_on_a_resource_no_node_has_is_reported() -> None:
+    """Accepted, and silent: a pool's user_slots limit in a tree whose nodes declare none
+    limits nothing (helper-71); a limit on what the nodes have is no warning."""
+    pools = (PoolSnapshot("A", resource_limits={"user_slots": 2, "cpu": 10}), PoolSnapshot("B"))
+    result = compute_fair_share(TreeSnapshot({"cpu": 100}, pools, (busy_op("a", "A"),)))
+    assert result.warnings == (
+        "pool A: resource_limits.user_slots limits nothing: no node of the tree has user_slots",)
+
+
 def test_detailed_fair_share_splits_guarantee_and_weight_part() -> None:
     result = compute_fair_share(
         TreeSnapshot({"cpu": 100}, seed_pools(), (busy("batch"), busy("backup")))

@@ -488,7 +488,14 @@ class _Update:
         self.one: Number = ONE if exact else 1.0
         self.two: Number = OPERATION_FIT_FACTOR_END if exact else 2.0
         self.zeros: Vector = (self.zero,) * self.size
-        self.warnings: list[str] = []
+        self.warnings: list[str] = [
+            # Accepted (nodes may come later), but silent: user_slots, say, counts only in a
+            # tree whose nodes declare it.
+            f"pool {pool.name}: resource_limits.{key} limits nothing: no node of the tree "
+            f"has {key}"
+            for pool in snapshot.pools for key in pool.resource_limits
+            if not snapshot.total_resources.get(key)
+        ]
         #: The limits share of an element without limits, exact and in the update's numbers.
         full = self.exact_limits_share({})
         self.unlimited = (full, self.numbers(full))
