@@ -37,6 +37,7 @@ from fairpool.cli import output
 from fairpool.cli.main import cli
 from fairpool.client import Preempted, Rejected, WaitTimeout
 from fairpool.errors import Conflict, FairpoolError, InvalidInput, NotFound, Unreachable
+from fairpool.paging import Cursor
 from fairpool.remote import RemoteScheduling, RemoteService, RemoteTrees
 from fairpool.views import RequestView
 from tests.conftest import BACKENDS, Backend
@@ -79,12 +80,21 @@ class Normalizer:
 
     def data(self, value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: "<measured>" if k in MEASURED else self.data(v) for k, v in value.items()}
+            return {k: "<measured>" if k in MEASURED else self.cursor(v) if k == "next"
+                    else self.data(v) for k, v in value.items()}
         if isinstance(value, list):
             return [self.data(v) for v in value]
         if isinstance(value, str):
             return self.text(value)
         return value
+
+
+    def cursor(self, value: Any) -> Any:
+        """A page's cursor: the last item's time and id, opaque (base64) but for that."""
+        if not isinstance(value, str):
+            return value
+        cursor = Cursor.parse(value)
+        return f"<cursor {self.text(cursor.at.isoformat())} {self.text(cursor.id)}>"
 
 
 @dataclass(frozen=True)
