@@ -719,16 +719,22 @@ def test_a_server_rides_out_lost_connections_and_answers_503_while_the_database_
 ) -> None:
     """Connections lost between requests: the next request is served on new ones, where
     the first read answered 503. While no connection can be made (a restart), the
-    database's ``Unreachable`` is a 503, as its ``OperationalError`` was, not a 400."""
+    database's ``Unreachable`` is a 503, as its ``OperationalError`` was, not a 400; so is
+    every long-poll's, where the loop's own connection could not be opened again (the
+    driver's error: a 500, which the SDK and ``fairpool run`` do not ride out; helper-75)."""
     dbname = make_url(url).database
 
     async def main(service: Service) -> list[int]:
         app = create_app(service, tick=3600.0)
         statuses = []
+        service.create_request("team", demand={"gpu": 1})
+        queued = service.create_request("team", demand={"gpu": 1})
+        wait = f"{PREFIX}/requests/{queued.id}/wait?timeout=0.1"
         async with app.router.lifespan_context(app):
             for _ in range(2):
                 terminate_all(other)
                 statuses.append((await call(app, "GET", PREFIX + "/pools")).status)
+            assert (await call(app, "GET", wait)).status == 200  # the loop's connection
             with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
                 admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
                 try:
@@ -736,6 +742,9 @@ def test_a_server_rides_out_lost_connections_and_answers_503_while_the_database_
                     away = await call(app, "GET", PREFIX + "/pools")
                     statuses.append(away.status)
                     assert away.json()["detail"] == "database busy or unreachable; retry later"
+                    waits = [await call(app, "GET", wait) for _ in range(3)]
+                    assert [(w.status, w.json()["detail"]) for w in waits] == [
+                        (503, "database busy or unreachable; retry later")] * 3
                 finally:
                     admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
             statuses.append((await call(app, "GET", PREFIX + "/pools")).status)

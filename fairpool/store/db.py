@@ -58,6 +58,7 @@ from fairpool.errors import InvalidInput, Unreachable, WouldWait, counted, passw
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
+    as_sqlalchemy,
     closed_while_idle,
     defer_writes,
     send_deferred,
@@ -434,10 +435,18 @@ class Database:
 
         url = self._engine.url
         _, parameters = self._engine.dialect.create_connect_args(url)
-        connection = await psycopg.AsyncConnection.connect(
-            **{**connect_defaults(url), **parameters}, autocommit=True
-        )
-        await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        connection = None
+        try:
+            connection = await psycopg.AsyncConnection.connect(
+                **{**connect_defaults(url), **parameters}, autocommit=True
+            )
+            await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        except psycopg.Error as error:
+            if connection is not None:
+                await connection.close()
+            # As a statement's (``Direct``): SQLAlchemy's OperationalError, a 503 (the
+            # driver's own was a 500 to every long-poll of an outage after its first).
+            raise as_sqlalchemy(error, self._engine.dialect, invalidated=True) from error
         return connection
 
     async def _send_async(self, writes: list[Any]) -> None:

@@ -211,7 +211,7 @@ class AsyncWriter:
         except Exception as error:  # the connection failed
             failure = error
         if failure is not None:
-            _deferred_failure(_as_sqlalchemy(failure, dialect))
+            _deferred_failure(as_sqlalchemy(failure, dialect))
 
 
 async def _results(pgconn: Any, errors: Any, pq: Any) -> Exception | None:
@@ -364,7 +364,7 @@ def _wrapped(connection: Connection, sql: str | None, error: Exception) -> Excep
     )
     if invalidated:
         connection.invalidate(error)
-    return _as_sqlalchemy(error, dialect, sql, invalidated)
+    return as_sqlalchemy(error, dialect, sql, invalidated)
 
 
 def _ends_the_session(error: BaseException | None) -> bool:
@@ -380,7 +380,7 @@ def _ends_the_session(error: BaseException | None) -> bool:
     return False
 
 
-def _as_sqlalchemy(
+def as_sqlalchemy(
     error: Exception, dialect: Dialect, sql: str | None = None, invalidated: bool = False
 ) -> Exception:
     """``error`` as SQLAlchemy raises it from ``connection.execute``: the driver's as
@@ -459,7 +459,7 @@ class Direct:
             )
             row = await cursor.fetchone()
         except dialect.loaded_dbapi.Error as error:
-            raise _as_sqlalchemy(error, dialect, compiled.sql) from error
+            raise as_sqlalchemy(error, dialect, compiled.sql) from error
         return None if row is None else row[0]
 
     def _run(self, connection: Connection, write: _Write) -> None:
