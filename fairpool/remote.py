@@ -65,6 +65,8 @@ _ATTEMPTS = 6
 #: with no server up), and a proxy's 502 and 504 while the server restarts (a TLS proxy in
 #: front of it, as docs/service.md advises). Each may follow a request carried out.
 _AWAY = frozenset({502, 503, 504})
+#: Where the API's routes are, under the server's URL (``fairpool.api.app.PREFIX``).
+_API = "/api/v1"
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class RemoteService:
         headers = {"Authorization": f"Bearer {_token(token)}"} if token else {}
         # Reads may long-poll for up to a minute.
         self.http = httpx.Client(
-            base_url=_server_url(url) + "/api/v1",
+            base_url=_server_url(url) + _API,
             headers=headers,
             timeout=httpx.Timeout(10.0, read=75.0),
         )
@@ -366,7 +368,7 @@ class RemoteService:
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
                 if last:
-                    server = password_hidden(str(self.http.base_url).removesuffix("/api/v1/"))
+                    server = password_hidden(str(self.http.base_url).removesuffix(_API + "/"))
                     # A write whose answer was lost may stand: sent again blindly, it would
                     # be made twice (a workload holding quota nobody runs on).
                     raise Unreachable(
@@ -487,7 +489,9 @@ def _answer(response: httpx.Response) -> Any:
     if response.status_code == 409 and detail.endswith(AmbiguousReference.ENDING):
         raise AmbiguousReference(detail)
     if response.status_code in _AWAY:  # retried already (``_send``)
-        raise Unreachable(f"HTTP {response.status_code}: {detail}")
+        server = password_hidden(str(response.request.url).partition(_API)[0])
+        raise Unreachable(f"the fairpool server at {server} answered HTTP "
+                          f"{response.status_code} {_ATTEMPTS} times: {detail}")
     if (response.status_code, detail) in _NO_ROUTE:  # not a fairpool route: a URL with a path
         request = response.request
         raise FairpoolError(

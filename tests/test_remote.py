@@ -1601,7 +1601,10 @@ def test_a_proxy_that_stays_away_is_unreachable_in_its_own_words(
                                     transport=httpx.MockTransport(proxy))
         with pytest.raises(Unreachable) as raised:
             service.get_request("abcd")
-    assert str(raised.value) == "HTTP 502: Bad Gateway" and len(sent) == 6
+    # Naming the server, as an unreachable one is named (helper-75: not with a 503).
+    assert str(raised.value) == (
+        "the fairpool server at http://127.0.0.1:9 answered HTTP 502 6 times: Bad Gateway")
+    assert len(sent) == 6
 
 
 def test_a_release_cancel_or_delete_whose_answer_was_lost_is_not_a_conflict(server: ApiServer) -> None:
