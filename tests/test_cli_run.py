@@ -399,18 +399,31 @@ def test_the_command_goes_on_when_its_database_connections_are_lost(
         f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
         "print('finished')\n"
     )
-    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "2",
+    runner = start(tmp_path, "run", "--component", "low", "--gpu-count", "1", "--lease-ttl", "6",
                    "--", sys.executable, "-c", script,
                    env={**cli_env(tmp_path), "FAIRPOOL_DATABASE_URL": url})
     poll_until(started.exists)
     dbname = make_url(url).database
     with psycopg.connect(POSTGRES_CONNINFO, dbname=dbname, autocommit=True) as other:
         assert terminate_all(other) >= 1
-    time.sleep(1.5)  # two heartbeats (every 2/3 s)
+    time.sleep(2.5)  # a heartbeat (every 2 s)
+    # Then none can be made for a moment (a restart): a heartbeat fails, and says so in
+    # fairpool's words, naming the database (the driver's "connection failed: …", before).
+    with psycopg.connect(POSTGRES_CONNINFO, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s", [dbname])
+            time.sleep(2.5)  # a heartbeat fails; the lease rides it out
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+    time.sleep(2.5)  # heartbeats get through again
     go.touch()
     out, err = runner.communicate(timeout=60)
     assert runner.returncode == 0, err
     assert out == "finished\n"
+    assert f"Warning: cannot reach the database {make_url(url).render_as_string(hide_password=True)}" in err, err
+    assert "Heartbeats get through again" in err, err
     with Client(database_url=url) as client:
         assert [(r.status, r.status_reason) for r in client.list_requests()] == [
             ("released", "released by its holder")]

@@ -33,7 +33,7 @@ from fairpool.cli.resource_request import (
     restore,
     wait_or_cancel,
 )
-from fairpool.errors import Conflict, NotFound, Unreachable, one_line
+from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable, one_line
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL,
@@ -203,8 +203,10 @@ def _run_once(
             except Exception as error:
                 if not passing(error):
                     raise
-                if not unreachable:  # a database's error says it in its driver's words
-                    shown = one_line(str(getattr(error, "orig", None) or error))
+                if not unreachable:  # SQLAlchemy's error says it in its driver's words;
+                    # ours (``Unreachable``) names the database or the server
+                    plain = isinstance(error, FairpoolError)
+                    shown = one_line(str(error if plain else getattr(error, "orig", None) or error))
                     o.declare(f"Warning: {shown}; the command goes on")
                 unreachable = True
                 continue
