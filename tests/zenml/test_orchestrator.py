@@ -96,6 +96,42 @@ def test_a_submitted_step_preempted_without_retries_fails_its_pipeline(
     assert [s["status"] for s in low_result["step_runs"] if s["name"] == "long"] == ["cancelled"]
 
 
+def test_a_step_preempted_after_its_pipeline_was_killed_ends_its_request(
+    zenml_home: ZenML,
+) -> None:
+    """The pipeline's process killed (SIGTERM: no atexit), its submitted step runs on in its
+    own process; preempted there, it is interrupted and publishes its own end, which ends
+    its request. Its end was the pipeline's runner's to publish: the request stayed
+    ``preempting`` and the high step waited for ever (helper-76)."""
+    stacks = zenml_home.scenario("preempt_setup_isolated")["stacks"]
+    events = zenml_home.cwd / "low.jsonl"
+    pipeline, log = zenml_home.background("train_long_submitted_once", {
+        **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+        "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "600",
+    })
+    try:
+        deadline = time.time() + 120
+        while not (events.exists() and '"at": "start"' in events.read_text()):
+            assert time.time() < deadline and pipeline.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        pipeline.send_signal(signal.SIGTERM)
+        assert pipeline.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+    high = zenml_home.scenario("train_short", events="high.jsonl",
+                               extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]})
+    assert high["error"] is None, high["log"][-3000:]
+    assert at(high["events"], "short", "end")
+    at(json_lines(events), "long", "interrupted")
+    victim, _ = high["requests"]
+    assert (victim["status"], victim["step_status"]) == ("preempted", "cancelled"), victim
+
+
+def json_lines(path: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
     zenml_home: ZenML,
 ) -> None:

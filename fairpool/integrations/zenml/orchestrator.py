@@ -61,6 +61,7 @@ from zenml.constants import (
 )
 from zenml.enums import ExecutionStatus
 from zenml.logger import get_logger
+from zenml.orchestrators import publish_utils
 from zenml.orchestrators import utils as orchestrator_utils
 from zenml.orchestrators.local.local_orchestrator import (
     LocalOrchestrator,
@@ -68,6 +69,7 @@ from zenml.orchestrators.local.local_orchestrator import (
     LocalOrchestratorFlavor,
 )
 from zenml.step_operators.step_operator_entrypoint_configuration import (
+    STEP_RUN_ID_OPTION,
     StepOperatorEntrypointConfiguration,
 )
 from zenml.utils import source_utils
@@ -196,7 +198,26 @@ class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
             from fairpool.integrations.zenml.store import enable
 
             enable()
-        super().run()
+        try:
+            super().run()
+        finally:
+            _publish_stopped_end(UUID(self.entrypoint_args[STEP_RUN_ID_OPTION]))
+
+
+def _publish_stopped_end(step_run_id: UUID) -> None:
+    """A step its heartbeat stopped (preempted: CANCELLING; stopped: STOPPING) publishes its
+    end itself, as the pipeline's runner would once it saw the process end. With the
+    pipeline's process killed (SIGTERM, SIGKILL: no atexit) nobody did: the request stayed
+    ``preempting`` and its preemptor waited for ever (helper-76). A runner still alive sees
+    the process end after this, finds the step ended (or RETRYING) and goes on as ever."""
+    try:
+        status = Client().zen_store.get_run_step(step_run_id, hydrate=False).status
+        if status == ExecutionStatus.CANCELLING:
+            publish_utils.publish_cancelled_step_run(step_run_id)
+        elif status == ExecutionStatus.STOPPING:
+            publish_utils.publish_stopped_step_run(step_run_id)
+    except Exception as error:  # the step's own outcome stays the process's
+        logger.warning("Could not publish the end of step run %s: %s", step_run_id, error)
 
 
 def _wait_through_stopping() -> None:
