@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,22 @@ class ZenML:
                 cwd=self.cwd, env=dict(env), stdout=sink, stderr=subprocess.STDOUT, text=True,
             )
         return process, log
+
+    def killed_at(self, name: str, env: Mapping[str, str], events: Path, mark: str) -> None:
+        """Scenario ``name`` started in the background with ``env``, killed by SIGTERM (no
+        atexit: as a pipeline's process is killed) once ``mark`` shows in its ``events``."""
+        pipeline, log = self.background(name, env)
+        try:
+            deadline = time.time() + 120
+            while not (events.exists() and mark in events.read_text()):
+                assert time.time() < deadline and pipeline.poll() is None, \
+                    log.read_text()[-3000:]
+                time.sleep(0.2)
+            pipeline.send_signal(signal.SIGTERM)
+            assert pipeline.wait(timeout=30) == -signal.SIGTERM
+        finally:
+            if pipeline.poll() is None:
+                pipeline.kill()
 
     def preemption(
         self, low: str, high: str, stacks: Mapping[str, str], *, server: bool = False,

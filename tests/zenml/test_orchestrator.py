@@ -4,8 +4,6 @@ machine. Real ZenML, two pipelines in two processes on one in-process (SQLite) s
 from __future__ import annotations
 
 import json
-import signal
-import time
 from typing import Any
 
 import pytest
@@ -105,20 +103,10 @@ def test_a_step_preempted_after_its_pipeline_was_killed_ends_its_request(
     ``preempting`` and the high step waited for ever (helper-76)."""
     stacks = zenml_home.scenario("preempt_setup_isolated")["stacks"]
     events = zenml_home.cwd / "low.jsonl"
-    pipeline, log = zenml_home.background("train_long_submitted_once", {
+    zenml_home.killed_at("train_long_submitted_once", {
         **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
         "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "600",
-    })
-    try:
-        deadline = time.time() + 120
-        while not (events.exists() and '"at": "start"' in events.read_text()):
-            assert time.time() < deadline and pipeline.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        pipeline.send_signal(signal.SIGTERM)
-        assert pipeline.wait(timeout=30) == -signal.SIGTERM
-    finally:
-        if pipeline.poll() is None:
-            pipeline.kill()
+    }, events, '"at": "start"')
     high = zenml_home.scenario("train_short", events="high.jsonl",
                                extra_env={"ZENML_ACTIVE_STACK_ID": stacks["high"]})
     assert high["error"] is None, high["log"][-3000:]
@@ -144,21 +132,13 @@ def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
     # The running step holds until the pipeline is dead (it held 5 s: a SIGTERM later than
     # that, on a loaded machine, found the other step granted and run by the pipeline).
     release = zenml_home.cwd / "release-running"
-    pipeline, log = zenml_home.background("one_waits", {
-        **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
-        "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "300",
-        "SCENARIO_HOLD_UNTIL": str(release),
-    })
     try:
-        deadline = time.time() + 120
-        while not (events.exists() and "saw_queue" in events.read_text()):
-            assert time.time() < deadline and pipeline.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        pipeline.send_signal(signal.SIGTERM)
-        assert pipeline.wait(timeout=30) == -signal.SIGTERM
+        zenml_home.killed_at("one_waits", {
+            **zenml_home.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+            "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "300",
+            "SCENARIO_HOLD_UNTIL": str(release),
+        }, events, "saw_queue")
     finally:
-        if pipeline.poll() is None:
-            pipeline.kill()
         release.touch()
     result = zenml_home.scenario("delete_orphan", events="orphan.jsonl")
     assert result["error"] is None, result["log"][-3000:]
