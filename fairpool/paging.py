@@ -59,11 +59,12 @@ def check_page(limit: int | None, offset: int, after: str | None = None) -> Curs
 
 def page_dict(
     items: Sequence[Mapping[str, Any]], total: int | None = None, limit: int | None = None,
-    offset: int = 0, next: str | None = None,
+    offset: int = 0, cursor: str | None = None,
 ) -> dict[str, Any]:
     """ZenML's page shape: ``{"items", "pagination": {"index" (1-based), "max_size",
-    "total_pages" (at least 1), "total", "next"}}``; without ``total`` and ``limit``, one page
-    holding everything (``next`` null: nothing follows). Every list answers this one shape."""
+    "total_pages" (at least 1), "total", "next"}}``, ``next`` the ``cursor`` of the page after
+    (null: nothing follows); without ``total`` and ``limit``, one page holding everything.
+    Every list answers this one shape."""
     total = len(items) if total is None else total
     size = total if limit is None else limit
     return {
@@ -73,7 +74,7 @@ def page_dict(
             "max_size": size,
             "total_pages": max(1, math.ceil(total / size)) if size else 1,
             "total": total,
-            "next": next,
+            "next": cursor,
         },
     }
 

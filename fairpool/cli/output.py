@@ -283,12 +283,12 @@ def print_list(
     total: int | None = None,
     size: int | None = None,
     offset: int = 0,
-    next: str | None = None,
+    cursor: str | None = None,
 ) -> None:
     """A list command's result: a page of items (json/yaml), or a table plus ZenML's footer.
-    ``total``, ``size``, ``offset`` and ``next``: ``rows`` are one page of ``total``; else
-    all."""
-    shape = page_dict(rows, total, size, offset, next)
+    ``total``, ``size``, ``offset`` and ``cursor`` (the next page's): ``rows`` are one page
+    of ``total``; else all."""
+    shape = page_dict(rows, total, size, offset, cursor)
     if output != "table":
         dump(shape, output)
         return
@@ -315,7 +315,7 @@ def print_page(
     print_list(
         [item.as_dict() for item in found.items], columns, output, empty_message=empty_message,
         row_formatter=row_formatter, total=found.total, size=found.limit, offset=found.offset,
-        next=found.next,
+        cursor=found.next,
     )
 
 
