@@ -532,11 +532,9 @@ class _Pass:
             # An entry tried again out of turn (it passed on this placement earlier) does not
             # see the holds taken after its turn, as the next pass would not.
             later = self._holds_after(entry[:7])
-            for held in later:
-                self._hold(held, -1)
+            self._shift_holds(later, -1)
             tried = self._try(request, index)
-            for held in later:
-                self._hold(held, +1)
+            self._shift_holds(later, +1)
             if tried is None:
                 cls.granted += 1
                 if len(self.preemptions) > preempted:
@@ -593,11 +591,9 @@ class _Pass:
                 later = self._holds_after(
                     (share, -placement.priority, *cls.keys[pos], number, index, pos)
                 )
-                for held in later:
-                    self._hold(held, -1)
+                self._shift_holds(later, -1)
                 failures = self._failures(placement, cls.preemptible)
-                for held in later:
-                    self._hold(held, +1)
+                self._shift_holds(later, +1)
                 self._wait(number, index, pos, end,
                            failures[0] if failures else reason,
                            (share, -placement.priority))
@@ -642,6 +638,11 @@ class _Pass:
             return False
         self.deferred.add((number, index, pos))
         return True
+
+    def _shift_holds(self, placements: list[Placement], sign: int) -> None:
+        """Take the holds of ``placements`` out (-1), or put them back (+1)."""
+        for placement in placements:
+            self._hold(placement, sign)
 
     def _holds_after(self, key: _Key) -> list[Placement]:
         if self.last_hold is None or key > self.last_hold:
