@@ -135,6 +135,49 @@ class ZenML:
         low_result["pid"] = process.pid
         return high_result, low_result, out
 
+    def stopped_run(
+        self, stacks: Mapping[str, str], *, graceful: bool, server: bool = False
+    ) -> None:
+        """Scenario ``stopped`` on the low stack (one step trains for 600 s, the other waits
+        for the GPU), stopped with ``zenml pipeline runs stop`` once both are so: the running
+        step is interrupted (a ``KeyboardInterrupt``: it can save a checkpoint) and ends
+        ``stopped``, its request ``released``; the waiting step never runs, its request ends
+        ``cancelled``; the run ends ``stopped``, long before its work would have."""
+        events = self.cwd / "stopped.jsonl"
+        env = {**self.env, "ZENML_ACTIVE_STACK_ID": stacks["low"],
+               "SCENARIO_EVENTS": str(events), "SCENARIO_LONG_SECONDS": "600"}
+        pipeline, log = self.background("stopped", env, server=server)
+        try:
+            deadline = time.time() + 120
+            while not (events.exists() and "waits" in (seen := events.read_text())
+                       and '"start"' in seen):
+                assert time.time() < deadline and pipeline.poll() is None, \
+                    log.read_text()[-3000:]
+                time.sleep(0.2)
+            started = next(e for e in map(json.loads, seen.splitlines()) if e["at"] == "start")
+            said = self.say("pipeline", "runs", "stop", started["run"], "-y",
+                            *(["--graceful"] if graceful else []))
+            assert "stopped pipeline run" in said.lower(), said
+            pipeline.wait(timeout=120)
+        finally:
+            if pipeline.poll() is None:
+                pipeline.kill()
+        out = log.read_text()
+        result = json.loads(next(line[7:] for line in out.splitlines()
+                                 if line.startswith("RESULT ")))
+        running, waiting = started["step"], {"a": "b", "b": "a"}[started["step"]]
+        [interrupted] = [e for e in result["events"]
+                         if (e["step"], e["at"]) == (running, "interrupted")]
+        assert interrupted["after"] < 600, out[-3000:]
+        assert not [e for e in result["events"] if e["step"] in (waiting, "c")], result["events"]
+        requests = {r["step"]: r for r in result["requests"] if r["run"] == started["run"]}
+        assert sorted((r["step"], r["status"], r["step_status"]) for r in requests.values()) == \
+            sorted([(running, "released", "stopped"), (waiting, "cancelled", "stopped")]), \
+            result["requests"]
+        # ZenML's: a step the pipeline goes on with is refused.
+        assert "Cannot create step 'train' for pipeline in stopping state" in result["error"]
+        assert result["runs"][started["run"]] == "stopped", out[-3000:]
+
     def cli(self, *args: str, check: bool = True, env: Mapping[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(

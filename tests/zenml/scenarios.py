@@ -114,7 +114,10 @@ def hold_until(seconds: float) -> None:
 def train(name: str, seconds: float) -> str:
     """Holds one GPU for ``seconds`` like a training loop (short slices of work, so an
     interruption lands within one); records each second of progress and an interruption."""
-    record(step=name, at="start", pid=os.getpid())
+    from zenml import get_step_context
+
+    run = str(get_step_context().pipeline_run.id)
+    record(step=name, at="start", pid=os.getpid(), run=run)
     started = time.time()
     try:
         while time.time() - started < seconds:
@@ -225,6 +228,24 @@ def train_long_submitted() -> None:
 @pipeline(dynamic=True, enable_cache=False)
 def train_long_submitted_once() -> None:
     submitted(train)
+
+
+@pipeline(dynamic=True, enable_cache=False)
+def stopped() -> None:
+    """Pool of 1 GPU: one step trains (SCENARIO_LONG_SECONDS), the other waits for it; the test
+    stops the run (``zenml pipeline runs stop``) meanwhile. The pipeline goes on after them,
+    with a third step."""
+    seconds = float(os.environ.get("SCENARIO_LONG_SECONDS", "600"))
+    a = train.submit("a", seconds, id="a")
+    b = train.submit("b", seconds, id="b")
+    wait_for_pending(1)
+    record(step="pipeline", at="one waits")
+    for future in (a, b):
+        try:
+            future.result()
+        except Exception as error:
+            record(step="pipeline", at="ended", error=str(error))
+    train("c", 0.5)  # a step submitted after the stop
 
 
 @pipeline(dynamic=True, enable_cache=False)
@@ -379,11 +400,13 @@ def setup_preemption(flavor: str = "local") -> None:
         from fairpool.integrations.zenml import FLAVOR_SOURCE
 
         client.create_flavor(FLAVOR_SOURCE, StackComponentType.ORCHESTRATOR)
-    # SCENARIO_POOL: on a shared server, a pool of its own.
-    pool = client.create_resource_pool(os.environ.get("SCENARIO_POOL", "gpus"), {"gpu": 1})
+    # SCENARIO_POOL: on a shared server, a pool of its own, its orchestrators named after it.
+    shared = os.environ.get("SCENARIO_POOL")
+    pool = client.create_resource_pool(shared or "gpus", {"gpu": 1})
     artifact_store = client.active_stack.artifact_store
     stacks = {}
-    for name, priority, reserved in (("low", 1, 0), ("high", 10, 1)):
+    for role, priority, reserved in (("low", 1, 0), ("high", 10, 1)):
+        name = f"{shared}-{role}" if shared else role
         # SCENARIO_STOP_GRACE: fairpool_local's stop_grace_seconds (a test that waits it out).
         grace = os.environ.get("SCENARIO_STOP_GRACE")
         orchestrator = client.create_stack_component(
@@ -397,7 +420,7 @@ def setup_preemption(flavor: str = "local") -> None:
                 StackComponentType.ARTIFACT_STORE: str(artifact_store.id),
             },
         )
-        stacks[name] = str(stack.id)
+        stacks[role] = str(stack.id)
         client.create_resource_pool_subject_policy(
             component_id=orchestrator.id, pool_id=pool.id, priority=priority,
             reserved={"gpu": reserved}, limit={"gpu": 1},
@@ -462,6 +485,7 @@ def summary() -> list[dict[str, Any]]:
             "step": r.step_run.name if r.step_run else None,
             "step_status": r.step_run.status.value if r.step_run else None,
             "step_version": r.step_run.version if r.step_run else None,
+            "run": str(r.step_run.pipeline_run_id) if r.step_run else None,
         }
         for r in requests()
     ]
@@ -510,7 +534,7 @@ def main() -> None:
         # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
         error = run(long_one if scenario == "long" else short_one)
     elif scenario in ("train_long", "train_short", "train_long_submitted",
-                      "train_long_submitted_once"):
+                      "train_long_submitted_once", "stopped"):
         error = run(globals()[scenario])
     else:
         raise SystemExit(f"unknown scenario {scenario}")
@@ -526,6 +550,7 @@ def main() -> None:
              "has_request": s.resource_request is not None}
             for s in steps
         ],
+        "runs": {str(r.id): r.status.value for r in Client().list_pipeline_runs(size=100).items},
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -149,3 +149,16 @@ def test_a_step_granted_after_its_pipeline_was_killed_holds_its_units(
         ("released", "completed")
     ], result["requests"]  # the step that ran; the other's request is gone
     assert len(set(ran)) == 1  # the other step never ran
+
+
+
+def test_stopping_a_run_stops_its_running_step_and_withdraws_the_waiting_one(
+    zenml_home: ZenML,
+) -> None:
+    """``zenml pipeline runs stop`` (forcefully, its default) on a ``fairpool_local`` run:
+    its running step is interrupted, its waiting step never runs, the run ends ``stopped``
+    (``ZenML.stopped_run``). ZenML refused (the orchestrator could not stop forcefully)
+    after setting the run ``STOPPING``, and gracefully the run's ``STOPPING`` never reached
+    its steps: the first ran its 600 s, then the second."""
+    stacks = zenml_home.scenario("preempt_setup_isolated")["stacks"]
+    zenml_home.stopped_run(stacks, graceful=False)

@@ -213,26 +213,29 @@ def test_fairpool_zenml_install_and_an_isolated_step_through_the_server(server: 
 
 def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML) -> None:
     """As tests/zenml/test_orchestrator.py, but each pipeline a client of the ZenML server.
-    There ZenML's heartbeat does not interrupt the step (in process it does: a local server has
-    no authentication, and its heartbeat route then fails with a 500): the orchestrator
-    terminates it ``stop_grace_seconds`` after it became CANCELLING (5 s here); its request
-    ends ``preempted``, its step run is retried after the high step, which ran long before
-    the low step's natural end (600 s away: the high pipeline's start and the grace took
+    There ZenML's heartbeat route fails (a 500: a local server has no authentication), and
+    the step's heartbeat reads its step run's status instead: the step is interrupted as in
+    process (a ``KeyboardInterrupt``), long before the orchestrator's grace (60 s here) would
+    terminate it; it ran on until then, and was terminated by a SIGTERM its code never saw.
+    Its request ends ``preempted``, its step run is retried after the high step, which ran
+    long before the low step's natural end (600 s away: the high pipeline's start took
     ~25 s here, ~45 s with the CPUs loaded, and 60 s of work could end first)."""
     setup = server.scenario("preempt_setup_isolated", server=True, events="setup.jsonl",
-                            extra_env={"SCENARIO_POOL": "preempt", "SCENARIO_STOP_GRACE": "5"})
+                            extra_env={"SCENARIO_POOL": "preempt", "SCENARIO_STOP_GRACE": "60"})
     high, low_result, low_out = server.preemption(
         "train_long", "train_short", setup["stacks"], server=True,
         # Debug logs: the step logs its heartbeat's failures at that level only.
         low_env={"SCENARIO_LONG_SECONDS": "600", "ZENML_LOGGING_VERBOSITY": "DEBUG"},
     )
     assert low_result["error"] is None, low_out[-4000:]
-    assert "heartbeat() failed with 'NoneType' object has no attribute 'pipeline_run_id'" \
-        in low_out  # ZenML's bug: when this fails, docs/zenml.md's paragraph is out of date
-    assert "remotely stopped" not in low_out
-    assert "is cancelling and still running after 5 s: terminating its process" in low_out
+    assert "The heartbeat failed ('NoneType' object has no attribute 'pipeline_run_id'): " \
+        "reading the step run's status." in low_out  # ZenML's bug: when this fails,
+    # docs/zenml.md's paragraph is out of date
+    assert "is remotely stopped, interrupting main thread" in low_out
+    assert "terminating its process" not in low_out
     events = {(e["step"], e["at"]): e["t"] for e in low_result["events"]}
     assert ("long#1", "end") not in events  # stopped, not run to its end
+    assert ("long#1", "interrupted") in events
     short = {e["at"]: e["t"] for e in high["events"]}
     assert short["start"] < events["long#1", "start"] + 600
     assert events["long#2", "start"] >= short["end"]
@@ -241,6 +244,16 @@ def test_preemption_stops_a_fairpool_local_step_through_the_server(server: ZenML
     assert [(r["step_version"], r["step_status"]) for r in victims] == [(1, "retried")], \
         low_result["requests"]
     assert "(priority 10 > 1)" in victims[0]["reason"]
+
+
+def test_stopping_a_fairpool_local_run_through_the_server(server: ZenML) -> None:
+    """``zenml pipeline runs stop --graceful`` on a ``fairpool_local`` run whose pipeline and
+    stop command are clients of the server: as in process (``ZenML.stopped_run``), the step
+    interrupted by its heartbeat's reading of its status, long before the orchestrator's
+    grace (60 s here) would terminate it."""
+    setup = server.scenario("preempt_setup_isolated", server=True, events="setup.jsonl",
+                            extra_env={"SCENARIO_POOL": "stop", "SCENARIO_STOP_GRACE": "60"})
+    server.stopped_run(setup["stacks"], graceful=True, server=True)
 
 
 def test_removing_a_pool_key_removes_it_from_the_pools_policies(server: ZenML) -> None:

@@ -27,9 +27,11 @@ shape as ZenML's SSH orchestrator). ZenML then, by its own rules:
 What this module adds on top: the step process uses this Python (ZenML's default command
 is a bare ``python``), the snapshot's stack, a configurable heartbeat interval (ZenML's is a
 fixed 15 s class constant), fairpool plugged into the step process's store when the
-pipeline's process runs fairpool in-process (``enable()``), and a hard stop: a step still
-running ``stop_grace_seconds`` after it was set to ``CANCELLING`` (its code is blocked in a
-call a ``KeyboardInterrupt`` cannot break) has its process group terminated.
+pipeline's process runs fairpool in-process (``enable()``), a heartbeat that reads the step's
+status when ZenML's heartbeat route fails (it does on a local server), ``zenml pipeline runs
+stop``, and a hard stop: a step still running ``stop_grace_seconds`` after it was set to
+``CANCELLING``/``STOPPING`` (its code is blocked in a call a ``KeyboardInterrupt`` cannot
+break) has its process group terminated.
 
 Register the flavor the ZenML way (``fairpool zenml install`` does all of it), with
 ``zenml orchestrator flavor register`` and :data:`FLAVOR_SOURCE`, then::
@@ -61,6 +63,7 @@ from zenml.constants import (
 )
 from zenml.enums import ExecutionStatus
 from zenml.logger import get_logger
+from zenml.models import StepRunUpdate
 from zenml.orchestrators import publish_utils
 from zenml.orchestrators import utils as orchestrator_utils
 from zenml.orchestrators.local.local_orchestrator import (
@@ -74,6 +77,7 @@ from zenml.step_operators.step_operator_entrypoint_configuration import (
 )
 from zenml.utils import source_utils
 from zenml.utils.env_utils import temporary_environment
+from zenml.utils.pagination_utils import depaginate
 
 # The flavor's source, for ``zenml orchestrator flavor register`` (re-exported).
 from fairpool.integrations.zenml import FLAVOR_SOURCE as FLAVOR_SOURCE
@@ -83,6 +87,7 @@ if TYPE_CHECKING:
     from zenml.models import PipelineRunResponse, PipelineSnapshotResponse, StepRunResponse
     from zenml.orchestrators import SubmissionResult
     from zenml.stack import Stack
+    from zenml.zen_stores.sql_zen_store import SqlZenStore
 
 logger = get_logger(__name__)
 
@@ -95,6 +100,9 @@ ENV_HEARTBEAT_SECONDS = "FAIRPOOL_ZENML_HEARTBEAT_SECONDS"
 ENV_ENABLE = "FAIRPOOL_ZENML_ENABLE"
 
 _CANCELLING = (ExecutionStatus.CANCELLING, ExecutionStatus.STOPPING)
+#: The statuses at which ZenML's heartbeat stops a step.
+_STOPPED = (*_CANCELLING, ExecutionStatus.CANCELLED, ExecutionStatus.STOPPED)
+_STARTED = (ExecutionStatus.INITIALIZING, ExecutionStatus.PROVISIONING, ExecutionStatus.RUNNING)
 
 
 class FairpoolLocalOrchestratorConfig(LocalOrchestratorConfig):
@@ -162,16 +170,20 @@ def _terminate_leftovers() -> None:
         _terminate(process, timeout=5.0)
 
 
-def _fairpool_in_process() -> bool:
-    """Whether this process's ZenML store is in-process with fairpool plugged in."""
+def _sql_store() -> SqlZenStore | None:
+    """This process's ZenML store if it is in-process (not a server's client)."""
     from zenml.zen_stores.sql_zen_store import SqlZenStore
 
+    store = Client().zen_store
+    return store if isinstance(store, SqlZenStore) else None
+
+
+def _fairpool_in_process() -> bool:
+    """Whether this process's ZenML store is in-process with fairpool plugged in."""
     from fairpool.integrations.zenml.store import FairpoolResourcePools
 
-    store = Client().zen_store
-    return isinstance(store, SqlZenStore) and isinstance(
-        store._resource_pools, FairpoolResourcePools
-    )
+    store = _sql_store()
+    return store is not None and isinstance(store._resource_pools, FairpoolResourcePools)
 
 
 class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
@@ -193,6 +205,7 @@ class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
 
             # ZenML reads this class constant when a step's worker is made; it has no setting.
             StepHeartbeatWorker.STEP_HEARTBEAT_INTERVAL_SECONDS = int(interval)
+        _heartbeat_reads_the_status_when_it_fails()
         if os.environ.get(ENV_ENABLE) == "1":
             # The step publishes its own end (completed/failed): the release must run here.
             from fairpool.integrations.zenml.store import enable
@@ -202,6 +215,33 @@ class FairpoolStepEntrypointConfiguration(StepOperatorEntrypointConfiguration):
             super().run()
         finally:
             _publish_stopped_end(UUID(self.entrypoint_args[STEP_RUN_ID_OPTION]))
+
+
+def _heartbeat_reads_the_status_when_it_fails() -> None:
+    """A step's heartbeat that fails reads its step run's status instead, and stops the step
+    as ZenML's heartbeat would have (a ``KeyboardInterrupt``: a checkpoint can be saved).
+
+    ZenML 0.96's heartbeat route fails (a 500) on every server without authentication, which
+    a local server (``zenml login --local``) is: it reads the run's id from the access token.
+    A preempted or stopped step there ran on until ``stop_grace_seconds`` had passed, then
+    was terminated (SIGTERM: no ``except``/``finally`` ran)."""
+    from zenml.steps.heartbeat import StepHeartbeatWorker
+
+    beat = StepHeartbeatWorker._heartbeat
+    if getattr(beat, "reads_the_status", False):
+        return
+
+    def heartbeat(self: StepHeartbeatWorker) -> None:
+        try:
+            beat(self)
+        except Exception as error:
+            logger.debug("The heartbeat failed (%s): reading the step run's status.", error)
+            status = Client().zen_store.get_run_step(self.step_id, hydrate=False).status
+            if status in _STOPPED:
+                self._terminated = True
+
+    heartbeat.reads_the_status = True  # type: ignore[attr-defined]
+    StepHeartbeatWorker._heartbeat = heartbeat  # type: ignore[method-assign]
 
 
 def _publish_stopped_end(step_run_id: UUID) -> None:
@@ -244,6 +284,29 @@ def _wait_through_stopping() -> None:
 
     wait_through_stopping.waits_through_stopping = True  # type: ignore[attr-defined]
     _IsolatedStepFuture._wait_for_step_to_finish = wait_through_stopping  # type: ignore[method-assign]
+
+
+def _stop_steps(pipeline_run: PipelineRunResponse) -> None:
+    """Stops a run ZenML has just set ``STOPPING``: its steps waiting for units end
+    ``stopped`` (their requests ``cancelled``: their launchers stop waiting), and its running
+    steps with a heartbeat are set ``STOPPING``, which their heartbeat acts on (a
+    ``KeyboardInterrupt``; terminated ``stop_grace_seconds`` later if that does not stop
+    them). ZenML's heartbeat would stop them on the run's ``STOPPING`` alone, but an
+    in-process store's heartbeat answers the step's status only, not the run's. Steps
+    without a heartbeat (inline) run to their end."""
+    client = Client()
+    if _sql_store() is not None and not _fairpool_in_process():
+        # A waiting step's request ends with its step run (ZenML's hook), here at once.
+        from fairpool.integrations.zenml.store import enable
+
+        enable()
+    for step_run in depaginate(client.list_run_steps, pipeline_run_id=pipeline_run.id):
+        if step_run.status == ExecutionStatus.QUEUED:
+            publish_utils.publish_stopped_step_run(step_run.id)
+        elif step_run.status in _STARTED and step_run.heartbeat_threshold is not None:
+            client.zen_store.update_run_step(
+                step_run.id, StepRunUpdate(status=ExecutionStatus.STOPPING)
+            )
 
 
 class FairpoolLocalOrchestrator(LocalOrchestrator):
@@ -357,6 +420,15 @@ class FairpoolLocalOrchestrator(LocalOrchestrator):
                 step_run_id, status.value, self.config.stop_grace_seconds,
             )
             _terminate(entry.process)
+
+    def _stop_run_gracefully(self, pipeline_run: PipelineRunResponse) -> None:
+        _stop_steps(pipeline_run)
+
+    def _stop_run_forcefully(self, pipeline_run: PipelineRunResponse) -> None:
+        # The step processes are the pipeline's process's children, out of reach of the
+        # process stopping the run (`zenml pipeline runs stop`, a server): forcefully is
+        # gracefully, the orchestrator's stop_grace_seconds bounding it.
+        _stop_steps(pipeline_run)
 
     def stop_isolated_step(self, step_run: StepRunResponse) -> None:
         with _LOCK:
