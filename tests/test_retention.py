@@ -120,18 +120,19 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     would = svc.prune(5 * DAY, dry_run=True)
     assert table_counts(svc) == rows  # a dry run deletes nothing
     assert (would.dry_run, would.before) == (True, world.clock.now - timedelta(days=5))
-    # Not the second attempt: its retry lives on, and a holder follows it from there.
-    assert (would.requests, would.workloads, would.operations) == (3, 1, 1)
+    # Not the first and second attempts: their retry lives on, and a holder follows it from
+    # the attempt it held (the first one was pruned: helper-77).
+    assert (would.requests, would.workloads, would.operations) == (2, 1, 1)
     assert would.events == 1 + sum(len(svc.request_events(r))  # and pool old's
-                                   for r in (released, deleted, first, ended_high))
+                                   for r in (released, deleted, ended_high))
 
     done = svc.prune(5 * DAY)
     assert done.as_dict() == {**would.as_dict(), "dry_run": False,
                               "before": done.before.isoformat()}
-    for gone in (released, first, ended_high):
+    for gone in (released, ended_high):
         with pytest.raises(NotFound):
             svc.get_request(gone)
-    for gone in (released, deleted, first, ended_high):
+    for gone in (released, deleted, ended_high):
         with pytest.raises(NotFound):
             svc.request_events(gone)
     with svc.db.read() as conn:
@@ -147,7 +148,9 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     assert svc.get_request(recent).status == "cancelled"
     kept = svc.get_request(second)
     assert (kept.status, kept.attempt, kept.retried_as_id) == ("preempted", 2, third)
-    assert kept.previous_attempt_id is None  # the first is gone
+    assert kept.previous_attempt_id == first
+    assert svc.get_request(first).retried_as_id == second
+    assert len(svc.request_events(first)) > 0
     assert sched.get_workload(live_workload).status == "admitted"
     assert sched.get_workload(recent_workload).status == "cancelled"
     assert trees.describe_operation(live_operation).status == "running"
@@ -159,7 +162,7 @@ def test_what_ended_before_the_cutoff_goes_with_its_history_and_nothing_else(
     assert svc.get_request(third).status == "allocated"
     again = svc.prune(5 * DAY)
     assert again.counts() == {"requests": 0, "events": 0, "workloads": 0, "operations": 0}
-    # Once the last attempt ended long enough ago, the second goes with it.
+    # Once the last attempt ended long enough ago, the first and second go with it.
     svc.release_request(third)
     world.later(10)
     svc.prune(5 * DAY)

@@ -1115,18 +1115,24 @@ def revoke_token(connection: Connection, token_id: str, now: datetime) -> None:
 
 def finished_before(table: Table, before: datetime) -> ColumnElement[bool]:
     """Rows of ``table`` (request, workload, tree_operation) that ended before ``before``:
-    only a final status sets ``finished_at``. A request, only once its retry attempt (if
-    any) ended before it too: a holder told of a preemption follows ``retried_as_id`` from
-    the attempt it held, which must still be there to say so."""
+    only a final status sets ``finished_at``. A request, only once every later attempt of
+    its chain ended before it too: a holder told of a preemption follows ``retried_as_id``
+    from the attempt it held, hop by hop, and a slow holder may still hold the first of
+    several (helper-77: the chain's first attempt pruned under its holder, the live third
+    attempt was held by nobody until its lease ran out)."""
     ended = table.c.finished_at < before
     if table is not schema.request:
         return ended
-    later = table.alias("later")
-    retry_lives_on = exists().where(
-        later.c.previous_attempt_id == table.c.id,
-        later.c.finished_at.is_(None) | (later.c.finished_at >= before),
-    )
-    return ended & ~retry_lives_on
+    live = table.alias("live")
+    earlier = table.alias("earlier")
+    # The attempts before one that lives on, walked back from the few that do.
+    kept = select(live.c.previous_attempt_id.label("id")).where(
+        live.c.previous_attempt_id.is_not(None),
+        live.c.finished_at.is_(None) | (live.c.finished_at >= before),
+    ).cte("kept_attempts", recursive=True)
+    kept = kept.union(select(earlier.c.previous_attempt_id).where(
+        earlier.c.id == kept.c.id, earlier.c.previous_attempt_id.is_not(None)))
+    return ended & table.c.id.not_in(select(kept.c.id))
 
 
 def ids_where(
