@@ -1462,12 +1462,15 @@ class Service:
         pool: Pool,
         conn: Connection | None = None,
     ) -> PoolView:
+        # Every key held, those the pool no longer has included (a key removed while held:
+        # its units stay held until released, and shown: ``tpu 3/0``), but for the keys a
+        # pool without them does not count.
         occupied = dict.fromkeys(pool.capacity, 0)
         active = [a for a in state.allocations.values() if a.pool_id == pool.id]
         for allocation in active:
             for key, amount in state.holders[allocation.request_id].demand.items():
-                if key in occupied:
-                    occupied[key] += amount
+                if key in occupied or key not in frontend.UNBOUNDED_WHEN_ABSENT:
+                    occupied[key] = occupied.get(key, 0) + amount
         queued: list[tuple[int, str]] = []
         for request_id, found in entries.items():
             for entry in found:

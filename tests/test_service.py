@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from fairpool import Client
+from fairpool.cli.resource_pool import occupied_cell
 from fairpool.errors import Conflict, InvalidInput, NotFound, WouldWait
 from fairpool.service import Service
 from fairpool.store import repo, schema
@@ -398,6 +399,19 @@ def test_capacity_update_zero_removes_a_key(svc: Service) -> None:
     # The pool as describe shows it (its policies and requests were left out, shown empty).
     assert updated == svc.get_pool("p")
     assert [r.id for r in updated.active_requests] == [held.id]
+
+
+def test_a_key_removed_while_held_still_shows_its_held_units(svc: Service) -> None:
+    """Its units stay held until released (nothing is preempted for a shrink), and are shown
+    against a total of 0: they showed nowhere, in the pool's view or its metrics (helper-77)."""
+    svc.create_pool("p", {"gpu": 2, "tpu": 4})
+    svc.attach_policy("p", "orch")
+    held = svc.create_request("orch", demand={"tpu": 3})
+    svc.update_pool("p", capacity={"tpu": 0})
+    assert svc.get_pool("p").occupied == {"gpu": 0, "tpu": 3}  # step_run: not counted here
+    assert occupied_cell(svc.get_pool("p").as_dict()) == "gpu 0/2, tpu 3/0"
+    svc.release_request(held.id)
+    assert occupied_cell(svc.get_pool("p").as_dict()) == "gpu 0/2"
 
 
 def test_a_removed_key_leaves_the_pools_policies_unless_one_reserves_it(svc: Service) -> None:

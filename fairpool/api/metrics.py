@@ -166,8 +166,8 @@ def _pools(service: Service) -> list[GaugeMetricFamily]:
     queue, capacity, allocated, free = families
     for pool in service.list_pools():
         queue.add_metric([pool.name], pool.queue_length)
-        for key, total in pool.capacity.items():
-            used = pool.occupied.get(key, 0)
+        for key in {**pool.capacity, **pool.occupied}:  # a removed key still held: 0 total
+            total, used = pool.capacity.get(key, 0), pool.occupied.get(key, 0)
             capacity.add_metric([pool.name, key], total)
             allocated.add_metric([pool.name, key], used)
             free.add_metric([pool.name, key], max(0, total - used))

@@ -35,10 +35,13 @@ def policy_arguments(help: str) -> Callable[[F], F]:
 
 
 def occupied_cell(pool: dict[str, Any]) -> str:
-    """Occupied vs total per capacity key, e.g. ``gpu 6/8, step_run 6/32``."""
+    """Occupied vs total per key, e.g. ``gpu 6/8, step_run 6/32``; a key held that the
+    pool no longer has shows its total as 0."""
     occupied = pool.get("occupied") or {}
+    capacity = pool["capacity"]
     return ", ".join(
-        f"{key} {occupied.get(key, 0)}/{total}" for key, total in pool["capacity"].items()
+        f"{key} {occupied.get(key, 0)}/{capacity.get(key, 0)}"
+        for key in {**capacity, **occupied}
     )
 
 
