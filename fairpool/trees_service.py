@@ -901,6 +901,19 @@ class TreesService:
             self._passes(conn, [tree])
             return self._tree_view(conn, tree, detailed=True)
 
+    def tick(self, name: str) -> bool:
+        """The server's pass over a tree each second (whether it passed): only where time
+        alone can change a decision (``store.time_acts_on``). Every write that changes a
+        tree passes over it itself, and an integral pool's volume is reckoned over the time
+        since its last pass, whenever that comes. A pass over a large tree with nothing
+        waiting took seconds of the writer's lock, each second (helper-79)."""
+        with self.db.read() as conn:
+            if not store.time_acts_on(conn, name):
+                return False
+        with self.db.write() as conn:
+            self._passes(conn, [name])
+        return True
+
     def _tree_name(self, conn: Connection, name: str | None) -> str:
         if name is not None:
             return name

@@ -22,7 +22,7 @@ from fairpool.errors import Conflict, InvalidInput, NotFound
 from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store import trees as store
-from fairpool.store.db import Database
+from fairpool.store.db import Database, read_generation
 from fairpool.trees_service import OperationView, TreesService
 from fairpool.views import OPERATION_STATUSES
 from tests.conftest import walked_pages
@@ -824,6 +824,42 @@ def test_interruptible_victims_keep_their_units_until_allocation_preemption_time
     assert (seen.running_jobs, len(seen.interrupting), len(seen.preempted)) == (90, 0, 10)
     assert seen.pending_jobs == 10
     assert {j.preempted_by for j in seen.preempted} == {adhoc.id}
+
+
+def test_the_servers_tick_passes_only_where_time_can_change_a_decision(
+    seed: TreesService, clock: Clock
+) -> None:
+    """A pass each second over a tree where nothing waits changes nothing but took the
+    writer's lock (seconds of it for a large tree: helper-79): the tick skips it, without a
+    write. Where an operation waits, or a job is being interrupted, it passes: starvation
+    preemption and interruption deadlines act by the tick alone."""
+    def generation() -> int:
+        with seed.db.read() as conn:
+            return read_generation(conn)
+
+    seed.set_tree("physical", "fair_share_starvation_timeout", "1000")
+    seed.set_tree("physical", "allocation_preemption_timeout", "5000")
+    batch = seed.start_operation(pool="project-batch", user="a", job_resources=CPU,
+                                 job_count=100, interruptible=True)
+    assert seed.describe_operation(batch.id).running_jobs == 100
+    before = generation()
+    assert seed.tick("physical") is False
+    assert generation() == before
+    adhoc = seed.start_operation(pool="project-adhoc", user="b", job_resources=CPU,
+                                 job_count=10)
+    assert seed.tick("physical") is True  # it waits; not yet starving long enough
+    advance(clock, 1.1)
+    assert seed.tick("physical") is True
+    assert len(seed.describe_operation(batch.id).interrupting) == 10
+    advance(clock, 5)
+    assert seed.tick("physical") is True
+    assert seed.describe_operation(adhoc.id).running_jobs == 10
+    assert seed.tick("physical") is True  # batch's 10 preempted jobs wait now
+    seed.complete_operation(adhoc.id)  # the write's own pass gives them back
+    assert seed.describe_operation(batch.id).running_jobs == 100
+    before = generation()
+    assert seed.tick("physical") is False
+    assert generation() == before
 
 
 def test_preempted_jobs_are_listed_in_preemption_order(trees: TreesService, clock: Clock) -> None:

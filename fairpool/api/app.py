@@ -171,22 +171,21 @@ class Api:
             return answer
 
     def reconcile_trees(self) -> int:
-        """One pass over every pool tree (promotions, grants, starvation preemption as of
-        now), each in its own transaction; how many trees passed. Without trees it is one
-        small read. A tree whose pass fails is logged and tried again on the next tick; the
-        other trees still pass."""
+        """A pass over every pool tree where time can change a decision (promotions, grants,
+        starvation preemption as of now), each in its own transaction; how many trees
+        passed. Without trees it is one small read, and one more per tree where nothing
+        waits. A tree whose pass fails is logged and tried again on the next tick; the other
+        trees still pass."""
         with self.service.db.read() as conn:
             names = [record.name for record in tree_store.list_trees(conn)]
         passed = 0
         for name in names:
             try:
-                self.trees.reconcile(name)
+                passed += self.trees.tick(name)
             except NotFound:  # deleted meanwhile (by another process)
                 continue
             except Exception as error:
                 log_failure(f"pool tree {name}: reconcile pass failed", error)
-                continue
-            passed += 1
         return passed
 
     def tick(self) -> None:

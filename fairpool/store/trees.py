@@ -370,6 +370,24 @@ def count_live_operations(connection: Connection, tree: str) -> dict[str, int]:
     return {pool: count for pool, count in rows}
 
 
+def time_acts_on(connection: Connection, tree: str) -> bool:
+    """Whether time alone can change a decision in ``tree``: a started operation waits
+    there (its placement pending, or with a reason: jobs pending; starvation clocks run for
+    those only), or one of its jobs there is being interrupted (a deadline)."""
+    table, placement, job = (
+        schema.tree_operation, schema.tree_operation_placement, schema.tree_job
+    )
+    live = select(placement.c.operation_id).join(
+        table, table.c.id == placement.c.operation_id
+    ).where(placement.c.tree == tree, table.c.status.in_([s.value for s in LIVE]))
+    waiting = live.where(~placement.c.running | placement.c.reason.is_not(None))
+    interrupted = select(job.c.id).where(
+        job.c.operation_id.in_(live), job.c.tree == tree,
+        job.c.status == JobStatus.INTERRUPTING.value,
+    )
+    return bool(connection.scalar(select(waiting.exists() | interrupted.exists())))
+
+
 # -- jobs --------------------------------------------------------------------------------------
 
 
