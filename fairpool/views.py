@@ -35,6 +35,9 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
 #: CLI's ``create`` repeats what follows).
 PREEMPTING = ", preempting "
 
+#: What a prune deletes, by kind (``PruneView``, the metrics' ``fairpool_pruned_total``).
+PRUNED_KINDS = ("requests", "events", "workloads", "operations")
+
 @dataclass(frozen=True, slots=True)
 class QueuePlace:
     """Where a waiting request stands in one pool (position 0: not eligible there)."""
@@ -254,8 +257,7 @@ class PruneView:
 
     def counts(self) -> dict[str, int]:
         """How many of each kind: requests, events, workloads, operations."""
-        return {what: getattr(self, what)
-                for what in ("requests", "events", "workloads", "operations")}
+        return {what: getattr(self, what) for what in PRUNED_KINDS}
 
     def as_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))

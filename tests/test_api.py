@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -495,6 +496,18 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert value(metrics, "fairpool_reconcile_pass_seconds", "fairpool_reconcile_pass_seconds_count") >= 1
     for counter in ("fairpool_rejections", "fairpool_preemptions", "fairpool_lease_expiries"):
         assert value(metrics, counter, counter + "_total") >= 0
+    # Every labelled counter's series from the start; no *_created series (a gauge each).
+    for kind in ("requests", "events", "workloads", "operations"):
+        assert value(metrics, "fairpool_pruned", "fairpool_pruned_total", kind=kind) >= 0
+    for on in ("loop", "thread"):
+        assert value(metrics, "fairpool_write_batches", "fairpool_write_batches_total", on=on) >= 0
+    assert not [s.name for samples in metrics.values() for s in samples
+                if s.name.endswith("_created")]
+    # docs/service.md's table names every family, and only those.
+    table = (Path(__file__).parents[1] / "docs" / "service.md").read_text().split("\n## Metrics\n", 1)[1]
+    documented = {name.removesuffix("_total")
+                  for name in re.findall(r"^\| `(fairpool_\w+)` \|", table, re.M)}
+    assert documented == set(metrics)
 
     ok(client.post(f"/requests/{holder['id']}/release"))  # the waiter is allocated by this pass
     metrics = scrape()

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -21,7 +27,14 @@ from fairpool.api.errors import log_failure
 from fairpool.scheduling import SchedulingService
 from fairpool.service import Service
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, PruneView
+from fairpool.views import PRUNED_KINDS, PassSummary, PruneView
+
+# The ``*_created`` series prometheus_client adds to every counter and histogram (a gauge
+# each) double the series for what Prometheus itself knows without them. Process-wide.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: Where group commit's write batches run (``Service.on_batch``).
+BATCHES_RUN_ON = ("loop", "thread")
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WAIT_BUCKETS = (
@@ -39,7 +52,9 @@ class Metrics:
             "fairpool_admissions", "Requests granted an allocation.", registry=self.registry
         )
         self.rejections = Counter(
-            "fairpool_rejections", "Requests rejected (could never fit).", registry=self.registry
+            "fairpool_rejections",
+            "Requests rejected (could never fit, or no policy on any pool).",
+            registry=self.registry,
         )
         self.preemptions = Counter(
             "fairpool_preemptions", "Allocations preempted.", registry=self.registry
@@ -87,8 +102,14 @@ class Metrics:
         )
         self.registry.register(StateCollector(service, scheduling, trees))
         #: The batch counters' series by where batches ran: prometheus_client finds a
-        #: labelled series under a lock, once per batch otherwise.
-        self._batch_series: dict[str, tuple[Counter, Counter]] = {}
+        #: labelled series under a lock, once per batch otherwise. Every labelled series
+        #: is there from the start, at 0: ``rate()`` of one not yet made answers nothing.
+        self._batch_series = {
+            where: (self.batches.labels(where), self.batched.labels(where))
+            for where in BATCHES_RUN_ON
+        }
+        for kind in PRUNED_KINDS:
+            self.prunes.labels(kind)
 
     def record(self, summaries: Iterable[PassSummary]) -> None:
         for summary in summaries:
@@ -108,11 +129,7 @@ class Metrics:
 
     def batch(self, where: str, operations: int) -> None:
         """A write batch ran (``Service.on_batch``)."""
-        series = self._batch_series.get(where)
-        if series is None:
-            series = self._batch_series[where] = (
-                self.batches.labels(where), self.batched.labels(where)
-            )
+        series = self._batch_series[where]
         series[0].inc()
         series[1].inc(operations)
 

@@ -161,7 +161,8 @@ def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str
 @cli.command("prune")
 @click.option("--older-than", type=Duration(0, MAX_RETENTION), required=True,
               help="Delete what ended longer ago than this: 30d, 12h, 90m, 3600s "
-              "(0: all that ended).")
+              "(0: all that ended; under a minute, a holder may read 'deleted' for a "
+              "request that ended before it heard how).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @o.output_option
 def prune(older_than: int, dry_run: bool, output: str) -> None:
