@@ -64,7 +64,7 @@ class NotFound(FairpoolError, LookupError):
     @classmethod
     def of(cls, what: str, ref: object, where: str = "") -> NotFound:
         """The one wording, which the remote client also gives for a ref it cannot send:
-        ``no pool 'x'``, ``no pool 'x' in tree t``. A ref longer than any name is shown
+        ``no resource pool 'x'``, ``no pool 'x' in tree t``. A ref longer than any name is shown
         clipped (a whole file pasted was echoed whole)."""
         if isinstance(ref, str) and len(ref) > MAX_NAME:
             ref = clipped(ref)

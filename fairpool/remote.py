@@ -94,7 +94,7 @@ class RemoteService:
         body = {"name": name, "capacity": capacity, "description": description}
 
         def done() -> Any:
-            return _showing([self._call("GET", f"/pools/{_segment(name, 'pool')}")], body)
+            return _showing([self._call("GET", _resource_pool_path(name))], body)
 
         return PoolView.from_dict(self._once("POST", "/pools", 409, done, json=body))
 
@@ -105,7 +105,7 @@ class RemoteService:
         description: str | None = None,
     ) -> PoolView:
         body = {"capacity": capacity, "description": description}
-        path = f"/pools/{_segment(ref, 'pool')}"
+        path = _resource_pool_path(ref)
 
         def done() -> Any:
             # Only a key asked 0 makes the retry fail: the lost attempt removed it, and it is
@@ -121,16 +121,16 @@ class RemoteService:
         return PoolView.from_dict(self._once("PATCH", path, 422, done, json=body))
 
     def delete_pool(self, ref: str) -> None:
-        self._once("DELETE", f"/pools/{_segment(ref, 'pool')}", 404)
+        self._once("DELETE", _resource_pool_path(ref), 404)
 
     def get_pool(self, ref: str) -> PoolView:
-        return PoolView.from_dict(self._call("GET", f"/pools/{_segment(ref, 'pool')}"))
+        return PoolView.from_dict(self._call("GET", _resource_pool_path(ref)))
 
     def list_pools(self) -> list[PoolView]:
         return [PoolView.from_dict(p) for p in self._call("GET", "/pools")["items"]]
 
     def pool_requests(self, ref: str, view: str = "all") -> list[RequestView]:
-        page = self._call("GET", f"/pools/{_segment(ref, 'pool')}/requests", params={"view": view})
+        page = self._call("GET", _resource_pool_path(ref) + "/requests", params={"view": view})
         return [RequestView.from_dict(r) for r in page["items"]]
 
     # -- policies ----------------------------------------------------------------------
@@ -146,7 +146,7 @@ class RemoteService:
     ) -> PolicyView:
         body = {"component": component, "component_type": component_type,
                 "priority": priority, "reserved": reserved or {}, "limit": limit or {}}
-        path = f"/pools/{_segment(pool_ref, 'pool')}/policies"
+        path = _resource_pool_path(pool_ref) + "/policies"
 
         def done() -> Any:
             mine = {"pool": pool_ref, "component": component, "component_type": component_type}
@@ -176,7 +176,7 @@ class RemoteService:
         self._once("DELETE", path, 404, params={"component_type": component_type})
 
     def _policy_path(self, pool_ref: str, component: str, component_type: str) -> str:
-        pool = _segment(pool_ref, "pool")
+        pool = _segment(pool_ref, "resource pool")
 
         def missing(name: str) -> NotFound:  # the pool is looked up first, as the service does
             kind = one_of("component_type", component_type, COMPONENT_TYPES)
@@ -660,6 +660,10 @@ def _version(version: object) -> int:
     """A config version for a path or a query, refused as the service refuses one, not as
     httpx fails on text it cannot send."""
     return validate_int("version", version, 1, MAX_VERSION)
+
+
+def _resource_pool_path(ref: str) -> str:
+    return f"/pools/{_segment(ref, 'resource pool')}"
 
 
 def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:

@@ -633,6 +633,15 @@ def _job_in(job: Mapping[str, int], total: Mapping[str, int]) -> dict[str, int]:
     return {key: amount for key, amount in job.items() if key != "user_slots" or key in total}
 
 
+def _still_started(what: str, started: Sequence[OperationRecord]) -> Conflict:
+    """A tree or pool that cannot go while operations are started in it, naming them."""
+    return Conflict(
+        f"{what} has {counted(len(started), 'started operation')} "
+        f"({', '.join(op.id for op in started[:5])}{', ...' if len(started) > 5 else ''}): "
+        "complete or abort them first"
+    )
+
+
 def _option_value(option: str, text: str) -> object:
     """An option's value from its command-line text (``10``, ``{cpu: 100}``), as YAML."""
     bounded_text("option", option, MAX_NAME)
@@ -867,12 +876,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, name)
             if state.operations:
-                raise Conflict(
-                    f"pool tree {name} has {counted(len(state.operations), 'started operation')} "
-                    f"({', '.join(op.id for op in state.operations[:5])}"
-                    f"{', ...' if len(state.operations) > 5 else ''}): "
-                    "complete or abort them first"
-                )
+                raise _still_started(f"pool tree {name}", state.operations)
             store.delete_tree(conn, name, state.tree.parents_first()[::-1])
 
     def show_tree(self, name: str | None = None) -> TreeView:
@@ -994,10 +998,9 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, tree)
             self._own_pool(state, name)
-            started = store.count_live_operations(conn, tree).get(name, 0)
+            started = [op for op in state.operations if state.placement(op).pool == name]
             if started:
-                raise Conflict(f"pool {name} has {counted(started, 'started operation')}; "
-                               "complete or abort them first")
+                raise _still_started(f"pool {name}", started)
             state.tree.without_pool(name)
             store.delete_pool(conn, tree, name)
             self._passes(conn, [tree])

@@ -526,8 +526,8 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
      ("reserved.gpu", "8")),  # 2 + 7 reserved > 8
     (("resource-pool", "attach-policy", "no-such-pool", "c2", "-p", "1"), ("no-such-pool",)),
     # A filter naming no pool is said, the empty name too (it listed every request).
-    (("resource-request", "list", "--pool", ""), ("no pool ''",)),
-    (("resource-pool", "list-policies", ""), ("no pool ''",)),
+    (("resource-request", "list", "--pool", ""), ("no resource pool ''",)),
+    (("resource-pool", "list-policies", ""), ("no resource pool ''",)),
     (("resource-pool", "create", "p\x1b[2J", "-c", '{"gpu": 1}'),
      ("name: must not contain control or other non-printing characters", "U+001B")),
 ]
@@ -769,7 +769,7 @@ def test_pool_update_detach_and_delete(tmp_path: Path) -> None:
     nothing = fairpool(tmp_path, "resource-pool", "update", "scratch").ok()
     assert nothing.out == "" and nothing.err_lines == ["No updates specified."]
     typo = fairpool(tmp_path, "resource-pool", "update", "scratc")  # was "No updates" too, 0
-    assert (typo.code, typo.err_lines) == (1, ["Error: no pool 'scratc'"])
+    assert (typo.code, typo.err_lines) == (1, ["Error: no resource pool 'scratc'"])
     unnamed = fairpool(tmp_path, "resource-pool", "list-policies")
     assert unnamed.code == 2 and unnamed.err_lines == [
         "Error: Specify a resource pool, a component (--component), or both. "

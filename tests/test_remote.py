@@ -195,7 +195,7 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--status", "queued", "-o", "yaml")
     fp("resource-request", "list", "--component", "team-b", "--pool", "gpus", "-o", "json")
     fp("resource-request", "list", "--status", "bogus")                         # invalid
-    fp("resource-request", "list", "--pool", "")                                # no pool ''
+    fp("resource-request", "list", "--pool", "")                                # no resource pool ''
     fp("resource-request", "list", "--component", "nope")                       # a typo
     fp("resource-request", "list", "--size", "2", "--page", "2", "-o", "json")
     fp("resource-request", "list", "--size", "2", "--page", "2")
@@ -203,7 +203,7 @@ def every_command(fp: Transcript) -> None:
     fp("resource-request", "list", "--page", "2")                               # no --size
     fp("resource-request", "list", "--size", "0")                               # invalid
     fp("resource-pool", "list-policies", "gpus", "-c", "nope")                  # a typo
-    fp("resource-pool", "list-policies", "")                                    # no pool ''
+    fp("resource-pool", "list-policies", "")                                    # no resource pool ''
     fp("component", "list")
     fp("component", "list", "-t", "orchestrator", "-o", "json")
     fp("resource-pool", "describe", "gpus", "-o", "json")
@@ -565,7 +565,7 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
         assert any(needle in e for e in errors), needle
     statuses = [s.stdout.get("status") for s in embedded.steps if isinstance(s.stdout, dict)]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
-    for needle in ("no pool 'nope'", "no pool ''", "no pool tree 'nope'", "unknown pool option",
+    for needle in ("no resource pool 'nope'", "no resource pool ''", "no pool tree 'nope'", "unknown pool option",
                    "no component 'nope'", "no resource queue 'nope' in any scheduler config",
                    "max_operation_count is 1", "job_count: must be a positive integer",
                    "Error: tree: no tree given and no default_tree set (`fairpool pool-tree "

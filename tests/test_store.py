@@ -335,7 +335,7 @@ def test_pool_references(db: Database) -> None:
         with pytest.raises(AmbiguousReference, match=f"pool id prefix '{shared}' is ambiguous"):
             repo.get_pool(connection, shared)
         for missing in ("", "nope", "%", "_", ids[0] + "0"):
-            with pytest.raises(NotFound, match="no pool"):
+            with pytest.raises(NotFound, match="no resource pool"):
                 repo.get_pool(connection, missing)
 
 

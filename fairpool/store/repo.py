@@ -247,7 +247,7 @@ def get_pool(connection: Connection, ref: str) -> Pool:
     table = schema.pool
     pool_id = connection.scalar(select(table.c.id).where(table.c.name == as_ref(ref)))
     if pool_id is None:
-        pool_id = resolve_id(connection, table, ref, "pool")
+        pool_id = resolve_id(connection, table, ref, "resource pool")
     return _pools(connection, _pool_statements(table.c.id == pool_id))[0]
 
 
@@ -260,19 +260,20 @@ def set_pool_capacity(
     connection: Connection, pool_id: str, capacity: Amounts, now: datetime
 ) -> None:
     """Replace the pool's whole capacity map."""
-    _update(connection, schema.pool, pool_id, "pool", updated_at=now)
+    _update(connection, schema.pool, pool_id, "resource pool", updated_at=now)
     _write_capacity(connection, pool_id, capacity)
 
 
 def update_pool_description(
     connection: Connection, pool_id: str, description: str | None, now: datetime
 ) -> None:
-    _update(connection, schema.pool, pool_id, "pool", description=description, updated_at=now)
+    _update(connection, schema.pool, pool_id, "resource pool", description=description,
+            updated_at=now)
 
 
 def delete_pool(connection: Connection, pool_id: str) -> None:
     """Its capacity and policies go with it; its allocations keep ``pool_name``."""
-    _delete(connection, schema.pool, pool_id, "pool")
+    _delete(connection, schema.pool, pool_id, "resource pool")
 
 
 # Policies
