@@ -761,6 +761,10 @@ class RemoteTrees:
     def show_tree(self, name: str | None = None) -> Answer:
         return Answer(self._call("GET", f"/pool-trees/{_segment(self._tree(name), 'pool tree')}"))
 
+    def export_tree(self, name: str | None = None) -> dict[str, object]:
+        tree = _segment(self._tree(name), "pool tree")
+        return dict(self._call("GET", f"/pool-trees/{tree}/document"))
+
     def list_trees(self) -> list[Answer]:
         return [Answer(item) for item in self._call("GET", "/pool-trees")["items"]]
 

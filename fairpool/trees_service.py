@@ -66,6 +66,7 @@ from fairpool.frontends.trees import (
     load_pool_tree,
     matches_tag_filter,
     parse_resources,
+    pool_tree_document,
     positive,
     tree_document,
     tree_option_name,
@@ -882,6 +883,13 @@ class TreesService:
     def show_tree(self, name: str | None = None) -> TreeView:
         with self.db.read() as conn:
             return self._tree_view(conn, self._tree_name(conn, name), detailed=True)
+
+    def export_tree(self, name: str | None = None) -> dict[str, object]:
+        """The tree as a document ``apply_tree`` takes (``pool-tree export``): applied, it
+        changes nothing; edited, it is the tree's next version."""
+        with self.db.read() as conn:
+            state = _State.load(conn, self._tree_name(conn, name))
+            return pool_tree_document(state.tree, state.record.config, state.ephemeral_users)
 
     def list_trees(self) -> list[TreeView]:
         with self.db.read() as conn:

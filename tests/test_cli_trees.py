@@ -186,6 +186,18 @@ def test_a_whole_tree_from_yaml_is_applied_idempotently(tmp_path: Path) -> None:
     assert (named["name"], named["pools"]) == ("cpus", 1)
     assert_one_error(fairpool(tmp_path, "pool-tree", "apply", "-f", str(unnamed)),
                      "name: a tree needs a name")
+    # Exported, edited, applied: the tree's next version (helper-79: no command printed a
+    # tree as a document apply takes).
+    exported = fairpool(tmp_path, "pool-tree", "export", "physical").ok().out
+    assert yaml.safe_load(exported) == yaml.safe_load(SEED_TREE)
+    document = yaml.safe_load(exported)
+    document["pools"]["project-root"]["pools"]["project-batch"]["weight"] = 5
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(document))
+    applied = fairpool(tmp_path, "pool-tree", "apply", "-f", str(edited)).ok()
+    assert applied.out.splitlines() == ["~ pool project-batch"]
+    assert_one_error(fairpool(tmp_path, "pool-tree", "export", "nope"),
+                     "no pool tree 'nope'")
 
 
 def test_a_tree_is_deleted_when_nothing_runs_in_it(tmp_path: Path) -> None:

@@ -437,6 +437,9 @@ def tree_commands(fp: Transcript) -> None:
     fp("pool-tree", "show", "nope")                                           # unknown tree
     fp("pool-tree", "list")
     fp("pool-tree", "list", "-o", "json")
+    fp("pool-tree", "export")
+    fp("pool-tree", "export", "physical", "-o", "json")
+    fp("pool-tree", "export", "nope")                                         # unknown tree
     fp("pool", "describe", "project-batch", "--tree", "physical", "-o", "json")
     fp("pool", "describe", "project-adhoc")                                   # the default tree
     fp("pool", "describe", "nope", "--tree", "physical")                      # unknown pool

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from fairpool.errors import Conflict, InvalidInput, NotFound
+from fairpool.frontends.trees import PoolConfig, load_pool_tree
 from fairpool.service import Service
 from fairpool.store import schema
 from fairpool.store import trees as store
@@ -331,6 +332,36 @@ def test_null_unsets_a_pool_or_tree_option(trees: TreesService) -> None:
         trees.set_pool("t", "a", "wieght", "null")
     with pytest.raises(InvalidInput, match=r"config\.nope: unknown pool tree option"):
         trees.set_tree("t", "nope", "null")
+
+
+def test_an_exported_tree_applies_as_itself(seed: TreesService) -> None:
+    """``pool-tree export``: every pool option and tree option given, nested pools, a
+    decimal weight, an ephemeral pool (left out: an apply keeps it). Applied, the document
+    changes nothing; loaded, it is the tree; edited, it is the next version."""
+    seed.set_tree("physical", "pool_config_presets", "{preset: {weight: 2}}")
+    for option, value in TREE_OPTIONS.items():
+        if option != "default_parent_pool":
+            seed.set_tree("physical", option, value)
+    for option, value in POOL_OPTIONS.items():
+        name = f"with-{option.replace('_', '-')}"
+        seed.create_pool("physical", name)
+        seed.set_pool("physical", name, option, value)
+    seed.set_pool("physical", "project-adhoc", "weight", "0.1")
+    seed.set_pool("physical", "project-adhoc", "create_ephemeral_subpools", "true")
+    seed.start_operation(pool="project-adhoc", user="erin", job_resources=CPU, job_count=1)
+    document = seed.export_tree("physical")
+    assert "project-adhoc$erin" not in yaml.safe_dump(document)
+    text = yaml.safe_dump(document, sort_keys=False)
+    assert seed.apply_tree(text).changes == ()
+    assert seed.export_tree() == document  # the default tree's
+    with seed.db.read() as conn:
+        stored = store.list_pools(conn, "physical")
+    loaded = load_pool_tree(text)
+    assert {p.name: (p.parent, p.config) for p in loaded.pools.values()} == {
+        p.name: (p.parent, PoolConfig.from_mapping(p.config)) for p in stored
+        if p.name != "project-adhoc$erin"}
+    document["pools"]["with-weight"]["weight"] = 4  # type: ignore[index]
+    assert seed.apply_tree(yaml.safe_dump(document)).changes == ("~ pool with-weight",)
 
 
 def test_apply_is_idempotent_and_removes_missing_pools(seed: TreesService) -> None:

@@ -234,6 +234,12 @@ def trees_router(
         starvation."""
         return shown(caller, trees.show_tree(name).as_dict())
 
+    @router.get("/pool-trees/{name}/document", tags=["pool trees"])
+    def export_pool_tree(name: TreeName) -> JSONResponse:
+        """The tree as a document ``POST /pool-trees/apply`` takes (``name``, ``config``,
+        nested ``pools`` with their options): applied, it changes nothing."""
+        return _json(trees.export_tree(name))
+
     @router.patch("/pool-trees/{name}", tags=["pool trees"])
     def set_pool_tree(name: TreeName, body: OptionSet) -> JSONResponse:
         """Set one tree option, validated with every pool (YTsaurus units: milliseconds)."""

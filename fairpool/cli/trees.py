@@ -169,6 +169,16 @@ def show_tree(name: str | None, output: str) -> None:
     _print_tree(trees().show_tree(name).as_dict(), output)
 
 
+@pool_tree.command("export")
+@click.argument("name", required=False)
+@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml",
+              show_default=True, help="The document's format.")
+def export_tree(name: str | None, output: str) -> None:
+    """The tree as a document `pool-tree apply -f` takes: its config and its pools with
+    their options (ephemeral pools left out). Applied unchanged, it changes nothing."""
+    o.dump(trees().export_tree(name), output)
+
+
 @pool_tree.command("list")
 @o.output_option
 def list_trees(output: str) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -1225,6 +1225,29 @@ def tree_document(text: str) -> Mapping[str, Any]:
     a word: a pool named twice lost its first definition, and its subtree was deleted)."""
     bounded = bounded_text("tree", text, MAX_TREE_DOCUMENT)
     return mapping("tree", load_yaml("tree", bounded, document=True))
+
+
+def pool_tree_document(
+    tree: PoolTree, config: Mapping[str, object], leave_out: Collection[str] = ()
+) -> dict[str, object]:
+    """The document of :func:`load_pool_tree` for ``tree``: its ``config`` as stored, and its
+    pools nested, each with the options given explicitly. Loading it gives ``tree`` back,
+    and applying it to ``tree`` changes nothing. ``leave_out``: pools not declared (a
+    tree's ephemeral pools, which an apply keeps anyway)."""
+    children: dict[str | None, list[Pool]] = {}
+    for pool in sorted(tree.pools.values(), key=lambda p: p.name):
+        if pool.name not in leave_out:
+            children.setdefault(pool.parent, []).append(pool)
+
+    def nested(parent: str | None) -> dict[str, object]:
+        return {
+            pool.name: {**pool.config.to_mapping(),
+                        **({"pools": nested(pool.name)} if pool.name in children else {})}
+            for pool in children.get(parent, ())
+        }
+
+    return {"name": tree.name, **({"config": dict(config)} if config else {}),
+            "pools": nested(None)}
 
 
 def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
