@@ -7,12 +7,14 @@ import logging
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -709,3 +711,79 @@ def test_a_long_lease_still_hears_of_a_preemption_within_20_s() -> None:
     from fairpool.leases import heartbeat_interval
 
     assert [heartbeat_interval(ttl) for ttl in (0.3, 30, 60, 3600)] == [0.2, 10, 20, 20]
+
+
+@contextmanager
+def locked(home: str, seconds: float) -> Iterator[threading.Thread]:
+    """Another process's long write, as a plain sqlite3 connection holds it: the store's write
+    lock, held for ``seconds`` from a thread (started; joined at the end)."""
+    ready = threading.Event()
+
+    def hold() -> None:
+        holder = sqlite3.connect(Path(home) / "fairpool.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        ready.set()
+        time.sleep(seconds)
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    ready.wait()
+    try:
+        yield thread
+    finally:
+        thread.join()
+
+
+@pytest.fixture
+def short_lock_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write waits 0.2 s for the lock, not 30 (connections made from here on)."""
+    from sqlalchemy import text
+
+    from fairpool.store import db
+    from fairpool.store.direct import Direct
+
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 200)
+    monkeypatch.setattr(db, "_BUSY_TIMEOUTS", {
+        ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (200, 0)})
+    monkeypatch.setattr(db, "_SQLITE_PRAGMAS", tuple(
+        "PRAGMA busy_timeout = 200" if p.startswith("PRAGMA busy_timeout") else p
+        for p in db._SQLITE_PRAGMAS))
+
+
+@pytest.mark.usefixtures("short_lock_timeout")
+def test_a_wait_rides_out_the_write_lock_held_past_its_timeout(home: str) -> None:
+    """Embedded, every poll of a wait runs a pass, a write: one met the lock held past its
+    timeout, and SQLAlchemy's OperationalError went up, leaving the request queued for
+    nobody (``fairpool run`` and ``create --wait`` too: helper-78). Now the wait rides it
+    out, as an outage (``DatabaseLocked``), and is granted once the lock and the units
+    are free."""
+    client = Client(home=home)
+    holder = client.submit({"gpu": 2}, component="low")
+    waiter = client.submit({"gpu": 2}, component="low")
+    assert waiter.status == "queued"
+    with locked(home, 1.0):
+        with pytest.raises(fairpool.Unreachable, match=r"stayed locked by another process "
+                           r"for 0\.2 s \(a long write, or many writing at once\)"):
+            client.release(holder.id)
+        done = ThreadPoolExecutor(1).submit(client.wait, waiter.id, 30)
+        time.sleep(0.6)  # the wait's passes meet the lock meanwhile
+    client.release(holder.id)
+    assert done.result().status == "allocated"
+
+
+@pytest.mark.usefixtures("short_lock_timeout")
+def test_a_release_the_write_lock_kept_out_is_a_warning(
+    home: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The block's work is done: its result stands, and the lease gives the units back (a
+    traceback from ``__exit__`` replaced it: helper-78)."""
+    client = Client(home=home)
+    with client.acquire({"gpu": 2}, component="low", lease_ttl=60) as grant:
+        holding = locked(home, 1.0)
+        holding.__enter__()
+    holding.__exit__(None, None, None)
+    assert "stayed locked by another process" in caplog.text
+    assert "the units go back when the lease expires" in caplog.text
+    assert client.get(grant.id).status == "allocated"

@@ -145,6 +145,14 @@ class DatabaseUnreachable(Unreachable):
         self.orig = orig
 
 
+class DatabaseLocked(DatabaseUnreachable):
+    """SQLite: another process held the write lock past ``LOCK_TIMEOUT_MS`` (a long write,
+    many writing at once); nothing was written. A passing outage too: a wait rides it out,
+    a heartbeat's or a release's lease covers it. It reached waits, ``fairpool run``'s last
+    release and the SDK's as SQLAlchemy's ``OperationalError``, which they did not expect:
+    a waiting request was left queued for nobody, a command's exit code lost (helper-78)."""
+
+
 def fairpool_home(explicit: str | None = None) -> Path:
     """Where fairpool keeps its data: ``explicit``, else $FAIRPOOL_HOME, else the user data dir."""
     chosen = (
@@ -536,6 +544,12 @@ class Database:
                     retry = False
                     continue
                 self._raise_if_lost(error, "; nothing was written")
+                if self.embedded and isinstance(error, OperationalError) and _busy(error):
+                    raise DatabaseLocked(
+                        f"the database {self.where} stayed locked by another process for "
+                        f"{LOCK_TIMEOUT_MS / 1000:g} s (a long write, or many writing at once)",
+                        error.orig,
+                    ) from error
                 raise
 
     def _kept_writer(self) -> Connection | None:
