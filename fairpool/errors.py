@@ -17,6 +17,14 @@ def one_line(text: str) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
+def said(error: BaseException) -> str:
+    """``error`` on one line: ours as it is (``DatabaseUnreachable`` names the database);
+    SQLAlchemy's wraps its driver's in lines of its own (the statement, a link), so the
+    driver's own words are said."""
+    plain = isinstance(error, FairpoolError)
+    return one_line(str(error if plain else getattr(error, "orig", None) or error))
+
+
 #: What every backend can store (PostgreSQL's name columns are VARCHAR(255)): no name or id
 #: is longer.
 MAX_NAME: Final = 255

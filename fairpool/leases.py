@@ -71,7 +71,7 @@ def passing(error: BaseException) -> bool:
     return not isinstance(error, Unauthorized | Forbidden)
 
 
-def still_waiting(what: str, request_id: str, error: BaseException) -> str:
+def still_waiting(what: str, request_id: str, error: BaseException | str) -> str:
     """A request nobody will use that could not be cancelled (``error``): granted later, its
     units would go to nobody (for ever without a lease) unless it is cancelled by hand."""
     return (f"{what} `{request_id}` is still waiting ({error}): cancel it with "

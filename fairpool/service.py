@@ -168,7 +168,7 @@ def open_service(
     if url is None:
         chosen = fairpool_home(home)
         chosen.mkdir(parents=True, exist_ok=True)
-        url = default_url(chosen)
+        return Service(Database.open(default_url(chosen)), catch_up=catch_up)
     return Service(Database.open(url), catch_up=catch_up)
 
 

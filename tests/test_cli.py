@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -1119,3 +1120,63 @@ def test_prune_deletes_what_ended_and_says_how_much(tmp_path: Path) -> None:
         refused = fairpool(home, "prune", "--older-than", bad)
         assert refused.code == 2 and needle in refused.err, refused
     assert "--older-than" in fairpool(home, "prune").err  # required
+
+
+def test_a_wait_that_fails_otherwise_cancels_its_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait ended by a database error it cannot ride out (a full disk) left its request
+    queued, to be granted to nobody (helper-78): it is cancelled, and the error said."""
+    import sqlite3
+
+    from click.testing import CliRunner
+    from sqlalchemy.exc import OperationalError
+
+    from fairpool.cli.main import cli
+    from fairpool.service import Service
+
+    fairpool(tmp_path, "resource-pool", "create", "p", "--capacity", '{"gpu": 1}').ok()
+    fairpool(tmp_path, "resource-pool", "attach-policy", "p", "c", "--priority", "1").ok()
+    fairpool(tmp_path, "resource-request", "create", "--component", "c", "--gpu-count", "1").ok()
+
+    def full(self: Service, ref: str, seconds: float) -> None:
+        raise OperationalError("INSERT ...", {}, sqlite3.OperationalError(
+            "database or disk is full"))
+
+    monkeypatch.setattr(Service, "wait", full)
+    result = CliRunner().invoke(cli, [
+        "--home", str(tmp_path), "resource-request", "create", "--component", "c",
+        "--gpu-count", "1", "--wait"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert lines[-1] == "Error: database error: database or disk is full", result.output
+    assert re.fullmatch(r"Resource request `[\w-]+` cancelled: interrupted while waiting "
+                        r"\(OperationalError\)", lines[-2]), result.output
+    [waited] = fairpool(tmp_path, "resource-request", "list", "--status", "cancelled",
+                        "-o", "json").ok().json["items"]
+    assert waited["status_reason"] == "cancelled: interrupted while waiting (OperationalError)"
+
+
+def test_a_damaged_store_is_one_error_line(tmp_path: Path) -> None:
+    """Pages of the requests' table overwritten (a disk's fault): every command that reads
+    them printed SQLAlchemy's traceback (helper-78)."""
+    from fairpool.service import open_service
+
+    fairpool(tmp_path, "resource-pool", "create", "p", "--capacity", '{"gpu": 100}').ok()
+    fairpool(tmp_path, "resource-pool", "attach-policy", "p", "c", "--priority", "1").ok()
+    svc = open_service(str(tmp_path))
+    for _ in range(60):
+        svc.create_request("c", demand={"gpu": 1}, labels={"note": "x" * 200})
+    svc.db.close()
+    path = tmp_path / "fairpool.db"
+    with closing(sqlite3.connect(path)) as connection:  # the table's pages but its root
+        pages = [page for (page,) in connection.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'request' AND pagetype = 'leaf'")]
+    assert pages
+    with path.open("r+b") as f:
+        for page in pages:
+            f.seek((page - 1) * 4096 + 8)
+            f.write(b"\xff" * 3000)
+    result = fairpool(tmp_path, "resource-request", "list")
+    assert (result.code, result.err_lines) == (
+        1, ["Error: database error: database disk image is malformed"]), result.err

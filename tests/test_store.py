@@ -251,7 +251,18 @@ def test_home_and_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert fairpool_home(None) == tmp_path / "env"
     monkeypatch.delenv("FAIRPOOL_HOME")
     assert fairpool_home(None).name == "fairpool"
-    assert default_url(tmp_path) == f"sqlite:///{tmp_path}/fairpool.db"
+    assert default_url(tmp_path).database == f"{tmp_path}/fairpool.db"
+
+
+def test_the_store_is_in_its_home_whatever_the_homes_name(tmp_path: Path) -> None:
+    """A ``?`` in the home's path began the URL's query: the store was made outside the
+    home (the file ``.../q``), and two such homes shared it (helper-78)."""
+    from fairpool.service import open_service
+
+    for home in ("q?mark/home", "q?other/home", "a#b/%20 c;'@"):
+        open_service(str(tmp_path / home)).db.close()
+        assert (tmp_path / home / "fairpool.db").is_file(), home
+    assert not (tmp_path / "q").exists()
 
 
 # Components and pools

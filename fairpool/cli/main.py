@@ -51,7 +51,10 @@ def database_error(error: Exception) -> str | None:
     """A database's failure as one line (None: ``error`` is not one). SQLAlchemy is looked
     for only where it is loaded: a remote command never loads it."""
     exc = sys.modules.get("sqlalchemy.exc")
-    if exc is None or not isinstance(error, exc.OperationalError):
+    # DatabaseError itself: a damaged file (``database disk image is malformed``), which was
+    # a traceback (helper-78); its other kinds (an IntegrityError) would be fairpool's bug.
+    if exc is None or not (isinstance(error, exc.OperationalError)
+                           or type(error) is exc.DatabaseError):
         return None
     from fairpool.store.db import LOCK_TIMEOUT_MS
 

@@ -15,7 +15,7 @@ import click
 
 from fairpool.cli import output as o
 from fairpool.cli.common import Seconds, parse_pairs, reason_option, service
-from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable
+from fairpool.errors import Conflict, NotFound, Unreachable, said
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES, interrupted, still_waiting
 from fairpool.signals import resent_from_finalizer
 from fairpool.views import COMPONENT_TYPES, PREEMPTING, REQUEST_STATUSES, RequestView
@@ -281,9 +281,9 @@ def wait_or_cancel(request: RequestView, timeout: float | None) -> dict[str, Any
         signalled = bool(received)
         if not signalled:
             raise
-    except FairpoolError as error:
-        # A revoked token, say: nobody waits any more. (Out of reach, the error says what
-        # may be left queued.)
+    except Exception as error:
+        # A revoked token, a full disk: nobody waits any more. (Out of reach, the error says
+        # what may be left queued.)
         if not isinstance(error, Unreachable):
             cancel_saying("Resource request", request.id, interrupted(type(error).__name__))
         raise
@@ -329,8 +329,8 @@ def cancel_saying(what: str, request_id: str, reason: str) -> None:
         service().cancel_request(request_id, reason)
     except (Conflict, NotFound):
         return  # it ended meanwhile, or was deleted
-    except FairpoolError as error:  # out of reach; a revoked token
-        o.declare(still_waiting(what, request_id, error))
+    except Exception as error:  # out of reach; a revoked token; a full disk
+        o.declare(still_waiting(what, request_id, said(error)))
         return
     o.declare(f"{what} `{request_id}` cancelled: {reason}")
 

@@ -33,7 +33,7 @@ from fairpool.cli.resource_request import (
     restore,
     wait_or_cancel,
 )
-from fairpool.errors import Conflict, FairpoolError, NotFound, Unreachable, one_line
+from fairpool.errors import Conflict, NotFound, Unreachable, said
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL,
@@ -203,11 +203,8 @@ def _run_once(
             except Exception as error:
                 if not passing(error):
                     raise
-                if not unreachable:  # SQLAlchemy's error says it in its driver's words;
-                    # ours (``Unreachable``) names the database or the server
-                    plain = isinstance(error, FairpoolError)
-                    shown = one_line(str(error if plain else getattr(error, "orig", None) or error))
-                    o.declare(f"Warning: {shown}; the command goes on")
+                if not unreachable:  # ours (``Unreachable``) names the database or server
+                    o.declare(f"Warning: {said(error)}; the command goes on")
                 unreachable = True
                 continue
             if unreachable:

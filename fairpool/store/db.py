@@ -163,8 +163,10 @@ def fairpool_home(explicit: str | None = None) -> Path:
     return Path(chosen).expanduser()
 
 
-def default_url(home: Path) -> str:
-    return f"sqlite:///{home / 'fairpool.db'}"
+def default_url(home: Path) -> URL:
+    """The store under ``home``; a URL object, not text: ``?`` in a path would start the
+    text's query, and the store was made outside the home (helper-78)."""
+    return URL.create("sqlite", database=str(home / "fairpool.db"))
 
 
 #: The newest migration. Opening compares the database with it in plain SQL, so the common
@@ -265,7 +267,7 @@ class Database:
         self._stop_checkpoints = threading.Event()
 
     @classmethod
-    def open(cls, url: str) -> Database:
+    def open(cls, url: str | URL) -> Database:
         """Connect to ``url`` and bring its schema to the latest revision.
 
         ``url``: ``sqlite:///<path>`` or ``postgresql[+psycopg]://<user>@<host>/<database>``.
@@ -275,7 +277,7 @@ class Database:
         except (ArgumentError, ValueError) as error:  # ValueError: a port not a number
             problem = "has a port that is not a number" if isinstance(error, ValueError) else (
                 "is not a database URL")
-            raise InvalidInput("database-url", password_hidden(url), f"{problem}: use "
+            raise InvalidInput("database-url", password_hidden(str(url)), f"{problem}: use "
                                "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
         backend = parsed.get_backend_name()
         driver = _DRIVERS.get(backend)
@@ -289,7 +291,7 @@ class Database:
             # A mistyped path would else be a new, empty store (the home is made for it).
             folder = Path(parsed.database or ".").parent
             if parsed.database not in (None, "", ":memory:") and not folder.is_dir():
-                raise InvalidInput("database-url", url, f"{folder} is not a directory")
+                raise InvalidInput("database-url", str(url), f"{folder} is not a directory")
             engine = create_engine(parsed, json_serializer=_json_text)
             _control_sqlite_transactions(engine)
         elif backend == "postgresql":
