@@ -26,7 +26,7 @@ from fairpool.cli.run import run, server
 from fairpool.cli.token import token
 from fairpool.cli.trees import node, operation, pool, pool_tree
 from fairpool.cli.workload import workload
-from fairpool.errors import FairpoolError, InvalidInput, one_line
+from fairpool.errors import FairpoolError, InvalidInput, one_line, said
 from fairpool.frontends.names import check_unicode
 from fairpool.integrations.zenml.cli import zenml
 from fairpool.views import MAX_RETENTION, PruneView
@@ -58,7 +58,7 @@ def database_error(error: Exception) -> str | None:
         return None
     from fairpool.store.db import LOCK_TIMEOUT_MS
 
-    reason = one_line(str(error.orig))
+    reason = said(error)
     if reason == "database is locked":
         return (f"the database stayed locked by other fairpool processes for "
                 f"{LOCK_TIMEOUT_MS // 1000} s (a long write, or many writing at once); "
