@@ -868,16 +868,17 @@ class Service:
     def wait(self, ref: str, seconds: float) -> RequestView:
         """The request once it leaves the queue, or as it stands after ``seconds``.
 
-        Embedded, nobody else runs passes for us: reconcile, then poll with capped backoff
-        (other processes' releases reach us only through the file). Holds no transaction
-        while sleeping. A client's wait polls on through a database out of reach, for up to
-        ``WAIT_OUTAGE`` (``Outage``).
+        Polls with capped backoff (other processes' releases reach us only through the
+        file): a read, which passes first only when a lease ran out (``_catch_up``). Every
+        write runs its own pass, and a pass changes nothing that time alone would but lease
+        expiries; each poll ran one, a write, so that an idle waiter took the write lock ~3
+        times a second (helper-78). Holds no transaction while sleeping. A client's wait
+        polls on through a database out of reach, for up to ``WAIT_OUTAGE`` (``Outage``).
         """
         deadline = time.monotonic() + seconds
         delay = 0.1
         while True:
             try:
-                self.reconcile()
                 request = self.get_request(ref)
             except DatabaseUnreachable as error:
                 if self._outage is None:

@@ -787,3 +787,23 @@ def test_a_release_the_write_lock_kept_out_is_a_warning(
     assert "stayed locked by another process" in caplog.text
     assert "the units go back when the lease expires" in caplog.text
     assert client.get(grant.id).status == "allocated"
+
+
+def test_a_wait_writes_nothing_while_nothing_changes(home: str) -> None:
+    """Every poll of an embedded wait ran a pass, a write: an idle waiter took the write lock
+    about 3 times a second, 12 of them 36 (helper-78). Another process's release (a write,
+    which passes) grants it all the same, and a lease that ran out meanwhile too."""
+    from fairpool.store.db import read_generation
+
+    client = Client(home=home)
+    holder = client.submit({"gpu": 2}, component="low", lease_ttl=1)
+    waiter = client.submit({"gpu": 2}, component="low")
+    svc = open_service(home)
+    with svc.db.read() as conn:
+        before = read_generation(conn)
+    assert client.wait(waiter.id, 0.5).status == "queued"
+    with svc.db.read() as conn:
+        assert read_generation(conn) == before
+    # Nobody heartbeats the holder: a poll finds its lease run out, passes, is granted.
+    assert client.wait(waiter.id, 10).status == "allocated"
+    assert client.get(holder.id).status == "released"
