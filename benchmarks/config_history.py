@@ -1,6 +1,6 @@
 """Scheduler config benchmark: what an apply costs as the version history grows.
 
-    python benchmarks/config_history.py [--versions 40] [--every 10] [--queues 150]
+    python benchmarks/config_history.py [--versions 40] [--every 10] [--queues 120]
 
 One SQLite store. A document with --queues flavors, queues and rules (about 55 KB at 120) is
 applied --versions times, each version a little different (a comment naming it, so nothing is
@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairpool.frontends.config import MAX_DOCUMENT
 from fairpool.scheduling import SchedulingService
 from fairpool.store.db import Database
 
@@ -81,6 +82,9 @@ def main() -> None:
     for name in ("versions", "every", "queues"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    if len(document(args.queues, args.versions)) > MAX_DOCUMENT:
+        parser.error(f"--queues {args.queues}: its documents are longer than the "
+                     f"{MAX_DOCUMENT:,} characters a config may have")
     with tempfile.TemporaryDirectory() as scratch:
         home = Path(scratch)
         db = Database.open(f"sqlite:///{home / 'fairpool.db'}")

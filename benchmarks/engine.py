@@ -1,12 +1,17 @@
 """Engine benchmark: one reconcile pass over synthetic pools-and-policies states.
 
-    python benchmarks/engine.py [--sizes 1000,10000,100000] [--stream 2000]
+    python benchmarks/engine.py [--sizes 1000,10000,100000] [--stream 200] [--distinct]
 
 States: 10 pools, 100 components (each with policies on two pools), N queued requests and
 N/10 running allocations. Prints, per size, the pass time and the time per queued request for
 (a) a pass that admits work, (b) a pass where nothing is admissible; then the ratios
 100k/10k (target <= 12: near-linear) and the nothing-admissible growth; then a sustained
 submit/complete stream at the largest size. All numbers come from this one run.
+
+The queue's requests come from 100 components x 5 shapes: at most 500 classes of identical
+requests, which the engine groups, so a pass grows with the classes more than with the
+requests. ``--distinct`` gives every request a memory amount of its own (a key the pools
+leave open): as many classes as requests, the engine's worst case.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ COMPONENTS = 100
 SHAPES = ({"gpu": 1}, {"gpu": 2}, {"gpu": 4}, {"gpu": 1, "tpu": 1}, {"gpu": 8})
 
 
-def build(queued: int, *, admissible: bool, seed: int = 7) -> Snapshot:
+def build(queued: int, *, admissible: bool, seed: int = 7, distinct: bool = False) -> Snapshot:
     """A state with ``queued`` waiters and ``queued // 10`` running allocations.
 
     admissible=False: every pool is full of non-preemptible work and nobody has reserved
-    headroom, so no waiter can be granted and nothing can be preempted.
+    headroom, so no waiter can be granted and nothing can be preempted. ``distinct``: no
+    two waiters alike (each its own ``memory_mb``).
     """
     rng = random.Random(seed)
     running = queued // 10
@@ -70,9 +76,9 @@ def build(queued: int, *, admissible: bool, seed: int = 7) -> Snapshot:
     for i in range(queued):
         c = rng.randrange(COMPONENTS)
         s = rng.randrange(len(SHAPES))
-        placements = interned.get((c, s))
+        placements = None if distinct else interned.get((c, s))
         if placements is None:
-            shape = {**SHAPES[s], "step_run": 1}
+            shape = {**SHAPES[s], "step_run": 1, **({"memory_mb": i + 1} if distinct else {})}
             placements = interned[(c, s)] = tuple(
                 Placement(pool, (Charge(leaf, shape),), priority)
                 for leaf, pool, priority in sorted(policies[c], key=lambda x: -x[2])
@@ -124,18 +130,44 @@ def stream(snapshot: Snapshot, steps: int, seed: int = 11) -> tuple[float, int]:
     return (time.perf_counter() - started) / steps, decisions
 
 
+def sizes_of(text: str) -> list[int]:
+    """``--sizes``: queue sizes, comma-separated, each a positive integer."""
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"not positive integers, comma-separated: {text!r}")
+    return sizes
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000,10000,100000")
-    parser.add_argument("--stream", type=int, default=200, help="stream steps at the largest size")
+    parser.add_argument("--sizes", type=sizes_of, default=[1000, 10_000, 100_000],
+                        help="queue sizes (default 1000,10000,100000; the ratio needs 10000 "
+                        "and 100000)")
+    parser.add_argument("--stream", type=positive, default=200,
+                        help="stream steps at the largest size (default 200)")
+    parser.add_argument("--distinct", action="store_true",
+                        help="every queued request unlike the others (see above)")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     results: dict[tuple[int, bool], float] = {}
     header = ("queued", "case", "pass ms", "us/queued", "granted", "groups")
     print("{:>8} {:<16} {:>10} {:>10} {:>8} {:>8}".format(*header))
     for size in sizes:
         for admissible in (True, False):
-            snapshot = build(size, admissible=admissible)
+            snapshot = build(size, admissible=admissible, distinct=args.distinct)
             seconds, granted, waiting = timed(snapshot, repeat=3 if size >= 100_000 else 5)
             results[(size, admissible)] = seconds
             case = "admits work" if admissible else "none admissible"
@@ -146,7 +178,8 @@ def main() -> None:
             ratio = results[(100_000, admissible)] / results[(10_000, admissible)]
             print(f"ratio 100k/10k ({label}): {ratio:.2f}  (target <= 12; 10 is linear)")
     biggest = max(sizes)
-    per_step, decisions = stream(build(biggest, admissible=True), args.stream)
+    per_step, decisions = stream(build(biggest, admissible=True, distinct=args.distinct),
+                                 args.stream)
     print(f"stream at {biggest} queued: {per_step * 1e3:.1f} ms per submit/complete pass, "
           f"{decisions} decisions in {args.stream} passes")
 

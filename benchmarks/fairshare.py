@@ -163,13 +163,37 @@ def timed(snapshot: TreeSnapshot, runs: int, numeric: str) -> tuple[float, float
     return statistics.median(updates), statistics.median(reads)
 
 
+def sizes_of(text: str) -> list[tuple[int, int]]:
+    """``--sizes``: ``pools:operations`` pairs, comma-separated, each count positive."""
+    try:
+        sizes = [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]
+    except ValueError:
+        sizes = []
+    if not sizes or min(min(pair) for pair in sizes) < 1:
+        raise argparse.ArgumentTypeError(f"not pools:operations pairs, comma-separated: {text!r}")
+    return sizes
+
+
+def runs_of(text: str) -> int:
+    try:
+        runs = int(text)
+    except ValueError:
+        runs = 0
+    if runs < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="pools:operations,...")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--numeric", choices=["auto", "exact", "float"], default="auto")
+    parser.add_argument("--sizes", type=sizes_of, default=sizes_of(DEFAULT_SIZES),
+                        help=f"pools:operations,... (default {DEFAULT_SIZES})")
+    parser.add_argument("--runs", type=runs_of, default=3,
+                        help="timed updates per size, their median shown (default 3)")
+    parser.add_argument("--numeric", choices=["auto", "exact", "float"], default="auto",
+                        help="the arithmetic (default auto: exact up to 11,000 elements)")
     args = parser.parse_args()
-    sizes = [tuple(int(n) for n in item.split(":")) for item in args.sizes.split(",")]
+    sizes = args.sizes
     print(
         f"{'pools':>7} {'operations':>10} {'depth':>5} {'update ms':>10} {'us/element':>10} "
         f"{'growth':>7} {'+read all ms':>12}"

@@ -525,15 +525,16 @@ def main() -> None:
     if args.serve_baseline is not None:
         serve_baseline(args.serve_baseline)
         return
-    if args.clients < 2 or args.duration <= 0:
-        parser.error("--clients must be at least 2 and --duration positive")
+    if args.clients < 2 or not 0 < args.duration < 3600:  # nan, inf: a case never ended
+        parser.error("--clients must be at least 2 and --duration positive, under an hour")
     if args.contended_capacity is None:
         args.contended_capacity = max(1, args.clients // 4)
     if not 1 <= args.contended_capacity < args.clients:
         parser.error("--contended-capacity must be at least 1 and less than --clients")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if not set(backends) <= {"sqlite", "postgresql"}:
-        parser.error("--backends: sqlite and/or postgresql")
+    if not backends or not set(backends) <= {"sqlite", "postgresql"} or (
+            len(set(backends)) < len(backends)):
+        parser.error("--backends: sqlite and/or postgresql, each once")
 
     def interrupted(signum: int, _: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

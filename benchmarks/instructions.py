@@ -37,6 +37,7 @@ sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or ".").resolve() != 
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import atexit  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -100,7 +101,9 @@ def bench_service() -> Service:
     """A service on a new SQLite store with the pool and policy the cycles use."""
     from fairpool.service import open_service
 
-    service = open_service(tempfile.mkdtemp(prefix="fairpool-bench-instructions-"))
+    home = tempfile.mkdtemp(prefix="fairpool-bench-instructions-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # 8 were left by each run
+    service = open_service(home)
     service.create_pool("bench", {"gpu": 64})
     service.attach_policy("bench", "bench")
     return service

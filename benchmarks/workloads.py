@@ -94,6 +94,8 @@ def sizes_argument(text: str) -> list[int]:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"a comma-separated list of positive sizes: {text!r}")
+    if len(set(sizes)) < len(sizes):  # each size's store is made once (workloads-N.db)
+        raise argparse.ArgumentTypeError(f"a size given twice: {text!r}")
     return sizes
 
 

@@ -23,8 +23,15 @@ def test_it_prints_a_row_per_step_and_the_ratios() -> None:
     assert len(ratios.split()) == 6
 
 
-@pytest.mark.parametrize("args", [["--versions", "0"], ["--every", "x"], ["--queues", "0"]])
-def test_bad_arguments_are_refused(args: list[str]) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["--versions", "0"], "--versions must be at least 1"),
+    (["--every", "x"], "--every: invalid int value: 'x'"),
+    (["--queues", "0"], "--queues must be at least 1"),
+    # Its documents are longer than a config may be: a traceback at the first apply.
+    (["--queues", "150"], "--queues 150: its documents are longer than the 60,000"),
+])
+def test_bad_arguments_are_refused(args: list[str], said: str) -> None:
     run = subprocess.run([sys.executable, SCRIPT, *args],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 2, run.stderr
+    assert said in run.stderr.splitlines()[-1], run.stderr

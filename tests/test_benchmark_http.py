@@ -64,3 +64,16 @@ def test_the_http_benchmark_measures_both_backends_and_the_bare_endpoint(
             assert 0 < float(p50) <= float(p99), out
         else:
             assert (p50, p99) == ("-", "-"), out
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--duration", "nan"], "--duration positive, under an hour"),  # never ended
+    (["--duration", "inf"], "--duration positive, under an hour"),
+    (["--backends", "sqlite,sqlite"], "--backends: sqlite and/or postgresql, each once"),
+    (["--backends", ","], "--backends: sqlite and/or postgresql, each once"),  # measured nothing
+])
+def test_bad_arguments_are_one_line(args: list[str], said: str) -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "http.py"), *args],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 2, run.stderr
+    assert said in run.stderr.splitlines()[-1], run.stderr

@@ -4,6 +4,7 @@ report, never checked here."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,13 @@ SCRIPT = str(ROOT / "benchmarks" / "instructions.py")
 
 
 @pytest.mark.parametrize("case", ["app", "batched", "shaped", "bare", "service"])
-def test_each_case_runs_its_cycles(case: str) -> None:
+def test_each_case_runs_its_cycles(case: str, tmp_path: Path) -> None:
+    """... and leaves nothing behind (a store was left in /tmp by each case's run)."""
     run = subprocess.run([sys.executable, SCRIPT, "--case", case, "--cycles", "3"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert run.returncode == 0, run.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("cycles", ["300,100", "0,100", "100", "x"])

@@ -21,8 +21,14 @@ def test_it_prints_a_row_per_size() -> None:
     assert "ratio" in header and [row.split()[0] for row in rows] == ["3", "6"]
 
 
-@pytest.mark.parametrize("args", [["--sizes", "0"], ["--sizes", "x"], ["--submits", "0"]])
-def test_bad_arguments_are_refused(args: list[str]) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["--sizes", "0"], "--sizes: a comma-separated list of positive sizes: '0'"),
+    (["--sizes", "x"], "--sizes: a comma-separated list of positive sizes: 'x'"),
+    (["--sizes", "5,5"], "--sizes: a size given twice: '5,5'"),  # a crash, the store reused
+    (["--submits", "0"], "--submits"),
+])
+def test_bad_arguments_are_refused(args: list[str], said: str) -> None:
     run = subprocess.run([sys.executable, SCRIPT, *args],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 2, run.stderr
+    assert said in run.stderr.splitlines()[-1], run.stderr
