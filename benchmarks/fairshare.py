@@ -8,7 +8,7 @@ split into sub-projects), strong guarantees on departments and some teams (alway
 parent's, as the front-end validates), weights, ``resource_limits`` on some pools and
 operations, about one leaf pool in eight in FIFO mode (with mixed ``fifo_sort_parameters``),
 operations with running and pending jobs of random cpu / memory / gpu vectors, and total
-demand about three times the cluster, so that guarantees, weights and limits all matter.
+demand about four times the cluster, so that guarantees, weights and limits all matter.
 
 Prints, per size, the median of ``--runs`` updates (starvation on, as the service calls it; pools
 and operations are described lazily), the time per element, the growth against the previous
