@@ -550,17 +550,29 @@ def test_not_ready_when_the_database_no_longer_holds_this_servers_schema(
     try:
         with db.write() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        moved = (f"the database's schema is at revision 9999, and this server works with "
+                 f"revision {SCHEMA_HEAD}: run the fairpool that migrated it")
         try:
             refused = httpx.get(server.url + "/readyz")
             assert refused.status_code == 503
-            assert refused.json()["detail"] == (
-                f"the database's schema is at revision 9999, and this server works with "
-                f"revision {SCHEMA_HEAD}: run the fairpool that migrated it")
+            assert refused.json()["detail"] == moved
+            # Nor does it write any more (it wrote on: rows the newer code reads otherwise;
+            # helper-80), its tick included.
+            with db.read() as conn:
+                before = conn.execute(text("SELECT value FROM store_generation")).scalar()
+            write = httpx.post(server.url + API + "/pools", json={"name": "after-the-move",
+                                                                  "capacity": {"gpu": 1}})
+            assert (write.status_code, write.json()["detail"]) == (503, moved)
+            time.sleep(1.5)  # a tick or more
+            with db.read() as conn:
+                assert conn.execute(text("SELECT value FROM store_generation")).scalar() == before
         finally:
             with db.write() as conn:
                 conn.execute(text("UPDATE alembic_version SET version_num = :head"),
                              {"head": SCHEMA_HEAD})
         assert ok(httpx.get(server.url + "/readyz")) == {"status": "ready"}
+        ok(httpx.post(server.url + API + "/pools", json={"name": "after-the-move",
+                                                        "capacity": {"gpu": 1}}), 201)
     finally:
         db.close()
 

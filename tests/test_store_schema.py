@@ -180,6 +180,20 @@ def test_downgrade_to_base_and_back(db: Database) -> None:
         }
 
 
+def test_opening_an_older_store_upgrades_it_and_says_so(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator upgrading a shared store saw nothing of it (helper-80)."""
+    with Database.open(database_url) as db, db.migrating() as connection:
+        command.downgrade(migration_config(connection), "0011")
+        where = db.where
+    with caplog.at_level("WARNING", logger="fairpool.store"):
+        Database.open(database_url).close()
+        Database.open(database_url).close()  # at head: nothing said
+    assert [r.getMessage() for r in caplog.records if r.name == "fairpool.store"] == [
+        f"Upgraded the store {where} from schema revision 0011 to {SCHEMA_HEAD}"]
+
+
 def test_reopening_keeps_data(database_url: str) -> None:
     with Database.open(database_url) as db, db.write() as connection:
         repo.insert_pool(connection, "gpus", None, {"gpu": 8}, NOW)

@@ -144,6 +144,8 @@ class Api:
         service.on_batch = self.metrics.batch
         self.reconciler = Reconciler(self.tick, tick)
         self.stopping = False
+        #: Whether the log said the schema moved on (once, until it is this server's again).
+        self._schema_moved_said = False
 
     def _committed(self, summary: PassSummary, dequeued: Mapping[str, RequestView]) -> None:
         """A pass has committed: count it, and wake the long-polls of the requests it took
@@ -192,7 +194,19 @@ class Api:
         """The reconciler's pass: requests (leases, timeouts), then pool trees (starvation
         timeouts act without a command), then waiting workloads (their decisions depend on
         time too: a blocked one holds units after 300 s; one small read when none waits),
-        then a prune if due; each also when an earlier one failed (each failure logged)."""
+        then a prune if due; each also when an earlier one failed (each failure logged).
+        First, whether the schema is still this server's (one small read): once a newer
+        fairpool migrated it, nothing is written any more (``Database.schema_moved``)."""
+        try:
+            problem = self.service.db.schema_problem()
+        except Exception:  # the database away: the steps say so, as ever
+            problem = None
+        if problem is not None:
+            if not self._schema_moved_said:
+                log.error("Writing nothing more: %s", problem)
+                self._schema_moved_said = True
+            return
+        self._schema_moved_said = False
         for step in (self.service.tick, self.reconcile_trees,
                      self.scheduling.reconcile_waiting, self.prune_if_due):
             try:

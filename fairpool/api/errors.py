@@ -39,6 +39,7 @@ from fairpool.errors import (
     one_line,
     shown,
 )
+from fairpool.store.db import SchemaMoved
 
 log = logging.getLogger("fairpool.api")
 
@@ -252,6 +253,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return validation_error(exc.errors())
 
     async def on_fairpool(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, SchemaMoved):  # for good: no Retry-After
+            return error_response(503, str(exc))
         if isinstance(exc, Unreachable):  # the database lost or away: as an OperationalError
             return await on_database(request, exc)
         if isinstance(exc, InvalidInput):

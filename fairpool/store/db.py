@@ -145,6 +145,11 @@ class DatabaseUnreachable(Unreachable):
         self.orig = orig
 
 
+class SchemaMoved(Unreachable):
+    """The database's schema is no longer this process's (``Database.schema_moved``): it
+    writes nothing more. Retrying does not help; the fairpool that migrated it does."""
+
+
 class DatabaseLocked(DatabaseUnreachable):
     """SQLite: another process held the write lock past ``LOCK_TIMEOUT_MS`` (a long write,
     many writing at once); nothing was written. A passing outage too: a wait rides it out,
@@ -244,6 +249,9 @@ class Database:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        #: Why this process must write no more (``schema_problem`` found the schema moved on,
+        #: or gone): every write then fails with it, a server's answers 503.
+        self.schema_moved: str | None = None
         # Writers of this process queue here rather than at the database lock, where SQLite's
         # busy handler would make them sleep in steps of up to 100 ms after it is free.
         self._write_lock = threading.Lock()
@@ -394,6 +402,8 @@ class Database:
         another write of this process is running, or no writer connection is open (opening
         one would block)."""
         assert not self.embedded, "an embedded write has no round trip to await"
+        if self.schema_moved is not None:
+            raise SchemaMoved(self.schema_moved)
         if not self._write_lock.acquire(blocking=False):
             raise WouldWait("another write of this process is running")
         try:
@@ -496,6 +506,8 @@ class Database:
         self, bump: bool, wait: bool = True, defer: bool = False, last_seen: int | None = None,
         migrate: bool = False,
     ) -> Iterator[Connection]:
+        if self.schema_moved is not None and not migrate:
+            raise SchemaMoved(self.schema_moved)
         if not wait and not self.embedded:
             raise WouldWait("a PostgreSQL write waits for the network")
         if not self._write_lock.acquire(blocking=wait):
@@ -773,17 +785,21 @@ class Database:
 
     def schema_problem(self) -> str | None:
         """Why the database no longer holds the schema this process works with, or None
-        (``/readyz``): one dropped and made again, or upgraded by a newer fairpool since this
-        process opened it, answers, but fails every request."""
+        (``/readyz``, a server's tick): one dropped and made again, or upgraded by a newer
+        fairpool since this process opened it. From then on this process writes nothing
+        (``schema_moved``): a server on the old schema went on writing rows the newer code
+        reads otherwise (helper-80)."""
         with self.read() as connection:
             revision = _current_revision(connection)
-        if revision == SCHEMA_HEAD:
-            return None
+        problem = None
         if revision is None:
-            return ("the database holds no fairpool schema any more (alembic_version is "
-                    "missing or empty): was it dropped and made again? restart to create it")
-        return (f"the database's schema is at revision {revision}, and this server works with "
-                f"revision {SCHEMA_HEAD}: run the fairpool that migrated it")
+            problem = ("the database holds no fairpool schema any more (alembic_version is "
+                       "missing or empty): was it dropped and made again? restart to create it")
+        elif revision != SCHEMA_HEAD:
+            problem = (f"the database's schema is at revision {revision}, and this server "
+                       f"works with revision {SCHEMA_HEAD}: run the fairpool that migrated it")
+        self.schema_moved = problem
+        return problem
 
     def _upgrade(self) -> None:
         with self.read() as connection:
@@ -799,26 +815,33 @@ class Database:
         # so that of several processes opening a new database at once one makes it and the
         # others then find it at head. No writer runs against a half-migrated schema.
         with self.migrating() as connection:
-            _to_head(connection)
+            upgraded = _to_head(connection)
+        if upgraded is not None:  # said: an operator upgrading a shared store saw nothing
+            log.warning("Upgraded the store %s from schema revision %s to %s", self.where,
+                        upgraded, SCHEMA_HEAD)
 
 
-def _to_head(connection: Connection) -> None:
+def _to_head(connection: Connection) -> str | None:
     """Bring the schema to head, its revision read again under the lock (another process
-    may have brought it there meanwhile). A store an older fairpool left is migrated; a new
-    database is made from the metadata and stamped at head, as Alembic advises: 16 ms on
-    SQLite, where running every migration took 160-190 ms (most rebuild a table), for every
-    new store a command, a server or a test opens. The tests check that both ways make the
-    same store."""
+    may have brought it there meanwhile); the revision it upgraded from, if it did. A store
+    an older fairpool left is migrated; a new database is made from the metadata and stamped
+    at head, as Alembic advises: 16 ms on SQLite, where running every migration took 160-190
+    ms (most rebuild a table), for every new store a command, a server or a test opens. The
+    tests check that both ways make the same store."""
     from alembic import command
 
     config = migration_config(connection)
-    if _current_revision(connection) is None:  # new: ``_refusal`` saw no table
+    revision = _current_revision(connection)
+    if revision is None:  # new: ``_refusal`` saw no table
         from fairpool.store.schema import metadata
 
         metadata.create_all(connection, checkfirst=False)  # a table made meanwhile: refused
         command.stamp(config, "head")
-    else:
-        command.upgrade(config, "head")
+        return None
+    if revision == SCHEMA_HEAD:
+        return None
+    command.upgrade(config, "head")
+    return revision
 
 
 #: The driver fairpool installs, by backend.
