@@ -138,7 +138,7 @@ RULES: dict[str, Rule] = {
         "delete_tree_pool",
     )},
     **{name: Rule.ANY for name in (
-        "list_nodes", "list_pool_trees", "show_pool_tree", "get_default_tree",
+        "list_nodes", "list_pool_trees", "show_pool_tree", "export_pool_tree", "get_default_tree",
         "describe_tree_pool", "list_operations", "start_operation",
     )},
     **{name: Rule.OWN_OPERATION for name in (
