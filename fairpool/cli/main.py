@@ -29,6 +29,7 @@ from fairpool.cli.workload import workload
 from fairpool.errors import FairpoolError, InvalidInput, one_line, said
 from fairpool.frontends.names import check_unicode
 from fairpool.integrations.zenml.cli import zenml
+from fairpool.store.revision import SCHEMA_HEAD
 from fairpool.views import MAX_RETENTION, PruneView
 
 
@@ -146,7 +147,8 @@ class FairpoolGroup(click.Group):
                      "server's PostgreSQL, say. Env FAIRPOOL_DATABASE_URL; with FAIRPOOL_URL "
                      "also set, the server is used.", envvar="FAIRPOOL_DATABASE_URL")
 @click.option("--token", envvar="FAIRPOOL_TOKEN", default=None, hidden=True)
-@click.version_option(package_name="fairpool", prog_name="fairpool")
+@click.version_option(package_name="fairpool", prog_name="fairpool",
+                      message=f"%(prog)s, version %(version)s (store schema {SCHEMA_HEAD})")
 @click.pass_context
 def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str | None,
         token: str | None) -> None:

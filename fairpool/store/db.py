@@ -65,6 +65,7 @@ from fairpool.store.direct import (
     stop_deferring,
     take_deferred,
 )
+from fairpool.store.revision import SCHEMA_HEAD as SCHEMA_HEAD  # re-exported
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -174,10 +175,6 @@ def default_url(home: Path) -> URL:
     return URL.create("sqlite", database=str(home / "fairpool.db"))
 
 
-#: The newest migration. Opening compares the database with it in plain SQL, so the common
-#: case (schema up to date) never imports Alembic, which costs every CLI call ~0.2 s.
-#: tests/test_store_schema.py checks it is the migrations' head.
-SCHEMA_HEAD = "0017"
 
 
 def migration_config(connection: Connection) -> Config:
