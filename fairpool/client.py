@@ -35,6 +35,8 @@ from fairpool.errors import (
     InvalidInput,
     NotFound,
     Unreachable,
+    from_database,
+    said,
     validate_int,
 )
 from fairpool.leases import (
@@ -193,10 +195,12 @@ class Grant:
         except Conflict:
             # Preempted, expired or released between two heartbeats.
             self.lost = self._client.get(self.request.id)
-        except Unreachable as error:
+        except Exception as error:
             # The block's work is done: not lost for want of a release the lease makes
-            # anyway (as ``fairpool run`` goes on).
-            log.warning("%s; the units go back when the lease expires", error)
+            # anyway (as ``fairpool run`` goes on), the database out of reach or full.
+            if not isinstance(error, Unreachable) and not from_database(error):
+                raise
+            log.warning("%s; the units go back when the lease expires", said(error))
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -15,6 +16,14 @@ def one_line(text: str) -> str:
     stripped and joined by single spaces. Spaces within a line are kept: a value shown in
     it, ``(got '   ')``, is shown as it was."""
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def from_database(error: BaseException) -> bool:
+    """Whether ``error`` is the database's own (SQLAlchemy's ``DBAPIError``: a full disk, a
+    damaged file), not fairpool's. SQLAlchemy is looked for only where it is loaded: a remote
+    client never loads it."""
+    exc = sys.modules.get("sqlalchemy.exc")
+    return exc is not None and isinstance(error, exc.DBAPIError)
 
 
 def said(error: BaseException) -> str:

@@ -807,3 +807,37 @@ def test_a_wait_writes_nothing_while_nothing_changes(home: str) -> None:
     # Nobody heartbeats the holder: a poll finds its lease run out, passes, is granted.
     assert client.wait(waiter.id, 10).status == "allocated"
     assert client.get(holder.id).status == "released"
+
+
+def test_a_release_the_database_refuses_is_a_warning(
+    home: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at the end of a block: its result stands, the lease gives the units back
+    (a traceback from ``__exit__`` replaced it: helper-78). ``fairpool run`` alike."""
+    from sqlalchemy.exc import OperationalError
+
+    from fairpool.service import Service
+
+    def full(self: Service, ref: str) -> RequestView:
+        raise OperationalError("UPDATE ...", {}, sqlite3.OperationalError(
+            "database or disk is full"))
+
+    client = Client(home=home)
+    with client.acquire({"gpu": 2}, component="low", lease_ttl=60) as grant:
+        monkeypatch.setattr(Service, "release_request", full)
+    assert ("database or disk is full; the units go back when the lease expires"
+            in caplog.text)
+    monkeypatch.undo()
+    assert client.get(grant.id).status == "allocated"
+    client.release(grant.id)
+
+    from click.testing import CliRunner
+
+    from fairpool.cli.main import cli
+
+    monkeypatch.setattr(Service, "release_request", full)
+    result = CliRunner().invoke(cli, ["--home", home, "run", "--component", "low",
+                                      "--gpu-count", "2", "--", "sh", "-c", "exit 3"])
+    assert result.exit_code == 3, result.output  # the command's, not 1
+    assert ("Warning: database or disk is full; the units go back when the lease expires"
+            in result.output)

@@ -33,7 +33,7 @@ from fairpool.cli.resource_request import (
     restore,
     wait_or_cancel,
 )
-from fairpool.errors import Conflict, NotFound, Unreachable, said
+from fairpool.errors import Conflict, NotFound, Unreachable, from_database, said
 from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL,
@@ -113,8 +113,10 @@ def run(lease_ttl: int, timeout: float | None, grace: float, command: tuple[str,
                 ended = svc.get_request(request.id)
                 o.declare(lost_as_it_ended(ended, "command"))
                 _not_followed(ended, not_followed())
-            except Unreachable as error:
-                o.declare(f"Warning: {error}; the units go back when the lease expires")
+            except Exception as error:  # out of reach, or the database full: it stays ours
+                if not isinstance(error, Unreachable) and not from_database(error):
+                    raise
+                o.declare(f"Warning: {said(error)}; the units go back when the lease expires")
             sys.exit(code)
         o.declare(f"Resource request `{lost.id}` was {lost.status}: {lost.status_reason}")
         if signum is not None:  # stopped from outside meanwhile: nobody wants the retry
