@@ -117,8 +117,13 @@ class InvalidInput(FairpoolError, ValueError):
         return error
 
     @classmethod
-    def no_tree(cls) -> InvalidInput:
-        """No pool tree named and no default set: the same words embedded and remote."""
+    def no_tree(cls, trees: bool = True) -> InvalidInput:
+        """No pool tree named and no default set (``trees``: there are some): the same words
+        embedded and remote. With none at all, how to make one (it said to set a default)."""
+        if not trees:
+            return cls.from_message("tree", "tree: there is no pool tree yet (`fairpool "
+                                    "pool-tree create NAME` makes one; resource pools are "
+                                    "`fairpool resource-pool`)")
         return cls.from_message("tree", "tree: no tree given and no default_tree set "
                                 "(`fairpool pool-tree default NAME` sets one)")
 

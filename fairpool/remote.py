@@ -694,7 +694,7 @@ class RemoteTrees:
             return name
         default = self.default_tree()
         if default is None:
-            raise InvalidInput.no_tree()
+            raise InvalidInput.no_tree(trees=bool(self.list_trees()))
         return default
 
     # -- nodes -------------------------------------------------------------------------------

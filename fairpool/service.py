@@ -54,7 +54,13 @@ from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.outage import Outage
 from fairpool.paging import Page, check_page
 from fairpool.store import repo
-from fairpool.store.db import Database, DatabaseUnreachable, default_url, fairpool_home
+from fairpool.store.db import (
+    Database,
+    DatabaseUnreachable,
+    default_url,
+    fairpool_home,
+    read_generation,
+)
 from fairpool.store.db import generation as db_generation
 from fairpool.store.direct import DeferredWriteFailed, send_deferred
 from fairpool.store.records import (
@@ -359,6 +365,10 @@ class _Run:
     dequeued: dict[str, RequestView] = field(default_factory=dict)
 
 
+#: The most requests ``Service.wait`` remembers its last pass for.
+_WAITS_KEPT = 1000
+
+
 class Service:
     def __init__(
         self, db: Database, clock: Callable[[], datetime] = _utcnow, catch_up: bool = False
@@ -371,6 +381,8 @@ class Service:
         self.catch_up = catch_up
         #: A client's (``catch_up``) waits ride out the database out of reach for a while.
         self._outage = Outage("database") if catch_up else None
+        #: Per request a wait left queued, the generation its last pass left (``wait``).
+        self._passed_at: dict[str, int] = {}
         #: Called with every committed pass's summary and the views of the requests it took
         #: out of the queue (``PassSummary.dequeued``) as committed: the server's metrics and
         #: long-poll wake-ups, which answer with those views instead of reading them. After
@@ -869,16 +881,29 @@ class Service:
         """The request once it leaves the queue, or as it stands after ``seconds``.
 
         Polls with capped backoff (other processes' releases reach us only through the
-        file): a read, which passes first only when a lease ran out (``_catch_up``). Every
-        write runs its own pass, and a pass changes nothing that time alone would but lease
-        expiries; each poll ran one, a write, so that an idle waiter took the write lock ~3
-        times a second (helper-78). Holds no transaction while sleeping. A client's wait
-        polls on through a database out of reach, for up to ``WAIT_OUTAGE`` (``Outage``).
+        file). Each poll passes when the store changed since this wait's last pass, or that
+        pass decided something: a pass after a pass can still decide (a grant in one pass
+        may make a preemption possible only in the next: semantics.md's fixed-point
+        exception). Otherwise it only reads (a lease that ran out passes: ``_catch_up``):
+        a pass at every poll was a write, ~3 a second for each idle waiter (helper-78); none
+        at all left a waiter queued that the next pass would grant (helper-82). Holds no
+        transaction while sleeping. A client's wait polls on through a database out of
+        reach, for up to ``WAIT_OUTAGE`` (``Outage``).
         """
         deadline = time.monotonic() + seconds
         delay = 0.1
+        # The store's generation after a pass that decided nothing, kept from one call to
+        # the next: the CLI and the SDK wait in slices.
+        passed_at = self._passed_at.pop(ref, None)
         while True:
             try:
+                if passed_at is None or self._generation() != passed_at:
+                    summary, made = self._write(
+                        lambda tx: lambda tx, done: (done.summary, db_generation(tx.conn)),
+                        tracked=True)
+                    decided = summary.granted or summary.preempted or summary.rejected or (
+                        summary.expired)
+                    passed_at = None if decided else made
                 request = self.get_request(ref)
             except DatabaseUnreachable as error:
                 if self._outage is None:
@@ -886,9 +911,17 @@ class Service:
                 request = self._outage.unheard(ref, error)
             left = deadline - time.monotonic()
             if request.status != RequestStatus.QUEUED.value or left <= 0:
+                if request.status == RequestStatus.QUEUED.value and passed_at is not None:
+                    if len(self._passed_at) >= _WAITS_KEPT:  # the oldest: waited for no more
+                        self._passed_at.pop(next(iter(self._passed_at)))
+                    self._passed_at[ref] = passed_at
                 return request
             time.sleep(min(left, jittered(delay)))
             delay = min(delay * 2, 2.0)
+
+    def _generation(self) -> int:
+        with self.db.read(statement=True) as conn:
+            return read_generation(conn)
 
     def heartbeat(self, ref: str) -> RequestView:
         """The holder is alive: renew the lease of an allocated request. Any status is

@@ -931,7 +931,7 @@ class TreesService:
             return name
         default = store.default_tree(conn)
         if default is None:
-            raise InvalidInput.no_tree()
+            raise InvalidInput.no_tree(trees=bool(store.list_trees(conn)))
         return default
 
     def _tree_view(self, conn: Connection, name: str, detailed: bool = False) -> TreeView:

@@ -234,6 +234,12 @@ def test_remote_mode_goes_through_the_server_whose_tick_ends_starvation(
         def remote(*args: str) -> Result:
             return fairpool(unused, "--url", server.url, *args)
 
+        # No tree at all: how to make one, embedded and remote alike (it said to set a
+        # default tree, where there was none to set: helper-79).
+        none_yet = ("tree: there is no pool tree yet (`fairpool pool-tree create NAME` makes "
+                    "one; resource pools are `fairpool resource-pool`)")
+        assert_one_error(remote("pool", "describe", "gpus"), none_yet)
+        assert_one_error(fairpool(tmp_path / "embedded", "pool", "describe", "gpus"), none_yet)
         remote("node", "add", "n1", "--tags", "gpu", "--resources", '{"cpu": 100}').ok()
         assert remote("pool-tree", "apply", "-f", str(tree)).ok().out.startswith("+ tree")
         remote("pool-tree", "set", "physical", "fair_share_starvation_timeout", "500").ok()

@@ -791,23 +791,45 @@ def test_a_release_the_write_lock_kept_out_is_a_warning(
 
 def test_a_wait_writes_nothing_while_nothing_changes(home: str) -> None:
     """Every poll of an embedded wait ran a pass, a write: an idle waiter took the write lock
-    about 3 times a second, 12 of them 36 (helper-78). Another process's release (a write,
-    which passes) grants it all the same, and a lease that ran out meanwhile too."""
+    about 3 times a second, 12 of them 36 (helper-78). Now one pass, then reads until the
+    store changes (from one call to the next: the CLI and the SDK wait in slices); a lease
+    that ran out meanwhile is still found, and grants the waiter."""
     from fairpool.store.db import read_generation
 
     client = Client(home=home)
-    holder = client.submit({"gpu": 2}, component="low", lease_ttl=1)
+    holder = client.submit({"gpu": 2}, component="low", lease_ttl=2)
     waiter = client.submit({"gpu": 2}, component="low")
     svc = open_service(home)
+    assert client.wait(waiter.id, 0.2).status == "queued"  # its one pass
     with svc.db.read() as conn:
         before = read_generation(conn)
     assert client.wait(waiter.id, 0.5).status == "queued"
-    with svc.db.read() as conn:
+    with svc.db.read() as conn:  # the pass it made is remembered from one wait to the next
         assert read_generation(conn) == before
     # Nobody heartbeats the holder: a poll finds its lease run out, passes, is granted.
     assert client.wait(waiter.id, 10).status == "allocated"
     assert client.get(holder.id).status == "released"
 
+
+def test_a_wait_passes_again_after_another_process_wrote(home: str) -> None:
+    """A grant in one pass can make a preemption possible in the next only (semantics.md's
+    fixed-point exception): another process's write granted G, and a wait that only read
+    left W queued, although the next pass grants it by preempting V (helper-82)."""
+    svc = open_service(home)
+    svc.create_pool("fp", {"gpu": 2, "mcpu": 4000})
+    svc.attach_policy("fp", "hi", priority=5)
+    svc.attach_policy("fp", "team", priority=0, reserved={"gpu": 2})
+    svc.attach_policy("fp", "lo", priority=0)
+    victim = svc.create_request("team", demand={"gpu": 2, "mcpu": 1000})
+    svc.create_request("lo", demand={"mcpu": 1000})
+    client = Client(home=home)
+    waiter = client.submit({"gpu": 1, "mcpu": 1000}, component="hi")
+    assert waiter.status == "queued"
+    waited = ThreadPoolExecutor(1).submit(client.wait, waiter.id, 20)
+    time.sleep(0.5)  # the wait has passed once, and reads
+    assert svc.create_request("lo", demand={"mcpu": 2000}).status == "allocated"
+    assert waited.result().status == "allocated"
+    assert svc.get_request(victim.id).status == "preempted"
 
 def test_a_release_the_database_refuses_is_a_warning(
     home: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -571,8 +571,9 @@ def test_every_cli_command_prints_the_same_embedded_and_remote(
     for needle in ("no resource pool 'nope'", "no resource pool ''", "no pool tree 'nope'", "unknown pool option",
                    "no component 'nope'", "no resource queue 'nope' in any scheduler config",
                    "max_operation_count is 1", "job_count: must be a positive integer",
-                   "Error: tree: no tree given and no default_tree set (`fairpool pool-tree "
-                   "default NAME` sets one)\n", "already completed",
+                   "Error: tree: there is no pool tree yet (`fairpool pool-tree create NAME` "
+                   "makes one; resource pools are `fairpool resource-pool`)\n",
+                   "already completed",
                    "tree_options.cpus: is not one of the operation's trees",
                    "no pool tree 'other'", "complete or abort them first", "no pool tree ''",
                    "offloading_settings.a: must be {pool: <name>}",
