@@ -12,7 +12,16 @@ from dataclasses import dataclass
 import pytest
 
 from fairpool.engine.explain import queue_entries
-from fairpool.engine.model import Check, Rule
+from fairpool.engine.model import (
+    Allocation,
+    Charge,
+    Check,
+    Node,
+    Placement,
+    Request,
+    Rule,
+    Snapshot,
+)
 from fairpool.engine.reconcile import reconcile
 from tests.worlds import World, demand, only, outcome
 
@@ -729,3 +738,39 @@ def test_one_pass_does_what_the_next_would_have(case: OnePass) -> None:
     again = world.plan()
     assert (again.grants, again.preemptions) == ((), ())
     assert queue_entries(again) == queue_entries(plan)
+
+
+def test_a_key_nothing_meters_decides_nothing() -> None:
+    """Two grants alike but for a ``memory_mb`` nothing meters (the pool leaves it open):
+    grouped together (``_shape``), they decide as they would without it. The memory made the
+    second grant's leaf "borrow", which unparked the waiter W, which then preempted V in the
+    same pass; without the memory W waited for the next (helper-82). Either way no decision
+    may depend on an unmetered amount."""
+    open_keys = frozenset({"mcpu", "memory_mb", "step_run"})
+    pool = Node("P", "pool p", None, {"gpu": 2, "cpu": 4}, open_keys, backfill_after=None)
+
+    def leaf(name: str, gpu: int) -> Node:
+        return Node(name, f"policy {name}", "P", guarantee={"gpu": gpu, "cpu": 0},
+                    limit={"gpu": 2, "cpu": 4})
+
+    def placement(leaf_id: str, priority: int, **amounts: int) -> Placement:
+        return Placement("P", (Charge(leaf_id, amounts),), priority)
+
+    nodes = {"P": pool, "L1": leaf("L1", 0), "L2": leaf("L2", 2), "L3": leaf("L3", 0)}
+    running = (Allocation("V", placement("L2", 0, gpu=2, cpu=1), 10.0),
+               Allocation("R3", placement("L3", 0, cpu=1), 11.0))
+
+    def plan_with(queue: tuple[Request, ...]) -> tuple[object, ...]:
+        plan = reconcile(Snapshot(100.0, nodes, running, queue))
+        return plan.grants, plan.preemptions, queue_entries(plan)
+
+    waiter = Request("W", 0.0, (placement("L1", 5, gpu=1, cpu=1),))
+    for memory in ({"memory_mb": 512}, {"memory_mb": 1}):
+        # A grant of its own class (before the fix: W granted, V preempted, in this pass)...
+        assert plan_with((waiter, Request("G", 1.0, (placement("L3", 0, cpu=2, **memory),)))
+                         ) == plan_with((waiter, Request("G", 1.0, (placement("L3", 0, cpu=2),))))
+        # ... and one grouped with another that has none (the class's first decides).
+        assert plan_with((waiter, Request("G1", 1.0, (placement("L3", 0, cpu=1),)),
+                          Request("G2", 2.0, (placement("L3", 0, cpu=1, **memory),)))
+                         ) == plan_with((waiter, Request("G1", 1.0, (placement("L3", 0, cpu=1),)),
+                                         Request("G2", 2.0, (placement("L3", 0, cpu=1),))))

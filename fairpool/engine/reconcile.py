@@ -796,6 +796,8 @@ class _Pass:
             leaf = self.forest.nodes[charge.leaf]
             used = self.usage[charge.leaf]
             for key, amount in charge.amounts.items():
+                if not self.forest.bounded(charge.leaf, key):
+                    continue  # nothing meters it: borrowing it preempts nobody (``_shape``)
                 guarantee = leaf.guarantee.get(key, 0)
                 if used.get(key, 0) - amount <= guarantee < used.get(key, 0) and any(
                     a not in self.granted_now and a not in self.kept
