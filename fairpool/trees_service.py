@@ -915,10 +915,10 @@ class TreesService:
 
     def tick(self, name: str) -> bool:
         """The server's pass over a tree each second (whether it passed): only where time
-        alone can change a decision (``store.time_acts_on``). Every write that changes a
-        tree passes over it itself, and an integral pool's volume is reckoned over the time
-        since its last pass, whenever that comes. A pass over a large tree with nothing
-        waiting took seconds of the writer's lock, each second (helper-79)."""
+        alone can change a decision (``store.time_acts_on``: waiting operations, interrupted
+        jobs, integral pools). Every write that changes a tree passes over it itself. A pass
+        over a large tree with nothing waiting took seconds of the writer's lock, each
+        second (helper-79)."""
         with self.db.read() as conn:
             if not store.time_acts_on(conn, name):
                 return False

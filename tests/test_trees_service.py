@@ -1187,6 +1187,18 @@ def test_an_idle_integral_pool_accrues_at_its_flow_up_to_its_capacity(
     assert view["integral"]["accumulated_resource_volume"] == {"cpu": float(volume)}
 
 
+def test_the_servers_tick_passes_a_tree_with_an_integral_pool(
+    integral_trees: TreesService, still: Clock
+) -> None:
+    """Nothing waits, but B's volume moves with time at a share that depends on it: one pass
+    after a long gap drained what a pass each second kept (helper-82), so the tick passes."""
+    integral_trees.start_operation(user="u", job_resources={"cpu": 1}, job_count=100,
+                                   trees=["burst"], pool="B")
+    still.now += timedelta(seconds=1)
+    assert integral_trees.tick("burst") is True
+    assert stored_integral(integral_trees, "B")[2] == still.now
+
+
 def test_a_pool_that_stops_being_integral_forgets_its_volume(
     integral_trees: TreesService, still: Clock
 ) -> None:

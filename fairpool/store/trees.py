@@ -373,9 +373,12 @@ def count_live_operations(connection: Connection, tree: str) -> dict[str, int]:
 def time_acts_on(connection: Connection, tree: str) -> bool:
     """Whether time alone can change a decision in ``tree``: a started operation waits
     there (its placement pending, or with a reason: jobs pending; starvation clocks run for
-    those only), or one of its jobs there is being interrupted (a deadline)."""
-    table, placement, job = (
-        schema.tree_operation, schema.tree_operation_placement, schema.tree_job
+    those only), one of its jobs there is being interrupted (a deadline), or a pool has
+    integral guarantees (its volume is refilled and consumed at a share that depends on the
+    volume: one pass over a long gap drained what a pass a second kept; helper-82)."""
+    table, placement, job, pool = (
+        schema.tree_operation, schema.tree_operation_placement, schema.tree_job,
+        schema.tree_pool,
     )
     live = select(placement.c.operation_id).join(
         table, table.c.id == placement.c.operation_id
@@ -385,7 +388,12 @@ def time_acts_on(connection: Connection, tree: str) -> bool:
         job.c.operation_id.in_(live), job.c.tree == tree,
         job.c.status == JobStatus.INTERRUPTING.value,
     )
-    return bool(connection.scalar(select(waiting.exists() | interrupted.exists())))
+    integral = select(pool.c.name).where(
+        pool.c.tree == tree, pool.c.integral_updated_at.is_not(None)
+    )
+    return bool(connection.scalar(
+        select(waiting.exists() | interrupted.exists() | integral.exists())
+    ))
 
 
 # -- jobs --------------------------------------------------------------------------------------
