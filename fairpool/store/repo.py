@@ -1133,7 +1133,9 @@ def finished_before(table: Table, before: datetime) -> ColumnElement[bool]:
     ).cte("kept_attempts", recursive=True)
     kept = kept.union(select(earlier.c.previous_attempt_id).where(
         earlier.c.id == kept.c.id, earlier.c.previous_attempt_id.is_not(None)))
-    return ended & table.c.id.not_in(select(kept.c.id))
+    # NOT EXISTS, an anti-join: PostgreSQL ran NOT IN as a scan of the kept list per row
+    # (20k requests: 7 s a dry run, 0.04 s before the chains; helper-82).
+    return ended & ~exists().where(kept.c.id == table.c.id)
 
 
 def ids_where(
