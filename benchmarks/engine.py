@@ -1,6 +1,7 @@
 """Engine benchmark: one reconcile pass over synthetic pools-and-policies states.
 
-    python benchmarks/engine.py [--sizes 1000,10000,100000] [--stream 200] [--distinct]
+    python benchmarks/engine.py [--sizes 1000,10000,100000] [--stream 200]
+                                [--distinct unmetered|metered]
 
 States: 10 pools, 100 components (each with policies on two pools), N queued requests and
 N/10 running allocations. Prints, per size, the pass time and the time per queued request for
@@ -8,10 +9,12 @@ N/10 running allocations. Prints, per size, the pass time and the time per queue
 100k/10k (target <= 12: near-linear) and the nothing-admissible growth; then a sustained
 submit/complete stream at the largest size. All numbers come from this one run.
 
-The queue's requests come from 100 components x 5 shapes: at most 500 classes of identical
-requests, which the engine groups, so a pass grows with the classes more than with the
-requests. ``--distinct`` gives every request a memory amount of its own (a key the pools
-leave open): as many classes as requests, the engine's worst case.
+The queue's requests come from 100 components x 5 shapes: at most 500 classes of requests
+alike, which the engine groups, so a pass grows with the classes more than with the
+requests. ``--distinct`` gives every request a memory amount of its own: ``unmetered``, on
+pools that leave memory open (ZenML's ``memory_mb`` on a pool without it), which the engine
+groups all the same; ``metered``, on pools that meter it: as many classes as requests, the
+engine's worst case.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ COMPONENTS = 100
 SHAPES = ({"gpu": 1}, {"gpu": 2}, {"gpu": 4}, {"gpu": 1, "tpu": 1}, {"gpu": 8})
 
 
-def build(queued: int, *, admissible: bool, seed: int = 7, distinct: bool = False) -> Snapshot:
+def build(queued: int, *, admissible: bool, seed: int = 7, distinct: str | None = None
+          ) -> Snapshot:
     """A state with ``queued`` waiters and ``queued // 10`` running allocations.
 
     admissible=False: every pool is full of non-preemptible work and nobody has reserved
-    headroom, so no waiter can be granted and nothing can be preempted. ``distinct``: no
-    two waiters alike (each its own ``memory_mb``).
+    headroom, so no waiter can be granted and nothing can be preempted. ``distinct``: each
+    waiter its own ``memory_mb``, which the pools meter ("metered") or not ("unmetered").
     """
     rng = random.Random(seed)
     running = queued // 10
@@ -48,9 +52,10 @@ def build(queued: int, *, admissible: bool, seed: int = 7, distinct: bool = Fals
     gpus = per_pool if not admissible else per_pool + queued // (4 * POOLS) + 8
     nodes: dict[str, Node] = {}
     for p in range(POOLS):
+        memory = {"memory_mb": 10 * queued * queued} if distinct == "metered" else {}
         nodes[f"pool{p}"] = Node(
             f"pool{p}", f"pool pool{p}", capacity={"gpu": gpus, "tpu": max(gpus // 4, 1),
-                                                   "step_run": 10 * gpus},
+                                                   "step_run": 10 * gpus, **memory},
             open_keys=frozenset({"mcpu", "memory_mb", "step_run"}), backfill_after=300.0,
         )
     policies: dict[int, list[tuple[str, str, int]]] = {}
@@ -158,8 +163,8 @@ def main() -> None:
                         "and 100000)")
     parser.add_argument("--stream", type=positive, default=200,
                         help="stream steps at the largest size (default 200)")
-    parser.add_argument("--distinct", action="store_true",
-                        help="every queued request unlike the others (see above)")
+    parser.add_argument("--distinct", choices=["unmetered", "metered"],
+                        help="every queued request its own memory amount (see above)")
     args = parser.parse_args()
     sizes = args.sizes
     results: dict[tuple[int, bool], float] = {}

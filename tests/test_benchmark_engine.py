@@ -18,7 +18,7 @@ def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
-@pytest.mark.parametrize("distinct", [[], ["--distinct"]])
+@pytest.mark.parametrize("distinct", [[], ["--distinct", "unmetered"], ["--distinct", "metered"]])
 def test_the_engine_benchmark_prints_each_size_and_the_stream(distinct: list[str]) -> None:
     run = bench("engine.py", "--sizes", "100,300", "--stream", "2", *distinct)
     assert run.returncode == 0, run.stderr
