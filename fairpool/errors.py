@@ -232,6 +232,11 @@ class Unreachable(FairpoolError):
     perhaps a passing outage, unlike the errors above, which are the server's answer."""
 
 
+class SchemaMoved(Unreachable):
+    """The database's schema is no longer this process's (``Database.schema_moved``): it
+    writes nothing more. Retrying does not help; the fairpool that migrated it does."""
+
+
 class WouldWait(Exception):
     """Not a user error: raised, before anything was written, by a write told not to wait
     (a batch on an event loop's thread) that would have had to wait for a lock or do long

@@ -8,7 +8,14 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fairpool.errors import Forbidden, InvalidInput, NotFound, Unauthorized, validate_int
+from fairpool.errors import (
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    SchemaMoved,
+    Unauthorized,
+    validate_int,
+)
 
 if TYPE_CHECKING:
     from fairpool.views import RequestView
@@ -64,11 +71,13 @@ def gave_up(timeout: float) -> str:
 
 def passing(error: BaseException) -> bool:
     """Whether a heartbeat's failure is one its lease rides out: anything but the server
-    refusing the caller (``Unauthorized``, ``Forbidden``: a token revoked), which fails
-    every heartbeat from then on, so that the units go when the lease runs out and the
-    holder must stop. The server or the database out of reach, the database's lock held past
-    its timeout, a proxy's error, a server's 500: the next heartbeat may get through."""
-    return not isinstance(error, Unauthorized | Forbidden)
+    refusing the caller (``Unauthorized``, ``Forbidden``: a token revoked) or a store a
+    newer fairpool migrated under this process (``SchemaMoved``), which fail every heartbeat
+    from then on, so that the units go when the lease runs out and the holder must stop.
+    The server or the database out of reach, the database's lock held past its timeout, a
+    proxy's error, a server's 500 (a server's ``SchemaMoved`` too: behind a proxy, the next
+    may reach a newer replica): the next heartbeat may get through."""
+    return not isinstance(error, Unauthorized | Forbidden | SchemaMoved)
 
 
 def still_waiting(what: str, request_id: str, error: BaseException | str) -> str:

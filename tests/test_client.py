@@ -566,6 +566,23 @@ def test_a_holder_hears_within_a_heartbeat_that_its_request_was_deleted(home: st
     assert client.submit({"gpu": 2}, component="low").status == "allocated"
 
 
+def test_a_holder_hears_within_a_heartbeat_that_a_newer_fairpool_migrated_its_store(
+    home: str,
+) -> None:
+    """Its heartbeats wrote on, the old way, into a store whose rows the newer code reads
+    otherwise (helper-82): now they are refused, and the block is told its units are lost,
+    as they will be once the lease runs out."""
+    client = Client(home=home)
+    with pytest.raises(NotGranted, match=(
+        r"lost: heartbeat refused: the database's schema is at revision 9999, and this "
+        r"process works with revision \d+: run the fairpool that migrated it$"
+    )):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=1):
+            with sqlite3.connect(Path(home) / "fairpool.db") as newer:
+                newer.execute("UPDATE alembic_version SET version_num = '9999'")
+            time.sleep(10)  # interrupted
+
+
 def test_a_wait_given_up_as_its_request_is_granted_gives_the_units_back(
     home: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

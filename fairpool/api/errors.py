@@ -33,13 +33,13 @@ from fairpool.errors import (
     FairpoolError,
     InvalidInput,
     NotFound,
+    SchemaMoved,
     Unreachable,
     at_least,
     clipped,
     one_line,
     shown,
 )
-from fairpool.store.db import SchemaMoved
 
 log = logging.getLogger("fairpool.api")
 
