@@ -223,3 +223,20 @@ def walked_pages(page: Callable[..., Page[V]], total: int) -> list[V]:
         if found.next is None:
             return items
         after = found.next
+
+
+@pytest.fixture
+def short_lock_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write waits 0.2 s for the lock, not 30 (connections made from here on; PostgreSQL
+    sets its lock_timeout on connecting)."""
+    from sqlalchemy import text
+
+    from fairpool.store import db
+    from fairpool.store.direct import Direct
+
+    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 200)
+    monkeypatch.setattr(db, "_BUSY_TIMEOUTS", {
+        ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (200, 0)})
+    monkeypatch.setattr(db, "_SQLITE_PRAGMAS", tuple(
+        "PRAGMA busy_timeout = 200" if p.startswith("PRAGMA busy_timeout") else p
+        for p in db._SQLITE_PRAGMAS))

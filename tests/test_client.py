@@ -753,22 +753,6 @@ def locked(home: str, seconds: float) -> Iterator[threading.Thread]:
         thread.join()
 
 
-@pytest.fixture
-def short_lock_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write waits 0.2 s for the lock, not 30 (connections made from here on)."""
-    from sqlalchemy import text
-
-    from fairpool.store import db
-    from fairpool.store.direct import Direct
-
-    monkeypatch.setattr(db, "LOCK_TIMEOUT_MS", 200)
-    monkeypatch.setattr(db, "_BUSY_TIMEOUTS", {
-        ms: Direct(text(f"PRAGMA busy_timeout = {ms}")) for ms in (200, 0)})
-    monkeypatch.setattr(db, "_SQLITE_PRAGMAS", tuple(
-        "PRAGMA busy_timeout = 200" if p.startswith("PRAGMA busy_timeout") else p
-        for p in db._SQLITE_PRAGMAS))
-
-
 @pytest.mark.usefixtures("short_lock_timeout")
 def test_a_wait_rides_out_the_write_lock_held_past_its_timeout(home: str) -> None:
     """Embedded, every poll of a wait runs a pass, a write: one met the lock held past its

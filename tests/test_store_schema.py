@@ -37,7 +37,13 @@ from sqlalchemy.exc import IntegrityError, StatementError
 
 from fairpool.errors import InvalidInput, Unreachable
 from fairpool.store import repo, schema
-from fairpool.store.db import SCHEMA_HEAD, Database, _json_text, migration_config
+from fairpool.store.db import (
+    SCHEMA_HEAD,
+    WRITE_LOCK_KEY,
+    Database,
+    _json_text,
+    migration_config,
+)
 from fairpool.store.records import ComponentType, RequestStatus
 from tests.conftest import BACKENDS, Backend
 
@@ -192,6 +198,35 @@ def test_opening_an_older_store_upgrades_it_and_says_so(
         Database.open(database_url).close()  # at head: nothing said
     assert [r.getMessage() for r in caplog.records if r.name == "fairpool.store"] == [
         f"Upgraded the store {where} from schema revision 0011 to {SCHEMA_HEAD}"]
+
+
+@pytest.mark.usefixtures("short_lock_timeout")
+def test_opening_a_store_another_process_is_upgrading_says_so(database_url: str) -> None:
+    """It waited for the write lock to upgrade the store too, and failed with the lock's own
+    words after 30 s ("database is locked"; PostgreSQL's "canceling statement due to lock
+    timeout"), naming no upgrade (helper-80). Once the lock is free, it upgrades."""
+    with Database.open(database_url) as db, db.migrating() as connection:
+        command.downgrade(migration_config(connection), "0016")
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as upgrading:  # another process, in its migration
+            if upgrading.dialect.name == "sqlite":
+                upgrading.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                upgrading.execute(text(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"))
+            with pytest.raises(Unreachable, match=(
+                rf"^cannot open the database .*: its schema is at revision 0016 and this "
+                rf"fairpool's at {SCHEMA_HEAD}, and another process held the write lock for "
+                r"0\.2 s as this one waited to upgrade it \(upgrading it too, most likely: a "
+                r"large store takes a while\): try again once it is done$"
+            )):
+                Database.open(database_url)
+            upgrading.rollback()
+    finally:
+        engine.dispose()
+    with Database.open(database_url) as db, db.read() as connection:
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() \
+            == SCHEMA_HEAD
 
 
 def test_reopening_keeps_data(database_url: str) -> None:

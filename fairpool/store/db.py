@@ -814,8 +814,21 @@ class Database:
         # Under the write lock (PostgreSQL: the advisory lock; its DDL is transactional too),
         # so that of several processes opening a new database at once one makes it and the
         # others then find it at head. No writer runs against a half-migrated schema.
-        with self.migrating() as connection:
-            upgraded = _to_head(connection)
+        try:
+            with self.migrating() as connection:
+                upgraded = _to_head(connection)
+        except (DatabaseLocked, OperationalError) as error:
+            if isinstance(error, OperationalError) and not _lock_timed_out(error):
+                raise
+            # The lock's own words named no migration: the likeliest holder is another
+            # process upgrading the same store, which takes minutes on a large one.
+            raise Unreachable(
+                f"cannot open the database {self.where}: its schema is at revision "
+                f"{revision or 'none'} and this fairpool's at {SCHEMA_HEAD}, and another "
+                f"process held the write lock for {LOCK_TIMEOUT_MS / 1000:g} s as this one "
+                "waited to upgrade it (upgrading it too, most likely: a large store takes a "
+                "while): try again once it is done"
+            ) from None
         if upgraded is not None:  # said: an operator upgrading a shared store saw nothing
             log.warning("Upgraded the store %s from schema revision %s to %s", self.where,
                         upgraded, SCHEMA_HEAD)
@@ -857,6 +870,11 @@ def _lost(error: BaseException) -> bool:
 def _reason(orig: BaseException | None) -> str:
     """The driver's error in its first line (psycopg's next ones guess at causes)."""
     return next(iter(str(orig).strip().splitlines()), type(orig).__name__)
+
+
+def _lock_timed_out(error: OperationalError) -> bool:
+    """PostgreSQL gave up waiting for a lock (``lock_timeout``: 55P03, lock_not_available)."""
+    return getattr(error.orig, "sqlstate", None) == "55P03"
 
 
 def _busy(error: OperationalError) -> bool:
