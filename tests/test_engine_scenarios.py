@@ -774,3 +774,30 @@ def test_a_key_nothing_meters_decides_nothing() -> None:
                           Request("G2", 2.0, (placement("L3", 0, cpu=1, **memory),)))
                          ) == plan_with((waiter, Request("G1", 1.0, (placement("L3", 0, cpu=1),)),
                                          Request("G2", 2.0, (placement("L3", 0, cpu=1),))))
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_pass_pauses_the_garbage_collector_and_leaves_it_as_it_found_it(
+    collecting: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused for the pass (a quarter of its time at 100,000 queued requests of one class
+    each went to walking the heap), then on again only if it was on: a caller that turned it
+    off keeps it off."""
+    import gc
+
+    from fairpool.engine import reconcile as module
+
+    seen: list[bool] = []
+    run = module._Pass.run
+    monkeypatch.setattr(module._Pass, "run", lambda self: (seen.append(gc.isenabled()),
+                                                           run(self))[1])
+    pool = Node("P", "pool p", None, {"gpu": 1}, frozenset(), backfill_after=None)
+    nodes = {"P": pool, "L": Node("L", "policy l", "P", guarantee={"gpu": 0}, limit={})}
+    queue = (Request("R", 0.0, (Placement("P", (Charge("L", {"gpu": 1}),), 0),)),)
+    (gc.enable if collecting else gc.disable)()
+    try:
+        assert [g.request_id for g in reconcile(Snapshot(1.0, nodes, (), queue)).grants] == ["R"]
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable()
+    assert seen == [False]

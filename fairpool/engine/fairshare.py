@@ -57,7 +57,6 @@ guarantee adjustment.
 
 from __future__ import annotations
 
-import gc
 import math
 from array import array
 from collections.abc import (
@@ -69,7 +68,6 @@ from collections.abc import (
     Sequence,
     ValuesView,
 )
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
@@ -78,6 +76,7 @@ from operator import attrgetter, is_, truediv
 from types import MappingProxyType, ModuleType
 from typing import Any, Literal, cast
 
+from fairpool.engine.collector import collector_paused
 from fairpool.engine.piecewise import (
     ONE,
     ZERO,
@@ -1240,24 +1239,10 @@ class _Described(Mapping[str, ElementShares]):
     def _describe_all(self) -> None:
         if len(self._cache) == len(self._elements):
             return
-        with _collector_paused():
+        with collector_paused():
             for name, element in self._elements.items():
                 if name not in self._cache:
                     self._cache[name] = self._describe(element)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while building many long-lived objects: none of
-    them is garbage, and the collector would walk the growing heap again and again (a fifth
-    of the update's time on large trees, a third of describing every element)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 # -- entry point -----------------------------------------------------------------------------
@@ -1288,7 +1273,7 @@ def compute_fair_share(
         exact = numeric == "exact"
     else:
         raise ValueError(f"numeric must be 'auto', 'exact' or 'float' (got {numeric!r})")
-    with _collector_paused():
+    with collector_paused():
         update = _Update(snapshot, exact)
         update.solve()
     since = below_fair_share_since or {}
