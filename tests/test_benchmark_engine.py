@@ -1,5 +1,5 @@
-"""``benchmarks/engine.py`` (``make bench``) and ``benchmarks/fairshare.py`` run, on small
-sizes, and refuse bad arguments in one line. Their times are theirs to report, never checked
+"""``benchmarks/engine.py`` (``make bench``), ``benchmarks/store_pass.py`` and
+``benchmarks/fairshare.py`` run, on small sizes, and refuse bad arguments in one line. Their times are theirs to report, never checked
 here."""
 
 from __future__ import annotations
@@ -30,7 +30,18 @@ def test_the_engine_benchmark_prints_each_size_and_the_stream(distinct: list[str
     assert streamed.startswith("stream at 300 queued: ") and "in 2 passes" in streamed
 
 
+def test_the_store_benchmark_prints_each_size_and_the_ratio() -> None:
+    run = bench("store_pass.py", "--sizes", "30,100")
+    assert run.returncode == 0, run.stderr
+    header, *rows, ratio = run.stdout.splitlines()
+    assert header.split()[:3] == ["queued", "load", "s"]
+    assert [row.split()[0] for row in rows] == ["30", "100"]
+    assert all(float(value) >= 0 for row in rows for value in row.split()[1:])
+    assert ratio.startswith("ratio 100/30 (3.33333x the requests): load ")
+
+
 @pytest.mark.parametrize(("script", "args", "said"), [
+    ("store_pass.py", ["--sizes", "10,x"], "--sizes: not positive integers, comma-separated"),
     ("engine.py", ["--sizes", "abc"], "--sizes: not positive integers, comma-separated"),
     ("engine.py", ["--sizes", "0"], "--sizes: not positive integers, comma-separated"),
     ("engine.py", ["--stream", "0"], "--stream: not a positive integer: '0'"),
