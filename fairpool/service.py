@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+import shlex
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -752,9 +753,13 @@ class Service:
             state = tx.live()
             found = state.component_named(component, kind)
             if found is None:
+                # A command to run as it stands but for its POOL and N (it named no
+                # priority, which is required, nor a step operator's type: helper-83).
+                typed = "" if kind is ComponentType.ORCHESTRATOR else f" -t {kind.value}"
                 raise NotFound(
-                    f"no {kind} named `{component}`: attach a policy first "
-                    f"(fairpool resource-pool attach-policy POOL {component})"
+                    f"no {kind} named `{component}`: attach a policy first (fairpool "
+                    f"resource-pool attach-policy POOL {shlex.quote(component)}{typed} "
+                    "--priority N)"
                 )
             request = repo.new_request(
                 found.id,

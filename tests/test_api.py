@@ -540,6 +540,25 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
+def test_every_list_route_answers_the_page_shape(server: ApiServer, client: httpx.Client) -> None:
+    """docs/service.md: `{"items", "pagination"}` is "the shape of every list". Four answered
+    `{"items"}` alone: queues, config versions, nodes, pool trees (helper-83). Every GET
+    route of the schema without a path parameter that lists items is asked here."""
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    lists = []
+    for path, methods in schema["paths"].items():
+        if "get" not in methods or "{" in path or not path.startswith(API):
+            continue
+        answer = client.get(path.removeprefix(API))
+        if answer.status_code == 200 and isinstance(answer.json(), dict) and (
+                "items" in answer.json()):
+            lists.append(path.removeprefix(API))
+            pagination = answer.json().get("pagination") or {}
+            assert set(pagination) == {"index", "max_size", "total_pages", "total", "next"}, path
+    assert {"/pools", "/requests", "/queues", "/config/versions", "/nodes", "/pool-trees"
+            } <= set(lists)
+
+
 def test_not_ready_when_the_database_no_longer_holds_this_servers_schema(
     server: ApiServer,
 ) -> None:

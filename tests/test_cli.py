@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -1118,7 +1119,8 @@ def test_prune_deletes_what_ended_and_says_how_much(tmp_path: Path) -> None:
     assert [r["id"] for r in listed] == [held["id"]]
     assert fairpool(home, "prune", "--older-than", "1d", "-o", "json").ok().json["requests"] == 0
     for bad, needle in (("3x", "'3x' is not a duration"), ("36501d", "longer than 36500 days"),
-                        ("٣d", "is not a duration"), ("9" * 17, "longer than 36500 days")):
+                        ("٣d", "is not a duration"), ("9" * 17 + "d", "longer than 36500 days"),
+                        ("30", "'30' has no unit")):
         refused = fairpool(home, "prune", "--older-than", bad)
         assert refused.code == 2 and needle in refused.err, refused
     assert "--older-than" in fairpool(home, "prune").err  # required
@@ -1182,3 +1184,20 @@ def test_a_damaged_store_is_one_error_line(tmp_path: Path) -> None:
     result = fairpool(tmp_path, "resource-request", "list")
     assert (result.code, result.err_lines) == (
         1, ["Error: database error: database disk image is malformed"]), result.err
+
+
+@pytest.mark.parametrize("kind", ["orchestrator", "step_operator"])
+def test_the_hint_for_an_unknown_component_runs_as_it_stands(tmp_path: Path, kind: str) -> None:
+    """It said `fairpool resource-pool attach-policy POOL so`, which fails (`--priority` is
+    required) and for a step operator attached an orchestrator's policy (helper-83). Run as
+    printed but for POOL and N, it now makes the request possible."""
+    fairpool(tmp_path, "resource-pool", "create", "gpus", "--capacity", '{"gpu": 1}').ok()
+    create = (*CREATE_REQUEST, "my so", "-t", kind, "--gpu-count", "1")
+    refused = fairpool(tmp_path, *create)
+    assert refused.code == 1
+    (line,) = refused.err_lines
+    hint = line.partition("attach a policy first (")[2].removesuffix(")")
+    assert hint.startswith("fairpool resource-pool attach-policy POOL 'my so'"), line
+    words = [{"POOL": "gpus", "N": "5"}.get(word, word) for word in shlex.split(hint)]
+    fairpool(tmp_path, *words[1:]).ok()
+    assert fairpool(tmp_path, *create, "-o", "json").ok().json["status"] == "allocated"

@@ -539,6 +539,9 @@ INVALID: list[tuple[str, str, str, str]] = [
     # The seed: default "If unset, 0", and min <= default (a warning until 2026-11-30).
     ("min <= an unset default", policy("{min: 10, max: 100}"), f"{PP}.default",
      "default (unset: 0) must be >= min (10): set one in range"),
+    # A default refused is not also "unset" (a second, false problem: helper-83).
+    ("min <= a refused default", policy("{default: 50.0, min: 10, max: 100}"), f"{PP}.default",
+     "must be an integer >= 0 (got number 50.0)"),
     ("default >= min", policy("{default: 5, min: 10}"), f"{PP}.default", "default (5) must be >= min (10)"),
     ("default <= max", policy("{default: 150, max: 100}"), f"{PP}.default", "default (150) must be <= max (100)"),
     # Compared values are shown as written, not as YAML read them (16, 1000).

@@ -320,7 +320,9 @@ def test_a_server_with_keep_history_prunes_on_its_own(tmp_path: Path) -> None:
     ("3x", "is not a duration: a whole number with s, m, h or d (30d, 12h)."),
     ("٣d", "is not a duration: a whole number with s, m, h or d (30d, 12h)."),
     ("36501d", "is longer than 36500 days."),
-    ("99999999999999999", "is longer than 36500 days."),
+    ("99999999999999999d", "is longer than 36500 days."),
+    # Taken for seconds: meant for days, it kept 30 s of history (helper-83).
+    ("30", "has no unit: a whole number with s, m, h or d (30d, 12h; 0 alone needs none)."),
     ("30m", "is shorter than 1h."),  # clients still read what ended a moment ago
 ])
 def test_a_bad_keep_history_is_one_usage_line(bad: str, problem: str) -> None:

@@ -34,6 +34,7 @@ from fairpool.frontends.config import (
     load_config,
     warnings,
 )
+from fairpool.paging import page_dict
 from fairpool.scheduling import SchedulingService
 from fairpool.store.records import WorkloadStatus
 
@@ -159,7 +160,7 @@ def scheduling_router(
     @router.get("/config/versions", tags=["scheduler config"])
     def list_configs() -> JSONResponse:
         """Every version, newest first, without its document (``GET /config?version=N``)."""
-        return JSONResponse({"items": [v.as_dict() for v in scheduling.list_configs()]})
+        return JSONResponse(page_dict([v.as_dict() for v in scheduling.list_configs()]))
 
     @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
     def diff_config(version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)]) -> JSONResponse:
@@ -227,7 +228,7 @@ def scheduling_router(
     @router.get("/queues", tags=["queues"])
     def list_queues() -> JSONResponse:
         """The active config's queues with usage against quota per flavor and resource."""
-        return JSONResponse({"items": [q.as_dict() for q in scheduling.list_queues()]})
+        return JSONResponse(page_dict([q.as_dict() for q in scheduling.list_queues()]))
 
     @router.get("/queues/{name}", tags=["queues"])
     def describe_queue(name: PathText) -> JSONResponse:

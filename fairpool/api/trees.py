@@ -35,6 +35,7 @@ from fairpool.api.models import (
 )
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
+from fairpool.paging import page_dict
 from fairpool.store.tree_records import OperationStatus
 from fairpool.trees_service import MAX_JOB_COUNT, TreesService
 
@@ -193,7 +194,7 @@ def trees_router(
     @router.get("/nodes", tags=["nodes"])
     def list_nodes() -> JSONResponse:
         """Nodes, their tree and what runs on them."""
-        return _json({"items": [n.as_dict() for n in trees.list_nodes()]})
+        return _json(page_dict([n.as_dict() for n in trees.list_nodes()]))
 
     @router.delete("/nodes/{name}", status_code=204, tags=["nodes"])
     def remove_node(name: PathName) -> Response:
@@ -217,7 +218,7 @@ def trees_router(
 
     @router.get("/pool-trees", tags=["pool trees"])
     def list_pool_trees() -> JSONResponse:
-        return _json({"items": [t.as_dict() for t in trees.list_trees()]})
+        return _json(page_dict([t.as_dict() for t in trees.list_trees()]))
 
     @router.get("/default-tree", tags=["pool trees"])
     def get_default_tree() -> JSONResponse:

@@ -43,7 +43,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class Duration(_IntType):
     """A duration, to whole seconds: a number with ``s``, ``m``, ``h`` or ``d`` (``30d``,
-    ``12h``; a bare number is seconds), from ``low`` to ``high`` seconds."""
+    ``12h``; ``0`` alone needs none), from ``low`` to ``high`` seconds."""
 
     name = "duration"
 
@@ -66,6 +66,11 @@ def duration_seconds(text: str, low: int, high: int) -> int:
     if not (number.isascii() and number.isdigit()):
         raise ValueError(f"{text!r} is not a duration: a whole number with s, m, h or d "
                          "(30d, 12h).")
+    if number == written and number.strip("0"):
+        # Read as seconds, `prune --older-than 30` meant for days deleted all but the last
+        # 30 s of history (helper-83).
+        raise ValueError(f"{text!r} has no unit: a whole number with s, m, h or d (30d, 12h; "
+                         "0 alone needs none).")
     seconds = int(number) * unit if len(number) <= 15 else high + 1  # int() caps digits
     if seconds > high:
         raise ValueError(f"{text!r} is longer than {high // 86400} days.")

@@ -1206,7 +1206,8 @@ class _Checker:
             self.error((*path, "default"),
                        f"default ({shown['default']}) must be >= min ({shown['min']})")
             ok = False
-        if default is None and low and (high is None or low <= high) and not self.stored:
+        unset = "default" not in spec  # not one refused above (no cascade: helper-83)
+        if unset and low and (high is None or low <= high) and not self.stored:
             # A warning until 2026-11-30, so a version applied before keeps loading.
             self.error((*path, "default"),
                        f"default (unset: 0) must be >= min ({shown['min']}): set one in range")
