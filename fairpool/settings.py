@@ -23,7 +23,7 @@ from pydantic import (
 
 from fairpool.errors import InvalidInput, clipped
 
-__all__ = ["MEMORY_REGEX", "ByteUnit", "ResourceSettings", "request_map"]
+__all__ = ["MEMORY_REGEX", "ByteUnit", "ResourceSettings", "memory_problem", "request_map"]
 
 
 class ByteUnit(Enum):
@@ -67,6 +67,24 @@ _BYTE_VALUES: dict[ByteUnit, int] = {
 # Integers only ("1.5GB" is rejected), no space, no plain "B". Pydantic runs this
 # with Rust's regex engine, where "$" does not match before a trailing newline.
 MEMORY_REGEX = r"^[0-9]+(" + "|".join(unit.value for unit in ByteUnit) + r")$"
+
+
+def memory_problem(value: object) -> str:
+    """What is wrong with a ``memory`` that ``MEMORY_REGEX`` refused, in words, and what was
+    given (pydantic shows the pattern: ``String should match pattern '^[0-9]+(KB|...)$'``),
+    with the spelling meant where it is plain: a unit in other case (``16gib``), without its
+    ``B`` (``16G``), or none at all."""
+    units = ", ".join(unit.value for unit in ByteUnit)
+    text = value.strip() if isinstance(value, str) else ""
+    digits = len(text) - len(text.lstrip("0123456789"))
+    number, unit = text[:digits], text[digits:].strip()
+    exact = [u.value for u in ByteUnit if u.value.lower() == unit.lower()]
+    prefixed = [u.value for u in ByteUnit if unit and u.value.lower() in
+                (unit.lower() + "b", unit.lower() + "ib")]
+    meant = exact or prefixed or ([] if unit else ["GiB", "MiB"])
+    hint = "; did you mean " + " or ".join(f"'{number}{u}'" for u in meant) + "?" if (
+        number and meant) else ""
+    return (f"must be a whole number and a unit, one of {units} (got {value!r}{hint})")
 
 
 class ResourceSettings(BaseModel):

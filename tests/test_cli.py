@@ -515,6 +515,13 @@ BAD_INPUT: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
      ("capacity: is not valid YAML: Exceeds the limit (4300 digits)",)),
     (("resource-pool", "update", POOL, "-c", '{"gpu": -1}'), ("capacity.gpu", "-1")),
     ((*CREATE_REQUEST, COMPONENT, "--memory", "1.5GB"), ("memory", "1.5GB")),
+    # In words, not pydantic's pattern, with the spelling meant where it is plain (helper-83).
+    ((*CREATE_REQUEST, COMPONENT, "--memory", "16G"), (
+        "memory: must be a whole number and a unit, one of KB, KiB, MB, MiB, GB, GiB, TB, TiB, "
+        "PB, PiB (got '16G'; did you mean '16GB' or '16GiB'?)",)),
+    ((*CREATE_REQUEST, COMPONENT, "--memory", "16gib"), ("(got '16gib'; did you mean '16GiB'?)",)),
+    ((*CREATE_REQUEST, COMPONENT, "--memory", "16"), (
+        "(got '16'; did you mean '16GiB' or '16MiB'?)",)),
     ((*CREATE_REQUEST, COMPONENT, "--pool-resource", "tpu=x"), ("pool_resources.tpu", "'x'")),
     ((*CREATE_REQUEST, "nobody", "--gpu-count", "1"), ("nobody",)),
     # ZenML's ResourceSettings takes these, but they count no units (its rounding overflows).

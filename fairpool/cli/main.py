@@ -39,9 +39,14 @@ def error_message(error: Exception) -> str:
 
     if isinstance(error, ValidationError):
         problems = []
+        from fairpool.settings import MEMORY_REGEX, memory_problem
+
         for item in error.errors():
             field = ".".join(str(part) for part in item["loc"]) or "input"
-            problems.append(f"{field}: {item['msg']} (got {item['input']!r})")
+            if item.get("ctx", {}).get("pattern") == MEMORY_REGEX:
+                problems.append(f"{field}: {memory_problem(item['input'])}")
+            else:
+                problems.append(f"{field}: {item['msg']} (got {item['input']!r})")
         return "; ".join(problems)
     if isinstance(error, KeyError) and len(error.args) == 1:
         return str(error.args[0])
