@@ -236,7 +236,7 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/requests", {"content": b"\xff\xfe", "headers": json_headers}, 400, None),
         # A lone surrogate in a field the service checks: it reached the store (a 500).
         ("POST", "/workloads", {"content": b'{"instance_type": "\\udcff"}', "headers": json_headers},
-         422, "instance-type"),
+         422, "instance_type"),
         ("POST", "/requests", {"content": json.dumps(request).encode()}, 415, None),
         ("POST", "/requests", {"json": big}, 413, None),
         ("POST", "/requests", {"content": iter([b"[" * 600_000, b"]" * 600_000]), "headers": json_headers}, 413, None),

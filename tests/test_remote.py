@@ -1234,7 +1234,7 @@ BAD_WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
     ("labels as a list", {"labels": ["a"]}, "InvalidInput: labels: must be a mapping (got ['a'])"),
     ("demand as a list", {"demand": [1]}, "InvalidInput: demand: must be a mapping (got [1])"),
     ("instance_type a number", {"instance_type": 5},
-     "InvalidInput: instance-type: must be a non-empty string (got 5)"),
+     "InvalidInput: instance_type: must be a non-empty string (got 5)"),
     ("a label value None", {"labels": {"a": None}},
      "InvalidInput: labels.a: must be a non-empty string (got None)"),
 ]

@@ -58,7 +58,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, clipped, mapping, validate_int
+from fairpool.errors import InvalidInput, clipped, mapping, shown, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -176,9 +176,15 @@ def validate_workload(
     for key, value in reserved.items():
         if value is None:
             continue
-        text = _text(key, value)
+        # Named as the SDK and the API take it (market_type), as every other field here: the
+        # label's key (market-type) was no field of an HTTP body (helper-83).
+        field = key.replace("-", "_")
+        text = _text(field, value)
         if key in allowed and text not in allowed[key]:
-            raise InvalidInput(key, value, f"must be one of {', '.join(allowed[key])}")
+            meant = next((a for a in allowed[key] if a.lower() == text.lower()), None)
+            hint = "" if meant is None else f"; did you mean {meant!r}?"
+            raise InvalidInput.from_message(field, f"{field}: must be one of "
+                                            f"{', '.join(allowed[key])} (got {shown(value)}{hint})")
         merged[key] = text
     requested = None if priority is None else validate_int("priority", priority, 0, MAX_PRIORITY)
     amounts: dict[str, int] = {}
