@@ -45,8 +45,10 @@ from fairpool.leases import (
     DEFAULT_LEASE_TTL,
     beat_failed,
     holding,
+    kept_next,
     lost_as_it_ended,
     not_followed,
+    passing,
     still_waiting,
     wait_timeout,
 )
@@ -344,4 +346,18 @@ class AsyncAcquire:
                 if not self._leaving and self._holder is not None:
                     self._cancelled_holder = True
                     self._holder.cancel()
+                await self._keep(request.retried_as_id)
                 return
+
+    async def _keep(self, retry: str | None) -> None:
+        """As ``Grant._keep``: heartbeat the retry attempt while the cancelled holder
+        unwinds, until ``_leave`` cancels this task; then it is followed or cancelled."""
+        while retry is not None:
+            await asyncio.sleep(self._interval)
+            try:
+                retry = kept_next(retry, await self._client.heartbeat(retry))
+            except (Conflict, NotFound):  # it ended meanwhile
+                return
+            except Exception as error:
+                if not passing(error):
+                    return

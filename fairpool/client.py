@@ -46,8 +46,10 @@ from fairpool.leases import (
     gave_up,
     holding,
     interrupted,
+    kept_next,
     lost_as_it_ended,
     not_followed,
+    passing,
     still_waiting,
     wait_timeout,
 )
@@ -223,7 +225,23 @@ class Grant:
                     # never follows the retry attempt, which would get units nobody uses.
                     with contextlib.suppress(FairpoolError):  # ended, or the lease will
                         self._client.cancel(request.retried_as_id, not_followed(thread=True))
+                elif request.retried_as_id is not None:
+                    self._keep(request.retried_as_id, interval)
                 return
+
+    def _keep(self, retry: str | None, interval: float) -> None:
+        """Heartbeat the retry attempt while the interrupted function unwinds, until the
+        grant finishes: then it is followed (the decorator), or cancelled (``_finish``). A
+        function that saved a checkpoint for longer than the lease found it expired, granted
+        to nobody meanwhile, and was not run again (helper-84)."""
+        while retry is not None and not self._stop.wait(interval):
+            try:
+                retry = kept_next(retry, self._client.heartbeat(retry))
+            except (Conflict, NotFound):  # it ended meanwhile
+                return
+            except Exception as error:
+                if not passing(error):
+                    return
 
 
 class Client:

@@ -80,6 +80,16 @@ def passing(error: BaseException) -> bool:
     return not isinstance(error, Unauthorized | Forbidden | SchemaMoved)
 
 
+def kept_next(retry: str, answer: RequestView) -> str | None:
+    """Which retry attempt to heartbeat next, while the preempted holder that will follow it
+    stops, after a heartbeat of ``retry`` answered ``answer``: the same while it waits or is
+    held (granted meanwhile, its lease runs from then, and a stop longer than the lease let
+    it expire), its own retry attempt if it was preempted in turn, else None (it ended)."""
+    if answer.status in ("queued", "allocated"):
+        return retry
+    return answer.retried_as_id if answer.status == "preempted" else None
+
+
 def still_waiting(what: str, request_id: str, error: BaseException | str) -> str:
     """A request nobody will use that could not be cancelled (``error``): granted later, its
     units would go to nobody (for ever without a lease) unless it is cancelled by hand."""

@@ -269,7 +269,12 @@ def test_a_cancellation_from_elsewhere_stays_a_cancellation(target: dict[str, st
     run(main())
 
 
-def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -> None:
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["as-told", "checkpoint"])
+def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str],
+                                                       checkpoint: bool) -> None:
+    """Also when the function saves a checkpoint for longer than the lease before it goes:
+    the retry attempt granted meanwhile expired, and it was not run again (helper-84)."""
+
     async def main() -> None:
         async with AsyncClient(**target) as client:
             await setup(client, "a-deco", 2)
@@ -284,7 +289,12 @@ def test_the_decorator_runs_again_on_the_retry_attempt(target: dict[str, str]) -
                     asyncio.get_running_loop().call_later(
                         0.8, lambda: asyncio.ensure_future(client.release(boss.id))
                     )
-                    await asyncio.sleep(30)  # cancelled by the preemption
+                    try:
+                        await asyncio.sleep(30)  # cancelled by the preemption
+                    except asyncio.CancelledError:
+                        if checkpoint:
+                            await asyncio.sleep(3)  # the retry is granted at 0.8 s, lease 1 s
+                        raise
                 return f"{name} done"
 
             assert await train("model") == "model done"

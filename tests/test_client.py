@@ -448,14 +448,18 @@ def test_preemption_reaches_a_holder_past_its_own_sigint_handler(home: str) -> N
         signal.signal(signal.SIGINT, old)
 
 
-@pytest.mark.parametrize("how", ["as-told", "its-own-way", "its-retry-preempted-too"])
+@pytest.mark.parametrize("how", ["as-told", "its-own-way", "its-retry-preempted-too",
+                                 "checkpoint-longer-than-the-lease"])
 def test_decorator_runs_again_on_the_retry_attempt(home: str, how: str) -> None:
     """Also when, told of the preemption (the heartbeat's KeyboardInterrupt), the function
     exits its own way (PyTorch Lightning: SystemExit(1)): that was taken for an exit of its
     own accord, and the retry attempt cancelled as not followed. And when attempt 2 was
     granted and preempted in turn before the decorator read it: its ``Preempted`` escaped
     (raised where the attempt is read, outside the ``try`` that follows retries), and attempt
-    3 was granted to nobody until its lease ran out (helper-72)."""
+    3 was granted to nobody until its lease ran out (helper-72). And when it saves a
+    checkpoint for longer than the lease before it goes: nothing heartbeat the retry attempt
+    granted meanwhile, whose lease ran out, and the function was not run again (helper-84).
+    """
     client = Client(home=home)
     runs: list[str] = []
 
@@ -472,6 +476,8 @@ def test_decorator_runs_again_on_the_retry_attempt(home: str, how: str) -> None:
             except KeyboardInterrupt:
                 if how == "its-own-way":
                     raise SystemExit(1) from None
+                if how == "checkpoint-longer-than-the-lease":
+                    time.sleep(3)  # the retry attempt is granted at 0.8 s, its lease 1 s
                 raise
         return "done"
 

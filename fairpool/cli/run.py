@@ -41,6 +41,7 @@ from fairpool.leases import (
     gave_up,
     heartbeat_interval,
     interrupted,
+    kept_next,
     lost_as_it_ended,
     not_followed,
     passing,
@@ -270,8 +271,7 @@ def _keeping(retry: str | None) -> Callable[[], None]:
                 o.declare(f"Warning: retry attempt `{retry}` not kept ({error}): its lease "
                           "may run out")
             return
-        if kept.status == "preempted":
-            retry = kept.retried_as_id
+        retry = kept_next(retry, kept)
 
     def keep() -> None:
         nonlocal beating
