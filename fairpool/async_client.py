@@ -243,8 +243,11 @@ class AsyncAcquire:
                 await client.cancel(request.id, stopped_waiting(error, self._timeout))
             except (Conflict, NotFound):  # it ended meanwhile, or was deleted
                 pass
-            except FairpoolError as failed:  # the caller's error stays the error
+            except BaseException as failed:  # the caller's error stays the error
+                # Cancelled again, it was left queued, unnamed: it goes up, said.
                 log.warning("%s", still_waiting("Resource request", request.id, failed))
+                if not isinstance(failed, FairpoolError):
+                    raise
             raise
         if request.status != "allocated":
             raise not_granted(request)
@@ -321,13 +324,20 @@ class AsyncAcquire:
                     async with AsyncAcquire(self._client, submit, self._interval, self._timeout):
                         return await function(*args, **kwargs)
                 except Preempted as preempted:
-                    # The server queued a retry attempt when max_retries allowed one.
-                    retry = (await self._client.get(preempted.request.id)).retried_as_id
+                    # As ``_Acquire``'s: the answer that told of the preemption names it.
+                    retry = preempted.request.retried_as_id
                     if retry is None:
                         raise
-                    submit = functools.partial(self._client.get, retry)
+                    submit = functools.partial(self._follow, retry)
 
         return run
+
+    async def _follow(self, retry: str) -> RequestView:
+        """As ``_Acquire._follow``."""
+        try:
+            return await self._client.get(retry)
+        except Unreachable as error:
+            raise Unreachable(still_waiting("Retry attempt", retry, error)) from None
 
     async def _beat(self) -> None:
         grant = self._grant

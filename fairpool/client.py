@@ -169,25 +169,25 @@ class Grant:
 
     def finish(self) -> RequestView | None:
         """Stop the heartbeat and give the units back; returns why they were lost, if so. A
-        SIGTERM or SIGHUP during the release waits for it, then ends the block as it would
-        have."""
-        ending = [held for held in self._held if held.signum in _STOPPING_SIGNALS]
+        Ctrl-C, SIGTERM or SIGHUP during the release waits for it, then does what it would
+        have (a Ctrl-C cut the release short, the units held until the lease ran out:
+        helper-84). The heartbeat, stopped first, sends no interrupt of its own then."""
         try:
             with self._lock:
                 self._stop.set()
-            self._thread.join(timeout=10)
-            for held in ending:
+            for held in self._held:
                 held.shielded += 1
             try:
+                self._thread.join(timeout=10)  # a heartbeat riding out an outage: seconds
                 if self.lost is None:
                     self._release()
             finally:
-                for held in ending:
+                for held in self._held:
                     held.shielded -= 1
         finally:
             for held in self._held:
                 held.let_go()
-        for held in ending:
+        for held in self._held:
             held.replay()
         return self.lost
 
@@ -564,13 +564,22 @@ class _Acquire:
                     _finish(grant, None)
                     return result
                 except Preempted as preempted:
-                    # The server queued a retry attempt when max_retries allowed one.
-                    retry = self._client.get(preempted.request.id).retried_as_id
+                    # The server queued a retry attempt when max_retries allowed one, in the
+                    # pass that preempted: the answer that told of it names it.
+                    retry = preempted.request.retried_as_id
                     if retry is None:
                         raise
-                    request = functools.partial(self._client.get, retry)
+                    request = functools.partial(self._follow, retry)
 
         return run
+
+    def _follow(self, retry: str) -> RequestView:
+        """The retry attempt to wait for. Read again, the preempted one's answer was lost
+        where the server had gone away meanwhile, and the error named neither (helper-84)."""
+        try:
+            return self._client.get(retry)
+        except Unreachable as error:
+            raise Unreachable(still_waiting("Retry attempt", retry, error)) from None
 
     def _start(self, make: Callable[[], RequestView]) -> Grant:
         """Make the request (submit it, or read the retry attempt), wait for it, then hold
@@ -603,8 +612,11 @@ class _Acquire:
                     self._client.cancel(request.id, stopped_waiting(error, self._timeout))
                 except (Conflict, NotFound):  # it ended meanwhile, or was deleted
                     pass
-                except FairpoolError as failed:  # the caller's error stays the error
+                except BaseException as failed:  # the caller's error stays the error
+                    # A second Ctrl-C left it queued, unnamed (helper-84): it goes up, said.
                     log.warning("%s", still_waiting("Resource request", request.id, failed))
+                    if not isinstance(failed, FairpoolError):
+                        raise
                 raise
             if request.status != "allocated":
                 raise not_granted(request)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from fairpool.errors import (
+    FairpoolError,
     Forbidden,
     InvalidInput,
     NotFound,
@@ -91,9 +92,15 @@ def kept_next(retry: str, answer: RequestView) -> str | None:
 
 
 def still_waiting(what: str, request_id: str, error: BaseException | str) -> str:
-    """A request nobody will use that could not be cancelled (``error``): granted later, its
-    units would go to nobody (for ever without a lease) unless it is cancelled by hand."""
-    return (f"{what} `{request_id}` is still waiting ({error}): cancel it with "
+    """A request nobody will use that could not be cancelled (``error``; one that is not
+    ours, a second Ctrl-C or a cancellation, cut the cancel short): granted later, its units
+    would go to nobody (for ever without a lease) unless it is cancelled by hand."""
+    still = "is still"
+    if isinstance(error, BaseException) and not isinstance(error, FairpoolError):
+        # Cut short anywhere: before the cancel, or after its commit.
+        still, error = "may still be", (f"interrupted again ({type(error).__name__}) as it "
+                                        "was being cancelled")
+    return (f"{what} `{request_id}` {still} waiting ({error}): cancel it with "
             f"`fairpool resource-request cancel {request_id}`")
 
 

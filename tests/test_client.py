@@ -728,6 +728,46 @@ def test_a_signal_during_the_submit_cancels_the_request_it_makes(
             client.close()
 
 
+def test_a_retry_attempt_the_server_cannot_be_asked_for_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decorator read the preempted attempt again to find its retry: with the server gone
+    meanwhile, the error named neither, and the retry attempt was left queued, granted to
+    nobody once the server was back (helper-84). The answer that told of the preemption
+    names it; the error says how to cancel it."""
+    from fairpool import remote
+
+    monkeypatch.setattr(remote, "_ATTEMPTS", 2)  # the server stays away: no need for six
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "served")
+    with running(server):
+        client = Client(server.url)
+        client.create_pool("p", {"gpu": 2})
+        client.attach_policy("p", "low", priority=1)
+        client.attach_policy("p", "high", priority=9)
+
+        @client.acquire({"gpu": 2}, component="low", lease_ttl=1, max_retries=1, timeout=20)
+        def train() -> None:
+            client.submit({"gpu": 2}, component="high")
+            try:
+                time.sleep(10)  # interrupted by the preemption
+            except KeyboardInterrupt:
+                server.stop()
+                raise
+
+        with pytest.raises(fairpool.Unreachable) as caught:
+            train()
+    retry = re.fullmatch(
+        r"Retry attempt `([0-9a-f-]{36})` is still waiting \(cannot reach the fairpool server "
+        r"at .*\): cancel it with `fairpool resource-request cancel \1`", str(caught.value))
+    assert retry is not None, caught.value
+    server.start()
+    try:
+        assert client.get(retry.group(1)).previous_attempt_id is not None
+    finally:
+        server.stop()
+        client.close()
+
+
 def test_a_long_lease_still_hears_of_a_preemption_within_20_s() -> None:
     """A third of the lease, at most 20 s: an hour's lease heartbeat every 20 minutes, its
     holder running on preempted units meanwhile (helper-72)."""
@@ -794,6 +834,48 @@ def test_a_release_the_write_lock_kept_out_is_a_warning(
     assert "stayed locked by another process" in caplog.text
     assert "the units go back when the lease expires" in caplog.text
     assert client.get(grant.id).status == "allocated"
+
+
+def test_a_ctrl_c_during_the_release_waits_for_it(home: str) -> None:
+    """It cut the release short (waiting for the write lock here): the units stayed held
+    until the lease ran out, where a SIGTERM waited (helper-84). Now the release is made,
+    then the KeyboardInterrupt goes up."""
+    client = Client(home=home)
+    with pytest.raises(KeyboardInterrupt):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=60) as grant:
+            holding = locked(home, 1.5)
+            holding.__enter__()
+            later(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # the release waits
+    holding.__exit__(None, None, None)
+    assert client.get(grant.id).status == "released"
+
+
+def test_a_second_ctrl_c_during_the_cancel_names_the_request_left_queued(
+    home: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first Ctrl-C's cancel waited for the write lock; a second cut it short, and the
+    request was left queued, named nowhere (helper-84); later granted, its units went to
+    nobody until its lease ran out. Now a warning names it and the command that cancels it;
+    the second Ctrl-C goes up (the user insists)."""
+    client = Client(home=home)
+    blocker = client.submit({"gpu": 2}, component="high", lease_ttl=None)
+
+    def interrupt_twice() -> None:
+        time.sleep(0.5)
+        with locked(home, 1.5):
+            os.kill(os.getpid(), signal.SIGINT)  # the wait's: the cancel then waits
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGINT)  # and this one cuts it short
+
+    later(0, interrupt_twice)
+    with pytest.raises(KeyboardInterrupt):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=5):
+            pytest.fail("never held")
+    (mine,) = client.list_requests(component="low")
+    assert (f"Resource request `{mine.id}` may still be waiting (interrupted again "
+            f"(KeyboardInterrupt) as it was being cancelled): cancel it with `fairpool "
+            f"resource-request cancel {mine.id}`") in caplog.text
+    client.release(blocker.id)
 
 
 def test_a_wait_writes_nothing_while_nothing_changes(home: str) -> None:
