@@ -137,6 +137,8 @@ class Grant:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._main = threading.current_thread() is threading.main_thread()
+        #: The process holding it: a child forked in the block leaves it to its parent.
+        self._pid = os.getpid()
         # A process that ignores SIGINT (a job a shell started in the background) or leaves it
         # to the OS could not be interrupted in a blocking call: while held, SIGINT gets a
         # handler that raises for the heartbeat's interrupt and does as before for anyone
@@ -171,7 +173,11 @@ class Grant:
         """Stop the heartbeat and give the units back; returns why they were lost, if so. A
         Ctrl-C, SIGTERM or SIGHUP during the release waits for it, then does what it would
         have (a Ctrl-C cut the release short, the units held until the lease ran out:
-        helper-84). The heartbeat, stopped first, sends no interrupt of its own then."""
+        helper-84). The heartbeat, stopped first, sends no interrupt of its own then. In a
+        child forked in the block, nothing: the grant is its parent's, which holds on (the
+        child's exit released it, helper-84)."""
+        if os.getpid() != self._pid:
+            return None
         try:
             with self._lock:
                 self._stop.set()

@@ -69,8 +69,10 @@ def _check_based_on(conn: Connection, based_on: int | None) -> None:
     now = 0 if active is None else active.version
     if now != based_on:
         expected = f"not version {based_on}" if based_on else "where there was none"
+        # None yet: "it is version 0" named a version no one ever applied (helper-83).
+        found = f"it is version {now}" if now else "there is none"
         raise Conflict(
-            f"the active scheduler config changed meanwhile: it is version {now}, {expected} "
+            f"the active scheduler config changed meanwhile: {found}, {expected} "
             "(based_on); nothing applied: look at it again and re-apply"
         )
 

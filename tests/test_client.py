@@ -768,6 +768,28 @@ def test_a_retry_attempt_the_server_cannot_be_asked_for_is_named(
         client.close()
 
 
+FORKS = """
+import os, sys
+from fairpool import Client
+client = Client(home=sys.argv[1])
+with client.acquire({"gpu": 2}, component="low", lease_ttl=60) as grant:
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a child leaving the block, as a forked worker may
+    os.waitpid(child, 0)
+    print(client.get(grant.id).status)
+print(client.get(grant.id).status)
+"""
+
+
+def test_a_child_forked_in_the_block_leaves_the_grant_to_its_parent(home: str) -> None:
+    """The child's exit from the block released the parent's grant, which then heard within a
+    heartbeat that it was released, while working on (helper-84)."""
+    run = subprocess.run([sys.executable, "-c", FORKS, home], capture_output=True, text=True,
+                         timeout=60)
+    assert (run.returncode, run.stdout.split()) == (0, ["allocated", "released"]), run.stderr
+
+
 def test_a_long_lease_still_hears_of_a_preemption_within_20_s() -> None:
     """A third of the lease, at most 20 s: an hour's lease heartbeat every 20 minutes, its
     holder running on preempted units meanwhile (helper-72)."""

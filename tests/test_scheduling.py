@@ -171,6 +171,16 @@ def test_an_apply_based_on_another_version_is_refused_naming_both(
     assert rows(sched, "config_version") == 1
 
 
+def test_an_apply_based_on_a_version_before_any_says_there_is_none(
+    sched: SchedulingService,
+) -> None:
+    """It said "it is version 0", a version nobody applied (helper-83)."""
+    with pytest.raises(Conflict, match=r"^the active scheduler config changed meanwhile: there "
+                       r"is none, not version 1 \(based_on\); nothing applied"):
+        sched.apply_config(RESERVATION, based_on=1)
+    assert rows(sched, "config_version") == 0
+
+
 # -- workloads -------------------------------------------------------------------------------
 
 
