@@ -68,6 +68,7 @@ from fairpool.frontends.trees import (
     parse_resources,
     pool_tree_document,
     positive,
+    stored_configs,
     tree_document,
     tree_option_name,
     tree_resources,
@@ -513,15 +514,16 @@ class _State:
         if record is None:
             raise NotFound.of("pool tree", name)
         pools = store.list_pools(conn, name)
-        tree = PoolTree.build(
-            name,
-            PoolTreeConfig.from_mapping(record.config),
-            [
-                Pool(p.name, p.parent, PoolConfig.from_mapping(p.config),
-                     p.ephemeral_user is not None)
-                for p in pools
-            ],
-        )
+        with stored_configs():
+            tree = PoolTree.build(
+                name,
+                PoolTreeConfig.from_mapping(record.config),
+                [
+                    Pool(p.name, p.parent, PoolConfig.from_mapping(p.config),
+                         p.ephemeral_user is not None)
+                    for p in pools
+                ],
+            )
         operations = tuple(store.list_operations(conn, name, store.LIVE))
         jobs: dict[str, list[RunningJob]] = {op.id: [] for op in operations}
         elsewhere = dict.fromkeys(jobs, 0)
@@ -727,7 +729,9 @@ class TreesService:
             self._pass_all(conn)
 
     def _node_views(self, conn: Connection, only: str | None = None) -> list[NodeView]:
-        trees = [(t.name, PoolTreeConfig.from_mapping(t.config)) for t in store.list_trees(conn)]
+        with stored_configs():
+            trees = [(t.name, PoolTreeConfig.from_mapping(t.config))
+                     for t in store.list_trees(conn)]
         live = store.list_operations(conn, statuses=store.LIVE)
         resources = {op.id: op.job_resources for op in live}
         nodes = store.list_nodes(conn)
@@ -756,7 +760,9 @@ class TreesService:
         """A node belongs to at most one tree (YTsaurus keeps trees' nodes disjoint), and
         to the tree of the jobs it runs: a filter that let go of a node with jobs on it let
         another tree place jobs there too, past the node's resources."""
-        trees = [(t.name, PoolTreeConfig.from_mapping(t.config)) for t in store.list_trees(conn)]
+        with stored_configs():
+            trees = [(t.name, PoolTreeConfig.from_mapping(t.config))
+                     for t in store.list_trees(conn)]
         jobs = store.live_job_trees(conn)
         for node in store.list_nodes(conn):
             member = [name for name, config in trees
@@ -1092,7 +1098,7 @@ class TreesService:
         validate_name("user", user)
         if pool is not None:
             bounded_text("pool", pool, MAX_NAME)
-        weight_value = positive("weight", weight)
+        weight_value = positive("weight", weight, text=True)  # --weight's, as given
         validate_int("job_count", job_count, 1, MAX_JOB_COUNT)
         job = parse_resources("job_resources", job_resources)
         limits = parse_resources(

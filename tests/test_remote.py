@@ -1734,7 +1734,7 @@ def test_admin_calls_whose_answers_were_lost_are_done_once(server: ApiServer, ho
             applied = RemoteTrees(service).apply_tree(document, whole, create=True)
         assert applied["changes"] == [f"+ tree {whole}", "+ pool q", "+ pool r"]
         with losing(server, "POST", "/pools", how) as service:
-            made_pool = RemoteTrees(service).create_pool(name, pool, None, {"weight": "10"})
+            made_pool = RemoteTrees(service).create_pool(name, pool, None, {"weight": 10})
         assert (made_pool["parent"], made_pool["config"]) == (None, {"weight": 10})
 
         # Another's, asking otherwise: the name is taken, as the refusal says.

@@ -445,7 +445,15 @@ def test_a_node_with_no_resource_above_0_is_refused(resources: dict[str, int]) -
         ),
         (
             lambda: load_pool_tree("name: t\npools:\n  a:\n    pools:\n      b: {weight: x}"),
-            "pools.a.pools.b.weight: must be a finite number (got 'x')",
+            "pools.a.pools.b.weight: must be a number (got 'x')",
+        ),
+        (  # text, quoted: it was read as the number 100 (helper-85)
+            lambda: load_pool_tree("name: t\npools:\n  a: {weight: '0100'}"),
+            "pools.a.weight: must be a number (got '0100')",
+        ),
+        (  # and an option kept and served it as text
+            lambda: load_pool_tree("name: t\nconfig: {fair_share_starvation_tolerance: '0.5'}"),
+            "config.fair_share_starvation_tolerance: must be a number (got '0.5')",
         ),
     ],
 )

@@ -664,12 +664,35 @@ def test_a_child_guarantees_no_resource_its_parent_guarantees_none_of(
     assert trees.describe_pool("t", "c").config["weight"] == 2
 
 
+def test_quoted_numbers_are_text_now_but_a_tree_stored_with_one_still_loads(
+    trees: TreesService,
+) -> None:
+    """'0.5' quoted was taken for the number and kept, and served, as the text (helper-85):
+    it is refused now, naming the option; one an older version stored still loads, as its
+    number."""
+    from fairpool.store import trees as store
+
+    trees.add_node("n1", [], {"cpu": 10})
+    trees.create_tree("t", {})
+    with pytest.raises(InvalidInput, match=r"^config\.fair_share_starvation_tolerance: must "
+                       r"be a number \(got '0\.5'\)$"):
+        trees.set_tree("t", "fair_share_starvation_tolerance", "'0.5'")
+    with pytest.raises(InvalidInput, match=r"^weight: must be a number \(got '8'\)$"):
+        trees.create_pool("t", "q", None, {"weight": "8"})
+    with trees.db.write() as conn:  # as a version before 2026-12-01 left it
+        store.set_tree_config(conn, "t", {"fair_share_starvation_tolerance": "0.5"},
+                              datetime.now(UTC))
+    assert trees.export_tree("t")["config"] == {"fair_share_starvation_tolerance": "0.5"}
+    trees.create_pool("t", "q", None, {"weight": 8})
+    assert [row.name.strip() for row in trees.show_tree("t").elements] == ["<Root>", "q"]
+
+
 def test_a_tiny_weight_shows_as_itself(trees: TreesService) -> None:
     """Rounded to 6 decimals as a share is, a weight of 1e-12 showed as 0.0, which no weight
     may be (found by helper-71)."""
     trees.add_node("n1", [], {"cpu": 100})
     trees.create_tree("t", {})
-    trees.create_pool("t", "tiny", None, {"weight": "1e-12"})
+    trees.create_pool("t", "tiny", None, {"weight": 1e-12})
     trees.create_pool("t", "big", None, {"weight": 123456789})
     assert trees.describe_pool("t", "tiny").as_dict()["weight"] == 1e-12
     assert {row.name.strip(): row.shares.weight for row in trees.show_tree("t").elements

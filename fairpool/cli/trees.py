@@ -258,9 +258,12 @@ def create_pool(
     max_operation_count: int | None, config: str | None, output: str,
 ) -> None:
     """Create a pool, validated with the whole tree."""
+    from fairpool.frontends.yaml_text import load_yaml  # only now, as parse_mapping's
+
     options: dict[str, Any] = parse_mapping("config", config) or {}
     flags: dict[str, Any] = {
-        "weight": weight,
+        # As `pool set NAME weight VALUE` reads it: YAML (quoted, it is text, refused).
+        "weight": None if weight is None else load_yaml("weight", weight, weight),
         "strong_guarantee_resources": parse_mapping("strong_guarantee", strong_guarantee),
         "resource_limits": parse_mapping("resource_limits", resource_limits),
         "mode": mode,

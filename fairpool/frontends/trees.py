@@ -23,9 +23,11 @@ Decisions where the seed is silent are listed in ``docs/trees.md``.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -122,17 +124,37 @@ def _milliseconds(field_name: str, value: object) -> int:
 MAX_EXPONENT = 30
 
 
-def number(field_name: str, value: object, zero: bool = True) -> Fraction:
-    """An exact rational from an int, a float (its shortest decimal form) or a decimal string;
-    ``zero``: whether the field takes 0, which its bounds' words then say."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+#: Set while stored configs are read (``stored_configs``).
+_STORED = contextvars.ContextVar("stored_configs", default=False)
+
+
+@contextmanager
+def stored_configs() -> Iterator[None]:
+    """Read stored options as written: versions before 2026-12-01 kept a number quoted in
+    YAML or JSON as its text, which ``number`` refuses in what is given now; a tree holding
+    one still loads."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
+
+
+def number(field_name: str, value: object, zero: bool = True, text: bool = False) -> Fraction:
+    """An exact rational from an int, a float (its shortest decimal form), or with ``text``
+    a decimal string (a command-line flag's, as given); ``zero``: whether the field takes 0,
+    which its bounds' words then say. Elsewhere (a document, a mapping, an option's YAML, a
+    JSON body) a string is text, as the doc says of '0100': it was read as the number, and an
+    option kept and served it as text (helper-85)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or (
+            isinstance(value, str) and not (text or _STORED.get())):
         raise InvalidInput(field_name, value, "must be a number")
-    text = repr(value) if isinstance(value, float) else value
-    if isinstance(text, str) and len(text) > 64:  # Decimal's work grows with its digits
-        raise InvalidInput(field_name, clipped(text), "must be a number written in at most "
+    written = repr(value) if isinstance(value, float) else value
+    if isinstance(written, str) and len(written) > 64:  # Decimal's work grows with its digits
+        raise InvalidInput(field_name, clipped(written), "must be a number written in at most "
                            "64 characters")
     try:
-        decimal = Decimal(text)
+        decimal = Decimal(written)
     except InvalidOperation:
         raise InvalidInput(field_name, value, "must be a finite number") from None
     if not decimal.is_finite() or (decimal and abs(decimal.adjusted()) > MAX_EXPONENT):
@@ -151,8 +173,8 @@ def _shown(value: object, amount: Fraction) -> object:
     return int(amount) if amount.denominator == 1 else float(amount)
 
 
-def positive(field_name: str, value: object) -> Fraction:
-    amount = number(field_name, value, zero=False)
+def positive(field_name: str, value: object, text: bool = False) -> Fraction:
+    amount = number(field_name, value, zero=False, text=text)
     if amount <= 0:
         raise InvalidInput(field_name, _shown(value, amount), "must be positive")
     return amount
