@@ -159,6 +159,15 @@ def test_the_issues_tour(home: Path) -> None:
           "{strong_guarantee_resources: {cpu: 1:30}}"),
          ("config.strong_guarantee_resources.cpu: 1:30 is base 60 in YAML 1.1 (90): write 90, "
           "or '1:30' for text",)),
+        # So are keys, as written: it named a key `90` nobody wrote (helper-85).
+        (("pool", "create", "x", "--tree", "physical", "--config",
+          "{resource_limits: {1:30: 5}}"),
+         ("config.resource_limits[\"1:30\"]: 1:30 is base 60 in YAML 1.1 (90): write 90, or "
+          "'1:30' for text",)),
+        (("operation", "start", "--tree", "physical", "--user", "u", "--job-resources",
+          '{"cpu": 1}', "--job-count", "1", "--tree-options", "{010: {weight: 2}}"),
+         ("tree_options[\"010\"]: 010 is octal in YAML 1.1 (8): write 8, 10 for decimal, or "
+          "'010' for text",)),
     ],
 )
 def test_bad_input_is_one_error_line_and_writes_nothing(

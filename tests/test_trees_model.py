@@ -447,6 +447,10 @@ def test_a_node_with_no_resource_above_0_is_refused(resources: dict[str, int]) -
             lambda: load_pool_tree("name: t\npools:\n  a:\n    pools:\n      b: {weight: x}"),
             "pools.a.pools.b.weight: must be a number (got 'x')",
         ),
+        (  # a key too, as written: it named a pool `90` (helper-85)
+            lambda: load_pool_tree("name: t\npools:\n  1:30: {}"),
+            "pools[\"1:30\"]: 1:30 is base 60 in YAML 1.1 (90): write 90, or '1:30' for text",
+        ),
         (  # text, quoted: it was read as the number 100 (helper-85)
             lambda: load_pool_tree("name: t\npools:\n  a: {weight: '0100'}"),
             "pools.a.weight: must be a number (got '0100')",

@@ -71,6 +71,9 @@ class UserLoader(yaml.SafeLoader):
         #: Per path, a typed scalar's value and its text.
         self.written: dict[Path, tuple[object, str]] = {}
         self.duplicates: list[KeyGivenTwice] = []
+        #: Per key that only YAML 1.1 reads as a number (``1:30``, ``010``): its path, with
+        #: the key as written, and what ``number_problem`` says of it.
+        self.number_keys: list[tuple[Path, str]] = []
 
     def at_line(self, path: Path, line: int) -> None:
         """Where ``path`` starts, the first time the survey reaches it (the config records
@@ -113,6 +116,10 @@ class UserLoader(yaml.SafeLoader):
                     self.written.pop(child, None)  # YAML keeps the last one's value
                     continue
                 first_line[key] = line
+                if key_node.tag in _TYPED_TAGS:
+                    problem = number_problem(str(key_node.value), key, or_text=True)
+                    if problem is not None:
+                        self.number_keys.append(((*path, str(key_node.value)), problem))
                 if not merge:
                     self.at_line(child, line)
                     self.survey(value_node, child, seen)
@@ -185,6 +192,9 @@ def load_yaml(
         problem = one_line(str(error)).split("; use sys.")[0]
     else:
         refused = [(twice.path, twice.message) for twice in loader.duplicates]
+        # A key as YAML 1.1 reads it named a pool `90` nobody wrote (helper-85). Not in the
+        # scheduler config, whose stored documents are read again: one may hold such a key.
+        refused += loader.number_keys
         for path, (value, written) in loader.written.items():
             number = number_problem(written, value, or_text=True)
             if number is not None:
