@@ -1345,7 +1345,9 @@ class TreesService:
                                     j.interrupt_deadline)
                 for j in interrupting
             ),
-            preempted=tuple(  # in preemption order: by time, a pass's newest job first as chosen
+            # By preemption time, a pass's newest job first (those started together by id,
+            # not as the pass chose them).
+            preempted=tuple(
                 PreemptedJobView(j.id, j.node, j.preempted_by, j.reason, j.finished_at)
                 for j in sorted(
                     sorted((j for j in jobs if j.status is JobStatus.PREEMPTED),
