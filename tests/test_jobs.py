@@ -362,22 +362,22 @@ HOG_JOBS = [("n1", 1), ("n1", 2), ("n1", 3), ("n1", 4), ("n2", 5), ("n2", 6), ("
 
 GANG_PREEMPTION_CASES = [
     pytest.param(
-        "1", HOG_JOBS, 2, ["hog/7", "hog/6", "hog/5", "hog/4"], ["n2", "n2"], None,
+        1, HOG_JOBS, 2, ["hog/7", "hog/6", "hog/5", "hog/4"], ["n2", "n2"], None,
         id="placed-by-preemption",
     ),
     pytest.param(
-        "1", HOG_JOBS[:6], 2, ["hog/5", "hog/4"], ["n2", "n2"], None,
+        1, HOG_JOBS[:6], 2, ["hog/5", "hog/4"], ["n2", "n2"], None,
         # the first job takes the free room on n2, the second the newest victims (on n2 again)
         id="free-room-first-then-preemption",
     ),
     pytest.param(
         # hog may lose 4 cpu (down to 1/2 = fair share * 1): 6 needed -> nothing preempted
-        "1", HOG_JOBS, 3, [], [], "but only 2 fit on the nodes of tree physical even by preempting",
+        1, HOG_JOBS, 3, [], [], "but only 2 fit on the nodes of tree physical even by preempting",
         id="cannot-be-placed-whole",
     ),
     pytest.param(
         # threshold 1.5: hog's floor is 3/4, it may lose 2 cpu; the gang needs 4 -> nothing
-        "1.5", HOG_JOBS, 2, [], [], "but only 1 fit on the nodes of tree physical even by preempting",
+        1.5, HOG_JOBS, 2, [], [], "but only 1 fit on the nodes of tree physical even by preempting",
         id="never-below-the-threshold-line",
     ),
 ]
@@ -385,7 +385,7 @@ GANG_PREEMPTION_CASES = [
 
 @pytest.mark.parametrize(("threshold", "hog_jobs", "count", "preempted", "nodes_granted", "reason"), GANG_PREEMPTION_CASES)
 def test_a_starving_gang_preempts_for_all_its_jobs_or_nothing(
-    threshold: str,
+    threshold: float,
     hog_jobs: list[tuple[str, float]],
     count: int,
     preempted: list[str],
@@ -531,13 +531,13 @@ LIMIT_CASES = [
         id="an-ancestor's-limit: newest first across its pools, down to their fair shares",
     ),
     pytest.param(
-        tree(pool("a", resource_limits={"cpu": 4}), preemption_satisfaction_threshold="1.5"),
+        tree(pool("a", resource_limits={"cpu": 4}), preemption_satisfaction_threshold=1.5),
         [op("x", "a", 8, jobs=RUNNING_8)], ["x/7", "x/6"], {},
         "preempted to bring pool a within its resource_limits.cpu (usage 8 > limit 4)",
         id="jobs-within-fair-share-times-the-threshold-stay",
     ),
     pytest.param(
-        tree(pool("a", resource_limits={"gpu": 1}), preemption_satisfaction_threshold="0.5"),
+        tree(pool("a", resource_limits={"gpu": 1}), preemption_satisfaction_threshold=0.5),
         [op("g", "a", 3, jobs=[("n1", 0.0), ("n1", 1.0), ("n1", 2.0)], cpu=1, gpu=1),
          op("c", "a", 2, jobs=[("n1", 5.0), ("n1", 6.0)], start=1)],
         ["g/2", "g/1"], {},
@@ -613,7 +613,7 @@ def worlds(draw: st.DrawFn, interruptions: bool = False) -> tuple[PoolTree, list
     """Random trees, nodes and operations; with ``interruptions``, interruptible operations,
     jobs being interrupted (deadlines before, at and after ``now`` = 10) and jobs running in
     the operations' other trees."""
-    threshold = draw(st.sampled_from(["0.5", "1", "1.5"]))
+    threshold = draw(st.sampled_from([0.5, 1, 1.5]))
     pools = [pool("p0", strong_guarantee_resources={"cpu": draw(st.integers(0, 4))})]
     pools += [pool("p1", "p0", weight=draw(st.integers(1, 3))), pool("p2", resource_limits={"cpu": draw(st.integers(0, 16) | st.integers(0, 4)), **draw(st.just({}) | st.fixed_dictionaries({"gpu": st.integers(0, 2)}))})]
     timeout = draw(st.sampled_from([0, 5000])) if interruptions else 10_000

@@ -218,6 +218,7 @@ def submitted(train_step: Any) -> None:
         time.sleep(0.1)
     record(step="pipeline", at="waits")
     future.result()
+    record(step="pipeline", at="resumed")
 
 
 @pipeline(dynamic=True, enable_cache=False)

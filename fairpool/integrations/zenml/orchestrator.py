@@ -103,6 +103,10 @@ _CANCELLING = (ExecutionStatus.CANCELLING, ExecutionStatus.STOPPING)
 #: The statuses at which ZenML's heartbeat stops a step.
 _STOPPED = (*_CANCELLING, ExecutionStatus.CANCELLED, ExecutionStatus.STOPPED)
 _STARTED = (ExecutionStatus.INITIALIZING, ExecutionStatus.PROVISIONING, ExecutionStatus.RUNNING)
+#: What a submitted step's future waits through: ZenML's (provisioning, running, retrying:
+#: another step run comes), and stopping (see ``_wait_through_stopping``).
+_STILL_GOING = (ExecutionStatus.PROVISIONING, ExecutionStatus.RUNNING, ExecutionStatus.RETRYING,
+                *_CANCELLING)
 
 
 class FairpoolLocalOrchestratorConfig(LocalOrchestratorConfig):
@@ -269,18 +273,27 @@ def _wait_through_stopping() -> None:
     return as if it had succeeded. The run then ended ``completed`` while the step still
     stopped, its process was killed at exit before anything published its end, and its
     request held its units for good (``preempting``, its preemptor waiting). Waiting on, the
-    future sees what the runner's monitor publishes (CANCELLED, STOPPED) or the retry.
+    future sees what the runner's monitor publishes (CANCELLED, STOPPED) or the retry. Its
+    backoff, doubling up to 64 s, suits a remote cluster's pods: here a local process, it
+    held the run up to a minute after a submitted step ended (helper-86); up to 2 s now.
     Installed once per process, from the pipeline's process (the runner's)."""
     from zenml.execution.pipeline.dynamic.outputs import _IsolatedStepFuture
+    from zenml.execution.pipeline.dynamic.utils import get_latest_step_run
 
-    wait = _IsolatedStepFuture._wait_for_step_to_finish
-    if getattr(wait, "waits_through_stopping", False):
+    if getattr(_IsolatedStepFuture._wait_for_step_to_finish, "waits_through_stopping", False):
         return
 
     def wait_through_stopping(self: _IsolatedStepFuture) -> StepRunResponse:
-        while (step_run := wait(self)).status in _CANCELLING:
-            time.sleep(0.5)
-        return step_run
+        delay = 0.25
+        while True:
+            if wrapped := self._wrapped:  # the launch's failure, or a retry's new launch
+                wrapped.result()
+            step_run = get_latest_step_run(self.pipeline_run_id, self.invocation_id,
+                                           hydrate=False)
+            if step_run.status not in _STILL_GOING:
+                return step_run
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     wait_through_stopping.waits_through_stopping = True  # type: ignore[attr-defined]
     _IsolatedStepFuture._wait_for_step_to_finish = wait_through_stopping  # type: ignore[method-assign]
