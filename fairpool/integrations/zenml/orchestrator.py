@@ -277,8 +277,8 @@ def _wait_through_stopping() -> None:
     backoff, doubling up to 64 s, suits a remote cluster's pods: here a local process, it
     held the run up to a minute after a submitted step ended (helper-86); up to 2 s now.
     Installed once per process, from the pipeline's process (the runner's)."""
+    from zenml.execution.pipeline.dynamic import utils as dynamic_utils
     from zenml.execution.pipeline.dynamic.outputs import _IsolatedStepFuture
-    from zenml.execution.pipeline.dynamic.utils import get_latest_step_run
 
     if getattr(_IsolatedStepFuture._wait_for_step_to_finish, "waits_through_stopping", False):
         return
@@ -288,8 +288,8 @@ def _wait_through_stopping() -> None:
         while True:
             if wrapped := self._wrapped:  # the launch's failure, or a retry's new launch
                 wrapped.result()
-            step_run = get_latest_step_run(self.pipeline_run_id, self.invocation_id,
-                                           hydrate=False)
+            step_run = dynamic_utils.get_latest_step_run(
+                self.pipeline_run_id, self.invocation_id, hydrate=False)
             if step_run.status not in _STILL_GOING:
                 return step_run
             time.sleep(delay)
@@ -341,6 +341,14 @@ class FairpoolLocalOrchestrator(LocalOrchestrator):
             str(self.config.monitoring_interval_seconds),
         )
         _wait_through_stopping()
+        if _sql_store() is not None and not _fairpool_in_process():
+            # Nothing is pooled then, and nothing said so (helper-86): ZenML's store without
+            # fairpool makes no requests, and every step runs at once.
+            logger.warning(
+                "fairpool is not enabled in this process: the steps of this run ask no "
+                "resource pool for units. Call `fairpool.integrations.zenml.enable()` before "
+                "running the pipeline (docs/zenml.md), or use a ZenML server with fairpool."
+            )
         with temporary_environment({ENV_ZENML_DYNAMIC_PIPELINE_MONITORING_INTERVAL: interval}):
             return super().submit_dynamic_pipeline(
                 snapshot=snapshot, stack=stack, environment=environment,
