@@ -185,6 +185,11 @@ def too_big_retried() -> None:
     greedy_retried()
 
 
+@pipeline(dynamic=True, enable_cache=False)
+def too_big_retried_submitted() -> None:
+    greedy_retried.submit().result()
+
+
 @pipeline(dynamic=False, enable_cache=False)
 def static_pipeline() -> None:
     plain()
@@ -534,7 +539,7 @@ def main() -> None:
         # Pools and policies are made by the caller (the CLI); this only runs the pipeline.
         error = run(long_one if scenario == "long" else short_one)
     elif scenario in ("train_long", "train_short", "train_long_submitted",
-                      "train_long_submitted_once", "stopped"):
+                      "train_long_submitted_once", "stopped", "too_big_retried_submitted"):
         error = run(globals()[scenario])
     else:
         raise SystemExit(f"unknown scenario {scenario}")

@@ -207,3 +207,19 @@ def test_a_run_on_fairpool_local_without_enable_says_nothing_is_pooled(
     assert "fairpool is not enabled in this process: the steps of this run ask no resource " \
         "pool for units. Call `fairpool.integrations.zenml.enable()`" in result["log"]
     assert [s["has_request"] for s in result["step_runs"]] == [False]
+
+
+def test_a_submitted_step_rejected_at_its_launch_is_retried(zenml_home: ZenML) -> None:
+    """ZenML launches a submitted isolated step with retry=False, leaving retries to its
+    monitor, which watches only a step whose launch returned: a step rejected at its launch
+    stayed `retrying` for good, with one request, and the run failed without the retry
+    (helper-86). On fairpool_local a launch the store answered `retrying` is made again."""
+    setup = zenml_home.scenario("preempt_setup_isolated")
+    result = zenml_home.scenario("too_big_retried_submitted",
+                                 extra_env={"ZENML_ACTIVE_STACK_ID": setup["stacks"]["low"]})
+    assert "was rejected" in (result["error"] or ""), result["log"][-3000:]
+    assert [(r["status"], r["step_version"]) for r in result["requests"]] == [
+        ("rejected", 1), ("rejected", 2)
+    ]
+    assert [(s["version"], s["status"]) for s in result["step_runs"]] == [
+        (1, "retried"), (2, "failed")]

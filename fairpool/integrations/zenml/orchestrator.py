@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from pydantic import Field
@@ -299,6 +299,56 @@ def _wait_through_stopping() -> None:
     _IsolatedStepFuture._wait_for_step_to_finish = wait_through_stopping  # type: ignore[method-assign]
 
 
+def _retry_refused_launches() -> None:
+    """Makes a submitted isolated step whose launch fails with its step run ``RETRYING`` be
+    launched again, as ZenML does for a called step.
+
+    ZenML launches a submitted isolated step with ``retry=False``: retries are its monitor's,
+    which only watches a step whose launch returned. A launch that fails before the step's
+    process starts (its request rejected, or preempted before it started) raised, the store
+    having set the step run ``RETRYING``: no new step run was ever made, the step stayed
+    ``retrying`` and the run failed (helper-86). The store decides, as for any failure,
+    whether retries are left; the retry config's delay and backoff apply. Installed once
+    per process, from the pipeline's process (the runner's)."""
+    from zenml.exceptions import RunStoppedException
+    from zenml.execution.pipeline.dynamic import runner
+    from zenml.execution.pipeline.dynamic import utils as dynamic_utils
+
+    launch = runner.launch_step  # type: ignore[attr-defined]
+    if getattr(launch, "retries_refused_launches", False):
+        return
+
+    def launch_step(snapshot: PipelineSnapshotResponse, step: Any, orchestrator_run_id: str,
+                    retry: bool = False, remaining_retries: int | None = None,
+                    wait: bool = True) -> StepRunResponse:
+        if wait or retry:  # ZenML retries these itself
+            return launch(snapshot=snapshot, step=step, orchestrator_run_id=orchestrator_run_id,
+                          retry=retry, remaining_retries=remaining_retries, wait=wait)
+        config = step.config.retry
+        delay, backoff = (config.delay, config.backoff) if config else (0, 1)
+        while True:
+            try:
+                return launch(snapshot=snapshot, step=step,
+                              orchestrator_run_id=orchestrator_run_id, retry=False, wait=False)
+            except RunStoppedException:
+                raise
+            except BaseException:
+                run = Client().list_pipeline_runs(
+                    orchestrator_run_id=orchestrator_run_id, snapshot_id=snapshot.id, size=1
+                ).items
+                latest = run and dynamic_utils.get_latest_step_run(
+                    run[0].id, step.spec.invocation_id, hydrate=False)
+                if not latest or latest.status != ExecutionStatus.RETRYING:
+                    raise
+                logger.info("Retrying the launch of step `%s` in %s s.", step.config.name,
+                            delay)
+            time.sleep(delay)
+            delay *= backoff
+
+    launch_step.retries_refused_launches = True  # type: ignore[attr-defined]
+    runner.launch_step = launch_step  # type: ignore[attr-defined]
+
+
 def _stop_steps(pipeline_run: PipelineRunResponse) -> None:
     """Stops a run ZenML has just set ``STOPPING``: its steps waiting for units end
     ``stopped`` (their requests ``cancelled``: their launchers stop waiting), and its running
@@ -341,6 +391,7 @@ class FairpoolLocalOrchestrator(LocalOrchestrator):
             str(self.config.monitoring_interval_seconds),
         )
         _wait_through_stopping()
+        _retry_refused_launches()
         if _sql_store() is not None and not _fairpool_in_process():
             # Nothing is pooled then, and nothing said so (helper-86): ZenML's store without
             # fairpool makes no requests, and every step runs at once.
