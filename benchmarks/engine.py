@@ -28,6 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from arguments import positive, positive_list
 
 from fairpool.engine.model import Allocation, Charge, Node, Placement, Request, Snapshot
 from fairpool.engine.reconcile import reconcile
@@ -135,30 +138,9 @@ def stream(snapshot: Snapshot, steps: int, seed: int = 11) -> tuple[float, int]:
     return (time.perf_counter() - started) / steps, decisions
 
 
-def sizes_of(text: str) -> list[int]:
-    """``--sizes``: queue sizes, comma-separated, each a positive integer."""
-    try:
-        sizes = [int(s) for s in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"not positive integers, comma-separated: {text!r}")
-    return sizes
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=sizes_of, default=[1000, 10_000, 100_000],
+    parser.add_argument("--sizes", type=positive_list, default=[1000, 10_000, 100_000],
                         help="queue sizes (default 1000,10000,100000; the ratio needs 10000 "
                         "and 100000)")
     parser.add_argument("--stream", type=positive, default=200,

@@ -29,6 +29,9 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from arguments import positive
 
 from fairpool.engine import fairshare
 from fairpool.engine.fairshare import (
@@ -174,21 +177,11 @@ def sizes_of(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def runs_of(text: str) -> int:
-    try:
-        runs = int(text)
-    except ValueError:
-        runs = 0
-    if runs < 1:
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
-    return runs
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sizes", type=sizes_of, default=sizes_of(DEFAULT_SIZES),
                         help=f"pools:operations,... (default {DEFAULT_SIZES})")
-    parser.add_argument("--runs", type=runs_of, default=3,
+    parser.add_argument("--runs", type=positive, default=3,
                         help="timed updates per size, their median shown (default 3)")
     parser.add_argument("--numeric", choices=["auto", "exact", "float"], default="auto",
                         help="the arithmetic (default auto: exact up to 11,000 elements)")

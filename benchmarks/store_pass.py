@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import sizes_of
+from arguments import positive_list
 
 from fairpool.service import Service, _State, open_service
 from fairpool.store import repo
@@ -102,7 +102,7 @@ def measure(queued: int) -> tuple[float, ...]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=sizes_of, default=[10_000, 100_000],
+    parser.add_argument("--sizes", type=positive_list, default=[10_000, 100_000],
                         help="queue lengths (default 10000,100000)")
     args = parser.parse_args()
     columns = ("load", "first pass", "next pass", "CLI create")

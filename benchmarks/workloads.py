@@ -29,6 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from arguments import positive_list
 
 from fairpool.scheduling import SchedulingService
 from fairpool.store import scheduling as store
@@ -88,12 +91,7 @@ def measure(size: int, submits: int, root: Path) -> tuple[float, float, float, f
 
 
 def sizes_argument(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of positive sizes: {text!r}")
+    sizes = positive_list(text, "a comma-separated list of positive sizes")
     if len(set(sizes)) < len(sizes):  # each size's store is made once (workloads-N.db)
         raise argparse.ArgumentTypeError(f"a size given twice: {text!r}")
     return sizes
