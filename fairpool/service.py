@@ -176,8 +176,8 @@ def open_service(
     if url is None:
         chosen = fairpool_home(home)
         chosen.mkdir(parents=True, exist_ok=True)
-        return Service(Database.open(default_url(chosen)), catch_up=catch_up)
-    return Service(Database.open(url), catch_up=catch_up)
+    return Service(Database.open(default_url(chosen) if url is None else url),
+                   catch_up=catch_up)
 
 
 @dataclass(frozen=True, slots=True)

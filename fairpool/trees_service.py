@@ -636,6 +636,12 @@ def _job_in(job: Mapping[str, int], total: Mapping[str, int]) -> dict[str, int]:
     return {key: amount for key, amount in job.items() if key != "user_slots" or key in total}
 
 
+def _tree_configs(conn: Connection) -> list[tuple[str, PoolTreeConfig]]:
+    """Every tree's name and options, as stored."""
+    with stored_configs():
+        return [(t.name, PoolTreeConfig.from_mapping(t.config)) for t in store.list_trees(conn)]
+
+
 def _still_started(what: str, started: Sequence[OperationRecord]) -> Conflict:
     """A tree or pool that cannot go while operations are started in it, naming them."""
     return Conflict(
@@ -729,9 +735,7 @@ class TreesService:
             self._pass_all(conn)
 
     def _node_views(self, conn: Connection, only: str | None = None) -> list[NodeView]:
-        with stored_configs():
-            trees = [(t.name, PoolTreeConfig.from_mapping(t.config))
-                     for t in store.list_trees(conn)]
+        trees = _tree_configs(conn)
         live = store.list_operations(conn, statuses=store.LIVE)
         resources = {op.id: op.job_resources for op in live}
         nodes = store.list_nodes(conn)
@@ -760,9 +764,7 @@ class TreesService:
         """A node belongs to at most one tree (YTsaurus keeps trees' nodes disjoint), and
         to the tree of the jobs it runs: a filter that let go of a node with jobs on it let
         another tree place jobs there too, past the node's resources."""
-        with stored_configs():
-            trees = [(t.name, PoolTreeConfig.from_mapping(t.config))
-                     for t in store.list_trees(conn)]
+        trees = _tree_configs(conn)
         jobs = store.live_job_trees(conn)
         for node in store.list_nodes(conn):
             member = [name for name, config in trees

@@ -808,8 +808,7 @@ class _Pass:
                     continue  # nothing meters it: borrowing it preempts nobody (``_shape``)
                 guarantee = leaf.guarantee.get(key, 0)
                 if used.get(key, 0) - amount <= guarantee < used.get(key, 0) and (
-                    self.running[charge.leaf]
-                ):
+                        self.running.get(charge.leaf)):
                     return True
         return False
 

@@ -177,8 +177,6 @@ def default_url(home: Path) -> URL:
     return URL.create("sqlite", database=str(home / "fairpool.db"))
 
 
-
-
 def migration_config(connection: Connection) -> Config:
     """Alembic configuration that runs ``migrations/`` on ``connection`` (no alembic.ini)."""
     from alembic.config import Config
