@@ -333,12 +333,12 @@ def _retry_refused_launches() -> None:
             except RunStoppedException:
                 raise
             except BaseException:
-                run = Client().list_pipeline_runs(
+                runs = Client().list_pipeline_runs(
                     orchestrator_run_id=orchestrator_run_id, snapshot_id=snapshot.id, size=1
                 ).items
-                latest = run and dynamic_utils.get_latest_step_run(
-                    run[0].id, step.spec.invocation_id, hydrate=False)
-                if not latest or latest.status != ExecutionStatus.RETRYING:
+                latest = dynamic_utils.get_latest_step_run(
+                    runs[0].id, step.spec.invocation_id, hydrate=False) if runs else None
+                if latest is None or latest.status != ExecutionStatus.RETRYING:
                     raise
                 logger.info("Retrying the launch of step `%s` in %s s.", step.config.name,
                             delay)
