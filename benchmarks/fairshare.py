@@ -29,9 +29,7 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arguments import positive
 
 from fairpool.engine import fairshare
 from fairpool.engine.fairshare import (
@@ -178,6 +176,10 @@ def sizes_of(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> None:
+    # Here, not at the top: tests load this file as a module, without benchmarks/ on the
+    # path (where http.py would shadow the standard library's); run, its directory is.
+    from arguments import positive
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sizes", type=sizes_of, default=sizes_of(DEFAULT_SIZES),
                         help=f"pools:operations,... (default {DEFAULT_SIZES})")
