@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -53,8 +54,21 @@ def shown(value: object) -> str:
     text cut (a tree's whole 100 kB config was echoed in its error line)."""
     if isinstance(value, str) and len(value) > MAX_SHOWN:
         value = clipped(value)
-    text = repr(value)
+    text = _written(value)
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def _written(value: object) -> str:
+    """A lone value as YAML, JSON and the command line spell it, where Python's repr would
+    not: ``true``, ``null``, an exact number as a number (a ``Decimal`` as written, a weight's
+    ``Fraction`` as its value). Anything else (a string, a mapping) as its repr."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int | float) or not isinstance(value, numbers.Number):
+        return repr(value)
+    if isinstance(value, numbers.Rational):
+        return str(value.numerator) if value.denominator == 1 else repr(float(value))
+    return str(value)
 
 
 def counted(count: int, noun: str) -> str:

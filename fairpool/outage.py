@@ -36,7 +36,7 @@ class Outage:
     def hear(self, request: RequestView) -> RequestView:
         """``request`` as just answered; an answer ends the outage, if there was one."""
         if self._since is not None:
-            log.warning("The fairpool %s answers again", self.what)
+            log.info("The fairpool %s answers again", self.what)
             self._since = None
         if request.status != "queued":
             self._heard.pop(request.id, None)

@@ -73,7 +73,8 @@ log = logging.getLogger(__name__)
 
 class RemoteService:
     def __init__(self, url: str, token: str | None = None) -> None:
-        headers = {"Authorization": f"Bearer {_token(token)}"} if token else {}
+        # A blank one (FAIRPOOL_TOKEN set to spaces) is none, as an empty one is.
+        headers = {"Authorization": f"Bearer {_token(token)}"} if token and token.strip() else {}
         # Reads may long-poll for up to a minute.
         self.http = httpx.Client(
             base_url=_server_url(url) + _API,

@@ -1067,10 +1067,19 @@ class Service:
             return repo.list_tokens(conn)
 
     def revoke_token(self, ref: str) -> tuple[ApiToken, bool]:
-        """Revoke a token (id or id prefix) at once: (the token, whether this revoked it).
-        Revoking it again changes nothing."""
+        """Revoke a token at once: (the token, whether this revoked it). Revoking it again
+        changes nothing. ``ref``: its id or id prefix; or, what a user holds when a token
+        leaked, its secret or the secret's first characters (``token list``'s prefix)."""
         with self.db.write() as conn:
-            token = repo.get_token(conn, ref)
+            if not ref.startswith(TOKEN_PREFIX):
+                token = repo.get_token(conn, ref)
+            elif len(ref) > TOKEN_SHOWN:
+                found = repo.token_by_hash(conn, hash_token(ref))
+                if found is None:  # the secret is not said back: it may be a live one's
+                    raise NotFound("no token has that secret (not shown)")
+                token = found
+            else:
+                token = repo.token_by_prefix(conn, ref)
             if token.revoked_at is not None:
                 return token, False
             repo.revoke_token(conn, token.id, self.clock())

@@ -357,7 +357,7 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
     "resources.cpu.int: ... (and 2 more errors)". Now the field, in the service's words."""
     for path, body, detail in (
         ("/nodes", {"name": "u1", "resources": {"cpu": True}},
-         "resources.cpu: must be an integer (got True)"),
+         "resources.cpu: must be an integer (got true)"),
         # pydantic's own words before 2026-11-30 ("Input should be a valid list").
         ("/nodes", {"name": "u1", "tags": "gpu", "resources": {"cpu": 1}},
          "tags: must be a list (got 'gpu')"),
@@ -854,6 +854,32 @@ def test_a_port_in_use_or_a_bad_host_is_one_line_and_creates_no_store(tmp_path: 
             assert run.returncode == code, (args, run.stderr)
             assert run.stderr.strip().splitlines()[-1].startswith(line), (args, run.stderr)
             assert "Traceback" not in run.stderr and not home.exists(), args
+
+
+def test_a_bracketed_ipv6_host_is_served(tmp_path: Path) -> None:
+    """`--host [::1]`, as a URL writes it (and the server's own "Serving on" line), was
+    refused: "cannot listen on '[::1]' ...: Name or service not known" (helper-87)."""
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRPOOL_")}
+    env["FAIRPOOL_HOME"] = str(tmp_path / "home")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fairpool.cli.main", "server", "--host", "[::1]", "--port",
+         str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        poll_until(lambda: _ready(f"http://[::1]:{port}/readyz"), 30)
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert f"Serving on http://[::1]:{port}" in err, err
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 # -- concurrency -------------------------------------------------------------------------

@@ -30,7 +30,15 @@ from starlette.routing import BaseRoute
 
 from fairpool import AsyncClient, Client, NotGranted, WaitTimeout
 from fairpool.api.app import PREFIX, create_app
-from fairpool.api.auth import RULES, Auth, AuthSetupError, auth_enabled, is_loopback, without_others
+from fairpool.api.auth import (
+    RULES,
+    Auth,
+    AuthSetupError,
+    auth_enabled,
+    is_loopback,
+    unnamed_others,
+    without_others,
+)
 from fairpool.api.server import _announce_auth
 from fairpool.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from fairpool.scheduling import SchedulingService
@@ -171,6 +179,11 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
                 refused = admin.post("/pools", **garbage)
                 assert (refused.status_code, refused.json()) == (
                     400, {"detail": f"malformed JSON body: {problem}", "field": None})
+        # Two headers: a proxy that reads the last would disagree on who is calling (the
+        # first was used, helper-87).
+        two = [("Authorization", f"Bearer {world.tokens['a']}"),
+               ("Authorization", f"Bearer {world.tokens['admin']}")]
+        assert_401(anonymous.get("/pools", headers=two), "more than one Authorization header")
         forged = world.tokens["admin"][:-4] + "AAAA"
         assert_401(anonymous.get("/pools", headers={"Authorization": f"Bearer {forged}"}),
                    "invalid API token")
@@ -211,6 +224,34 @@ def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> No
     assert extra["token"] not in listed.stdout and world.tokens["admin"] not in listed.stdout
 
 
+def test_a_token_is_revoked_by_its_secret_or_the_prefix_token_list_shows(world: World) -> None:
+    """What a user holds when a token leaked; both were "no token 'fp_...'", the whole secret
+    said back (helper-87)."""
+    service = world.service()
+    try:
+        tokens = [service.create_token("submitter", ["c-a"]) for _ in range(3)]
+    finally:
+        service.close()
+    (first, secret), (second, _), (third, _) = tokens
+    by_secret = fairpool(world.store, "token", "revoke", secret, "-o", "json")
+    assert by_secret.returncode == 0, by_secret.stderr
+    assert json.loads(by_secret.stdout)["id"] == first.id
+    by_prefix = fairpool(world.store, "token", "revoke", second.prefix)
+    assert by_prefix.returncode == 0 and "Revoked submitter token" in by_prefix.stderr
+    assert fairpool(world.store, "token", "revoke", third.prefix[:6]).returncode == 0
+    listed = json.loads(fairpool(world.store, "token", "list", "-o", "json").stdout)["items"]
+    assert {t["id"] for t in listed if t["status"] == "revoked"} >= {
+        first.id, second.id, third.id}
+    # An unknown secret is not said back; a prefix, exactly (SQLite's LIKE ignores case).
+    unknown = secret[:-4] + ("AAAA" if not secret.endswith("AAAA") else "BBBB")
+    other_case = "fp_" + second.prefix[3:].swapcase()
+    for ref, line in [(unknown, "Error: no token has that secret (not shown)"),
+                      (other_case, f"Error: no token whose secret starts with {other_case!r}")]:
+        refused = fairpool(world.store, "token", "revoke", ref)
+        assert (refused.returncode, refused.stderr.strip()) == (1, line)
+        assert unknown not in refused.stderr
+
+
 def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -> None:
     """They were a bare FairpoolError("HTTP 401: ..."), told apart only by the message."""
     url = world.server.url
@@ -219,8 +260,11 @@ def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -
             client.submit({"gpu": 1}, component="c-b")
         # Not an OSError (PermissionError is one), which a heartbeat rides out as an outage.
         assert not isinstance(forbidden.value, OSError)
-    with Client(url) as client, pytest.raises(Unauthorized, match="HTTP 401: missing API token"):
-        client.list_pools()
+    # A blank one is none, as an empty one is ("must be printable ASCII without spaces").
+    for token in (None, "", "   "):
+        with Client(url, token=token) as client, \
+                pytest.raises(Unauthorized, match="HTTP 401: missing API token"):
+            client.list_pools()
 
 
 def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
@@ -512,7 +556,19 @@ def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: Wo
         winner = ok(y.post("/requests", json={"component": "c-high", "resources": {"gpu": 1}}),
                     201)
         assert winner["status"] == "allocated"
-        rid = held["id"]
+        rid, wid = held["id"], winner["id"]
+        # Nor whom its own request preempted (the winner's reason named it, helper-87).
+        preempting = "allocated on pool one-gpu (policy priority 10), preempting another request"
+        pool_view = ok(y.get("/pools/one-gpu"))
+        for answer in (winner, ok(y.get(f"/requests/{wid}")), ok(y.get(f"/requests/{wid}/wait")),
+                       ok(y.post(f"/requests/{wid}/heartbeat")),
+                       *[r for r in ok(y.get("/requests"))["items"] if r["id"] == wid],
+                       *[r for r in pool_view["active_requests"] if r["id"] == wid]):
+            assert answer["status_reason"] == preempting
+        assert ok(y.get(f"/requests/{wid}/events"))["items"][-1]["message"] == preempting
+        assert rid not in json.dumps([pool_view, ok(y.get(f"/requests/{wid}/events"))])
+        assert ok(admin.get(f"/requests/{wid}"))["status_reason"].endswith(f"request {rid}")
+        assert ok(admin.get(f"/requests/{wid}/events"))["items"][-1]["message"].endswith(rid)
         repeated = ok(x.post("/requests", json={"component": "c-low", "resources": {"gpu": 1},
                                                 "idempotency_key": "shared-key"}), 201)
         assert repeated["id"] == rid
@@ -537,6 +593,28 @@ def test_a_submitter_is_not_told_of_others_requests_that_touch_its_own(world: Wo
                                           "idempotency_key": "shared-key"})
         assert taken.status_code == 409 and rid not in taken.text, taken.text
         assert "taken by a request another token made" in taken.json()["detail"]
+
+
+@pytest.mark.parametrize(("text", "preemptor", "own", "shown"), [
+    ("allocated on pool p (policy priority 9), preempting request a", None, {"a"},
+     "allocated on pool p (policy priority 9), preempting request a"),
+    ("allocated on pool p (policy priority 9), preempting request a", None, set(),
+     "allocated on pool p (policy priority 9), preempting another request"),
+    ("allocated on pool p (policy priority 9), preempting requests a, b, c", None, {"b"},
+     "allocated on pool p (policy priority 9), preempting request b and 2 other requests"),
+    ("allocated on pool p (policy priority 9), preempting requests a, b, c", None, {"a", "c"},
+     "allocated on pool p (policy priority 9), preempting requests a, c and 1 other request"),
+    ("allocated on pool p (policy priority 9), preempting requests a, b", None, set(),
+     "allocated on pool p (policy priority 9), preempting 2 other requests"),
+    ("preempted by request z on pool p (priority 9 > 1)", "z", set(),
+     "preempted by another request on pool p (priority 9 > 1)"),
+    ("preempted by request z on pool p (priority 9 > 1)", "z", {"z"},
+     "preempted by request z on pool p (priority 9 > 1)"),
+])
+def test_a_reason_names_only_the_callers_own_requests(
+    text: str, preemptor: str | None, own: set[str], shown: str
+) -> None:
+    assert unnamed_others(text, preemptor, own) == shown
 
 
 def test_id_prefixes_resolve_among_ones_own_requests(world: World, pools: str) -> None:

@@ -159,11 +159,11 @@ def test_timeout_cancels_the_waiting_request(home: str) -> None:
         (lambda c, q: c.acquire({"gpu": 1}, component="low", timeout=float("inf")),
          "timeout: must be a finite number"),
         (lambda c, q: c.acquire({"gpu": 1}, component="low", lease_ttl=None),
-         "lease_ttl: must be an integer (got None)"),
+         "lease_ttl: must be an integer (got null)"),
         (lambda c, q: c.acquire({"gpu": 1}, component="low", lease_ttl=0),
          "lease_ttl: must be a positive integer (got 0)"),
         # It read as no resources: "resources: ... at least one key (got {})".
-        (lambda c, q: c.submit(None, component="low"), "resources: must be a mapping (got None)"),
+        (lambda c, q: c.submit(None, component="low"), "resources: must be a mapping (got null)"),
     ],
     ids=["wait-nan", "wait-huge", "wait-text", "wait-negative", "acquire-inf", "ttl-none",
          "ttl-zero", "resources-none"],

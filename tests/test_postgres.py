@@ -415,6 +415,7 @@ def test_a_wait_on_the_database_rides_out_an_outage_and_says_what_is_left_when_i
     the units once it is back and they are released; before, the first refused connection
     ended it, leaving its request queued. Out of reach for longer than ``WAIT_OUTAGE``:
     ``Unreachable``, naming the request left queued."""
+    caplog.set_level("INFO", logger="fairpool")  # the outage's end is news, not a warning
     with team_service(url, gpus=1) as admin, Client(database_url=url) as client:
         holder = admin.create_request("team", demand={"gpu": 1})
         queued = client.submit({"gpu": 1}, component="team", lease_ttl=None)

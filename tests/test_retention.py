@@ -246,7 +246,7 @@ def test_what_another_replica_pruned_meanwhile_is_not_counted(
 
 @pytest.mark.parametrize(("older_than", "message"), [
     (-1, "older_than: must be a non-negative integer (got -1)"),
-    (True, "older_than: must be an integer (got True)"),
+    (True, "older_than: must be an integer (got true)"),
     (1.5, "older_than: must be an integer (got 1.5)"),
     (MAX_RETENTION + 1, f"older_than: must be at most {MAX_RETENTION}"),
 ])

@@ -328,7 +328,7 @@ def test_null_unsets_a_pool_or_tree_option(trees: TreesService) -> None:
     trees.set_tree("t", "fair_share_preemption_timeout", "7")  # an alias, unset by its name
     assert trees.set_tree("t", "fair_share_starvation_timeout", "null").config == {}
     with pytest.raises(InvalidInput, match=re.escape(
-            "wieght: unknown pool option; did you mean 'weight'? (got None)")):
+            "wieght: unknown pool option; did you mean 'weight'? (got null)")):
         trees.set_pool("t", "a", "wieght", "null")
     with pytest.raises(InvalidInput, match=r"config\.nope: unknown pool tree option"):
         trees.set_tree("t", "nope", "null")
@@ -591,9 +591,9 @@ FIFO = "is a fifo pool, which holds operations only"
                             "pools: {d: {}, f: {mode: fifo}}\n"),
      f"config.default_parent_pool: is an ephemeral pool, {EPHEMERAL} (got 'carol')"),
     (lambda t: t.set_pool("t", "carol", "create_ephemeral_subpools", "true"),
-     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got true)"),
     (lambda t: t.set_pool("t", "carol", "config_presets", "[sub]"),  # through a preset
-     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got True)"),
+     f"pool carol: create_ephemeral_subpools: pool carol is ephemeral, {EPHEMERAL} (got true)"),
     (lambda t: t.set_tree("t", "default_parent_pool", "f"),
      f"config.default_parent_pool: {FIFO} (got 'f')"),
     # The default parent switched to fifo, by its mode, a preset or a document.

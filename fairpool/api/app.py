@@ -29,6 +29,7 @@ from fairpool.api.auth import (
     Auth,
     Caller,
     listed_for,
+    names_others,
     owner_of_new_request,
     shown,
     shown_events,
@@ -385,8 +386,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     async def _own(caller: ApiToken | None, view: RequestView, status: int = 200
                    ) -> JSONResponse:
         """The caller's request answered as ``shown`` to it (a read only for a submitter's
-        preempted request)."""
-        if caller is not None and view.preempted_by_id is not None:
+        request that names others: preempted, or preempting)."""
+        if caller is not None and names_others(view):
             view = await run_in_threadpool(shown, tokens, caller, view)
         return _json(view.as_dict(), status)
 

@@ -34,11 +34,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from fairpool.api.models import TEXT_PATTERN
-from fairpool.errors import is_unicode
+from fairpool.errors import counted, is_unicode
 from fairpool.frontends.names import MAX_NAME
 from fairpool.store import repo
 from fairpool.store.records import ApiToken, TokenRole
-from fairpool.views import EventView, PoolView, RequestView
+from fairpool.views import PREEMPTING, EventView, PoolView, RequestView
 
 if TYPE_CHECKING:
     from fairpool.service import Service
@@ -210,7 +210,10 @@ def _authorize(auth: Auth, request: Request) -> ApiToken:
     """``authorize``'s checks, which read the database. For a submitter on a route of its own
     requests, workloads or operations, the path's ``ref`` is replaced by the full id of its
     own, so the endpoint acts on that one whatever else shares the prefix."""
-    token = auth.authenticate(request.headers.get("authorization"))
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:  # a proxy reading the last would disagree on who is calling
+        raise _unauthorized("more than one Authorization header")
+    token = auth.authenticate(headers[0] if headers else None)
     if token.role is TokenRole.ADMIN:
         return token
     route = request.scope.get("route")
@@ -325,51 +328,79 @@ def visible_requests(
     ``shown`` to it."""
     if caller is None or caller.role is TokenRole.ADMIN or not views:
         return views
-    # One read for the requests and the ones that preempted them.
-    asked = [v.id for v in views] + [v.preempted_by_id for v in views if v.preempted_by_id]
+    # One read for the requests and the others their reasons name.
+    asked = [v.id for v in views] + [i for v in views for i in names_others(v)]
     own = auth.own_ids(caller, "request", asked)
     return [_without_others(v, own) for v in views if v.id in own]
 
 
+def names_others(view: RequestView) -> list[str]:
+    """The other requests ``view`` names: the one that preempted it, the ones preempted for
+    it (its reason lists them, ``allocated_on``)."""
+    return [*filter(None, [view.preempted_by_id]), *_victims(view.status_reason)]
+
+
 def shown(auth: Auth, caller: ApiToken | None, view: RequestView) -> RequestView:
     """The caller's own request as it may see it (``_without_others``)."""
-    if caller is None or caller.role is TokenRole.ADMIN or view.preempted_by_id is None:
+    if caller is None or caller.role is TokenRole.ADMIN or not (named := names_others(view)):
         return view
-    return _without_others(view, auth.own_ids(caller, "request", [view.preempted_by_id]))
+    return _without_others(view, auth.own_ids(caller, "request", named))
 
 
 def shown_events(auth: Auth, caller: ApiToken | None, events: list[EventView]
                  ) -> list[EventView]:
-    """The caller's own request's history as it may see it: a preemptor of another's is not
-    named (``_without_others``)."""
+    """The caller's own request's history as it may see it: the requests of others that
+    preempted it or that it preempted are not named (``_without_others``)."""
     if caller is None or caller.role is TokenRole.ADMIN:
         return events
-    preemptors = [e.data["by"] for e in events if e.data.get("by")]
-    if not preemptors:
+    named = [[*filter(None, [e.data.get("by")]), *_victims(e.message)] for e in events]
+    if not any(named):
         return events
-    own = auth.own_ids(caller, "request", preemptors)
+    own = auth.own_ids(caller, "request", [i for ids in named for i in ids])
     return [
-        e if e.data.get("by") in (None, *own) else replace(
-            e, message=_another(e.message, e.data["by"]),
-            data={k: v for k, v in e.data.items() if k != "by"},
+        e if own.issuperset(ids) else replace(
+            e, message=unnamed_others(e.message, e.data.get("by"), own),
+            data={k: v for k, v in e.data.items() if k != "by" or v in own},
         )
-        for e in events
+        for e, ids in zip(events, named, strict=True)
     ]
 
 
 def _without_others(view: RequestView, own: set[str]) -> RequestView:
-    """A submitter learns nothing of others' requests: one that preempted ``view`` is not
-    named unless it is among ``own`` too."""
-    preemptor = view.preempted_by_id
-    if preemptor is None or preemptor in own:
+    """A submitter learns nothing of others' requests: one that preempted ``view``, or that
+    it preempted, is not named unless it is among ``own`` too."""
+    if own.issuperset(names_others(view)):
         return view
-    reason = view.status_reason and _another(view.status_reason, preemptor)
-    return replace(view, preempted_by_id=None, status_reason=reason)
+    preemptor = view.preempted_by_id
+    reason = view.status_reason and unnamed_others(view.status_reason, preemptor, own)
+    return replace(view, preempted_by_id=preemptor if preemptor in own else None,
+                   status_reason=reason)
 
 
-def _another(text: str, preemptor: str) -> str:
-    """``text`` with request ``preemptor`` named as another request."""
-    return text.replace(f"request {preemptor}", "another request")
+def _victims(text: str | None) -> list[str]:
+    """The requests an allocated request's reason (or its event) names as preempted for it:
+    ``..., preempting request A`` or ``..., preempting requests A, B``."""
+    if not text or PREEMPTING not in text:
+        return []
+    named = text[text.rindex(PREEMPTING) + len(PREEMPTING):]
+    noun, _, ids = named.partition(" ")
+    return ids.split(", ") if noun in ("request", "requests") else []
+
+
+def unnamed_others(text: str, preemptor: str | None, own: set[str]) -> str:
+    """``text`` with the requests it names that are not among ``own`` unnamed: its
+    ``preemptor`` as another request, the ones it preempted counted."""
+    if preemptor is not None and preemptor not in own:
+        text = text.replace(f"request {preemptor}", "another request")
+    victims = _victims(text)
+    kept = [v for v in victims if v in own]
+    if len(kept) == len(victims):
+        return text
+    others = len(victims) - len(kept)
+    named = [f"request{'s' if len(kept) > 1 else ''} {', '.join(kept)}"] if kept else []
+    named.append("another request" if others == 1 and not kept
+                 else counted(others, "other request"))
+    return text[: text.rindex(PREEMPTING) + len(PREEMPTING)] + " and ".join(named)
 
 
 def visible_pool(auth: Auth, caller: ApiToken | None, pool: PoolView) -> PoolView:

@@ -98,6 +98,9 @@ def serve(
     ``keep_history``: seconds what ended is kept, then pruned (``Service.prune``); None: for
     ever.
     """
+    # `[::1]`, as a URL writes it (and the server's own "Serving on" line): the address.
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     enabled = auth_enabled(host, auth, insecure)
     # uvicorn closes the socket at its shutdown; the block, if it never got to start.
     with _listen(host, port) as listening:

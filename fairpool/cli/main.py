@@ -158,6 +158,7 @@ class FairpoolGroup(click.Group):
 def cli(ctx: click.Context, home: str | None, url: str | None, database_url: str | None,
         token: str | None) -> None:
     """fairpool: share GPUs and other scarce resources between teams and pipelines."""
+    o.declare_logged()
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
     commandline = click.core.ParameterSource.COMMANDLINE

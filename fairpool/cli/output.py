@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import sys
@@ -144,6 +145,25 @@ def declare(message: str) -> None:
         click.echo(message, err=True)
     except OSError:
         pass
+
+
+class _Declared(logging.Handler):
+    """fairpool's own log lines (a wait riding out an outage, a store upgraded) as a
+    command's other lines are: a warning as ``Warning: ...``, news as it is, on stderr.
+    Python's last resort printed warnings bare and dropped the rest (the outage's end). stderr
+    is looked up at each line (click's test runner replaces it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.capitalize()}: "
+        declare(level + record.getMessage())
+
+
+def declare_logged() -> None:
+    """Have fairpool's log lines declared (``_Declared``), once."""
+    logger = logging.getLogger("fairpool")
+    if not any(isinstance(handler, _Declared) for handler in logger.handlers):
+        logger.addHandler(_Declared())
+        logger.setLevel(logging.INFO)
 
 
 def dump(data: Any, output: str) -> None:

@@ -120,11 +120,12 @@ def list_tokens(database_url: str | None, output: str) -> None:
 
 
 @token.command("revoke")
-@click.argument("token_id", metavar="ID")
+@click.argument("token_id", metavar="ID|SECRET")
 @database_option
 @o.output_option
 def revoke(token_id: str, database_url: str | None, output: str) -> None:
-    """Revoke a token by id or id prefix: the server refuses it from its next call."""
+    """Revoke a token by id or id prefix, or by its secret (or the secret's first characters,
+    the PREFIX that `token list` shows): the server refuses it from its next call."""
     with _store(database_url) as svc:
         found, changed = svc.revoke_token(token_id)
     if output != "table":

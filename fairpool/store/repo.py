@@ -1091,6 +1091,20 @@ def get_token(connection: Connection, ref: str) -> ApiToken:
     return ApiToken.from_row(row)
 
 
+def token_by_prefix(connection: Connection, shown: str) -> ApiToken:
+    """The one token whose secret starts with ``shown`` (at most its kept prefix)."""
+    table = schema.api_token
+    rows = connection.execute(
+        # Not LIKE: SQLite's ignores case, and a secret's characters are case-sensitive.
+        select(table).where(func.substr(table.c.prefix, 1, len(shown)) == shown).limit(2)
+    ).mappings().all()
+    if len(rows) > 1:
+        raise AmbiguousReference(f"token prefix {shown!r} {AmbiguousReference.ENDING}")
+    if not rows:
+        raise NotFound(f"no token whose secret starts with {shown!r}")
+    return ApiToken.from_row(rows[0])
+
+
 def token_by_hash(connection: Connection, secret_hash: str) -> ApiToken | None:
     """The token whose secret hashes to ``secret_hash``, revoked or not."""
     table = schema.api_token
