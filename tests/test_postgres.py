@@ -24,7 +24,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, func, make_url, select
 from sqlalchemy.exc import OperationalError
 
-from fairpool import Client
+from fairpool import Client, NotGranted
 from fairpool.api.app import PREFIX, Api, create_app
 from fairpool.api.notify import PostgresChangeNotifier, notifier_for
 from fairpool.api.reconciler import Reconciler
@@ -932,3 +932,21 @@ def test_names_list_in_code_point_order_whatever_the_databases_collation(
         assert [pool.name for pool in svc.list_pools()] == sorted(names)
         assert [c.name for c in svc.list_components()] == sorted(names)
         assert list(svc.get_pool(names[0]).capacity) == sorted(names)
+
+
+def test_a_holder_on_postgresql_hears_that_a_newer_fairpool_migrated_the_store(
+    url: str, other: psycopg.Connection[Any]
+) -> None:
+    """Working on the database directly, its heartbeats wrote on, the old way, into a store
+    a newer fairpool had migrated: only a server's tick checked on PostgreSQL, and only
+    SQLite's writes did. Now a write checks at most once a second."""
+    with team_service(url, gpus=1), Client(database_url=url) as client:
+        started = time.monotonic()
+        with pytest.raises(NotGranted, match=(
+            r"lost: heartbeat refused: the database's schema is at revision 9999, and this "
+            r"process works with revision \d+: run the fairpool that migrated it$"
+        )):
+            with client.acquire({"gpu": 1}, component="team", lease_ttl=1):
+                other.execute("UPDATE alembic_version SET version_num = '9999'")
+                time.sleep(10)  # interrupted
+        assert time.monotonic() - started < 5

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -96,6 +97,8 @@ TCP_DEFAULTS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5
 #: How often ``Database.checkpoint_apart``'s thread checkpoints the WAL: under the heaviest
 #: load measured (~60 MB of WAL a second) it stays under ``WAL_SIZE_LIMIT``.
 CHECKPOINT_SECONDS = 1.0
+#: How often, at most, a PostgreSQL write checks that no newer fairpool migrated the store.
+SCHEMA_CHECK_SECONDS = 1.0
 #: Bytes of WAL file kept once checkpointed (SQLite keeps all of it by default).
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -249,6 +252,8 @@ class Database:
         #: Why this process must write no more (``schema_problem`` found the schema moved on,
         #: or gone): every write then fails with it, a server's answers 503.
         self.schema_moved: str | None = None
+        #: When a PostgreSQL write last checked for that (``time.monotonic``).
+        self._schema_checked = -math.inf
         # Writers of this process queue here rather than at the database lock, where SQLite's
         # busy handler would make them sleep in steps of up to 100 ms after it is free.
         self._write_lock = threading.Lock()
@@ -547,12 +552,16 @@ class Database:
                 if deferring:
                     defer_writes(connection)
                 _start(connection, bump, last_seen if deferring else None)
-                if self.embedded and mode != "migrate":
+                if mode != "migrate" and (self.embedded or self._due()):
                     # A process works on for hours (``fairpool run``, a step holding): a
-                    # newer fairpool may have migrated the file meanwhile, and rows written
-                    # the old way would be read the new way. A server also finds it on its
-                    # tick; on PostgreSQL only that way.
-                    self.schema_moved = _moved(_sqlite_revision(connection))
+                    # newer fairpool may have migrated the store meanwhile, and rows written
+                    # the old way would be read the new way. SQLite's check costs 1 µs; on
+                    # PostgreSQL round trips, so at most once a second (a server's tick
+                    # checks too; its busy writes, sent from the event loop, do not).
+                    self.schema_moved = _moved(
+                        _sqlite_revision(connection) if self.embedded
+                        else _current_revision(connection)
+                    )
                     if self.schema_moved is not None:
                         raise SchemaMoved(self.schema_moved)
                 return connection, transaction
@@ -570,6 +579,15 @@ class Database:
                         error.orig,
                     ) from error
                 raise
+
+    def _due(self) -> bool:
+        """Whether a PostgreSQL write should check the schema's revision: not in the last
+        ``SCHEMA_CHECK_SECONDS``."""
+        now = time.monotonic()
+        if now - self._schema_checked < SCHEMA_CHECK_SECONDS:
+            return False
+        self._schema_checked = now
+        return True
 
     def _kept_writer(self) -> Connection | None:
         """The writer connection the last write kept, unless its server closed it since."""
