@@ -26,6 +26,7 @@ from fairpool.engine.fairshare import (
     ElementShares,
     FairShareResult,
     IntegralState,
+    StarvationStatus,
     compute_fair_share,
 )
 from fairpool.engine.jobs import (
@@ -1411,10 +1412,12 @@ class TreesService:
         after = state.fair_share(_after(states, plan, now.timestamp()), now, refilled)
         for op in state.operations:
             wait = plan.waiting.get(op.id)
-            reason = admission.pending.get(op.id) or (
-                f"{counted(wait.pending_jobs, 'job')} pending: {wait.reason}" if wait else None
-            )
             starvation = after.operations[op.id].starvation
+            starving = starvation is not None and starvation.status is StarvationStatus.STARVING
+            reason = admission.pending.get(op.id) or (
+                f"{counted(wait.pending_jobs, 'job')} pending: "
+                f"{wait.reason if starving else wait.unstarved()}" if wait else None
+            )
             since = _moment(starvation.below_fair_share_since) if starvation else None
             placement = state.placement(op)
             if (reason, since) != (placement.reason, placement.below_fair_share_since):

@@ -633,8 +633,47 @@ def test_a_waiter_ahead_of_the_holder_is_not_told_its_units_are_held() -> None:
     assert [(e.position, e.holding) for e in entries["two-1"] + entries["lo-1"]] == [
         (1, False), (2, True)]
     assert entries["two-1"][0].reason.message == "pool p: gpu requested 1, free 0 of 4"
+    # None free: what frees is held (it said "free 0 of 4, held for an older request" as if
+    # some were, helper-89).
     assert entries["lo-2"][0].reason.message == (
-        "pool p: gpu requested 1, free 0 of 4, held for an older request")
+        "pool p: gpu requested 1, free 0 of 4; the next freed are held for an older request")
+
+
+def test_a_waiter_with_reserved_units_unused_is_told_why_it_does_not_reclaim_them() -> None:
+    # The pool meters step_run, which team does not reserve: it is not within its share, so
+    # it reclaims nothing from the borrower (docs/semantics.md); it waited with its reserved
+    # GPUs idle and nothing said why (helper-89).
+    def world(reserved: dict[str, int]) -> World:
+        return (
+            World().pool("p", {"gpu": 4, "step_run": 8})
+            .policy("team", "p", 10, reserved).policy("burst", "p", 10)
+            .run("burst-1", "burst", "p", demand(gpu_count=4), 1.0)
+            .wait("team-1", "team", demand(gpu_count=1), at=2.0)
+        )
+
+    unreserved = world({"gpu": 2})
+    entries = queue_entries(unreserved.plan())
+    assert entries["team-1"][0].reason.message == (
+        "pool p: gpu requested 1, free 0 of 4 (policy team on p does not reclaim its unused "
+        "reserved gpu: it reserves no step_run)")
+    used_up = world({"gpu": 2, "step_run": 1}).run("team-0", "team", "p", {"step_run": 1}, 1.5)
+    assert queue_entries(used_up.plan())["team-1"][0].reason.message == (
+        "pool p: gpu requested 1, free 0 of 4 (policy team on p does not reclaim its unused "
+        "reserved gpu: its reserved step_run is in use (1 of 1))")
+    reserved = world({"gpu": 2, "step_run": 2})
+    assert outcome(reserved.plan(), reserved.snapshot()) == {
+        "burst-1": "preempted:reclaim", "team-1": "allocated:p"}
+
+
+def test_a_capacity_lowered_below_what_is_held_says_how_far() -> None:
+    world = (
+        World().pool("p", {"gpu": 2}).policy("a", "p", 0, None, {"gpu": 8})
+        .run("a-1", "a", "p", demand(gpu_count=4), 1.0)
+        .wait("a-2", "a", demand(gpu_count=1), at=2.0)
+    )
+    # It said "free 0 of 2" (helper-89).
+    assert queue_entries(world.plan())["a-2"][0].reason.message == (
+        "pool p: gpu requested 1, in use 4 of 2")
 
 
 @dataclass(frozen=True)

@@ -277,9 +277,11 @@ def test_a_starving_operation_preempts_the_newest_jobs_above_fair_share() -> Non
     assert result.waiting["adhoc"].pending_jobs == 19
     # What stops it is said (it was "no node can make room" whatever did; helper-71).
     assert result.waiting["adhoc"].reason == (
-        "starving, but no job of another operation in tree physical may be preempted: each "
-        "is within its operation's fair share * preemption_satisfaction_threshold or "
-        "non_preemptible_resource_usage_threshold")
+        "starving, but no job of another operation in tree physical may be preempted: "
+        "losing any would take its operation below its fair share * "
+        "preemption_satisfaction_threshold, or non_preemptible_resource_usage_threshold "
+        "keeps it")
+    assert result.waiting["adhoc"].starving
     assert result.preempted_nodes == ("n1", "n2")
 
 

@@ -836,6 +836,35 @@ def test_starvation_timeline_and_backoff(seed: TreesService, clock: Clock) -> No
     assert stamped  # preemptive_scheduling_backoff starts on the nodes that preempted
 
 
+def test_an_operation_its_preemptions_brought_within_tolerance_is_not_called_starving(
+    trees: TreesService, clock: Clock
+) -> None:
+    """x preempts one job of b's and then finds nothing more to take: its reason said
+    "starving, but ..." beside `starving: no`, as the shares after the plan say (0.375 >=
+    0.4375 * 0.8); and that c's one job was "within its operation's fair share" when c uses
+    0.5 of a 0.1875 share (losing it would take c below; helper-89)."""
+    for name in ("n1", "n2"):
+        trees.add_node(name, ["gpu"], {"cpu": 8, "gpu": 2})
+    trees.create_tree("t", {"node_tag_filter": "gpu", "main_resource": "cpu",
+                            "fair_share_starvation_timeout": 1000})
+    trees.create_pool("t", "a", options={"strong_guarantee_resources": {"cpu": 8}})
+    for pool, user, resources, count in [("a", "u1", {"cpu": 1}, 4),
+                                         ("c", "u5", {"cpu": 4, "gpu": 2}, 4),
+                                         ("b", "u3", {"cpu": 1}, 2)]:
+        trees.start_operation(trees=["t"], pool=pool, user=user, job_resources=resources,
+                              job_count=count)
+    x = trees.start_operation(trees=["t"], pool="a", user="u6", job_resources={"cpu": 1},
+                              job_count=8)
+    advance(clock, 1.5)
+    trees.reconcile("t")
+    described = trees.describe_operation(x.id)
+    assert described.shares is not None and not described.shares.starving
+    assert described.reason == (
+        "2 jobs pending: below its fair share, but no job of another operation in tree t may "
+        "be preempted: losing any would take its operation below its fair share * "
+        "preemption_satisfaction_threshold, or non_preemptible_resource_usage_threshold keeps it")
+
+
 def test_interruptible_victims_keep_their_units_until_allocation_preemption_timeout(
     seed: TreesService, clock: Clock
 ) -> None:

@@ -185,6 +185,17 @@ class OperationWait:
     operation: str
     pending_jobs: int
     reason: str
+    #: The reason is the starvation step's (``starving, but ...``).
+    starving: bool = False
+
+    def unstarved(self) -> str:
+        """The reason once the fair share after the plan no longer calls the operation
+        starving (this pass's preemptions for it brought it within the tolerance): below
+        its fair share it still is. It said "starving" beside "starving: no" (helper-89)."""
+        if not self.starving:
+            return self.reason
+        return self.reason.replace("starving, but ", "below its fair share, but ", 1).replace(
+            "starving gang of ", "gang of ", 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,8 +641,9 @@ class _Planner:
         tree = self.tree.name
         if not any(jobs for victim_id, jobs in victims.items() if victim_id != op.id):
             return (f"starving, but no job of another operation in tree {tree} may be "
-                    "preempted: each is within its operation's fair share * "
-                    "preemption_satisfaction_threshold or non_preemptible_resource_usage_threshold")
+                    "preempted: losing any would take its operation below its fair share * "
+                    "preemption_satisfaction_threshold, or non_preemptible_resource_usage_"
+                    "threshold keeps it")
         if len(open_nodes) < len(self.nodes) and self.cheapest_room(
             op, victims, list(self.nodes), self.free
         ) is not None:
@@ -863,7 +875,9 @@ class _Planner:
                     "(allocation_preemption_timeout)"
                 )
                 reason = held if awaited == self.pending(op) else f"{held}; {reason}"
-            waiting[op.id] = OperationWait(op.id, self.pending(op), reason)
+            waiting[op.id] = OperationWait(
+                op.id, self.pending(op), reason, self.waiting.get(op.id, "").startswith("starving")
+            )
         return JobPlan(
             tuple(self.grants),
             tuple(self.preemptions),

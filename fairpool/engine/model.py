@@ -135,7 +135,7 @@ class Rule(StrEnum):
 
     #: The waiter's priority is strictly higher than the victim's.
     PRIORITY = "priority"
-    #: The waiter fits its unused guarantee on the short keys; the victim borrows there.
+    #: The waiter is within its share on every metered key; the victim borrows on a short one.
     RECLAIM = "reclaim"
 
 

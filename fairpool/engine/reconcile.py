@@ -394,14 +394,44 @@ class _Pass:
                 taken = in_use + held.get(key, 0)
                 if cap is not None and taken + amount > cap:
                     # Free as in unused; the hold (up to the holder's whole demand, so that
-                    # units a preemption frees go to it too) is said apart.
-                    note = ", held for an older request" if held.get(key) else ""
+                    # units a preemption frees go to it too) is said apart: on free units,
+                    # or, none free, on the next freed. Above a capacity lowered while held:
+                    # how far.
+                    note = "" if not held.get(key) else (
+                        ", held for an older request" if cap > in_use
+                        else "; the next freed are held for an older request"
+                    )
+                    free = f"free {cap - in_use} of" if cap >= in_use else f"in use {in_use} of"
                     failures.append(Reason(
                         Check.CAPACITY, node.name, key, amount, cap, taken,
-                        f"{node.name}: {key} requested {amount}, free {max(cap - in_use, 0)} "
-                        f"of {cap}{note}",
+                        f"{node.name}: {key} requested {amount}, {free} {cap}{note}",
                     ))
         return failures
+
+    def _unreclaimed(self, placement: Placement, reason: Reason) -> Reason:
+        """``reason``, saying why the waiter does not reclaim the units it has reserved and
+        unused on the key it is short of: it is not within its share on another metered key
+        (``_in_share``). Unsaid, a team waited with its reserved GPUs idle (helper-89)."""
+        if reason.check is not Check.CAPACITY:
+            return reason
+        for charge in placement.charges:
+            leaf = self.forest.nodes[charge.leaf]
+            used = self.usage[charge.leaf]
+            amount = charge.amounts.get(reason.key, 0)
+            if not amount or used.get(reason.key, 0) + amount > leaf.guarantee.get(reason.key, 0):
+                continue
+            over = []
+            for key in sorted(charge.amounts):
+                reserved = leaf.guarantee.get(key, 0)
+                if self.forest.bounded(charge.leaf, key) and (
+                    used.get(key, 0) + charge.amounts[key] > reserved
+                ):
+                    over.append(f"its reserved {key} is in use ({used.get(key, 0)} of "
+                                f"{reserved})" if reserved else f"it reserves no {key}")
+            if over:
+                return replace(reason, message=f"{reason.message} ({leaf.name} does not "
+                               f"reclaim its unused reserved {reason.key}: {'; '.join(over)})")
+        return reason
 
     def _fits(self, placement: Placement, preemptible: bool) -> bool:
         return not self._failures(placement, preemptible)
@@ -690,7 +720,9 @@ class _Pass:
         if cls.granted:
             members = tuple(m for m in members if m[1] not in self.granted_now)
         if members:
-            queue = self.forest.nodes[cls.placements[index].queue].name
+            placement = cls.placements[index]
+            queue = self.forest.nodes[placement.queue].name
+            reason = self._unreclaimed(placement, reason)
             self.groups.append(WaitingGroup(queue, index, reason, members, rank, holder))
 
     def _classify(self) -> None:
