@@ -35,6 +35,19 @@ def said(error: BaseException) -> str:
     return one_line(str(error if plain else getattr(error, "orig", None) or error))
 
 
+#: The most characters of an error's words a log line or an answer shows: the cause comes
+#: last (`cannot reach the database URL: connection failed: ... FATAL: ...`), and a cut at
+#: 200 lost it behind a long URL (helper-90).
+MAX_WORDS = 1000
+
+
+def words(error: BaseException) -> str:
+    """``error`` as a log line or an answer says it: the driver's own words for the
+    database's (``said``: not SQLAlchemy's statement and link), on one line, at most
+    ``MAX_WORDS`` characters; its type's name when it says nothing."""
+    return said(error)[:MAX_WORDS] or type(error).__name__
+
+
 #: What every backend can store (PostgreSQL's name columns are VARCHAR(255)): no name or id
 #: is longer.
 MAX_NAME: Final = 255

@@ -39,6 +39,7 @@ from fairpool.errors import (
     clipped,
     one_line,
     shown,
+    words,
 )
 
 log = logging.getLogger("fairpool.api")
@@ -56,7 +57,7 @@ def log_failure(what: str, error: Exception) -> None:
     """``what`` failed with ``error``: one line when the database is away, else with its
     traceback."""
     if isinstance(error, DATABASE_AWAY):
-        log.warning("%s: database unavailable: %s", what, one_line(str(error))[:300])
+        log.warning("%s: database unavailable: %s", what, words(error))
     else:
         log.error("%s", what, exc_info=error)
 
@@ -279,7 +280,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail), field, headers=headers)
 
     async def on_database(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", one_line(str(exc))[:300])
+        log.warning("database unavailable: %s", words(exc))
         return error_response(
             503, "database busy or unreachable; retry later", headers={"Retry-After": "1"}
         )

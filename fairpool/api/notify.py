@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from fairpool.errors import one_line
+from fairpool.errors import words
 from fairpool.loops import call_on
 from fairpool.store.db import connect_defaults
 
@@ -244,7 +244,7 @@ class PostgresChangeNotifier(ChangeNotifier):
                         if attempt == 2:
                             log.warning(
                                 "NOTIFY %s failed (%s): %d change(s) reach other replicas at "
-                                "their next re-read", CHANNEL, _one_line(error), len(batch),
+                                "their next re-read", CHANNEL, words(error), len(batch),
                             )
                             # Do not hammer a database that is away.
                             self._stopping.wait(delay)
@@ -276,7 +276,7 @@ class PostgresChangeNotifier(ChangeNotifier):
                 if self._stopping.is_set():
                     return
                 log.warning("LISTEN %s: %s; reconnecting in %.1f s", CHANNEL,
-                            _one_line(error), delay)
+                            words(error), delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         self._listening.clear()
@@ -341,5 +341,3 @@ def _close_quietly(conn: psycopg.Connection[tuple[object, ...]] | None) -> None:
             pass
 
 
-def _one_line(error: BaseException) -> str:
-    return one_line(str(error))[:300] or type(error).__name__
