@@ -166,7 +166,7 @@ STORIES = [
     Story(
         "non-preemptible step beyond reserved is rejected at once",
         *warm_up(request("r", "team-ml-orch", *gpus(6, NP), final=rejected(
-            "policy team-ml-orch on training: gpu requested 6 > reserved 4 (non-preemptible)"
+            "policy team-ml-orch on training: gpu requested 6 > reserved 4 (non-preemptible: reserve more gpu in the policy, or make the request preemptible)"
         ))),
     ),
     # -- CPU, memory and step slots: unbounded vs metered -------------------------------------
@@ -184,7 +184,7 @@ STORIES = [
         *cpu_metered(
             request("inside", "orch", *gpus(1, "--cpu-count", "2", NP), final=allocated("p")),
             request("over", "orch", *gpus(1, "--cpu-count", "8", NP), final=rejected(
-                "policy orch on p: mcpu requested 8000 > reserved 4000 (non-preemptible)"
+                "policy orch on p: mcpu requested 8000 > reserved 4000 (non-preemptible: reserve more mcpu in the policy, or make the request preemptible)"
             )),
         ),
     ),
@@ -201,7 +201,7 @@ STORIES = [
         policy("p", "orch", 1, {"gpu": 2}, {"gpu": 4}),
         request("pre", "orch", *gpus(1, "--cpu-count", "4"), final=allocated("p")),
         request("np", "orch", *gpus(1, "--cpu-count", "4", NP), final=rejected(
-            "policy orch on p: mcpu requested 4000 > reserved 0 (non-preemptible)"
+            "policy orch on p: mcpu requested 4000 > reserved 0 (non-preemptible: reserve mcpu in the policy, or make the request preemptible)"
         )),
     ),
     Story(
@@ -234,7 +234,7 @@ STORIES = [
         pool("p", {"gpu": 4, "tensorrt_sessions": 2}),
         policy("p", "orch", 1, {"gpu": 1}, {"gpu": 2}),
         request("np", "orch", *gpus(1, *TRT, NP), final=rejected(
-            "policy orch on p: tensorrt_sessions requested 1 > reserved 0 (non-preemptible)"
+            "policy orch on p: tensorrt_sessions requested 1 > reserved 0 (non-preemptible: reserve tensorrt_sessions in the policy, or make the request preemptible)"
         )),
         request("pre", "orch", *gpus(1, *TRT), final=allocated("p")),
     ),

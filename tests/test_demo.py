@@ -35,7 +35,8 @@ def test_the_demo_tour_runs_and_shows_what_it_says(tmp_path: Path) -> None:
     assert burst.count("allocated in resource pool `training-gpus`") == 3
     assert "rejected: pool training-gpus: gpu requested 10 > capacity 8" in rejections
     assert ("rejected: policy prod-orch on training-gpus: gpu requested 4 > reserved 2 "
-            "(non-preemptible)") in rejections
+            "(non-preemptible: reserve more gpu in the policy, or make the request "
+            "preemptible)") in rejections
     # Prod is granted at once; sandbox's newest borrowed run was preempted, its retry queued.
     assert re.search(r"REASON │ allocated on pool training-gpus \(policy priority 100\), "
                      r"preempting request [0-9a-f-]{36} │", preemption), preemption

@@ -59,7 +59,7 @@ CASES = [
         "non-preemptible step beyond reserved is rejected at once",
         lambda: warm_up().wait("r", "team-ml-orch", demand(gpu_count=6), preemptible=False),
         {"r": "rejected"},
-        "policy team-ml-orch on training: gpu requested 6 > reserved 4 (non-preemptible)",
+        "policy team-ml-orch on training: gpu requested 6 > reserved 4 (non-preemptible: reserve more gpu in the policy, or make the request preemptible)",
         Check.RESERVED,
     ),
     # -- CPU, memory and step slots: unbounded vs metered ------------------------------------
@@ -84,7 +84,7 @@ CASES = [
             "orch", "p", 1, {"gpu": 2, "mcpu": 4000}, {"gpu": 4, "mcpu": 8000},
         ).wait("r", "orch", demand(gpu_count=1, cpu_count=8), preemptible=False),
         {"r": "rejected"},
-        "mcpu requested 8000 > reserved 4000 (non-preemptible)",
+        "mcpu requested 8000 > reserved 4000 (non-preemptible: reserve more mcpu in the policy, or make the request preemptible)",
         Check.RESERVED,
     ),
     Case(
@@ -126,7 +126,7 @@ CASES = [
             "orch", "p", 1, {"gpu": 2}, {"gpu": 4},
         ).wait("r", "orch", demand(gpu_count=1, cpu_count=4), preemptible=False),
         {"r": "rejected"},
-        "mcpu requested 4000 > reserved 0 (non-preemptible)",
+        "mcpu requested 4000 > reserved 0 (non-preemptible: reserve mcpu in the policy, or make the request preemptible)",
         Check.RESERVED,
     ),
     Case(
@@ -166,7 +166,7 @@ CASES = [
         ).wait("r", "orch", demand(gpu_count=1, pool_resources={"tensorrt_sessions": 1}),
                preemptible=False),
         {"r": "rejected"},
-        "tensorrt_sessions requested 1 > reserved 0 (non-preemptible)",
+        "tensorrt_sessions requested 1 > reserved 0 (non-preemptible: reserve tensorrt_sessions in the policy, or make the request preemptible)",
         Check.RESERVED,
     ),
     Case(

@@ -193,10 +193,13 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
             for key, amount in charge.amounts.items():
                 reserved = leaf.guarantee.get(key, 0)
                 if amount > reserved and forest.bounded(charge.leaf, key):
+                    # With the seed's fixes: the message was the whole answer to "what now?".
+                    more = "more " if reserved else ""
                     return Reason(
                         Check.RESERVED, leaf.name, key, amount, reserved, 0,
                         f"{leaf.name}: {key} requested {amount} > reserved {reserved} "
-                        "(non-preemptible)",
+                        f"(non-preemptible: reserve {more}{key} in the policy, or make the "
+                        "request preemptible)",
                     )
     # Capacity before limits: "the pool does not have that many" is the more basic answer.
     if over_capacity is not None:
