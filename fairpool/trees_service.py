@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from fairpool.engine.amounts import amount_text
 from fairpool.engine.fairshare import (
     ROOT,
     ElementKind,
@@ -1532,8 +1533,9 @@ def _check_some_node_fits(state: _State, job: Mapping[str, int]) -> None:
         largest = max(n.resources.get(key, 0) for n in nodes)
         if amount > largest:
             raise InvalidInput(
-                f"job_resources.{key}", amount,
-                f"no node of tree {state.tree.name} has that much (largest: {largest})",
+                f"job_resources.{key}", amount_text(key, amount),
+                f"no node of tree {state.tree.name} has that much (largest: "
+                f"{amount_text(key, largest)})",
             )
     raise InvalidInput("job_resources", format_resources(job),
                        f"no single node of tree {state.tree.name} has all of it")

@@ -76,6 +76,9 @@ def test_the_issues_tour(home: Path) -> None:
         f"{key} {value}" for key, value in pool["detailed"]["fair_share"].items())]
     described = fairpool(home, "operation", "describe", started["id"][:8]).ok().out
     assert "no node of tree physical has room" in described
+    # Memory as it was written, not 4294967296 (helper-89); bytes in JSON.
+    assert "memory 4GiB" in described
+    assert "memory 512GiB" in fairpool(home, "node", "list").ok().out
     fairpool(home, "pool-tree", "set", "physical", "fair_share_starvation_timeout", "1000").ok()
     config = fairpool(home, "pool-tree", "list", "-o", "json").ok().json["items"][0]["config"]
     assert config["fair_share_starvation_timeout"] == 1000
@@ -98,6 +101,10 @@ def test_the_issues_tour(home: Path) -> None:
         (("operation", "start", "--tree", "physical", "--pool", "project-batch", "--user", "u",
           "--job-resources", '{"cpu": 65}', "--job-count", "1"),
          ("job_resources.cpu", "largest: 64")),
+        (("operation", "start", "--tree", "physical", "--pool", "project-batch", "--user", "u",
+          "--job-resources", '{"cpu": 1, "memory": "600GiB"}', "--job-count", "1"),
+         ("job_resources.memory: no node of tree physical has that much (largest: 512GiB) "
+          "(got '600GiB')",)),
         (("node", "add", "bad name", "--resources", '{"cpu": 1}'), ("name", "bad name")),
         # A number given by a flag is shown as a number, as in YAML or JSON.
         (("pool", "create", "x", "--tree", "physical", "--weight", "0"),

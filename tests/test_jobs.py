@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairpool.engine.amounts import amount_text
 from fairpool.engine.fairshare import ElementKind, FairShareResult, compute_fair_share
 from fairpool.engine.jobs import (
     JobPlan,
@@ -25,7 +26,14 @@ from fairpool.engine.jobs import (
     admit_operations,
     plan_jobs,
 )
-from fairpool.frontends.trees import ClusterNode, Pool, PoolConfig, PoolTree, PoolTreeConfig
+from fairpool.frontends.trees import (
+    ClusterNode,
+    Pool,
+    PoolConfig,
+    PoolTree,
+    PoolTreeConfig,
+    parse_resources,
+)
 
 
 def node(name: str, tags: Sequence[str] = ("gpu",), last: float | None = None, **res: int) -> NodeState:
@@ -814,3 +822,16 @@ def test_same_state_same_plan_whatever_the_input_order(world: World, rnd: random
     ]
     _, again = planned((t, rnd.sample(nodes, len(nodes)), shuffled_ops, now, since))
     assert again == result
+
+
+@pytest.mark.parametrize(("key", "amount", "text"), [
+    ("memory", 6 * 2**30, "6GiB"), ("memory", 16 * 10**9, "16GB"), ("memory", 2**40, "1TiB"),
+    ("memory", 3 * 2**29, "1536MiB"), ("memory", 123_457, "123457"), ("memory", 0, "0"),
+    ("cpu", 2**30, str(2**30)),  # only memory is bytes
+])
+def test_memory_is_said_in_the_unit_it_was_likely_written_in(
+    key: str, amount: int, text: str
+) -> None:
+    assert amount_text(key, amount) == text
+    if key == "memory":  # and the trees' front-end reads it back
+        assert parse_resources("r", {key: text}) == {key: amount}

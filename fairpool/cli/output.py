@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fairpool.engine.amounts import amount_text
 from fairpool.errors import counted
 from fairpool.paging import MAX_OFFSET, MAX_PAGE_SIZE, Page, page_dict
 
@@ -194,10 +195,17 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, Mapping):
-        return ", ".join(f"{key} {format_value(item) or '-'}" for key, item in value.items())
+        return ", ".join(f"{key} {_entry(key, item) or '-'}" for key, item in value.items())
     if isinstance(value, list | tuple):
         return ", ".join(format_value(item) for item in value)
     return str(value)
+
+
+def _entry(key: str, value: Any) -> str:
+    """A mapping's value in a cell: a tree's memory in the unit it was likely written in
+    (JSON and YAML say bytes)."""
+    return amount_text(key, value) if key == "memory" and value is not None else format_value(
+        value)
 
 
 def format_cell(column: str, value: Any) -> str:

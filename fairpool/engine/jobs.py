@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
 
+from fairpool.engine.amounts import amount_text
 from fairpool.engine.fairshare import (
     ROOT,
     FairShareResult,
@@ -215,7 +216,9 @@ class JobPlan:
 
 
 def format_resources(resources: Resources) -> str:
-    return ", ".join(f"{key} {amount}" for key, amount in sorted(resources.items())) or "nothing"
+    return ", ".join(
+        f"{key} {amount_text(key, amount)}" for key, amount in sorted(resources.items())
+    ) or "nothing"
 
 
 # -- admission ---------------------------------------------------------------------------------
@@ -950,8 +953,8 @@ def _over(limits: Resources, usage: Mapping[str, int], demand: Resources, who: s
         wanted = demand.get(key, 0)
         if wanted and usage.get(key, 0) + wanted > limits[key]:
             return (
-                f"{who} resource_limits.{key}: usage {usage.get(key, 0)} + {wanted} > "
-                f"limit {limits[key]}"
+                f"{who} resource_limits.{key}: usage {amount_text(key, usage.get(key, 0))} + "
+                f"{amount_text(key, wanted)} > limit {amount_text(key, limits[key])}"
             )
     return None
 
@@ -963,8 +966,8 @@ def _above(
     for key in sorted(keys & set(limits)):
         if usage.get(key, 0) > limits[key]:
             return (
-                f"{who} within its resource_limits.{key} (usage {usage.get(key, 0)} > "
-                f"limit {limits[key]})"
+                f"{who} within its resource_limits.{key} (usage "
+                f"{amount_text(key, usage.get(key, 0))} > limit {amount_text(key, limits[key])})"
             )
     return None
 
