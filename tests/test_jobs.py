@@ -279,7 +279,7 @@ def test_a_starving_operation_preempts_the_newest_jobs_above_fair_share() -> Non
     assert {p.job for p in result.preemptions} == {f"batch/{i}" for i in range(19, 100)}
     assert all(p.preemptor == "adhoc" and p.operation == "batch" for p in result.preemptions)
     assert result.preemptions[0].reason == (
-        "preempted for starving operation adhoc: operation batch used 1 of cpu, above its "
+        "preempted for starving operation adhoc: operation batch's cpu usage share 1 was above its "
         "fair share 0.1818 * preemption_satisfaction_threshold 1"
     )
     assert result.waiting["adhoc"].pending_jobs == 19
@@ -462,7 +462,7 @@ def test_an_interruptible_victim_keeps_its_units_until_the_deadline() -> None:
     assert len(first.preemptions) == 81 and first.grants == ()
     assert {p.deadline for p in first.preemptions} == {141.0}
     assert first.preemptions[0].reason == (
-        "interrupted for starving operation adhoc: operation batch used 1 of cpu, above its "
+        "interrupted for starving operation adhoc: operation batch's cpu usage share 1 was above its "
         "fair share 0.1818 * preemption_satisfaction_threshold 1; allocation_preemption_timeout "
         "10000 ms"
     )

@@ -759,10 +759,10 @@ class _Planner:
         jobs_before = self.jobs_of(victim) - self.leaving.get(victim.id, 0)
         threshold = self.tree.config.preemption_satisfaction_threshold
         cause = (
-            f"for starving operation {preemptor.id}: operation {victim.id} used "
-            f"{_share(self.usage_share(victim, resource, jobs_before))} of {resource}, above "
-            f"its fair share {_share(fair)} * preemption_satisfaction_threshold "
-            f"{_share(threshold)}"
+            # A share, not an amount ("used 1 of cpu" read as one CPU; helper-89).
+            f"for starving operation {preemptor.id}: operation {victim.id}'s {resource} usage "
+            f"share {_share(self.usage_share(victim, resource, jobs_before))} was above its "
+            f"fair share {_share(fair)} * preemption_satisfaction_threshold {_share(threshold)}"
         )
         return self.take(victim, job, victims, preemptor.id, cause)
 
