@@ -175,7 +175,16 @@ def open_service(
     data dir), made if need be. ``catch_up``: see ``Service.catch_up``."""
     if url is None:
         chosen = fairpool_home(home)
-        chosen.mkdir(parents=True, exist_ok=True)
+        # One line, and a typed error for the SDK: a bare OSError said neither that it was
+        # fairpool's home nor where it came from (helper-88).
+        try:
+            chosen.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise InvalidInput("home", str(chosen), "is a file, not a folder (--home or "
+                               "FAIRPOOL_HOME)") from None
+        except OSError as error:
+            raise InvalidInput("home", str(chosen), f"cannot be made: {error.strerror} "
+                               "(--home or FAIRPOOL_HOME)") from None
     return Service(Database.open(default_url(chosen) if url is None else url),
                    catch_up=catch_up)
 

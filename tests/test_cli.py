@@ -31,6 +31,7 @@ import yaml
 
 from fairpool import Client
 from fairpool.cli.resource_request import reason_of
+from fairpool.errors import InvalidInput
 from tests import forked_cli
 from tests.conftest import PostgresServer
 from tests.servers import free_port
@@ -131,6 +132,47 @@ def test_a_database_a_newer_fairpool_wrote_is_one_error_line(tmp_path: Path) -> 
     assert_one_error(fairpool(tmp_path, "resource-pool", "list"),
                      "its schema (revision 9999) is not one this fairpool knows")
     assert db_dump(tmp_path) == before
+
+
+def test_a_home_that_is_not_writable_says_so(tmp_path: Path) -> None:
+    """SQLite in WAL mode makes -shm beside the file even to read: every command, reads
+    too, said only "unable to open database file" of a file there and readable
+    (helper-88)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    fairpool(home, "resource-pool", "list").ok()
+    for sidecar in home.glob("fairpool.db-*"):
+        sidecar.unlink()
+    line = (f"Error: cannot open the database sqlite:///{home}/fairpool.db: unable to open "
+            f"database file (its folder {home} is not writable: SQLite makes its -wal and "
+            "-shm files there, even to read)")
+    if os.geteuid() != 0:
+        home.chmod(0o555)
+        try:
+            refused = fairpool(home, "resource-pool", "list")
+        finally:
+            home.chmod(0o755)
+        assert (refused.code, refused.err_lines) == (1, [line]), refused
+        return
+    # root writes whatever the mode says: a read-only mount, in a mount namespace of its own.
+    script = (f"mount --bind {home} {home} && mount -o remount,bind,ro {home} && "
+              f"{shlex.join([sys.executable, '-m', 'fairpool.cli.main', 'resource-pool', 'list'])}")
+    refused_run = subprocess.run(["unshare", "-m", "sh", "-c", script], env=cli_env(home),
+                                 capture_output=True, text=True, timeout=60)
+    assert (refused_run.returncode, refused_run.stderr.splitlines()) == (1, [line]), refused_run
+
+
+def test_a_home_that_cannot_be_made_is_one_line_naming_it(tmp_path: Path) -> None:
+    """click named `--home` when FAIRPOOL_HOME was set, a home that could not be made gave
+    the OS's bare words, and the SDK raised a bare OSError (helper-88)."""
+    afile = tmp_path / "afile"
+    afile.touch()
+    for home, problem in [(afile, "is a file, not a folder"),
+                          (afile / "sub", "cannot be made: Not a directory")]:
+        assert_one_error(fairpool(home, "resource-pool", "list"),
+                         f"home: {problem} (--home or FAIRPOOL_HOME) (got '{home}')")
+        with pytest.raises(InvalidInput, match=re.escape(f"home: {problem}")):
+            Client(home=str(home))
 
 
 def assert_one_error(result: Result, *needles: str) -> None:

@@ -589,6 +589,28 @@ def test_a_holder_hears_within_a_heartbeat_that_a_newer_fairpool_migrated_its_st
             time.sleep(10)  # interrupted
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_holder_hears_within_a_heartbeat_that_its_store_file_was_deleted_or_replaced(
+    home: str, how: str
+) -> None:
+    """Its connections wrote on into the file deleted, unseen, and exited 0, while a store
+    made anew at the path handed the same units out again (helper-88)."""
+    client = Client(home=home)
+    store = Path(home) / "fairpool.db"
+    with pytest.raises(NotGranted, match=(
+        rf"lost: heartbeat refused: the database file {re.escape(str(store))} was deleted or "
+        "replaced since this process opened it: what this process holds there is lost to "
+        "every other one$"
+    )):
+        with client.acquire({"gpu": 2}, component="low", lease_ttl=1):
+            for path in Path(home).glob("fairpool.db*"):
+                path.unlink()
+            if how == "replaced":
+                Client(home=home).close()  # a new, empty store at the path
+            time.sleep(10)  # interrupted
+    assert store.exists() is (how == "replaced")
+
+
 def test_a_wait_given_up_as_its_request_is_granted_gives_the_units_back(
     home: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

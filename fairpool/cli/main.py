@@ -137,7 +137,6 @@ class FairpoolGroup(click.Group):
 @click.option(
     "--home",
     envvar="FAIRPOOL_HOME",
-    type=click.Path(file_okay=False),
     default=None,
     help="Directory holding the fairpool database (env FAIRPOOL_HOME; default: the user data "
     "directory).",

@@ -254,6 +254,9 @@ class Database:
         self.schema_moved: str | None = None
         #: When a PostgreSQL write last checked for that (``time.monotonic``).
         self._schema_checked = -math.inf
+        #: A SQLite file's path and identity (device, inode) once opened: a write finds it
+        #: deleted or replaced (``_replaced``).
+        self._file: tuple[str, int, int] | None = None
         # Writers of this process queue here rather than at the database lock, where SQLite's
         # busy handler would make them sleep in steps of up to 100 ms after it is free.
         self._write_lock = threading.Lock()
@@ -319,9 +322,13 @@ class Database:
         db = cls(engine)
         try:
             db._upgrade()
+            if backend == "sqlite":
+                db._file = _file_identity(engine.url.database)
         except (DBAPIError, DatabaseUnreachable) as error:
             db.close()  # not there, unreachable, not a database: one line
-            raise Unreachable(f"cannot open the database {db.where}: {error.orig}") from None
+            unwritable = backend == "sqlite" and _unwritable_folder(parsed.database)
+            raise Unreachable(f"cannot open the database {db.where}: {error.orig}"
+                              f"{unwritable}") from None
         except BaseException:
             db.close()
             raise
@@ -561,7 +568,7 @@ class Database:
                     self.schema_moved = _moved(
                         _sqlite_revision(connection) if self.embedded
                         else _current_revision(connection)
-                    )
+                    ) or self._replaced()
                     if self.schema_moved is not None:
                         raise SchemaMoved(self.schema_moved)
                 return connection, transaction
@@ -814,8 +821,25 @@ class Database:
         reads otherwise (helper-80)."""
         with self.read() as connection:
             revision = _current_revision(connection)
-        self.schema_moved = _moved(revision)
+        self.schema_moved = _moved(revision) or self._replaced()
         return self.schema_moved
+
+    def _replaced(self) -> str | None:
+        """Why the SQLite file this process opened is no longer the store at its path, or
+        None. Its connections write on into a file deleted (or moved away), unseen by every
+        other process, while a store made anew at the path hands the same units out again
+        (helper-88). A ``stat``: ~1 µs."""
+        if self._file is None:
+            return None
+        path, device, inode = self._file
+        try:
+            found = os.stat(path)
+        except FileNotFoundError:
+            found = None
+        if found is not None and (found.st_dev, found.st_ino) == (device, inode):
+            return None
+        return (f"the database file {path} was deleted or replaced since this process opened "
+                "it: what this process holds there is lost to every other one")
 
     def _upgrade(self) -> None:
         with self.read() as connection:
@@ -896,6 +920,28 @@ def _lock_timed_out(error: OperationalError) -> bool:
 def _busy(error: OperationalError) -> bool:
     """SQLite answered "database is locked" at once (no busy timeout)."""
     return getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+
+
+def _unwritable_folder(database: str | None) -> str:
+    """Why SQLite said "unable to open database file" of a file that is there and readable,
+    or nothing: in WAL mode even a read makes ``-shm`` beside it (helper-88: a read-only
+    home refused every read with those words alone)."""
+    if database in (None, "", ":memory:"):
+        return ""
+    folder = os.path.dirname(os.path.abspath(database))
+    if os.access(folder, os.W_OK):
+        return ""
+    return (f" (its folder {folder} is not writable: SQLite makes its -wal and -shm files "
+            "there, even to read)")
+
+
+def _file_identity(database: str | None) -> tuple[str, int, int] | None:
+    """A SQLite file's absolute path, device and inode (None: in memory)."""
+    if database in (None, "", ":memory:") or database.startswith("file:"):
+        return None
+    path = os.path.abspath(database)
+    found = os.stat(path)
+    return path, found.st_dev, found.st_ino
 
 
 def _moved(revision: str | None) -> str | None:
