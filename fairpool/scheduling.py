@@ -567,8 +567,9 @@ class SchedulingService:
             reason = wl.admitted_reason(admission.queue, admission.flavors, admission.priority)
             if not charged:
                 orphaned.append(running.workload.id)
-                reason += (f"; config version {version.version} has no such queue or flavor: "
-                           "it runs on, charged to no quota")
+                reason += (f"; config version {version.version} has "
+                           f"{wl.missing_from(config, admission)}: it runs on, charged to no "
+                           "quota")
             tx.update_workload(running.workload.id, self.clock(), status_reason=reason)
         waited = [w.id for w in before.waiting]
         return Applied(

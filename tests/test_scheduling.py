@@ -438,8 +438,9 @@ def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
     assert applied.admitted == (views[3].id,)  # routed again: now to the passthrough queue
     orphan = sched.get_workload(views[0].id)
     # Its reason said it was admitted to its queue, a queue no version had any more.
+    # What the version lacks, named (it said "no such queue or flavor", helper-89).
     assert (orphan.status, orphan.reason) == ("admitted", f"{views[0].reason}; config version "
-                                              "2 has no such queue or flavor: it runs on, "
+                                              "2 has no queue q-m5-2xlarge-cap3: it runs on, "
                                               "charged to no quota")
     # The next version did not remove their queue: it was gone already.
     assert sched.apply_config(passthrough).orphaned == ()

@@ -98,6 +98,7 @@ __all__ = [
     "decide",
     "explain",
     "format_units",
+    "missing_from",
     "queue_usage",
     "route",
     "schedule",
@@ -480,6 +481,18 @@ def admitted_queue(config: SchedulerConfig, admission: Admission) -> ResourceQue
     ):
         return None
     return queue
+
+
+def missing_from(config: SchedulerConfig, admission: Admission) -> str:
+    """What ``config`` lacks that an admission charged (``admitted_queue`` found it charges
+    nothing there), for its reason: ``no queue q`` (it said "no such queue or flavor",
+    helper-89). A queue's spec cannot change once applied, so a queue kept by name differs
+    only in a config stored before that rule."""
+    try:
+        config.queue(admission.queue or "")
+    except KeyError:
+        return f"no queue {admission.queue}"
+    return f"queue {admission.queue} with other flavors"
 
 
 def _group_demand(group: ResourceGroup, demand: Mapping[str, int]) -> dict[str, int]:
