@@ -665,6 +665,18 @@ def test_a_waiter_with_reserved_units_unused_is_told_why_it_does_not_reclaim_the
         "burst-1": "preempted:reclaim", "team-1": "allocated:p"}
 
 
+def test_a_waiter_short_of_several_keys_is_told_each() -> None:
+    # A team that freed the GPU named found it waited on, for CPU (helper-89).
+    world = (
+        World().pool("p", {"gpu": 4, "mcpu": 8000}).policy("a", "p").policy("b", "p")
+        .run("a-1", "a", "p", {"gpu": 4, "mcpu": 8000}, 1.0)
+        .wait("b-1", "b", {"gpu": 1, "mcpu": 1000}, at=2.0)
+    )
+    reason = queue_entries(world.plan())["b-1"][0].reason
+    assert reason.message == "pool p: gpu requested 1, free 0 of 4 (also short of mcpu)"
+    assert reason.also_short == ("mcpu",)
+
+
 def test_a_capacity_lowered_below_what_is_held_says_how_far() -> None:
     world = (
         World().pool("p", {"gpu": 2}).policy("a", "p", 0, None, {"gpu": 8})

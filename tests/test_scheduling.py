@@ -431,6 +431,10 @@ def test_applying_a_config_without_a_queue_keeps_its_workloads_running(
 ) -> None:
     sched.apply_config(M5_CAP)
     views = [sched.submit_workload(**M5) for _ in range(4)]  # type: ignore[arg-type]
+    # Its memory is short too, and said (the first key alone was, helper-89).
+    assert views[3].reason == ("queued in queue q-m5-2xlarge-cap3: flavor m5-2xlarge: cpu "
+                               "requested 8, free 0 of nominal_quota 24 (also short of "
+                               "memory_gb)")
     passthrough = ("resource_queues: [{name: default}]\n"
                    "scheduling_rules: [{resource_queue: default}]\n")
     applied = sched.apply_config(passthrough)

@@ -128,6 +128,9 @@ class Reason:
     #: Units already counted against that bound (0 for a hard rejection).
     in_use: int
     message: str
+    #: The other keys the placement is short of now, which the message names after the
+    #: first (a waiter who freed the one named found it waited on; helper-89).
+    also_short: tuple[str, ...] = ()
 
 
 class Rule(StrEnum):

@@ -216,6 +216,17 @@ def _impossible(forest: _Forest, placement: Placement, preemptible: bool) -> Rea
     return None
 
 
+def _first(failures: list[Reason]) -> Reason:
+    """The reason a waiter is given: the first failure, naming the other keys it is short
+    of too (``Reason.also_short``)."""
+    first = failures[0]
+    also = tuple(sorted({f.key for f in failures[1:]} - {first.key}))
+    if not also:
+        return first
+    return replace(first, message=f"{first.message} (also short of {', '.join(also)})",
+                   also_short=also)
+
+
 def _over_capacity(forest: _Forest, delta: Delta) -> Reason | None:
     """The first node whose capacity is below what the placement charges it, on its own."""
     for node_id, units in delta.items():
@@ -633,8 +644,7 @@ class _Pass:
                 self._shift_holds(later, -1)
                 failures = self._failures(placement, cls.preemptible)
                 self._shift_holds(later, +1)
-                self._wait(number, index, pos, end,
-                           failures[0] if failures else reason,
+                self._wait(number, index, pos, end, _first(failures) if failures else reason,
                            (share, -placement.priority))
         grants = tuple(sorted(self.granted_now.values(), key=lambda g: g.request_id))
         waiting = (*self.groups, *self.ineligible)
@@ -818,13 +828,13 @@ class _Pass:
                 for i, p in enumerate(request.placements)
                 if i != index
             ):
-                return failures[0], _Wait.ELSEWHERE
+                return _first(failures), _Wait.ELSEWHERE
             if (
                 any(f.check is not Check.CAPACITY for f in failures)
                 or not self.forest.nodes[placement.queue].preempts
                 or not self._preempt(request, placement, failures)
             ):
-                return failures[0], _Wait.BLOCKED
+                return _first(failures), _Wait.BLOCKED
         # Used, and no candidate victim (``running``).
         self._apply(Allocation(request.id, placement, self.snapshot.now, request.preemptible),
                     +1)

@@ -1017,11 +1017,13 @@ def _waiting_text(
     """A waiting placement's reason, with what its flavor's quota has in use after the plan
     (the engine's count adds the units a hold keeps back, which are free all the same)."""
     reason = entry.reason
+    also = f" (also short of {', '.join(reason.also_short)})" if reason.also_short else ""
     for charge in candidate.placements[entry.placement_index].charges:
         if compiled.snapshot.nodes[charge.leaf].name == reason.node:
             in_use = usage.get(charge.leaf, {}).get(reason.key, 0)
-            return _capacity_text(reason.node, reason.key, reason.requested, reason.bound, in_use)
-    return _reason_text(reason)
+            return _capacity_text(reason.node, reason.key, reason.requested, reason.bound,
+                                  in_use) + also
+    return _reason_text(reason) + also
 
 
 def _reason_text(reason: Reason) -> str:
