@@ -326,7 +326,7 @@ class Database:
                 db._file = _file_identity(engine.url.database)
         except (DBAPIError, DatabaseUnreachable) as error:
             db.close()  # not there, unreachable, not a database: one line
-            unwritable = backend == "sqlite" and _unwritable_folder(parsed.database)
+            unwritable = _unwritable_folder(parsed.database) if backend == "sqlite" else ""
             raise Unreachable(f"cannot open the database {db.where}: {error.orig}"
                               f"{unwritable}") from None
         except BaseException:
