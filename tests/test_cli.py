@@ -1064,8 +1064,8 @@ def test_a_database_locked_too_long_is_one_error_line(tmp_path: Path) -> None:
         engine.dispose()
         holder.close()
     assert (result.exit_code, result.output.splitlines()) == (1, [
-        "Error: the database stayed locked by other fairpool processes for 30 s (a long "
-        "write, or many writing at once); try again"]), result.output
+        "Error: the database stayed locked by another process for 30 s (a long write, or "
+        "many writing at once)"]), result.output
 
 
 def test_config_apply_refuses_a_name_that_would_forge_a_line_in_the_diff(tmp_path: Path) -> None:

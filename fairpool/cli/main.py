@@ -66,9 +66,9 @@ def database_error(error: Exception) -> str | None:
 
     reason = said(error)
     if reason == "database is locked":
-        return (f"the database stayed locked by other fairpool processes for "
-                f"{LOCK_TIMEOUT_MS // 1000} s (a long write, or many writing at once); "
-                "try again")
+        # As the store says it when a write cannot begin (``DatabaseLocked``).
+        return (f"the database stayed locked by another process for {LOCK_TIMEOUT_MS // 1000} "
+                "s (a long write, or many writing at once)")
     return f"database error: {reason}"
 
 

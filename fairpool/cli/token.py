@@ -88,7 +88,8 @@ def _describe(found: ApiToken) -> str:
 @token.command("create")
 @click.option("--role", type=click.Choice(ROLES), required=True,
               help="admin: everything. submitter: create requests for its components, manage "
-              "its own requests, read pools and policies.")
+              "its own requests, workloads and pool-tree operations, read pools and "
+              "policies.")
 @click.option("--component", "components", multiple=True, metavar="NAME",
               help="A component a submitter may create requests for (repeatable; required "
               "for submitters).")
