@@ -948,7 +948,7 @@ class Service:
             # are frequent) unless leases expired (the batch then runs one: see
             # ``_run_changes``). Embedded no tick follows, so the heartbeat runs one, as
             # every other write does.
-            if self._expire_leases(tx, tx.expired):
+            if self._expire_leases(tx, tx.expired, self.clock()):
                 request = self._request(tx, request.id)
             if request.status is RequestStatus.ALLOCATED and request.lease_ttl is not None:
                 expires = as_utc(self.clock() + timedelta(seconds=request.lease_ttl))
@@ -1300,7 +1300,9 @@ class Service:
         plan = Plan()
         for _ in range(_MAX_PASSES):
             now = self.clock()
-            self._expire_leases(tx, summary.expired)
+            # The same moment as the grants: a waiter given the expired units was stamped
+            # allocated before their holder released them (helper-92).
+            self._expire_leases(tx, summary.expired, now)
             state = tx.live()
             if not state.queued:  # nothing waits: nothing to grant, reject or preempt for
                 break
@@ -1325,11 +1327,10 @@ class Service:
         )
         return _Passed(result, plan)
 
-    def _expire_leases(self, tx: _Tx, expired: list[str]) -> bool:
-        """Release the live allocations whose lease ran out, adding them to ``expired``;
-        whether there were any."""
+    def _expire_leases(self, tx: _Tx, expired: list[str], now: datetime) -> bool:
+        """Release the live allocations whose lease ran out by ``now``, adding them to
+        ``expired``; whether there were any."""
         conn, state = tx.conn, tx.live()
-        now = self.clock()
         found = [
             a for a in state.allocations.values()
             if a.lease_expires_at is not None and a.lease_expires_at < now

@@ -564,7 +564,11 @@ def test_an_expired_lease_returns_the_units_with_an_event(svc: Service, clock: C
     gone = svc.get_request(held.id)
     assert gone.status == "released"
     assert gone.status_reason == "lease expired: no heartbeat for 60 s; units returned"
-    assert svc.get_request(waiting.id).status == "allocated"
+    granted = svc.get_request(waiting.id)
+    assert granted.status == "allocated"
+    # Not stamped allocated before the units it got were released (helper-92).
+    assert gone.released_at is not None and granted.allocated_at is not None
+    assert granted.allocated_at >= gone.released_at
     with svc.db.read() as conn:
         assert [e.kind for e in repo.list_events(conn, request_id=held.id)][-1] == "lease_expired"
 
