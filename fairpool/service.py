@@ -116,8 +116,16 @@ def _same_as_keyed(made: Request, key: str, asked: Mapping[str, object]) -> None
     """A create repeating ``key`` (its answer was lost, say) must ask what the one that made
     ``made`` asked: another ask under the same key is a client's mistake, refused rather
     than answered with a request it did not ask for."""
+    demand = made.demand
+    asked_resources = asked.get("resources")
+    if "step_run" not in demand and isinstance(asked_resources, Mapping) and (
+        asked_resources.get("step_run") == 1
+    ):
+        # Made before every request got its step_run (2026-11-29): the same ask, resent
+        # across the upgrade, was refused as another (helper-92).
+        demand = {**demand, "step_run": 1}
     had = {
-        "component": made.component_id, "resources": made.demand,
+        "component": made.component_id, "resources": demand,
         "preemptible": made.preemptible, "max_retries": made.max_retries,
         "labels": made.labels, "lease_ttl": made.lease_ttl,
         "token": made.created_by_token_id,

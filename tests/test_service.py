@@ -741,6 +741,23 @@ def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Servi
     assert len(svc.list_requests()) == 2
 
 
+def test_a_key_of_a_request_made_before_every_request_got_its_step_run_is_answered(
+    svc: Service,
+) -> None:
+    """A request made through the API before 2026-11-29 holds no step_run; the same ask,
+    resent across the upgrade, now gets step_run 1 and was refused as another (helper-92)."""
+    svc.create_pool("p", {"gpu": 1})
+    svc.attach_policy("p", "orch")
+    first = svc.create_request("orch", demand={"gpu": 1}, idempotency_key="old-key")
+    table = schema.request_resource
+    with svc.db.write() as conn:  # as it was stored then
+        conn.execute(table.delete().where(table.c.request_id == first.id,
+                                          table.c.key == "step_run"))
+    assert svc.create_request("orch", demand={"gpu": 1}, idempotency_key="old-key").id == first.id
+    with pytest.raises(Conflict, match=r"asked otherwise \(resources\)"):
+        svc.create_request("orch", demand={"gpu": 2}, idempotency_key="old-key")
+
+
 @pytest.mark.parametrize(("ref", "refused"), [
     ("a\x00b", r"^ref: must not contain NUL characters \(got 'a\\x00b'\)$"),
     ("a\udcffb", r"^ref: must be valid Unicode text \(got 'a\\udcffb'\)$"),
