@@ -251,7 +251,7 @@ def test_version_and_home_option(tmp_path: Path) -> None:
     assert version.returncode == 0
     # The schema it works with: which fairpool may open a store (helper-80: every build
     # said "0.1.0", and "open it with a newer one" could not be followed).
-    assert version.stdout.strip() == "fairpool, version 0.1.0 (store schema 0017)"
+    assert version.stdout.strip() == "fairpool, version 0.1.0 (store schema 0018)"
     assert listed.ok().json == {
         "items": [],
         "pagination": {"index": 1, "max_size": 0, "total_pages": 1, "total": 0, "next": None},

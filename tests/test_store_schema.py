@@ -29,6 +29,7 @@ from sqlalchemy import (
     create_engine,
     inspect,
     make_url,
+    select,
     text,
     update,
 )
@@ -645,6 +646,41 @@ def test_0008_moves_each_operations_tree_to_a_placement(
                 "SELECT tree, pool, weight, status_reason FROM tree_operation WHERE id = 'live'"
             )).one()
         assert tuple(row) == ("physical", "batch", "2", "1 jobs pending: no room")
+    finally:
+        engine.dispose()
+
+
+def test_0018_gives_workloads_preempted_before_0012_their_requeue_time(
+    database_url: str, new_database: Callable[..., str]
+) -> None:
+    """0012 added requeued_at empty: a workload preempted before it and still queued waited
+    from its submission, ahead of those queued after its requeue (helper-92). Its row was
+    last written when it was requeued: its updated_at."""
+    url = new_database(make_url(database_url).get_backend_name())
+    engine = create_engine(url)
+    requeued = NOW + timedelta(hours=1)
+    try:
+        with engine.begin() as connection:
+            command.upgrade(migration_config(connection), "0017")
+            insert = text(
+                "INSERT INTO workload (id, status, labels, submitted_at, updated_at, "
+                "preemptions) VALUES (:id, :status, '{}', :submitted, :updated, :preemptions)"
+            ).bindparams(bindparam("submitted", type_=schema.UTCDateTime()),
+                         bindparam("updated", type_=schema.UTCDateTime()))
+            for row_id, status, preemptions in [("preempted", "queued", 1),
+                                                ("never", "queued", 0),
+                                                ("ended", "finished", 2)]:
+                connection.execute(insert, {"id": row_id, "status": status,
+                                            "preemptions": preemptions, "submitted": NOW,
+                                            "updated": requeued})
+            command.upgrade(migration_config(connection), "head")
+            found = dict(connection.execute(text("SELECT id, requeued_at FROM workload")).all())
+        assert {k: v is not None for k, v in found.items()} == {
+            "preempted": True, "never": False, "ended": False}
+        with Database.open(url) as db, db.read() as connection:
+            row = connection.execute(select(schema.workload.c.requeued_at).where(
+                schema.workload.c.id == "preempted")).scalar_one()
+        assert row == requeued
     finally:
         engine.dispose()
 
