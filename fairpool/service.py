@@ -187,12 +187,14 @@ def open_service(
         # fairpool's home nor where it came from (helper-88).
         try:
             chosen.mkdir(parents=True, exist_ok=True)
+        # The path whole: an error line clips a long value to its first 20 characters.
         except FileExistsError:
-            raise InvalidInput("home", str(chosen), "is a file, not a folder (--home or "
-                               "FAIRPOOL_HOME)") from None
+            raise InvalidInput.from_message("home", f"home: {chosen} is a file, not a folder "
+                                            "(--home or FAIRPOOL_HOME)") from None
         except OSError as error:
-            raise InvalidInput("home", str(chosen), f"cannot be made: {error.strerror} "
-                               "(--home or FAIRPOOL_HOME)") from None
+            raise InvalidInput.from_message("home", f"home: {chosen} cannot be made: "
+                                            f"{error.strerror} (--home or FAIRPOOL_HOME)"
+                                            ) from None
     return Service(Database.open(default_url(chosen) if url is None else url),
                    catch_up=catch_up)
 

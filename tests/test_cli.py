@@ -169,9 +169,9 @@ def test_a_home_that_cannot_be_made_is_one_line_naming_it(tmp_path: Path) -> Non
     afile.touch()
     for home, problem in [(afile, "is a file, not a folder"),
                           (afile / "sub", "cannot be made: Not a directory")]:
-        assert_one_error(fairpool(home, "resource-pool", "list"),
-                         f"home: {problem} (--home or FAIRPOOL_HOME) (got '{home}')")
-        with pytest.raises(InvalidInput, match=re.escape(f"home: {problem}")):
+        line = f"home: {home} {problem} (--home or FAIRPOOL_HOME)"
+        assert_one_error(fairpool(home, "resource-pool", "list"), line)
+        with pytest.raises(InvalidInput, match=re.escape(line)):
             Client(home=str(home))
 
 
