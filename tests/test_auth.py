@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, inspect, make_url, text
 from starlette.routing import BaseRoute
 
 from fairpool import AsyncClient, Client, NotGranted, WaitTimeout
@@ -250,6 +250,19 @@ def test_a_token_is_revoked_by_its_secret_or_the_prefix_token_list_shows(world: 
         refused = fairpool(world.store, "token", "revoke", ref)
         assert (refused.returncode, refused.stderr.strip()) == (1, line)
         assert unknown not in refused.stderr
+
+
+def test_token_commands_with_a_server_url_name_the_database_they_write(world: World) -> None:
+    """They said "(--home)" of a home given as FAIRPOOL_HOME, and not that a server serving
+    another database answers the token 401 (helper-93)."""
+    made = fairpool(world.store, "token", "create", "--role", "admin", "--name", "noted",
+                    FAIRPOOL_URL=world.server.url)
+    assert made.returncode == 0, made.stderr
+    note = made.stderr.splitlines()[0]
+    where = world.store.get("FAIRPOOL_HOME") or make_url(world.url).database
+    assert note.startswith("Note: tokens are kept in the database ") and str(where) in note
+    assert note.endswith(f"not sent to the server at {world.server.url}: that server accepts "
+                         "them only if it serves this database."), note
 
 
 def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -> None:

@@ -46,12 +46,14 @@ def _store(url: str | None) -> Iterator[Service]:
 
     root = click.get_current_context().find_root().obj or {}
     url = url or root.get("database_url")
-    if root.get("url"):
-        o.declare(
-            f"Note: tokens are kept in the database ({'--database-url' if url else '--home'}), "
-            f"not sent to the server at {root['url']}."
-        )
     svc = open_service(root.get("home"), url)
+    if root.get("url"):
+        # Which database, by name: a token made in another one than the server serves is
+        # answered 401 there (it said "--home" of a home given as FAIRPOOL_HOME; helper-93).
+        o.declare(
+            f"Note: tokens are kept in the database {svc.db.where}, not sent to the server at "
+            f"{root['url']}: that server accepts them only if it serves this database."
+        )
     try:
         yield svc
     finally:
