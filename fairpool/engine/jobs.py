@@ -186,17 +186,24 @@ class OperationWait:
     operation: str
     pending_jobs: int
     reason: str
-    #: The reason is the starvation step's (``starving, but ...``).
-    starving: bool = False
+
+    @property
+    def starving(self) -> bool:
+        """The reason is the starvation step's (``starving, but ...``)."""
+        return any(mark in self.reason for mark in _STARVING)
 
     def unstarved(self) -> str:
         """The reason once the fair share after the plan no longer calls the operation
         starving (this pass's preemptions for it brought it within the tolerance): below
         its fair share it still is. It said "starving" beside "starving: no" (helper-89)."""
-        if not self.starving:
-            return self.reason
-        return self.reason.replace("starving, but ", "below its fair share, but ", 1).replace(
-            "starving gang of ", "gang of ", 1)
+        reason = self.reason
+        for mark, plain in _STARVING.items():
+            reason = reason.replace(mark, plain, 1)
+        return reason
+
+
+#: How the starvation step's reasons begin, and what each says once not starving.
+_STARVING = {"starving, but ": "below its fair share, but ", "starving gang of ": "gang of "}
 
 
 @dataclass(frozen=True, slots=True)
@@ -878,9 +885,7 @@ class _Planner:
                     "(allocation_preemption_timeout)"
                 )
                 reason = held if awaited == self.pending(op) else f"{held}; {reason}"
-            waiting[op.id] = OperationWait(
-                op.id, self.pending(op), reason, self.waiting.get(op.id, "").startswith("starving")
-            )
+            waiting[op.id] = OperationWait(op.id, self.pending(op), reason)
         return JobPlan(
             tuple(self.grants),
             tuple(self.preemptions),

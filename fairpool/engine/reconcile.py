@@ -828,7 +828,7 @@ class _Pass:
                 for i, p in enumerate(request.placements)
                 if i != index
             ):
-                return _first(failures), _Wait.ELSEWHERE
+                return failures[0], _Wait.ELSEWHERE  # explained where it waits
             if (
                 any(f.check is not Check.CAPACITY for f in failures)
                 or not self.forest.nodes[placement.queue].preempts
