@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -743,6 +744,18 @@ def test_a_server_and_a_database_pick_one(tmp_path: Path) -> None:
                      "not both")
     refused = run("--url", "http://127.0.0.1:1", "--database-url", "postgresql://me:pw@db/fp")
     assert_one_error(refused, "(got 'postgresql://me:***@db/fp')")
+    # `server` serves a database: a --url given to it was ignored, and the store under the
+    # home served instead. (A port already taken: before, the server failed to bind there.)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, out, err = forked_cli.run(
+            ["--url", "http://127.0.0.1:1", "server", "--port", port], env, None)
+    assert (code, out) == (2, ""), err
+    assert err.splitlines()[-1].startswith(
+        "Error: --url 'http://127.0.0.1:1': a server serves a database, it does not talk to "
+        "another server; choose the database with --home or --database-url"), err
 
 
 def test_usage_errors_keep_click_exit_code(tour: Tour) -> None:

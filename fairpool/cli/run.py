@@ -413,10 +413,17 @@ def server(ctx: click.Context, host: str, port: int, database_url: str | None,
     from fairpool.api.auth import AuthSetupError, auth_enabled
     from fairpool.api.server import serve
 
+    root_ctx = ctx.find_root()
+    if root_ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE:
+        # It was ignored: the server then served the store under --home, not the one meant.
+        raise click.UsageError(
+            f"--url {root_ctx.params['url']!r}: a server serves a database, it does not talk "
+            "to another server; choose the database with --home or --database-url"
+        )
     try:
         auth_enabled(host, auth, insecure)
     except AuthSetupError as error:
         raise click.UsageError(str(error)) from None
-    root = ctx.find_root().obj
+    root = root_ctx.obj
     serve(host, port, root.get("home"), database_url or root.get("database_url"), tick,
           auth=auth, insecure=insecure, keep_history=keep_history)
