@@ -5,9 +5,11 @@ the versions stored in the database (or on the server at ``--url``).
 
 from __future__ import annotations
 
+import codecs
+import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,17 +29,64 @@ def config() -> None:
 
 
 def read_config_file(path: str) -> str:
-    """The file's text (``-`` reads stdin); a file that cannot be read is one ``Error:`` line."""
+    """The file's text (``-`` reads stdin); a file that cannot be read is one ``Error:`` line,
+    and so is one longer than a document may be, read no further (``yes x |`` grew to
+    gigabytes, ``/dev/zero`` too, before the length was checked)."""
+    from fairpool.frontends.config import MAX_DOCUMENT
+    from fairpool.frontends.trees import MAX_TREE_DOCUMENT
+
+    most = max(MAX_DOCUMENT, MAX_TREE_DOCUMENT)
+    enough = 4 * most + len(codecs.BOM_UTF8) + 1  # past ``most`` characters however written
     try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        if path == "-":
+            data = sys.stdin.buffer.read(enough)
+        else:
+            with open(path, "rb") as file:
+                data = file.read(enough)
     except OSError as error:
         raise click.ClickException(
             f"cannot read {_named(path)}: {error.strerror or error}"
         ) from None
+    if len(data) == enough:
+        raise click.ClickException(
+            f"cannot read {_named(path)}: it holds more than {most} characters, the most a "
+            "document may have"
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise click.ClickException(f"cannot read {_named(path)}: not UTF-8 text") from None
+
+
+def _answers(path: str, yes: bool) -> AbstractContextManager[None]:
+    """Where a confirmation is read: stdin, unless the document came through it (``-f -``
+    from a pipe, used up: the answer was always no), then the terminal. Without one, --yes
+    is asked for before anything is read."""
+    if yes or path != "-" or sys.stdin.isatty():
+        return nullcontext()
+    try:
+        os.close(os.open(_TERMINAL, os.O_RDONLY))
+    except OSError:
+        raise click.UsageError(
+            "the config comes from stdin, which cannot then answer the confirmation: give "
+            "--yes (there is no terminal to ask on)"
+        ) from None
+    return _reading_terminal()
+
+
+#: The process's controlling terminal.
+_TERMINAL = "/dev/tty"
+
+
+@contextmanager
+def _reading_terminal() -> Iterator[None]:
+    """Prompts read from the terminal meanwhile."""
+    stdin = sys.stdin
+    with open(_TERMINAL) as sys.stdin:
+        try:
+            yield
+        finally:
+            sys.stdin = stdin
 
 
 def _named(path: str) -> str:
@@ -165,6 +214,7 @@ def apply(path: str, yes: bool, output: str) -> None:
     """Validate a config and make it the new active version (warns when no catch-all rule)."""
     from fairpool.frontends.config import ConfigError, load_config
 
+    answers = _answers(path, yes)
     text = read_config_file(path)
     try:
         load_config(text)
@@ -183,7 +233,8 @@ def apply(path: str, yes: bool, output: str) -> None:
             _print_invalid(path, error, output)
             return
         _print_change(preview["changes"], preview["warnings"], "would change")
-        click.confirm("Apply it as a new version?", abort=True, err=True)
+        with answers:
+            click.confirm("Apply it as a new version?", abort=True, err=True)
         based_on = int(preview["based_on"])  # what was confirmed is what changes
     try:
         applied = svc.apply_config(text, based_on)

@@ -8,7 +8,9 @@ traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -16,6 +18,7 @@ from click.exceptions import NoArgsIsHelpError
 
 from fairpool import backends
 from fairpool.cli import output as o
+from fairpool.cli import streams
 from fairpool.cli.common import Duration, database_url_option, service
 from fairpool.cli.component import component
 from fairpool.cli.config import config
@@ -97,6 +100,13 @@ def _command_path(ctx: click.Context) -> str:
     return " ".join(path)
 
 
+def _own(args: list[str], commands: Mapping[str, click.Command]) -> list[str]:
+    """The arguments fairpool reads: all but those of the command ``run`` runs (all after
+    ``run``, whose own options are checked where they are read)."""
+    named = next((i for i, arg in enumerate(args) if arg in commands), None)
+    return args[: named + 1] if named is not None and args[named] == "run" else args
+
+
 #: Where the root keeps its arguments, for ``_command_path``.
 _ARGS = "fairpool.args"
 
@@ -106,8 +116,9 @@ class FairpoolGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Bytes that are not UTF-8 reach us as lone surrogates, which neither a store nor a
-        # URL takes: refused here once, for every argument and option alike.
-        for arg in args:
+        # URL takes: refused here once, for every argument and option alike; but the
+        # command `run` runs gets its arguments as they came (a file's name is bytes).
+        for arg in _own(args, self.commands):
             try:
                 check_unicode("argument", arg)
             except InvalidInput as error:
@@ -117,12 +128,23 @@ class FairpoolGroup(click.Group):
             return super().parse_args(ctx, args)
         except click.UsageError as error:
             raise UsageLine.of(error, ctx) from None
+        except BrokenPipeError:
+            raise  # output into `head`: click ends quietly, as Unix tools do
+        except OSError as error:  # -h or --version into a full disk: it was a traceback
+            raise click.ClickException(one_line(error_message(error))) from error
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
             raise UsageLine.of(error, ctx) from None
+        except KeyboardInterrupt:
+            # Ctrl-C exits 130, as a shell's convention and `--wait` and `run` have it (click
+            # says "Aborted!" and exits 1).
+            click.echo("\nAborted!", err=True)
+            ctx.exit(128 + signal.SIGINT)
+        except BrokenPipeError:
+            raise  # output into `head`: click ends quietly, as Unix tools do
         # OSError: e.g. --home names a file, or a directory we may not write to.
         except (FairpoolError, LookupError, ValueError, OSError) as error:
             raise click.ClickException(one_line(error_message(error))) from error
@@ -231,6 +253,7 @@ cli.add_command(zenml)
 
 def main() -> None:
     """Console script entry point."""
+    streams.prepare()
     cli(prog_name="fairpool")
 
 
