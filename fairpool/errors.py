@@ -98,6 +98,17 @@ def password_hidden(url: str) -> str:
 class FairpoolError(Exception):
     """Base class: the message is the whole line shown to the user."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (raised in a multiprocessing worker), rebuilt from its arguments and
+        # attributes, not by its constructor, whose parameters differ from ``args``: loading
+        # one failed, and a Pool waited for ever.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception with ``args`` and no constructor run (``FairpoolError.__reduce__``)."""
+    return cls.__new__(cls, *args)
+
 
 class NotFound(FairpoolError, LookupError):
     """A name, ID or ID prefix matched nothing."""

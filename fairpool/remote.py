@@ -7,8 +7,10 @@ the SDK work identically embedded or remote. Errors come back as the same except
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -70,22 +72,40 @@ _API = "/api/v1"
 
 log = logging.getLogger(__name__)
 
+#: Connections a forked child inherited (``RemoteService.http``): kept, never used.
+_INHERITED: list[httpx.Client] = []
+
 
 class RemoteService:
     def __init__(self, url: str, token: str | None = None) -> None:
         # A blank one (FAIRPOOL_TOKEN set to spaces) is none, as an empty one is.
         headers = {"Authorization": f"Bearer {_token(token)}"} if token and token.strip() else {}
         # Reads may long-poll for up to a minute.
-        self.http = httpx.Client(
-            base_url=_server_url(url) + _API,
-            headers=headers,
+        self._connecting = functools.partial(
+            httpx.Client, base_url=_server_url(url) + _API, headers=headers,
             timeout=httpx.Timeout(10.0, read=75.0),
         )
+        self._http, self._pid = self._connecting(), os.getpid()
         #: What a wait rides out while the server cannot be reached.
         self._outage = Outage("server")
 
+    @property
+    def http(self) -> httpx.Client:
+        """This process's connections: a child forked after some were made makes its own (a
+        keep-alive socket both used gave each process the other's answers, helper-94). The
+        inherited ones are left alone: closing them could wait for ever on a lock a thread of
+        the parent held as it forked."""
+        if self._pid != os.getpid():
+            _INHERITED.append(self._http)
+            self._http, self._pid = self._connecting(), os.getpid()
+        return self._http
+
+    @http.setter
+    def http(self, connections: httpx.Client) -> None:  # a transport of one's own
+        self._http, self._pid = connections, os.getpid()
+
     def close(self) -> None:
-        self.http.close()
+        self._http.close()
 
     # -- pools -------------------------------------------------------------------------
 

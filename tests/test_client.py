@@ -130,6 +130,58 @@ def test_acquire_waits_for_units_another_holder_releases(home: str) -> None:
     assert 0.4 < time.monotonic() - started < 10
 
 
+def _rejected_in_a_worker(home: str) -> None:
+    with Client(home=home).acquire({"gpu": 3}, component="low"):
+        pass
+
+
+def test_errors_cross_process_boundaries(home: str) -> None:
+    """Every error the SDK raises pickles back as itself, with its attributes: raised in a
+    ``ProcessPoolExecutor`` or ``multiprocessing.Pool`` worker, they failed to load in the
+    parent (the constructors take other arguments than ``args``), which broke the executor
+    or left the pool waiting for ever (helper-94)."""
+    import copy
+    import multiprocessing
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fairpool.errors import SchemaMoved
+
+    client = Client(home=home)
+    request = client.submit({"gpu": 1}, component="low")
+    errors: list[Exception] = [
+        fairpool.InvalidInput("gpu", -1, "must be a non-negative integer"),
+        fairpool.InvalidInput.from_message("gpu", "gpu: as the server said"),
+        *(kind(request) for kind in (fairpool.NotGranted, fairpool.Rejected,
+                                      fairpool.Cancelled, fairpool.Preempted,
+                                      fairpool.WaitTimeout)),
+        fairpool.NotFound.of("resource pool", "x"), fairpool.Conflict("in use"),
+        fairpool.AmbiguousReference("ab names 2"), fairpool.Unauthorized("who?"),
+        fairpool.Forbidden("no"), fairpool.Unreachable("away"), SchemaMoved("moved"),
+    ]
+    for error in errors:
+        for loaded in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error)):
+            assert (type(loaded), str(loaded), loaded.args, vars(loaded)) == (
+                type(error), str(error), error.args, vars(error)), error
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as workers:
+        with pytest.raises(Rejected, match="gpu requested 3 > capacity 2") as raised:
+            workers.submit(_rejected_in_a_worker, home).result(timeout=120)
+    assert raised.value.request.status == "rejected"
+
+
+def test_the_package_says_it_is_typed() -> None:
+    """PEP 561: without a py.typed in the package (and so in its wheel), mypy --strict
+    refused a user's ``import fairpool`` as untyped, and ``@client.acquire`` made the
+    function it decorates untyped (helper-94)."""
+    import tomllib
+
+    package = Path(fairpool.__file__).parent
+    assert (package / "py.typed").is_file()
+    project = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["fairpool"]
+
+
 def test_rejection_is_a_typed_error_with_the_reason(home: str) -> None:
     with pytest.raises(Rejected, match="pool p: gpu requested 3 > capacity 2"):
         with Client(home=home).acquire({"gpu": 3}, component="low"):

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -1803,3 +1804,44 @@ def test_the_server_says_which_store_it_serves_the_password_hidden(
     shown = given.replace(":secret@", ":***@")
     assert f"Store: {shown}\n" in server.log(), server.log()
     assert "secret" not in server.log()
+
+
+# -- a Client made before a fork --------------------------------------------------------------
+
+
+def forked_children_get_their_own_answers(client: Client, name: str) -> None:
+    """Processes forked after ``client`` talked each ask for a pool of their own, all at once,
+    as the parent does: each gets its own. They shared the parent's connection (remote: its
+    keep-alive socket; PostgreSQL: its session), and got each other's answers, or the
+    driver's errors (helper-94)."""
+    pools = [f"{name}-{i}" for i in range(4)]
+    for pool in pools:
+        client.create_pool(pool, {"gpu": 1})
+    assert client.get_pool(pools[0]).name == pools[0]  # the connection is made and kept
+
+    def ask(pool: str) -> bool:
+        return all(client.get_pool(pool).name == pool for _ in range(25))
+
+    children = []
+    for pool in pools[1:]:
+        pid = os.fork()
+        if pid == 0:  # the child: its verdict as its exit status, nothing else run
+            code = 1
+            try:
+                code = 0 if ask(pool) else 3
+            finally:
+                os._exit(code)
+        children.append(pid)
+    assert ask(pools[0])
+    assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children] == [0, 0, 0]
+    assert ask(pools[0])  # and the parent's connection still works
+
+
+def test_a_remote_client_made_before_a_fork_serves_each_process(server: ApiServer,
+                                                               client: Client) -> None:
+    forked_children_get_their_own_answers(client, f"fork-{uuid.uuid4().hex[:6]}")
+
+
+def test_an_embedded_client_made_before_a_fork_serves_each_process(database_url: str) -> None:
+    with Client(database_url=database_url, url="") as client:
+        forked_children_get_their_own_answers(client, "fork")

@@ -36,6 +36,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
@@ -244,11 +245,45 @@ def generation(connection: Connection) -> int:
     return value
 
 
+#: Every Database of this process, and what a forked child keeps of theirs (``_forked``).
+_OPEN: weakref.WeakSet[Database] = weakref.WeakSet()
+_INHERITED: list[object] = []
+
+
+def _after_fork() -> None:
+    for db in list(_OPEN):
+        db._forked()
+
+
+def _made_here(_session: Any, record: Any) -> None:
+    record.info["pid"] = os.getpid()
+
+
+def _not_inherited(_session: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection a forked child finds: left to the parent, not closed (SQLAlchemy's
+    way), and the pool makes another."""
+    if record.info.get("pid") != os.getpid():
+        record.dbapi_connection = proxy.dbapi_connection = None
+        raise DisconnectionError("opened by the process this one was forked from")
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class Database:
-    """One database: hands out transactions; open it once per process (not across fork)."""
+    """One database: hands out transactions. A process forked from the one that opened it
+    opens connections of its own (``_forked``)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        #: PostgreSQL: the sessions opened (psycopg connections, the loop's too), whose
+        #: sockets a forked child must never use (``_forked``).
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        if engine.dialect.name == "postgresql":
+            event.listen(engine, "connect", lambda session, _: self._sessions.add(session))
+        event.listen(engine, "connect", _made_here)
+        event.listen(engine, "checkout", _not_inherited)
+        _OPEN.add(self)
         #: Why this process must write no more (``schema_problem`` found the schema moved on,
         #: or gone): every write then fails with it, a server's answers 503.
         self.schema_moved: str | None = None
@@ -362,6 +397,30 @@ class Database:
             with suppress(Exception):  # it failed to open: nothing to close
                 await (await reader).close()
 
+    def _forked(self) -> None:
+        """In a child forked from a process that used it. The parent's connections are the
+        parent's: an answer on one reaches whichever process reads first (the children of
+        a Client got each other's pools, or the driver's errors), and one closed here says
+        goodbye to PostgreSQL for the parent (helper-94). So their sockets here are pointed
+        at /dev/null, those checked out are kept unused for the child's life (released, they
+        would be rolled back), and the child opens its own (``_not_inherited``). Only
+        what takes no lock is done here: a subprocess's child runs it too, before its exec
+        (``fairpool run``'s ``preexec_fn``), where a lock a thread held at the fork stays held."""
+        if self._sessions:
+            nowhere = os.open(os.devnull, os.O_RDWR)
+            for session in list(self._sessions):
+                with suppress(Exception):  # closed already: it has no socket
+                    os.dup2(nowhere, session.pgconn.socket)
+            os.close(nowhere)
+            self._sessions = weakref.WeakSet()
+        _INHERITED.append((self._writer, self._reader_now, self._async_writer,
+                           self._async_reader))
+        self._writer = self._reader_now = self._async_writer = self._async_reader = None
+        self._write_lock = threading.Lock()  # held by a thread of the parent, maybe
+        self._reader_now_lock = threading.Lock()
+        self._checkpointer = None
+        self._stop_checkpoints = threading.Event()
+
     def __enter__(self) -> Self:
         return self
 
@@ -469,6 +528,7 @@ class Database:
             connection = await psycopg.AsyncConnection.connect(
                 **{**connect_defaults(url), **parameters}, autocommit=True
             )
+            self._sessions.add(connection)
             await connection.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         except psycopg.Error as error:
             if connection is not None:
