@@ -463,6 +463,11 @@ def test_request_references(db: Database, component_id: str) -> None:
             repo.get_request(connection, _shared_first_char(ids))
         with pytest.raises(NotFound, match="no request 'x'"):
             repo.get_request(connection, "x")
+        # Longer than any id: not found, whatever LIKE allows (SQLite refused a pattern of
+        # 50,000 bytes, and `_` and `%` count twice, escaped: helper-96).
+        for ref in (ids[0] + "0", "a" * 60_000, "_" * 30_000):
+            with pytest.raises(NotFound, match="no request"):
+                repo.get_request(connection, ref)
 
 
 def test_preemption_and_retry_links(db: Database, component_id: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     JSON,
@@ -136,8 +136,12 @@ def _one_of(column: str, values: Iterable[StrEnum]) -> str:
     return f"{column} IN ({quoted})"
 
 
+#: Characters of an id (``fairpool.ids``: a UUID's text).
+ID_LENGTH: Final = 36
+
+
 def _id() -> Column[str]:
-    return Column("id", String(36), primary_key=True)
+    return Column("id", String(ID_LENGTH), primary_key=True)
 
 
 def _time(name: str, *, nullable: bool = False) -> Column[datetime]:
