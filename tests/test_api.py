@@ -540,6 +540,35 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
+def test_the_schema_describes_answers_and_bounds_as_json_schema(server: ApiServer) -> None:
+    """Every answer's schema was ``{}``, so a generated client knew no field of any, and a
+    URL number's bounds were written ``ge`` and ``le``, which JSON Schema has not (helper-96).
+    That the answers match these schemas, tests/test_schemathesis.py checks."""
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    described = {}
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            for status, answer in operation["responses"].items():
+                body = answer.get("content", {}).get("application/json", {}).get("schema")
+                if status.startswith("2") and body:
+                    described[f"{method.upper()} {path.removeprefix(API)}"] = body.get("$ref")
+    assert described["GET /requests/{ref}"] == described["POST /requests"] == (
+        "#/components/schemas/RequestView")
+    assert {described[route].rsplit("/", 1)[1] for route in (
+        "GET /pools", "GET /requests", "GET /policies", "GET /components", "GET /pools/{ref}",
+        "PATCH /pools/{ref}/policies/{component}", "POST /reconcile", "POST /prune")} == {
+        "Listed_PoolView_", "Listed_RequestView_", "Listed_PolicyView_",
+        "Listed_ComponentView_", "PoolView", "PolicyView", "PassSummary", "PruneView"}
+    request = schema["components"]["schemas"]["RequestView"]
+    assert {"id", "status", "resources", "queue", "lease_expires_at"} <= set(request["properties"])
+    parameters = [parameter["schema"] for methods in schema["paths"].values()
+                  for operation in methods.values() for parameter in operation.get("parameters", [])]
+    assert not [p for p in parameters if {"ge", "le"} & set(p)]
+    limit = next(p for p in schema["paths"][f"{API}/requests"]["get"]["parameters"]
+                 if p["name"] == "limit")["schema"]
+    assert (limit["minimum"], limit["maximum"]) == (1, 10_000)
+
+
 def test_every_list_route_answers_the_page_shape(server: ApiServer, client: httpx.Client) -> None:
     """docs/service.md: `{"items", "pagination"}` is "the shape of every list". Four answered
     `{"items"}` alone: queues, config versions, nodes, pool trees (helper-83). Every GET

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fairpool.api.answers import Listed
 from fairpool.api.auth import (
     Auth,
     Caller,
@@ -66,7 +67,7 @@ from fairpool.api.models import (
     Prune,
     QueryText,
     RequestCreate,
-    UrlNumber,
+    WaitSeconds,
 )
 from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
@@ -79,7 +80,15 @@ from fairpool.service import Service
 from fairpool.store import trees as tree_store
 from fairpool.store.records import ApiToken
 from fairpool.trees_service import TreesService
-from fairpool.views import PassSummary, PruneView, RequestView
+from fairpool.views import (
+    ComponentView,
+    EventView,
+    PassSummary,
+    PolicyView,
+    PoolView,
+    PruneView,
+    RequestView,
+)
 
 log = logging.getLogger("fairpool.api")
 T = TypeVar("T")
@@ -418,7 +427,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
             view = await run_in_threadpool(shown, tokens, caller, view)
         return _json(view.as_dict(), status)
 
-    @route("POST", "/requests", status_code=201, tags=["requests"])
+    @route("POST", "/requests", status_code=201, tags=["requests"], response_model=RequestView)
     async def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
         """Submit a request; the answer carries the decision already made: allocated, queued
         (with position and reason per pool) or rejected (with the reason)."""
@@ -437,7 +446,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         # A repeat (same key) answers the request as it is now: perhaps preempted already.
         return await _own(caller, view, 201)
 
-    @route("GET", "/requests", tags=["requests"])
+    @route("GET", "/requests", tags=["requests"], response_model=Listed[RequestView])
     def list_requests(
         caller: Caller,
         status: Status | None = None,
@@ -456,29 +465,25 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         shown_page = replace(page, items=tuple(visible_requests(tokens, caller, list(page.items))))
         return _json(shown_page.as_dict())
 
-    @route("GET", "/requests/{ref}", tags=["requests"])
+    @route("GET", "/requests/{ref}", tags=["requests"], response_model=RequestView)
     def get_request(ref: Ref, caller: Caller) -> JSONResponse:
         """One request: status, reason, pool, and per pool its queue position and reason."""
         return _json(shown(tokens, caller, service.get_request(ref)).as_dict())
 
-    @route("GET", "/requests/{ref}/events", tags=["requests"])
+    @route("GET", "/requests/{ref}/events", tags=["requests"], response_model=Listed[EventView])
     def request_events(ref: Ref, caller: Caller) -> JSONResponse:
         """A request's history, oldest first: each change of its status with the reason
         given then. A deleted request's, by its whole id (admins)."""
         events = shown_events(tokens, caller, service.request_events(ref))
         return _json(page_dict([e.as_dict() for e in events]))
 
-    @route("GET", "/requests/{ref}/wait", tags=["requests"])
+    @route("GET", "/requests/{ref}/wait", tags=["requests"], response_model=RequestView)
     async def wait_request(
         ref: Ref,
         caller: Caller,
         timeout: Annotated[
-            UrlNumber,
-            Query(
-                ge=0.0,
-                allow_inf_nan=False,
-                description=f"Seconds; at most {MAX_WAIT_SECONDS:g} are waited.",
-            ),
+            WaitSeconds,
+            Query(description=f"Seconds; at most {MAX_WAIT_SECONDS:g} are waited."),
         ] = 30.0,
     ) -> JSONResponse:
         """Long-poll: answers as soon as the request is no longer queued, or when the timeout
@@ -499,18 +504,18 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
             view = await run_in_threadpool(service.get_request, request_id)
         return await _own(caller, view)
 
-    @route("POST", "/requests/{ref}/heartbeat", tags=["requests"])
+    @route("POST", "/requests/{ref}/heartbeat", tags=["requests"], response_model=RequestView)
     async def heartbeat(ref: Ref, caller: Caller) -> JSONResponse:
         """The holder is alive: renew the lease. Answers with the request in any status, so a
         holder learns of a preemption at its next heartbeat."""
         return await _own(caller, await api.write(service.heartbeat, ref))
 
-    @route("POST", "/requests/{ref}/release", tags=["requests"])
+    @route("POST", "/requests/{ref}/release", tags=["requests"], response_model=RequestView)
     async def release(ref: Ref, caller: Caller) -> JSONResponse:
         """The work finished: the units go back to the pool."""
         return await _own(caller, await api.write(service.release_request, ref))
 
-    @route("POST", "/requests/{ref}/cancel", tags=["requests"])
+    @route("POST", "/requests/{ref}/cancel", tags=["requests"], response_model=RequestView)
     async def cancel(ref: Ref, caller: Caller, body: Cancel | None = None) -> JSONResponse:
         """Withdraw a queued or allocated request (the body, optional, says why)."""
         view = await api.write(service.cancel_request, ref, body.reason if body else None)
@@ -525,23 +530,23 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
 
     # -- pools -------------------------------------------------------------------------
 
-    @route("POST", "/pools", status_code=201, tags=["pools"])
+    @route("POST", "/pools", status_code=201, tags=["pools"], response_model=PoolView)
     def create_pool(body: PoolCreate) -> JSONResponse:
         """Create a resource pool."""
         pool = service.create_pool(body.name, body.capacity, body.description)
         return _json(pool.as_dict(), 201)
 
-    @route("GET", "/pools", tags=["pools"])
+    @route("GET", "/pools", tags=["pools"], response_model=Listed[PoolView])
     def list_pools() -> JSONResponse:
         """Every pool with occupied vs total per key and its queue length."""
         return _json(page_dict([p.as_dict() for p in service.list_pools()]))
 
-    @route("GET", "/pools/{ref}", tags=["pools"])
+    @route("GET", "/pools/{ref}", tags=["pools"], response_model=PoolView)
     def get_pool(ref: Ref, caller: Caller) -> JSONResponse:
         """One pool with its policies, active and queued requests."""
         return _json(visible_pool(tokens, caller, service.get_pool(ref)).as_dict())
 
-    @route("PATCH", "/pools/{ref}", tags=["pools"])
+    @route("PATCH", "/pools/{ref}", tags=["pools"], response_model=PoolView)
     def update_pool(ref: Ref, body: PoolUpdate) -> JSONResponse:
         """Change capacity (0 removes a key) and/or description."""
         pool = service.update_pool(ref, body.capacity, body.description)
@@ -553,7 +558,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         service.delete_pool(ref)
         return Response(status_code=204)
 
-    @route("GET", "/pools/{ref}/requests", tags=["pools"])
+    @route("GET", "/pools/{ref}/requests", tags=["pools"], response_model=Listed[RequestView])
     def pool_requests(
         ref: Ref, caller: Caller, view: Literal["queued", "active", "all"] = "all"
     ) -> JSONResponse:
@@ -564,7 +569,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
 
     # -- policies ----------------------------------------------------------------------
 
-    @route("POST", "/pools/{ref}/policies", status_code=201, tags=["policies"])
+    @route("POST", "/pools/{ref}/policies", status_code=201, tags=["policies"],
+           response_model=PolicyView)
     def attach_policy(ref: Ref, body: PolicyCreate) -> JSONResponse:
         """Attach a component's policy (priority, reserved, limit) to a pool."""
         policy = service.attach_policy(
@@ -577,7 +583,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         )
         return _json(policy.as_dict(), 201)
 
-    @route("GET", "/policies", tags=["policies"])
+    @route("GET", "/policies", tags=["policies"], response_model=Listed[PolicyView])
     def list_policies(
         pool: QueryText | None = None,
         component: QueryText | None = None,
@@ -587,7 +593,8 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         views = service.list_policies(pool, component, component_type)
         return _json(page_dict([v.as_dict() for v in views]))
 
-    @route("PATCH", "/pools/{ref}/policies/{component}", tags=["policies"])
+    @route("PATCH", "/pools/{ref}/policies/{component}", tags=["policies"],
+           response_model=PolicyView)
     def update_policy(
         ref: Ref,
         component: Ref,
@@ -613,7 +620,7 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
 
     # -- components --------------------------------------------------------------------
 
-    @route("GET", "/components", tags=["components"])
+    @route("GET", "/components", tags=["components"], response_model=Listed[ComponentView])
     def list_components(component_type: ComponentType | None = None) -> JSONResponse:
         """Components (who asks for units), optionally of one type: the pools each has a
         policy on, and how many of its requests hold units or wait."""
@@ -622,13 +629,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
 
     # -- operations --------------------------------------------------------------------
 
-    @route("POST", "/reconcile", tags=["operations"])
+    @route("POST", "/reconcile", tags=["operations"], response_model=PassSummary)
     def reconcile() -> JSONResponse:
         """Run one reconcile pass now; answers what it changed."""
         summary = api.reconcile()
         return _json(summary.as_dict())
 
-    @route("POST", "/prune", tags=["operations"])
+    @route("POST", "/prune", tags=["operations"], response_model=PruneView)
     def prune(body: Prune) -> JSONResponse:
         """Delete what ended more than ``older_than`` seconds ago: finished requests and
         their history, finished workloads and operations (``dry_run``: count them). Nothing

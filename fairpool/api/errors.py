@@ -184,7 +184,7 @@ def validation_error(errors: Sequence[Any]) -> JSONResponse:
         return error_response(415, "request body must be JSON (Content-Type: application/json)")
     value = first.get("input")
     if loc[:1] in (("query",), ("path",)) and kind in _BOUNDS and isinstance(value, str):
-        # A number in a URL (``UrlInt``, ``UrlNumber``: written as JSON writes it) out of its
+        # A number in a URL (``models._written``: written as JSON writes it) out of its
         # bounds: worded and shown as the number it is, as the CLI and the SDK show it.
         value = json.loads(value)
     message = _message(kind, first.get("ctx") or {}, value, str(first.get("msg", "invalid value")))

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from fairpool.errors import is_unicode
-from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME
+from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME, MAX_VERSION
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
 from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
@@ -63,17 +63,22 @@ def _written(pattern: re.Pattern[str], what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-#: An integer, and a number, in a query or a path (its ``Query`` or ``Path`` bounds it).
-UrlInt = Annotated[int, _written(_INTEGER, "an integer in decimal digits")]
-UrlNumber = Annotated[float, _written(_NUMBER, "a number in decimal digits")]
+_AS_INTEGER = _written(_INTEGER, "an integer in decimal digits")
+_AS_NUMBER = _written(_NUMBER, "a number in decimal digits")
+#: Integers and numbers in a query or a path, their bounds given before the check of their
+#: writing: so the schema states them as JSON Schema does (``minimum``, ``maximum``). Given
+#: after it (``Query(ge=...)``), FastAPI wrote them as ``ge`` and ``le``, which no validator
+#: or generator reads (helper-96).
+Version = Annotated[int, Field(ge=1, le=MAX_VERSION), _AS_INTEGER]
+WaitSeconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False), _AS_NUMBER]
 
 #: A list's page (``paging.page_dict``): how many items, from which (0-based), in its order,
 #: after which cursor (a page's ``next``; the service says what is not one).
 DEFAULT_PAGE_SIZE = 100
 #: The most transactions (``retention.BATCH`` rows each) one ``POST /prune`` takes.
 PRUNE_BATCHES_PER_CALL = 20
-PageLimit = Annotated[UrlInt, Query(ge=1, le=MAX_PAGE_SIZE)]
-PageOffset = Annotated[UrlInt, Query(ge=0, le=MAX_OFFSET)]
+PageLimit = Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE), _AS_INTEGER, Query()]
+PageOffset = Annotated[int, Field(ge=0, le=MAX_OFFSET), _AS_INTEGER, Query()]
 PageAfter = Annotated[str, Query(
     max_length=MAX_NAME,
     description="A page's `pagination.next`: the items after that page's last, wherever "

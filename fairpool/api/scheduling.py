@@ -24,7 +24,7 @@ from fairpool.api.models import (
     PageOffset,
     PathText,
     QueryText,
-    UrlInt,
+    Version,
 )
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
@@ -146,7 +146,7 @@ def scheduling_router(
 
     @router.get("/config", tags=["scheduler config"])
     def get_config(
-        version: Annotated[UrlInt, Query(ge=1, le=MAX_VERSION)] | None = None,
+        version: Annotated[Version, Query()] | None = None,
     ) -> JSONResponse:
         """A version (default: the active one); 404 before the first apply."""
         found = scheduling.get_config(version)
@@ -163,7 +163,7 @@ def scheduling_router(
         return JSONResponse(page_dict([v.as_dict() for v in scheduling.list_configs()]))
 
     @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
-    def diff_config(version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)]) -> JSONResponse:
+    def diff_config(version: Annotated[Version, Path()]) -> JSONResponse:
         """What applying ``version`` again would change, queue by queue."""
         return JSONResponse({"version": version,
                              "changes": list(scheduling.diff_config(version))})
@@ -171,7 +171,7 @@ def scheduling_router(
     @router.post("/config/versions/{version}/rollback", status_code=201,
                  tags=["scheduler config"])
     def rollback_config(
-        version: Annotated[UrlInt, Path(ge=1, le=MAX_VERSION)], body: RollbackBody | None = None
+        version: Annotated[Version, Path()], body: RollbackBody | None = None
     ) -> JSONResponse:
         """Apply ``version`` again, as a new version (the body, optional: ``based_on``)."""
         applied = scheduling.rollback_config(
