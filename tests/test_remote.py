@@ -1178,6 +1178,11 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("scheduling.rollback_config based on a bad version",
          lambda: client.scheduling.rollback_config(1, based_on=-1))
     step("scheduling.diff_config of text", lambda: client.scheduling.diff_config("a\x00b"))
+    # Embedded, a TypeError (helper-94).
+    step("scheduling.apply_config of a number",
+         lambda: client.scheduling.apply_config(123))  # type: ignore[arg-type]
+    step("scheduling.preview_config of a list",
+         lambda: client.scheduling.preview_config(["a"]))  # type: ignore[arg-type]
     step("scheduling.get_config of version 0", lambda: client.scheduling.get_config(0))
     step("scheduling.rollback_config of a version past the last",
          lambda: client.scheduling.rollback_config(2**40))

@@ -360,6 +360,13 @@ def _dump(engine: Engine) -> dict[str, list[Any]]:
     ("postgresql://me:secret@db:abc/fp", "has a port that is not a number: use sqlite:///PATH "
      "or postgresql://USER@HOST/DATABASE (got 'postgresql://me:***@db:abc/fp')"),
     ("postgresql://me:sec@ret@db:abc/fp", "(got 'postgresql://me:***@db:abc/fp')"),
+    # SQLAlchemy split at the first "@": "ret@db" was the host, in every error (helper-94).
+    ("postgresql://me:sec@ret@db/fp", "an '@' in the user name or password is written %40 "
+     "(got 'postgresql://me:***@db/fp')"),
+    # A bare ValueError before 2026-12-02.
+    ("mysql://me:secret@localhost/fairpool", "fairpool keeps its data in SQLite or "
+     "PostgreSQL: use sqlite:///PATH or postgresql://USER@HOST/DATABASE (got "
+     "'mysql://me:***@localhost/fairpool')"),
 ])
 def test_a_database_url_fairpool_cannot_use_is_one_error(url: str, message: str) -> None:
     with pytest.raises(InvalidInput, match=re.escape(message)) as refused:
@@ -368,9 +375,14 @@ def test_a_database_url_fairpool_cannot_use_is_one_error(url: str, message: str)
     assert "secret" not in str(refused.value) and "ret@" not in str(refused.value)
 
 
-def test_unsupported_databases_are_refused() -> None:
-    with pytest.raises(ValueError, match="unsupported database 'mysql'"):
-        Database.open("mysql://localhost/fairpool")
+def test_a_database_out_of_reach_is_one_line() -> None:
+    """libpq puts its hint on a line of its own; every error's message is one line, the
+    SDK's too (only the CLI joined it: helper-94)."""
+    from tests.servers import free_port
+
+    with pytest.raises(Unreachable) as refused:
+        Database.open(f"postgresql://postgres@127.0.0.1:{free_port()}/fairpool")
+    assert "\n" not in str(refused.value) and "Connection refused" in str(refused.value)
 
 
 def test_times_come_back_aware_in_utc(db: Database) -> None:

@@ -34,7 +34,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import Node
 
-from fairpool.errors import FairpoolError, is_unicode, one_line
+from fairpool.errors import FairpoolError, InvalidInput, is_unicode, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
 from fairpool.frontends.names import MAX_NAME, MAX_VERSION, SLASH_REASON, printing_problem
 from fairpool.frontends.yaml_text import (
@@ -505,7 +505,8 @@ def _yaml_issue(error: yaml.MarkedYAMLError) -> ConfigIssue:
 def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
     """Parse and validate a scheduler config document.
 
-    Raises ``ConfigError`` (and nothing else) with every problem found. An empty document,
+    Raises ``ConfigError`` with every problem found (``InvalidInput`` for a ``text`` that is
+    no string, as the API refuses its body's: a TypeError embedded). An empty document,
     one holding only comments, ``null`` or ``{}`` is the empty config. ``stored``: a version
     already applied, read by today's rules, or, where they refuse it, by those before
     2026-11-29 (``earlier``), so that every version keeps loading (every pass reads the active
@@ -514,6 +515,8 @@ def load_config(text: str, *, stored: bool = False) -> SchedulerConfig:
     have a budget of ``advanced_instance_config`` values of their own, as every version
     applied before the budget became the document's had (later in 2026-11-29).
     """
+    if not isinstance(text, str):
+        raise InvalidInput("document", text, "must be a string")
     if stored:
         try:
             return _load(text, earlier=False, stored=True)

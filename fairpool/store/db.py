@@ -62,6 +62,7 @@ from fairpool.errors import (
     Unreachable,
     WouldWait,
     counted,
+    one_line,
     password_hidden,
 )
 from fairpool.store.direct import (
@@ -327,6 +328,11 @@ class Database:
                 "is not a database URL")
             raise InvalidInput("database-url", password_hidden(str(url)), f"{problem}: use "
                                "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
+        if parsed.host and "@" in parsed.host:
+            # SQLAlchemy splits at the first "@": the rest of the password went into the
+            # host, shown in every error unhidden (helper-94).
+            raise InvalidInput("database-url", password_hidden(str(url)),
+                               "an '@' in the user name or password is written %40")
         backend = parsed.get_backend_name()
         driver = _DRIVERS.get(backend)
         if driver and parsed.drivername not in (backend, f"{backend}+{driver}"):
@@ -351,9 +357,9 @@ class Database:
                                    connect_args=connect_defaults(parsed))
             _configure_postgresql(engine)
         else:
-            raise ValueError(
-                f"unsupported database {parsed.drivername!r}: use sqlite:// or postgresql://"
-            )
+            raise InvalidInput("database-url", password_hidden(str(url)),
+                               "fairpool keeps its data in SQLite or PostgreSQL: use "
+                               "sqlite:///PATH or postgresql://USER@HOST/DATABASE")
         db = cls(engine)
         try:
             db._upgrade()
@@ -362,8 +368,9 @@ class Database:
         except (DBAPIError, DatabaseUnreachable) as error:
             db.close()  # not there, unreachable, not a database: one line
             unwritable = _unwritable_folder(parsed.database) if backend == "sqlite" else ""
-            raise Unreachable(f"cannot open the database {db.where}: {error.orig}"
-                              f"{unwritable}") from None
+            # On one line, as every error's message (libpq's has a hint on a line of its own).
+            raise Unreachable(one_line(f"cannot open the database {db.where}: {error.orig}"
+                                       f"{unwritable}")) from None
         except BaseException:
             db.close()
             raise
