@@ -36,6 +36,7 @@ from fairpool.client import (
     NotGranted,
     Preempted,
     WaitTimeout,
+    granted_repr,
     not_granted,
     runs_once,
     stopped_waiting,
@@ -90,6 +91,9 @@ class AsyncClient:
     ) -> None:
         self.client = Client(url, home=home, token=token, database_url=database_url)
         self._waits = ThreadPoolExecutor(WAIT_THREADS, thread_name_prefix="fairpool-wait")
+
+    def __repr__(self) -> str:
+        return f"<fairpool.AsyncClient on {self.client.where}>"
 
     create_pool = _on_thread(Client.create_pool)
     update_pool = _on_thread(Client.update_pool)
@@ -168,6 +172,9 @@ class AsyncGrant:
     def __init__(self, request: RequestView) -> None:
         self.request = request
         self.lost: RequestView | None = None
+
+    def __repr__(self) -> str:
+        return granted_repr(self)
 
     @property
     def id(self) -> str:

@@ -53,6 +53,16 @@ def open_service(url: str | None, token: str | None, home: str | None,
     return open_embedded(home, database_url, catch_up=True)
 
 
+def where(service: Service | RemoteService) -> str:
+    """What ``service`` works on, for ``repr``: ``server URL`` or ``database URL``, a
+    password hidden."""
+    from fairpool.remote import RemoteService
+
+    if isinstance(service, RemoteService):
+        return f"server {service.where}"
+    return f"database {service.db.where}"
+
+
 def scheduling_of(service: Service | RemoteService) -> SchedulingService | RemoteScheduling:
     """The scheduler config front-end (seed 004) on ``service``'s server or store."""
     from fairpool.remote import RemoteService

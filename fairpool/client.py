@@ -70,6 +70,7 @@ from fairpool.views import (
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from fairpool.async_client import AsyncGrant
     from fairpool.remote import RemoteScheduling, RemoteTrees
     from fairpool.scheduling import SchedulingService
     from fairpool.trees_service import TreesService
@@ -122,6 +123,12 @@ def not_granted(request: RequestView) -> NotGranted:
     return _ENDINGS.get(request.status, NotGranted)(request)
 
 
+def granted_repr(grant: Grant | AsyncGrant) -> str:
+    """A grant as ``repr`` shows it: its request, pool and units."""
+    return (f"<fairpool.{type(grant).__name__} of request {grant.id} on pool {grant.pool}: "
+            f"{grant.resources}>")
+
+
 class Grant:
     """A held allocation: what was granted, and a heartbeat keeping it alive."""
 
@@ -151,6 +158,9 @@ class Grant:
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name=f"fairpool-heartbeat-{request.id[:8]}")
         self._thread.start()
+
+    def __repr__(self) -> str:
+        return granted_repr(self)
 
     @property
     def id(self) -> str:
@@ -271,6 +281,14 @@ class Client:
                                             given)
         token = token or os.environ.get("FAIRPOOL_TOKEN")
         self._service = backends.open_service(url, token, home, database_url)
+
+    def __repr__(self) -> str:
+        return f"<fairpool.Client on {self.where}>"
+
+    @property
+    def where(self) -> str:
+        """What it works on: ``server URL`` or ``database URL``, a password hidden."""
+        return backends.where(self._service)
 
     @functools.cached_property
     def scheduling(self) -> SchedulingService | RemoteScheduling:

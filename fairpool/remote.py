@@ -98,11 +98,18 @@ class RemoteService:
         if self._pid != os.getpid():
             _INHERITED.append(self._http)
             self._http, self._pid = self._connecting(), os.getpid()
+        elif self._http.is_closed:  # used after close(): it answers, as an embedded one does
+            self._http = self._connecting()  # (httpx's RuntimeError went up, helper-94)
         return self._http
 
     @http.setter
     def http(self, connections: httpx.Client) -> None:  # a transport of one's own
         self._http, self._pid = connections, os.getpid()
+
+    @property
+    def where(self) -> str:
+        """The server's URL, a password in it hidden: for messages."""
+        return password_hidden(str(self._http.base_url).removesuffix(_API + "/"))
 
     def close(self) -> None:
         self._http.close()
@@ -389,7 +396,7 @@ class RemoteService:
                 if not isinstance(error, _NOT_SENT):
                     maybe_done = True
                 if last:
-                    server = password_hidden(str(self.http.base_url).removesuffix(_API + "/"))
+                    server = self.where
                     # A write whose answer was lost may stand: sent again blindly, it would
                     # be made twice (a workload holding quota nobody runs on).
                     raise Unreachable(

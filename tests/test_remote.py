@@ -1850,3 +1850,25 @@ def test_a_remote_client_made_before_a_fork_serves_each_process(server: ApiServe
 def test_an_embedded_client_made_before_a_fork_serves_each_process(database_url: str) -> None:
     with Client(database_url=database_url, url="") as client:
         forked_children_get_their_own_answers(client, "fork")
+
+
+def test_a_client_says_what_it_works_on_and_answers_after_close(server: ApiServer,
+                                                                 tmp_path: Path) -> None:
+    """``repr`` showed ``<fairpool.client.Client object at 0x…>``; a remote client used after
+    ``close()`` raised httpx's RuntimeError, where an embedded one answers (helper-94)."""
+    userinfo = server.url.replace("http://", "http://me:secret@")
+    with Client(url=userinfo) as remote:
+        assert repr(remote) == f"<fairpool.Client on server {server.url.replace('http://', 'http://me:***@')}>"
+    embedded = Client(home=str(tmp_path))
+    assert repr(embedded) == f"<fairpool.Client on database sqlite:///{tmp_path}/fairpool.db>"
+    assert repr(AsyncClient(url=server.url)) == f"<fairpool.AsyncClient on server {server.url}>"
+    name = f"closed-{uuid.uuid4().hex[:6]}"
+    for client in (Client(url=server.url), embedded):
+        client.create_pool(name, {"gpu": 1})
+        client.attach_policy(name, name)
+        client.close()
+        assert client.get_pool(name).name == name
+        with client.acquire({"gpu": 1}, component=name) as grant:
+            assert repr(grant) == (f"<fairpool.Grant of request {grant.id} on pool {name}: "
+                                   "{'gpu': 1, 'step_run': 1}>")
+        client.close()
