@@ -7,6 +7,7 @@ test runs servers of its own.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -238,6 +239,11 @@ def test_bad_input_is_a_4xx_naming_the_field_and_changes_nothing(
         ("POST", "/workloads", {"content": b'{"instance_type": "\\udcff"}', "headers": json_headers},
          422, "instance_type"),
         ("POST", "/requests", {"content": json.dumps(request).encode()}, 415, None),
+        # A content coding: a gzip body was "not UTF-8", a "br" one taken as it came.
+        ("POST", "/requests", {"content": gzip.compress(json.dumps(request).encode()),
+                               "headers": {**json_headers, "content-encoding": "gzip"}}, 415, None),
+        ("POST", "/requests", {"content": json.dumps(request).encode(),
+                               "headers": {**json_headers, "content-encoding": "br"}}, 415, None),
         ("POST", "/requests", {"json": big}, 413, None),
         ("POST", "/requests", {"content": iter([b"[" * 600_000, b"]" * 600_000]), "headers": json_headers}, 413, None),
         # Within the size, nested deeper than the parser goes: refused, not a 500.

@@ -345,7 +345,8 @@ class AnswerCancelled:
 
 
 class BodySizeLimit:
-    """Refuse request bodies over ``max_bytes`` with 413, before the app reads any of it.
+    """Refuse request bodies over ``max_bytes`` with 413, and compressed ones with 415,
+    before the app reads any of it.
 
     A declared Content-Length over the limit is refused at once; a body without one (chunked)
     is read up to the limit and then handed to the app whole.
@@ -365,6 +366,13 @@ class BodySizeLimit:
             return
         limit = self.per_path.get(scope.get("path", ""), self.max_bytes)
         for name, value in scope.get("headers", ()):
+            if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                # A gzip body was read as JSON that is not UTF-8, a "br" one as plain text
+                # (RFC 9110 15.5.16: 415 for a content coding not supported; helper-96).
+                coding = value.decode("latin-1")
+                await error_response(415, f"request body: Content-Encoding {coding!r} is not "
+                                     "supported: send it uncompressed")(scope, receive, send)
+                return
             if name == b"content-length":
                 try:
                     declared = int(value)
