@@ -33,7 +33,7 @@ from sqlalchemy import text
 from fairpool.api.server import _listen
 from fairpool.store.db import SCHEMA_HEAD, Database
 from tests.conftest import BACKENDS, Backend
-from tests.servers import ApiServer, free_port, server_on, serving
+from tests.servers import ApiServer, free_port, running, server_on, serving
 
 API = "/api/v1"
 TERMINAL = {"released", "rejected", "preempted", "cancelled"}
@@ -1223,3 +1223,25 @@ def test_a_bad_demand_is_worded_as_embedded(client: httpx.Client, amount: Any) -
         answer = client.post(route, json={"demand": {"gpu": amount}})
         assert answer.status_code == 422, answer.text
         assert answer.json() == {"detail": str(embedded.value), "field": "demand.gpu"}
+
+
+def test_a_server_behind_a_proxy_path_names_its_prefix(tmp_path: Path) -> None:
+    """``--root-path /fp``: a proxy serves it under /fp and removes the prefix. The pages
+    loaded their scripts, and "Try it out" posted, at the proxy's root (helper-96)."""
+    server = ApiServer(tmp_path / "server.log", home=tmp_path / "home", extra=("--root-path", "/fp/"))
+    with running(server):
+        assert ok(httpx.get(server.url + "/openapi.json"))["servers"] == [{"url": "/fp"}]
+        page = httpx.get(server.url + "/docs").text
+        assert 'src="/fp/docs/assets/swagger-ui-bundle.js"' in page and "'/fp/openapi.json'" in page
+        with httpx.Client(base_url=server.url + API, timeout=10.0) as client:
+            ok(client.post("/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
+            ok(client.post("/pools/p/policies", json={"component": "c"}), 201)
+            held = ok(client.post("/requests", json={"component": "c", "resources": {"gpu": 1}}), 201)
+            assert held["status"] == "allocated"
+            assert ok(client.post(f"/requests/{held['id']}/release"))["status"] == "released"
+    refused = subprocess.run([sys.executable, "-m", "fairpool.api", "--home", str(tmp_path / "x"),
+                              "--root-path", "fp", "--port", str(free_port())],
+                             capture_output=True, text=True, timeout=60)
+    assert (refused.returncode, refused.stderr) == (1, "Error: root-path: must be a path such as "
+                                                    "/fairpool: the prefix a proxy serves the "
+                                                    "server under (got 'fp')\n")

@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         help="prune what ended longer ago than this (30d, 12h; at least 1h), at start and "
         "then hourly (default: keep everything)",
     )
+    parser.add_argument(
+        "--root-path", default="", metavar="PREFIX",
+        help="the path prefix a proxy serves the server under, e.g. /fairpool (default: none)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be from 1 to 65535 (got {args.port})")
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             None, args.database_url or os.environ.get("FAIRPOOL_DATABASE_URL"), given
         )
         serve(args.host, args.port, args.home, database_url, args.tick, args.log_level,
-              auth=args.auth, insecure=args.insecure, keep_history=args.keep_history)
+              auth=args.auth, insecure=args.insecure, keep_history=args.keep_history,
+              root_path=args.root_path)
     except FairpoolError as error:  # the database cannot be opened: one line, as the CLI's
         print(f"Error: {one_line(str(error))}", file=sys.stderr)
         return 1

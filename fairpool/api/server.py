@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 import signal
 import socket
 import threading
@@ -24,7 +25,7 @@ import uvicorn
 
 from fairpool.api.app import Api, create_app
 from fairpool.api.auth import auth_enabled, is_loopback
-from fairpool.errors import FairpoolError
+from fairpool.errors import FairpoolError, InvalidInput
 from fairpool.service import Service, open_service
 from fairpool.store.records import TokenRole
 
@@ -89,6 +90,7 @@ def serve(
     auth: bool | None = None,
     insecure: bool = False,
     keep_history: int | None = None,
+    root_path: str = "",
 ) -> None:
     """Serve the API until SIGTERM, SIGINT or SIGHUP, on the embedded store under ``home``
     (else ``$FAIRPOOL_HOME``, else the user data dir) or on ``database_url``.
@@ -96,8 +98,10 @@ def serve(
     ``auth``: require API tokens; by default only when ``host`` is not a loopback address.
     ``auth=False`` on such a host raises ``AuthSetupError`` unless ``insecure``.
     ``keep_history``: seconds what ended is kept, then pruned (``Service.prune``); None: for
-    ever.
+    ever. ``root_path``: the path prefix a proxy serves it under (``/fairpool``), which the
+    proxy removes: the documentation pages and the schema's ``servers`` name it.
     """
+    root_path = _prefix(root_path)
     # `[::1]`, as a URL writes it (and the server's own "Serving on" line): the address.
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -118,6 +122,7 @@ def serve(
                 lifespan="on",
                 timeout_graceful_shutdown=GRACE_SECONDS,
                 server_header=False,
+                root_path=root_path,
             )
             # After Config: it sets uvicorn's logging up. fairpool's own lines (a prune's, a
             # failed pass's) go where uvicorn's go, at its level: they had no handler, so
@@ -175,3 +180,17 @@ def _announce_auth(log: logging.Logger, service: Service, enabled: bool, host: s
             "auth is on but no admin token exists: create one with "
             "`fairpool token create --role admin` on this database"
         )
+
+
+def _prefix(root_path: str) -> str:
+    """``root_path`` as a path prefix (``/fairpool``, no trailing "/"), or refused."""
+    if root_path in ("", "/"):
+        return ""
+    if not root_path.startswith("/") or not _PREFIX.fullmatch(root_path.rstrip("/")):
+        raise InvalidInput("root-path", root_path, "must be a path such as /fairpool: the "
+                           "prefix a proxy serves the server under")
+    return root_path.rstrip("/")
+
+
+#: A path prefix: segments of URL path characters, no query or fragment.
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")

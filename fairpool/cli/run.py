@@ -405,9 +405,13 @@ def _exit_code(code: int) -> int:
 @click.option("--keep-history", type=Duration(MIN_KEEP_HISTORY, MAX_RETENTION), default=None,
               help="Prune what ended longer ago than this (30d, 12h; at least 1h), at start "
               "and then hourly, as `fairpool prune` does. Default: keep everything.")
+@click.option("--root-path", default="", metavar="PREFIX",
+              help="The path prefix a proxy serves the server under, e.g. /fairpool: the "
+              "documentation pages and the schema name it. Default: none.")
 @click.pass_context
 def server(ctx: click.Context, host: str, port: int, database_url: str | None,
-           tick: float, auth: bool | None, insecure: bool, keep_history: int | None) -> None:
+           tick: float, auth: bool | None, insecure: bool, keep_history: int | None,
+           root_path: str) -> None:
     """Serve the HTTP API (OpenAPI at /docs) with a reconciler, until SIGTERM, SIGHUP or
     Ctrl-C."""
     from fairpool.api.auth import AuthSetupError, auth_enabled
@@ -426,4 +430,4 @@ def server(ctx: click.Context, host: str, port: int, database_url: str | None,
         raise click.UsageError(str(error)) from None
     root = root_ctx.obj
     serve(host, port, root.get("home"), database_url or root.get("database_url"), tick,
-          auth=auth, insecure=insecure, keep_history=keep_history)
+          auth=auth, insecure=insecure, keep_history=keep_history, root_path=root_path)
