@@ -454,7 +454,7 @@ class Service:
     def create_pool(
         self, name: str, capacity: Mapping[str, object], description: str | None = None
     ) -> PoolView:
-        frontend.validate_addressed_name("name", name)
+        frontend.check_new_addressed_name("name", frontend.validate_addressed_name("name", name))
         amounts = frontend.validate_capacity(capacity)
         frontend.validate_description(description)
 
@@ -572,6 +572,7 @@ class Service:
             found = _component(conn, component, kind)
             if found is None:  # a new name prints as itself; one stored earlier is taken
                 check_printing("component", component)
+                frontend.check_new_addressed_name("component", component)
             component_id = (found or repo.insert_component(conn, component, kind, now)).id
             existing = repo.list_policies(conn, pool_id=pool.id)
             if any(p.component_id == component_id for p in existing):

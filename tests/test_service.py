@@ -4,6 +4,7 @@ refusals, events."""
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -715,6 +716,22 @@ def test_names_the_api_addresses_in_its_paths_refuse_a_slash(
     with pytest.raises(InvalidInput, match='must not contain "/": the API addresses it in URL paths'):
         call(svc)
     assert [p.name for p in svc.list_pools()] == ["p"] and svc.list_policies() == []
+
+
+def test_a_new_pool_or_component_is_not_named_dot_or_dot_dot(svc: Service) -> None:
+    """A URL drops such a segment: ``fetch(".../pools/../requests")`` read the request list
+    (helper-96). One stored before is still used (made here as an older version would)."""
+    svc.create_pool("p", {"gpu": 1})
+    for name in (".", ".."):
+        with pytest.raises(InvalidInput, match=re.escape('must not be "." or "..": URLs drop such a')):
+            svc.create_pool(name, {"gpu": 1})
+        with pytest.raises(InvalidInput, match=r"^component: must not be"):
+            svc.attach_policy("p", name)
+    assert [p.name for p in svc.list_pools()] == ["p"] and svc.list_policies() == []
+    with svc.db.write() as connection:
+        repo.insert_pool(connection, "..", None, {"gpu": 1}, datetime.now(UTC))
+    svc.attach_policy("..", "c")
+    assert svc.create_request("c", demand={"gpu": 1}).pool == ".."
 
 
 def test_a_create_repeated_with_its_idempotency_key_makes_one_request(svc: Service) -> None:

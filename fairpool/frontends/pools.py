@@ -135,6 +135,15 @@ def validate_addressed_name(field: str, value: object, *, printing: bool = True)
     return name
 
 
+def check_new_addressed_name(field: str, name: str) -> None:
+    """A name to be made for a pool or component: not "." or "..", which a browser's or
+    curl's URL drops as a path segment (``GET /pools/../requests`` reached the request list,
+    helper-96). Checked only where a name is made: one made before 2026-12-02 stays usable."""
+    if name in (".", ".."):
+        raise InvalidInput(field, name, 'must not be "." or "..": URLs drop such a path '
+                           "segment")
+
+
 def _amounts(
     field: str, raw: Mapping[str, object], *, allow_zero: bool,
     known: Collection[str] = (),
