@@ -687,7 +687,7 @@ def test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route(tmp_path
     def errors(client: Client) -> list[str]:
         calls = ref_calls(with_seg_and_t(client))
         found = []
-        for ref in ("", "a/b", "/"):
+        for ref in ("", "a/b", "/", ".", ".."):
             for call in calls:
                 with pytest.raises(NotFound) as error:
                     call(ref)
@@ -1039,8 +1039,10 @@ def test_the_decorator_runs_again_on_the_retry_attempt(server: ApiServer, client
 # -- every SDK operation: the same answers embedded and remote ------------------------------------
 
 #: Pool and component names that a URL would read otherwise, unescaped: as a query, a
-#: fragment, an escape, the current or the parent directory.
-ODD_NAMES = ("sdk?old", "sdk#2", "sdk%20", "100%", "..", ".")
+#: fragment, an escape. (The current or the parent directory, "." and "..", are no new
+#: name's since 2026-12-02: ``test_a_ref_no_path_segment_can_carry_is_not_found_not_another_route``
+#: looks them up.)
+ODD_NAMES = ("sdk?old", "sdk#2", "sdk%20", "100%")
 
 
 def ambiguous(client: Client, *ids: str) -> RequestView:
@@ -1148,6 +1150,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("get_pool after the odd names", lambda: client.get_pool("sdk"))
     step("list_policies after the odd names", lambda: client.list_policies(pool="sdk"))
     step("create_pool with a slash", lambda: client.create_pool("sdk/2", {"gpu": 1}))
+    step("create_pool ..", lambda: client.create_pool("..", {"gpu": 1}))
+    step("attach_policy for a component .", lambda: client.attach_policy("sdk", "."))
     step("heartbeat", lambda: client.heartbeat(held.id))
     step("wait, still queued", lambda: client.wait(queued.id, timeout=0))
     step("release", lambda: client.release(held.id))
@@ -1370,6 +1374,11 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
     assert str(answers["create_pool with a slash"]) == (
         'InvalidInput: name: must not contain "/": the API addresses it in URL paths'
         " (got 'sdk/2')")
+    assert str(answers["create_pool .."]) == (
+        'InvalidInput: name: must not be "." or "..": URLs drop such a path segment'
+        " (got '..')")
+    assert str(answers["attach_policy for a component ."]).startswith(
+        'InvalidInput: component: must not be "." or ".."')
     assert answers["heartbeat"]["status"] == "allocated"
     assert answers["wait, still queued"]["status"] == "queued"
     assert answers["release"]["status"] == "released"
