@@ -23,6 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from fairpool.forks import start_over_in_children
 from fairpool.loops import call_on
 
 T = TypeVar("T")
@@ -97,6 +98,25 @@ class GroupCommit(Generic[T]):
         self._drive = threading.Condition(self._lock)
         self._driving = False
         self._closed = False
+        start_over_in_children(self)
+
+    def _forking(self) -> None:
+        pass  # a batch in flight is the database's to wait for (``Database._forking``)
+
+    def _forked_parent(self) -> None:
+        pass
+
+    def _forked(self) -> None:
+        """In a forked child: the threads that queued or led batches are the parent's, so
+        nothing is queued or led here (a child's first write waited for ever behind a
+        leader it did not have, helper-97)."""
+        self._lock = threading.Lock()
+        self._drive = threading.Condition(self._lock)
+        self._queue = []
+        self._leading = self._driving = False
+        self._driver = None
+        self._loop = None
+        self._loop_batch = None
 
     def submit(self, work: T) -> Any:
         """Run ``work`` in the next batch; its result, or its error raised here."""

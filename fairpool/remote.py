@@ -37,7 +37,7 @@ from fairpool.errors import (
     password_hidden,
     validate_int,
 )
-from fairpool.frontends.names import MAX_VERSION, check_unicode
+from fairpool.frontends.names import MAX_NAME, MAX_VERSION, bounded_text, check_unicode
 from fairpool.ids import new_id
 from fairpool.outage import Outage
 from fairpool.paging import Page, V, check_page
@@ -386,6 +386,8 @@ class RemoteService:
         for name, value in (kwargs.get("params") or {}).items():
             if isinstance(value, str):  # a lone surrogate: no URL carries one
                 check_unicode(name, value)
+                if len(value) > MAX_NAME:  # as the server refuses it, whose URL httpx refused
+                    bounded_text(name, value, MAX_NAME)
         delay = 0.2
         maybe_done = False
         for attempt in range(_ATTEMPTS):
@@ -700,7 +702,9 @@ def _segment(name: str, missing: str | Callable[[str], NotFound]) -> str:
     name or id is empty or holds a ``/``, and the server could not tell such a segment from
     another route (it decodes ``%2F`` before routing): not found, in the service's words,
     without asking for it (``missing``: what the name names, or the error for it)."""
-    if not as_ref(name) or "/" in name:
+    # Longer than any name or id: not found either (httpx refused the URL's length with
+    # an error of its own, a traceback in the CLI, helper-97).
+    if not as_ref(name) or "/" in name or len(name) > MAX_NAME:
         raise NotFound.of(missing, name) if isinstance(missing, str) else missing(name)
     segment = quote(name, safe="")
     return segment.replace(".", "%2E") if not segment.strip(".") else segment

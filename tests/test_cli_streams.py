@@ -79,7 +79,7 @@ def test_ascii_locales_and_columns_that_name_no_width(env: dict[str, str]) -> No
     wide = subprocess.run([*CLI, "resource-pool", "list"], env=env, capture_output=True,
                           text=True, timeout=60).stdout
     assert wide.count("\n") == 6, wide  # a line per row, piped
-    for columns in ("0", "", "abc", "-5"):
+    for columns in ("0", "00", "", "abc", "-5", "\u00b2", "\u0660"):
         listed = subprocess.run([*CLI, "resource-pool", "list"], env={**env, "COLUMNS": columns},
                                 capture_output=True, text=True, timeout=60)
         assert listed.stdout == wide, (columns, listed)
@@ -134,6 +134,18 @@ def test_run_passes_its_commands_arguments_as_bytes(env: dict[str, str], tmp_pat
                           "ls", os.fsdecode(name)], env=env, capture_output=True, timeout=60)
     assert ran.returncode == 0, ran
     assert ran.stdout == name + b"\n"
+    # A root option's value that reads "run" is no command, and one after `run` as a value
+    # is still fairpool's to check (helper-97).
+    (tmp_path / "run").mkdir()
+    ran = subprocess.run([*CLI, "--home", "run", "run", "--component", "orch", "--", "ls",
+                          os.fsdecode(name)], env=env, capture_output=True, timeout=60,
+                         cwd=tmp_path)
+    assert b"no orchestrator named `orch`" in ran.stderr, ran  # the command's args passed
+    refused_url = subprocess.run([*CLI, "--home", "run", "--url", "http://h/\udcff",
+                                  "resource-pool", "list"], env=env, capture_output=True,
+                                 text=True, errors="surrogateescape", timeout=60, cwd=tmp_path)
+    assert refused_url.stderr == (
+        "Error: argument: must be valid Unicode text (got 'http://h/\\udcff')\n"), refused_url
     # fairpool's own options are still checked, by what reads them.
     refused = subprocess.run([*CLI, "run", "--component", "or\udcffch", "--gpu-count", "1", "--",
                               "true"], env=env, capture_output=True, text=True,

@@ -103,8 +103,19 @@ def _command_path(ctx: click.Context) -> str:
 def _own(args: list[str], commands: Mapping[str, click.Command]) -> list[str]:
     """The arguments fairpool reads: all but those of the command ``run`` runs (all after
     ``run``, whose own options are checked where they are read)."""
-    named = next((i for i, arg in enumerate(args) if arg in commands), None)
-    return args[: named + 1] if named is not None and args[named] == "run" else args
+    taking_value = False
+    for i, arg in enumerate(args):
+        if taking_value:  # the value of a root option (``--home run``): not a command
+            taking_value = False
+        elif arg in _VALUED_ROOT_OPTIONS:
+            taking_value = True
+        elif not arg.startswith("-"):  # the command
+            return args[: i + 1] if arg == "run" and arg in commands else args
+    return args
+
+
+#: The root's options that take a value as the next argument.
+_VALUED_ROOT_OPTIONS = frozenset({"--home", "--url", "--database-url", "--token"})
 
 
 #: Where the root keeps its arguments, for ``_command_path``.

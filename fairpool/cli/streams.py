@@ -61,7 +61,8 @@ def prepare() -> None:
         # An ASCII locale: one pool named 'Ω' failed every table for everyone; escaped as
         # JSON escapes it, as stderr already is.
         sys.stdout.reconfigure(errors="backslashreplace")
-    if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
-        # rich took COLUMNS=0 as a width of nothing (every table empty, exit 0), and a
-        # value that is no width as a width: it names none.
+    columns = os.environ.get("COLUMNS", "1")
+    if not (columns.isascii() and columns.isdigit() and int(columns) > 0):
+        # rich took COLUMNS=0 (or 00) as a width of nothing (every table empty, exit 0), and
+        # a value that is no width as a width: it names none.
         del os.environ["COLUMNS"]

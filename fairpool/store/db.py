@@ -65,6 +65,7 @@ from fairpool.errors import (
     one_line,
     password_hidden,
 )
+from fairpool.forks import start_over_in_children
 from fairpool.store.direct import (
     AsyncWriter,
     Direct,
@@ -246,14 +247,8 @@ def generation(connection: Connection) -> int:
     return value
 
 
-#: Every Database of this process, and what a forked child keeps of theirs (``_forked``).
-_OPEN: weakref.WeakSet[Database] = weakref.WeakSet()
+#: What a forked child keeps of its parent's databases, unused (``Database._forked``).
 _INHERITED: list[object] = []
-
-
-def _after_fork() -> None:
-    for db in list(_OPEN):
-        db._forked()
 
 
 def _made_here(_session: Any, record: Any) -> None:
@@ -266,9 +261,6 @@ def _not_inherited(_session: Any, record: Any, proxy: Any) -> None:
     if record.info.get("pid") != os.getpid():
         record.dbapi_connection = proxy.dbapi_connection = None
         raise DisconnectionError("opened by the process this one was forked from")
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 class Database:
@@ -284,7 +276,7 @@ class Database:
             event.listen(engine, "connect", lambda session, _: self._sessions.add(session))
         event.listen(engine, "connect", _made_here)
         event.listen(engine, "checkout", _not_inherited)
-        _OPEN.add(self)
+        start_over_in_children(self)
         #: Why this process must write no more (``schema_problem`` found the schema moved on,
         #: or gone): every write then fails with it, a server's answers 503.
         self.schema_moved: str | None = None
@@ -296,6 +288,7 @@ class Database:
         # Writers of this process queue here rather than at the database lock, where SQLite's
         # busy handler would make them sleep in steps of up to 100 ms after it is free.
         self._write_lock = threading.Lock()
+        self._fork_waited = False  # ``_forking`` holds the write lock across a fork
         # The write transactions' connection, kept from one to the next (under the write
         # lock): checking one out of the pool and back cost ~30 µs per transaction. Dropped
         # when a transaction fails, in case the connection is what failed.
@@ -403,6 +396,17 @@ class Database:
         if reader is not None:
             with suppress(Exception):  # it failed to open: nothing to close
                 await (await reader).close()
+
+    def _forking(self) -> None:
+        """SQLite: a fork waits for this process's write to end. SQLite keeps a process's
+        file locks in memory, which the child inherits: forked mid-write, its own writes
+        found the file locked by a connection it does not have, for 30 s (helper-97)."""
+        self._fork_waited = self.embedded and self._write_lock.acquire(
+            timeout=LOCK_TIMEOUT_MS / 1000)
+
+    def _forked_parent(self) -> None:
+        if self._fork_waited:
+            self._write_lock.release()
 
     def _forked(self) -> None:
         """In a child forked from a process that used it. The parent's connections are the
