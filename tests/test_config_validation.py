@@ -439,6 +439,10 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("queue name empty", "resource_queues: [{name: ''}]\n", "resource_queues[0].name", "must not be empty"),
     ("queue name with a slash", "resource_queues: [{name: team/q}]\n", "resource_queues[0].name",
      'must not contain "/": the API addresses it in URL paths'),
+    ("queue name .", "resource_queues: [{name: .}]\n", "resource_queues[0].name",
+     'must not be "." or "..": URLs drop such a path segment'),
+    ("queue name ..", "resource_queues: [{name: ..}]\n", "resource_queues[0].name",
+     'must not be "." or "..": URLs drop such a path segment'),
     ("queue names unique", "resource_queues: [{name: q}, {name: q}]\n", "resource_queues[1].name",
      "duplicate queue name 'q' (first defined at resource_queues[0])"),
     ("queue unknown key (cohort_name)", "resource_queues: [{name: q, cohort_name: c}]\n", "resource_queues[0].cohort_name",
@@ -978,8 +982,11 @@ def test_cli_validate_a_json_document_with_exponent_numbers(tmp_path: Path) -> N
          "scheduling_rules: [{resource_queue: q, priority_policy: {min: 10}}]\n",
          {"resource_queues": [{"name": "q"}],
           "scheduling_rules": [{"resource_queue": "q", "priority_policy": {"min": 10}}]}),
+        # Applied until 2026-12-02.
+        ("resource_queues: [{name: ..}]\n", {"resource_queues": [{"name": ".."}]}),
     ],
-    ids=["non-printing name", "second merge key", "1e3 as text", "min over an unset default"],
+    ids=["non-printing name", "second merge key", "1e3 as text", "min over an unset default",
+         "a queue named .."],
 )
 def test_a_stored_version_reads_as_when_it_was_applied(document: str, reading: dict[str, Any]) -> None:
     """What rules added since 2026-11-29 refuse, a version applied before may hold: it must

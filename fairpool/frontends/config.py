@@ -36,7 +36,14 @@ from yaml.nodes import Node
 
 from fairpool.errors import FairpoolError, InvalidInput, is_unicode, one_line
 from fairpool.frontends.labels import RESERVED_LABEL_KEYS
-from fairpool.frontends.names import MAX_NAME, MAX_VERSION, SLASH_REASON, printing_problem
+from fairpool.frontends.names import (
+    DOT_REASON,
+    DOT_SEGMENTS,
+    MAX_NAME,
+    MAX_VERSION,
+    SLASH_REASON,
+    printing_problem,
+)
 from fairpool.frontends.yaml_text import (
     JSON_EXPONENT,
     ROOT,
@@ -833,6 +840,9 @@ class _Checker:
             return None
         if "/" in name:
             self.error(path, f"must not contain {SLASH_REASON}")
+            return None
+        if name in DOT_SEGMENTS and not self.stored:  # a version applied before 2026-12-02 loads
+            self.error(path, DOT_REASON)
             return None
         if name in first:
             self.error(

@@ -76,3 +76,7 @@ def check_key_count(field: str, mapping: Sized, most: int) -> None:
 #: Why a name the API addresses in its paths (``/pools/{name}``, ``/queues/{name}``) may not
 #: contain "/": it splits the path, even escaped as %2F.
 SLASH_REASON: Final = '"/": the API addresses it in URL paths'
+#: Why a new such name may not be "." or "..": a browser's or curl's URL drops the segment
+#: (``GET /pools/../requests`` reached the request list, helper-96).
+DOT_SEGMENTS: Final = (".", "..")
+DOT_REASON: Final = 'must not be "." or "..": URLs drop such a path segment'

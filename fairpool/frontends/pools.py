@@ -12,6 +12,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from fairpool.engine.model import Charge, Node, Placement
 from fairpool.errors import InvalidInput, mapping, validate_int
 from fairpool.frontends.names import (
+    DOT_REASON,
+    DOT_SEGMENTS,
     MAX_KEYS,
     MAX_NAME,
     SLASH_REASON,
@@ -136,12 +138,10 @@ def validate_addressed_name(field: str, value: object, *, printing: bool = True)
 
 
 def check_new_addressed_name(field: str, name: str) -> None:
-    """A name to be made for a pool or component: not "." or "..", which a browser's or
-    curl's URL drops as a path segment (``GET /pools/../requests`` reached the request list,
-    helper-96). Checked only where a name is made: one made before 2026-12-02 stays usable."""
-    if name in (".", ".."):
-        raise InvalidInput(field, name, 'must not be "." or "..": URLs drop such a path '
-                           "segment")
+    """A name to be made for a pool or component: not "." or ".." (``DOT_REASON``). Checked
+    only where a name is made: one made before 2026-12-02 stays usable."""
+    if name in DOT_SEGMENTS:
+        raise InvalidInput(field, name, DOT_REASON)
 
 
 def _amounts(
