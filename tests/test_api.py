@@ -548,8 +548,9 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
 
 def test_the_schema_describes_answers_and_bounds_as_json_schema(server: ApiServer) -> None:
     """Every answer's schema was ``{}``, so a generated client knew no field of any, and a
-    URL number's bounds were written ``ge`` and ``le``, which JSON Schema has not (helper-96).
-    That the answers match these schemas, tests/test_schemathesis.py checks."""
+    URL number's bounds were written ``ge`` and ``le``, which JSON Schema has not (helper-96);
+    the config, workload, queue and tree routes' answers were still ``{}`` after that. That
+    the answers match these schemas, tests/test_schemathesis.py and the test below check."""
     schema = ok(httpx.get(server.url + "/openapi.json"))
     described = {}
     for path, methods in schema["paths"].items():
@@ -573,6 +574,201 @@ def test_the_schema_describes_answers_and_bounds_as_json_schema(server: ApiServe
     limit = next(p for p in schema["paths"][f"{API}/requests"]["get"]["parameters"]
                  if p["name"] == "limit")["schema"]
     assert (limit["minimum"], limit["maximum"]) == (1, 10_000)
+    # The config, workload, queue and tree routes' answers were still `{}`: every 2xx JSON
+    # answer under /api/v1 is described now (their fields checked against live answers by
+    # the test below).
+    undescribed = [f"{method.upper()} {path} {status}"
+                   for path, methods in schema["paths"].items() if path.startswith(API)
+                   for method, operation in methods.items()
+                   for status, answer in operation["responses"].items()
+                   if status.startswith("2") and status != "204"
+                   and not answer.get("content", {}).get("application/json", {}).get("schema")]
+    assert undescribed == []
+    components = schema["components"]["schemas"]
+
+    def properties(ref: str) -> dict[str, Any]:
+        found: dict[str, Any] = components[ref.rsplit("/", 1)[1]]["properties"]
+        return found
+
+    def required(ref: str) -> set[str]:
+        return set(components[ref.rsplit("/", 1)[1]].get("required", []))
+
+    workload = described["POST /workloads"]
+    assert workload == described["GET /workloads/{ref}"] == described[
+        "POST /workloads/{ref}/cancel"]
+    assert {"id", "status", "queue", "flavors", "demand", "position"} <= set(properties(workload))
+    assert properties(described["GET /workloads"])["items"]["items"]["$ref"] == workload
+    usage = properties(described["GET /queues/{name}"])["usage"]["items"]["$ref"]
+    assert properties(usage) == {
+        "flavor": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Flavor"},
+        "resource": {"type": "string", "title": "Resource"},
+        "used": {"type": "string", "title": "Used"},
+        "nominal_quota": {"anyOf": [{"type": "string"}, {"type": "null"}],
+                          "title": "Nominal Quota"},
+        "workloads": {"type": "integer", "title": "Workloads"},
+    }
+    version = described["GET /config"]
+    assert properties(described["POST /config"])["version"]["$ref"] == version
+    assert properties(described["POST /config/versions/{version}/rollback"])["version"][
+        "$ref"] == version
+    assert properties(version)["document"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
+    assert {"version", "applied_at", "active", "rolled_back_from"} <= required(version)
+    issue = properties(described["POST /config/preview"])["warnings"]["items"]["$ref"]
+    assert set(properties(issue)) == {"path", "message", "line"} and "line" not in required(issue)
+    assert set(properties(described["GET /config/versions/{version}/diff"])) == {
+        "version", "changes"}
+    tree = described["GET /pool-trees/{name}"]
+    assert tree == described["POST /pool-trees"] == described["PATCH /pool-trees/{name}"]
+    element = properties(tree)["elements"]["items"]["$ref"]
+    assert {"name", "kind", "depth", "fair_share", "starving", "status"} <= required(element)
+    pool = described["GET /pool-trees/{tree}/pools/{name}"]
+    assert {"effective", "children", "fair_share", "dominant_resource"} <= required(pool)
+    operation = described["GET /operations/{ref}"]
+    assert operation == described["POST /operations"] == described["POST /operations/{ref}/abort"]
+    assert {"id", "status", "trees", "preempted", "created_at", "fair_share"} <= set(
+        properties(operation))
+    # Its shares only while it runs in one tree (and not in lists): never required.
+    assert "fair_share" not in required(operation) and "created_at" in required(operation)
+    assert properties(described["GET /default-tree"])["default_tree"]["anyOf"] == [
+        {"type": "string"}, {"type": "null"}]
+
+
+#: A scheduler config of the answers' test: its queue and rule are no other test's.
+ANSWERS_CONFIG = """\
+resource_flavors:
+  - name: answers-flavor
+resource_queues:
+  - name: answers-q
+    resource_groups:
+      - covered_resources: [cpu]
+        flavors:
+          - name: answers-flavor
+            resources:
+              - { name: cpu, nominal_quota: 2 }
+  - name: answers-rest
+scheduling_rules:
+  - selector:
+      - { key: team, operator: in, values: [answers] }
+    resource_queue: answers-q
+  - resource_queue: answers-rest
+"""
+
+
+def test_config_workload_and_tree_answers_are_what_their_schemas_describe(
+    server: ApiServer, client: httpx.Client
+) -> None:
+    """Each route of the scheduler config, workloads, queues, nodes, pool trees and
+    operations, called with state behind it, answers what its schema describes: every
+    property there is described (none other), every required one there, each of its type
+    and nullable as written. The fuzzer (tests/test_schemathesis.py) reaches few of them
+    with valid state."""
+    import jsonschema_rs
+
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    # Exactly: a property the schema does not name (a view's flattened shares) is an error.
+    components = {name: {"additionalProperties": False, **component}
+                  if "properties" in component else component
+                  for name, component in schema["components"]["schemas"].items()}
+    checked: set[str] = set()
+
+    def call(method: str, route: str, status: int = 200, body: Any = None,
+             params: dict[str, Any] | None = None, **names: str) -> Any:
+        answer = ok(client.request(method, route.format(**names), json=body, params=params),
+                    status)
+        described = schema["paths"][API + route][method.lower()]["responses"][str(status)]
+        body_schema = described["content"]["application/json"]["schema"]
+        assert body_schema, (method, route)  # `{}` takes anything
+        validator = jsonschema_rs.validator_for(
+            {**body_schema, "components": {"schemas": components}},
+            validate_formats=True,
+        )
+        errors = [f"{list(error.instance_path)}: {error.message}"
+                  for error in validator.iter_errors(answer)]
+        assert errors == [], (method, route, errors)
+        checked.add(f"{method} {route}")
+        return answer
+
+    # -- the scheduler config, workloads, queues
+    without_catch_all = ANSWERS_CONFIG.replace("  - resource_queue: answers-rest\n", "")
+    valid = call("POST", "/config/validate", body={"document": without_catch_all})
+    assert valid["warnings"] and valid["errors"] == []
+    preview = call("POST", "/config/preview", body={"document": ANSWERS_CONFIG})
+    applied = call("POST", "/config", 201, body={"document": ANSWERS_CONFIG,
+                                                  "based_on": preview["based_on"]})
+    version = applied["version"]["version"]
+    assert call("GET", "/config")["document"] == ANSWERS_CONFIG
+    assert call("GET", "/config", params={"version": version})["version"] == version
+    assert call("GET", "/config/versions")["items"][0]["document"] is None
+    assert call("GET", "/config/versions/{version}/diff", version=str(version))["changes"] == []
+    again = call("POST", "/config/versions/{version}/rollback", 201, version=str(version))
+    assert again["version"]["rolled_back_from"] == version
+    team = {"labels": {"team": "answers"}, "demand": {"cpu": 1}}
+    assert call("POST", "/config/explain", body=team)["queue"] == "answers-q"
+    submitted = [call("POST", "/workloads", 201, body=team) for _ in range(3)]
+    assert [w["status"] for w in submitted] == ["admitted", "admitted", "queued"]
+    assert submitted[2]["position"] == 1
+    call("POST", "/workloads", 201, body={"demand": {"cpu": 1}})  # the passthrough queue's
+    listed = call("GET", "/workloads", params={"queue": "answers-q"})
+    assert [w["id"] for w in listed["items"]] == [w["id"] for w in submitted]
+    call("GET", "/workloads/{ref}", ref=submitted[0]["id"][:8])
+    assert call("POST", "/workloads/{ref}/release", ref=submitted[0]["id"])["status"] == (
+        "finished")
+    call("POST", "/workloads/{ref}/cancel", body={"reason": "enough"}, ref=submitted[2]["id"])
+    queues = {q["name"]: q for q in call("GET", "/queues")["items"]}
+    assert queues["answers-q"]["usage"][0]["nominal_quota"] == "2"
+    assert call("GET", "/queues/{name}", name="answers-q")["usage"][0]["used"] == "1"
+    call("GET", "/queues/{name}", name="answers-rest")
+
+    # -- nodes, a pool tree, its pools, operations
+    call("POST", "/nodes", 201, body={"name": "answers-n1", "tags": ["answers"],
+                                      "resources": {"cpu": 4, "memory": "16GiB"}})
+    assert "answers-n1" in [n["name"] for n in call("GET", "/nodes")["items"]]
+    call("POST", "/pool-trees", 201, body={"name": "answers-t",
+                                           "config": {"node_tag_filter": "answers"}})
+    assert "answers-t" in [t["name"] for t in call("GET", "/pool-trees")["items"]]
+    call("PUT", "/default-tree", body={"name": "answers-t"})
+    assert call("GET", "/default-tree") == {"default_tree": "answers-t"}
+    call("POST", "/pool-trees/{tree}/pools", 201, body={"name": "answers-p",
+                                                         "config": {"weight": 2}},
+         tree="answers-t")
+    call("PATCH", "/pool-trees/{tree}/pools/{name}", body={"option": "weight", "value": "3"},
+         tree="answers-t", name="answers-p")
+    call("PATCH", "/pool-trees/{name}", body={"option": "fair_share_starvation_timeout",
+                                              "value": "1000"}, name="answers-t")
+    started = call("POST", "/operations", 201, body={
+        "user": "answers-u", "job_resources": {"cpu": 1}, "job_count": 6,
+        "pool_trees": ["answers-t"], "pool": "answers-p"})
+    assert (started["running_jobs"], started["pending_jobs"]) == (4, 2)
+    assert "fair_share" in started  # live in one tree: its shares
+    waiting = call("POST", "/operations", 201, body={  # in an ephemeral pool
+        "user": "answers-v", "job_resources": {"cpu": 1}, "job_count": 1})
+    assert waiting["tree"] == "answers-t"
+    assert call("GET", "/pool-trees/{tree}/pools/{name}", tree="answers-t",
+                name="answers-p")["running_operation_count"] == 1
+    shown = call("GET", "/pool-trees/{name}", name="answers-t")
+    assert {e["kind"] for e in shown["elements"]} == {"root", "pool", "operation"}
+    call("POST", "/pool-trees/{name}/reconcile", name="answers-t")
+    document = call("GET", "/pool-trees/{name}/document", name="answers-t")
+    assert document["config"] == {"node_tag_filter": "answers",
+                                  "fair_share_starvation_timeout": 1000}
+    assert call("POST", "/pool-trees/apply", body={"document": json.dumps(document)}) == {
+        "tree": "answers-t", "changes": []}
+    operations = call("GET", "/operations", params={"tree": "answers-t"})["items"]
+    assert [o["id"] for o in operations] == [started["id"], waiting["id"]]
+    assert call("GET", "/operations/{ref}", ref=started["id"][:8])["id"] == started["id"]
+    call("POST", "/operations/{ref}/complete", ref=started["id"])
+    call("POST", "/operations/{ref}/abort", ref=waiting["id"])
+    assert "fair_share" not in call("GET", "/operations/{ref}", ref=waiting["id"])  # ended
+    ok(client.delete("/pool-trees/answers-t"), 204)
+    ok(client.delete("/nodes/answers-n1"), 204)
+
+    # Every such route was asked.
+    kinds = {"scheduler config", "workloads", "queues", "nodes", "pool trees",
+             "operations of pool trees"}
+    assert checked == {
+        f"{method.upper()} {path.removeprefix(API)}" for path, methods in schema["paths"].items()
+        for method, operation in methods.items() if kinds & set(operation["tags"])
+        and any(s.startswith("2") and s != "204" for s in operation["responses"])}
 
 
 def test_every_list_route_answers_the_page_shape(server: ApiServer, client: httpx.Client) -> None:

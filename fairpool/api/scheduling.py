@@ -14,6 +14,14 @@ from fastapi import APIRouter, Path, Query, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from fairpool.api.answers import (
+    AppliedConfig,
+    ConfigDiff,
+    ConfigPreview,
+    ConfigValidation,
+    Listed,
+    QueueView,
+)
 from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
 from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
@@ -35,7 +43,7 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.paging import page_dict
-from fairpool.scheduling import SchedulingService
+from fairpool.scheduling import ConfigVersionView, ExplainView, SchedulingService, WorkloadView
 from fairpool.store.records import WorkloadStatus
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
@@ -112,7 +120,8 @@ def scheduling_router(
 
     shown = answering(tokens, "workload")  # a submitter reads "another workload" for others'
 
-    @router.post("/config/validate", tags=["scheduler config"])
+    @router.post("/config/validate", tags=["scheduler config"],
+                 response_model=ConfigValidation)
     def validate_config(body: ConfigBody) -> JSONResponse:
         """Validate a document without applying it: every error at once, with its path."""
         try:
@@ -125,7 +134,7 @@ def scheduling_router(
             "warnings": [issue.as_dict() for issue in warnings(config)],
         })
 
-    @router.post("/config/preview", tags=["scheduler config"])
+    @router.post("/config/preview", tags=["scheduler config"], response_model=ConfigPreview)
     def preview_config(body: Document) -> JSONResponse:
         """What applying a document would change, without applying it: refused as an apply
         would refuse it, else the change from the active version (``based_on``: its number,
@@ -135,7 +144,8 @@ def scheduling_router(
         except ConfigError as error:
             return invalid_config(error)
 
-    @router.post("/config", status_code=201, tags=["scheduler config"])
+    @router.post("/config", status_code=201, tags=["scheduler config"],
+                 response_model=AppliedConfig)
     def apply_config(body: ConfigBody) -> JSONResponse:
         """Apply a document as the new active version (identical content too)."""
         try:
@@ -144,7 +154,7 @@ def scheduling_router(
             return invalid_config(error)
         return JSONResponse(applied.as_dict(), status_code=201)
 
-    @router.get("/config", tags=["scheduler config"])
+    @router.get("/config", tags=["scheduler config"], response_model=ConfigVersionView)
     def get_config(
         version: Annotated[Version, Query()] | None = None,
     ) -> JSONResponse:
@@ -157,19 +167,21 @@ def scheduling_router(
             )
         return JSONResponse(found.as_dict())
 
-    @router.get("/config/versions", tags=["scheduler config"])
+    @router.get("/config/versions", tags=["scheduler config"],
+                response_model=Listed[ConfigVersionView])
     def list_configs() -> JSONResponse:
         """Every version, newest first, without its document (``GET /config?version=N``)."""
         return JSONResponse(page_dict([v.as_dict() for v in scheduling.list_configs()]))
 
-    @router.get("/config/versions/{version}/diff", tags=["scheduler config"])
+    @router.get("/config/versions/{version}/diff", tags=["scheduler config"],
+                response_model=ConfigDiff)
     def diff_config(version: Annotated[Version, Path()]) -> JSONResponse:
         """What applying ``version`` again would change, queue by queue."""
         return JSONResponse({"version": version,
                              "changes": list(scheduling.diff_config(version))})
 
     @router.post("/config/versions/{version}/rollback", status_code=201,
-                 tags=["scheduler config"])
+                 tags=["scheduler config"], response_model=AppliedConfig)
     def rollback_config(
         version: Annotated[Version, Path()], body: RollbackBody | None = None
     ) -> JSONResponse:
@@ -179,19 +191,19 @@ def scheduling_router(
         )
         return JSONResponse(applied.as_dict(), status_code=201)
 
-    @router.post("/config/explain", tags=["scheduler config"])
+    @router.post("/config/explain", tags=["scheduler config"], response_model=ExplainView)
     def explain(body: WorkloadBody, caller: Caller) -> JSONResponse:
         """What a workload would get now (rule, queue, flavors, priority) and why not others;
         nothing is stored."""
         return shown(caller, scheduling.explain(**body.model_dump()).as_dict())
 
-    @router.post("/workloads", status_code=201, tags=["workloads"])
+    @router.post("/workloads", status_code=201, tags=["workloads"], response_model=WorkloadView)
     def submit_workload(body: WorkloadSubmit, caller: Caller) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
         view = scheduling.submit_workload(**body.model_dump(), created_by=owner_of(caller))
         return shown(caller, view.as_dict(), 201)
 
-    @router.get("/workloads", tags=["workloads"])
+    @router.get("/workloads", tags=["workloads"], response_model=Listed[WorkloadView])
     def list_workloads(
         caller: Caller,
         status: WorkloadStatus | None = None,
@@ -208,16 +220,16 @@ def scheduling_router(
         )
         return shown(caller, page.as_dict())
 
-    @router.get("/workloads/{ref}", tags=["workloads"])
+    @router.get("/workloads/{ref}", tags=["workloads"], response_model=WorkloadView)
     def get_workload(ref: PathText, caller: Caller) -> JSONResponse:
         return shown(caller, scheduling.get_workload(ref).as_dict())
 
-    @router.post("/workloads/{ref}/release", tags=["workloads"])
+    @router.post("/workloads/{ref}/release", tags=["workloads"], response_model=WorkloadView)
     def release_workload(ref: PathText, caller: Caller) -> JSONResponse:
         """The workload ended: its quota is free again."""
         return shown(caller, scheduling.release_workload(ref).as_dict())
 
-    @router.post("/workloads/{ref}/cancel", tags=["workloads"])
+    @router.post("/workloads/{ref}/cancel", tags=["workloads"], response_model=WorkloadView)
     def cancel_workload(
         ref: PathText, caller: Caller, body: Cancel | None = None
     ) -> JSONResponse:
@@ -225,12 +237,12 @@ def scheduling_router(
         view = scheduling.cancel_workload(ref, body.reason if body else None)
         return shown(caller, view.as_dict())
 
-    @router.get("/queues", tags=["queues"])
+    @router.get("/queues", tags=["queues"], response_model=Listed[QueueView])
     def list_queues() -> JSONResponse:
         """The active config's queues with usage against quota per flavor and resource."""
         return JSONResponse(page_dict([q.as_dict() for q in scheduling.list_queues()]))
 
-    @router.get("/queues/{name}", tags=["queues"])
+    @router.get("/queues/{name}", tags=["queues"], response_model=QueueView)
     def describe_queue(name: PathText) -> JSONResponse:
         return JSONResponse(scheduling.describe_queue(name).as_dict())
 

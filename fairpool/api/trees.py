@@ -21,6 +21,14 @@ from fastapi import APIRouter, Path, params
 from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from fairpool.api.answers import (
+    DefaultTreeName,
+    Listed,
+    OperationView,
+    TreeDocument,
+    TreePoolView,
+    TreeView,
+)
 from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
 from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
@@ -37,7 +45,7 @@ from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.paging import page_dict
 from fairpool.store.tree_records import OperationStatus
-from fairpool.trees_service import MAX_JOB_COUNT, TreesService
+from fairpool.trees_service import MAX_JOB_COUNT, AppliedTree, NodeView, TreesService
 
 #: The body limit of the route that takes a whole-tree document: JSON may spell each of its
 #: characters (``MAX_TREE_DOCUMENT``: the service checks it) as a 12-byte surrogate-pair escape.
@@ -186,12 +194,12 @@ def trees_router(
 
     # -- nodes -------------------------------------------------------------------------------
 
-    @router.post("/nodes", status_code=201, tags=["nodes"])
+    @router.post("/nodes", status_code=201, tags=["nodes"], response_model=NodeView)
     def add_node(body: NodeCreate) -> JSONResponse:
         """Add a node; every tree whose node_tag_filter selects it grows at once."""
         return _json(trees.add_node(body.name, body.tags, body.resources).as_dict(), 201)
 
-    @router.get("/nodes", tags=["nodes"])
+    @router.get("/nodes", tags=["nodes"], response_model=Listed[NodeView])
     def list_nodes() -> JSONResponse:
         """Nodes, their tree and what runs on them."""
         return _json(page_dict([n.as_dict() for n in trees.list_nodes()]))
@@ -204,44 +212,45 @@ def trees_router(
 
     # -- pool trees --------------------------------------------------------------------------
 
-    @router.post("/pool-trees", status_code=201, tags=["pool trees"])
+    @router.post("/pool-trees", status_code=201, tags=["pool trees"], response_model=TreeView)
     def create_pool_tree(body: TreeCreate) -> JSONResponse:
         """Create a tree (the first one becomes the default_tree)."""
         return _json(trees.create_tree(body.name, body.config).as_dict(), 201)
 
-    @router.post("/pool-trees/apply", tags=["pool trees"])
+    @router.post("/pool-trees/apply", tags=["pool trees"], response_model=AppliedTree)
     def apply_pool_tree(body: TreeApply) -> JSONResponse:
         """Create or update a whole tree from YAML; pools missing from it are deleted.
         Idempotent: the answer lists what changed (nothing, the second time). With
         ``create``, an existing tree is refused (409)."""
         return _json(trees.apply_tree(body.document, body.name, body.create).as_dict())
 
-    @router.get("/pool-trees", tags=["pool trees"])
+    @router.get("/pool-trees", tags=["pool trees"], response_model=Listed[TreeView])
     def list_pool_trees() -> JSONResponse:
         return _json(page_dict([t.as_dict() for t in trees.list_trees()]))
 
-    @router.get("/default-tree", tags=["pool trees"])
+    @router.get("/default-tree", tags=["pool trees"], response_model=DefaultTreeName)
     def get_default_tree() -> JSONResponse:
         """``default_tree``: the tree commands use when they name none (null: none yet)."""
         return _json({"default_tree": trees.default_tree()})
 
-    @router.put("/default-tree", tags=["pool trees"])
+    @router.put("/default-tree", tags=["pool trees"], response_model=DefaultTreeName)
     def set_default_tree(body: DefaultTree) -> JSONResponse:
         return _json({"default_tree": trees.default_tree(body.name)})
 
-    @router.get("/pool-trees/{name}", tags=["pool trees"])
+    @router.get("/pool-trees/{name}", tags=["pool trees"], response_model=TreeView)
     def show_pool_tree(name: TreeName, caller: Caller) -> JSONResponse:
         """The tree with each element's fair / usage / demand share, dominant resource and
         starvation."""
         return shown(caller, trees.show_tree(name).as_dict())
 
-    @router.get("/pool-trees/{name}/document", tags=["pool trees"])
+    @router.get("/pool-trees/{name}/document", tags=["pool trees"],
+                response_model=TreeDocument)
     def export_pool_tree(name: TreeName) -> JSONResponse:
         """The tree as a document ``POST /pool-trees/apply`` takes (``name``, ``config``,
         nested ``pools`` with their options): applied, it changes nothing."""
         return _json(trees.export_tree(name))
 
-    @router.patch("/pool-trees/{name}", tags=["pool trees"])
+    @router.patch("/pool-trees/{name}", tags=["pool trees"], response_model=TreeView)
     def set_pool_tree(name: TreeName, body: OptionSet) -> JSONResponse:
         """Set one tree option, validated with every pool (YTsaurus units: milliseconds)."""
         return _json(trees.set_tree(name, body.option, body.value).as_dict())
@@ -253,25 +262,28 @@ def trees_router(
         trees.delete_tree(name)
         return Response(status_code=204)
 
-    @router.post("/pool-trees/{name}/reconcile", tags=["pool trees"])
+    @router.post("/pool-trees/{name}/reconcile", tags=["pool trees"], response_model=TreeView)
     def reconcile_pool_tree(name: TreeName) -> JSONResponse:
         """One pass now: promote pending operations, grant jobs, preempt for starving ones."""
         return _json(trees.reconcile(name).as_dict())
 
     # -- pools of a tree ---------------------------------------------------------------------
 
-    @router.post("/pool-trees/{tree}/pools", status_code=201, tags=["pool trees"])
+    @router.post("/pool-trees/{tree}/pools", status_code=201, tags=["pool trees"],
+                 response_model=TreePoolView)
     def create_tree_pool(tree: TreeName, body: TreePoolCreate) -> JSONResponse:
         """Create a pool, validated with the whole tree."""
         view = trees.create_pool(tree, body.name, body.parent, body.config)
         return _json(view.as_dict(), 201)
 
-    @router.get("/pool-trees/{tree}/pools/{name}", tags=["pool trees"])
+    @router.get("/pool-trees/{tree}/pools/{name}", tags=["pool trees"],
+                response_model=TreePoolView)
     def describe_tree_pool(tree: TreeName, name: PathName) -> JSONResponse:
         """Every attribute, the effective_* values, operation counts and shares."""
         return _json(trees.describe_pool(tree, name).as_dict())
 
-    @router.patch("/pool-trees/{tree}/pools/{name}", tags=["pool trees"])
+    @router.patch("/pool-trees/{tree}/pools/{name}", tags=["pool trees"],
+                  response_model=TreePoolView)
     def set_tree_pool(tree: TreeName, name: PathName, body: OptionSet) -> JSONResponse:
         """Set one attribute (``parent`` moves the pool), validated with the whole tree."""
         return _json(trees.set_pool(tree, name, body.option, body.value).as_dict())
@@ -284,7 +296,8 @@ def trees_router(
 
     # -- operations --------------------------------------------------------------------------
 
-    @router.post("/operations", status_code=201, tags=["operations of pool trees"])
+    @router.post("/operations", status_code=201, tags=["operations of pool trees"],
+                 response_model=OperationView)
     def start_operation(body: OperationStart, caller: Caller) -> JSONResponse:
         """Start an operation in one or more pool trees: rejected (422) at a
         max_operation_count of any of them, pending at a max_running_operation_count, else
@@ -298,7 +311,8 @@ def trees_router(
         )
         return shown(caller, view.as_dict(), 201)
 
-    @router.get("/operations", tags=["operations of pool trees"])
+    @router.get("/operations", tags=["operations of pool trees"],
+                response_model=Listed[OperationView])
     def list_operations(
         caller: Caller,
         tree: QueryText | None = None,
@@ -315,17 +329,20 @@ def trees_router(
         )
         return shown(caller, page.as_dict())
 
-    @router.get("/operations/{ref}", tags=["operations of pool trees"])
+    @router.get("/operations/{ref}", tags=["operations of pool trees"],
+                response_model=OperationView)
     def describe_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """Fair share, running / pending jobs, why pending, interrupted and preempted jobs."""
         return shown(caller, trees.describe_operation(ref).as_dict())
 
-    @router.post("/operations/{ref}/complete", tags=["operations of pool trees"])
+    @router.post("/operations/{ref}/complete", tags=["operations of pool trees"],
+                 response_model=OperationView)
     def complete_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """The operation finished: its jobs' units return."""
         return shown(caller, trees.complete_operation(ref).as_dict())
 
-    @router.post("/operations/{ref}/abort", tags=["operations of pool trees"])
+    @router.post("/operations/{ref}/abort", tags=["operations of pool trees"],
+                 response_model=OperationView)
     def abort_operation(ref: OperationRef, caller: Caller) -> JSONResponse:
         """Stop the operation: its jobs' units return."""
         return shown(caller, trees.abort_operation(ref).as_dict())
