@@ -1257,6 +1257,41 @@ def scrape(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]],
             for sample in family.samples}
 
 
+def test_a_long_poll_whose_client_has_gone_stops(client: httpx.Client, server: ApiServer) -> None:
+    """Served by ``BusyRoutes``; through FastAPI's routes (with tokens) in test_auth."""
+    setup_pool(client, "gone-gpus", "gone-orch", {"gpu": 1})
+    held, waiter = submit(client, "gone-orch", gpu=1), submit(client, "gone-orch", gpu=1)
+    long_poll_stops_when_its_client_goes(client, server, held["id"], waiter["id"])
+
+
+def long_poll_stops_when_its_client_goes(
+    client: httpx.Client, server: ApiServer, held: str, waiter: str
+) -> None:
+    """A client that closed its connection (killed, or its own timeout shorter than the
+    poll's): the poll read on for nobody, once a second, until its timeout, up to 60 s
+    (helper-96). ``fairpool_long_polls`` counts the polls waiting. ``client`` holds ``held``,
+    for which ``waiter`` waits."""
+    assert ok(client.get(f"/requests/{waiter}"))["status"] == "queued"
+
+    def polls() -> float:
+        return scrape(client)[("fairpool_long_polls", frozenset())]
+
+    before = polls()
+    address = httpx.URL(server.url)
+    with socket.create_connection((address.host, address.port)) as asking:
+        headers = "".join(f"{name}: {value}\r\n" for name, value in client.headers.items()
+                          if name.lower() == "authorization")
+        asking.sendall(f"GET {API}/requests/{waiter}/wait?timeout=30 HTTP/1.1\r\n"
+                       f"Host: {address.host}\r\n{headers}\r\n".encode())
+        poll_until(lambda: polls() == before + 1, 10)
+    assert poll_until(lambda: polls() == before, 10) < 3  # within RECHECK_SECONDS, not 30 s
+    # Still served: a poll that stays answers when its request is decided.
+    ok(client.post(f"/requests/{held}/release"))
+    assert ok(client.get(f"/requests/{waiter}/wait", params={"timeout": 10}))[
+        "status"] == "allocated"
+    ok(client.post(f"/requests/{waiter}/release"))
+
+
 def test_the_widest_body_any_client_writes_is_read(client: httpx.Client) -> None:
     """64 labels and 64 resource keys, each as long as may be, in characters JSON escapes in
     12 bytes: 587 kB, past the 64 KiB that bodies were held to (the widest labels the SDK

@@ -47,7 +47,7 @@ from fairpool.store import repo
 from fairpool.store.db import Database
 from tests.conftest import BACKENDS
 from tests.servers import ApiServer, server_on
-from tests.test_api import ok, poll_until
+from tests.test_api import long_poll_stops_when_its_client_goes, ok, poll_until
 
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
@@ -278,6 +278,23 @@ def test_the_sdk_raises_typed_errors_for_401_and_403(world: World, pools: str) -
         with Client(url, token=token) as client, \
                 pytest.raises(Unauthorized, match="HTTP 401: missing API token"):
             client.list_pools()
+
+
+def test_a_long_poll_whose_client_has_gone_stops_through_fastapi(world: World) -> None:
+    """With tokens the routes are FastAPI's, not ``BusyRoutes``: the same stop."""
+    with world.client("admin") as admin:
+        ok(admin.post("/pools", json={"name": "gone-gpus", "capacity": {"gpu": 1}}), 201)
+        ok(admin.post("/pools/gone-gpus/policies", json={"component": "c-gone"}), 201)
+    service = world.service()
+    try:
+        _, secret = service.create_token("submitter", ["c-gone"], "gone")
+    finally:
+        service.close()
+    with httpx.Client(base_url=world.server.url + PREFIX, timeout=30.0,
+                      headers={"Authorization": f"Bearer {secret}"}) as client:
+        held, waiter = (ok(client.post("/requests", json={
+            "component": "c-gone", "resources": {"gpu": 1}}), 201) for _ in range(2))
+        long_poll_stops_when_its_client_goes(client, world.server, held["id"], waiter["id"])
 
 
 def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.types import DecoratedCallable
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fairpool.api.answers import Listed
@@ -105,6 +106,9 @@ MAX_WAIT_SECONDS = 60.0
 #: A long-poll re-reads the database at least this often, to see changes made by other
 #: processes on the same database (this process's own changes wake it at once).
 RECHECK_SECONDS = 1.0
+#: The status of a long-poll's answer once its client has gone: nginx's "client closed
+#: request", which only the access log shows.
+CLIENT_GONE = 499
 #: With ``keep_history``, the time between prunes (seconds), and the most transactions one
 #: tick's prune takes (``retention.BATCH`` rows each).
 PRUNE_EVERY = 3600.0
@@ -299,12 +303,13 @@ class Api:
         return await run_in_threadpool(self.service.read_decided, ref)
 
     async def until_decided(
-        self, watch: Watch, request_id: str, deadline: float
+        self, watch: Watch, request_id: str, deadline: float, asker: Request
     ) -> RequestView | None:
         """Wait while the request is queued: its view once it no longer waits, as the pass of
         this process that took it out of the queue hands it, else read when woken by a
         change (another replica's) and every ``RECHECK_SECONDS`` (other processes' changes on
-        SQLite); None at ``deadline`` (loop time) or at shutdown."""
+        SQLite); None at ``deadline`` (loop time), at shutdown, or once ``asker`` has gone
+        (its client closed the connection: it read on for nobody until its timeout)."""
         loop = asyncio.get_running_loop()
         while not self.notifier.closed:
             remaining = deadline - loop.time()
@@ -312,6 +317,8 @@ class Api:
                 return None
             await watch.wait(min(remaining, RECHECK_SECONDS))
             watch.clear()
+            if await asker.is_disconnected():
+                return None
             view = watch.take_view()  # woken by this process's pass: no read
             if view is None:
                 _, view = await self.decided(request_id)
@@ -481,11 +488,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
     async def wait_request(
         ref: Ref,
         caller: Caller,
+        asker: Request,
         timeout: Annotated[
             WaitSeconds,
             Query(description=f"Seconds; at most {MAX_WAIT_SECONDS:g} are waited."),
         ] = 30.0,
-    ) -> JSONResponse:
+    ) -> Response:
         """Long-poll: answers as soon as the request is no longer queued, or when the timeout
         ends, with the request (its queue position and reason while it still waits)."""
         loop = asyncio.get_running_loop()
@@ -499,7 +507,13 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
                 watch = watching.enter_context(api.notifier.watch(request_id))
                 _, view = await api.decided(request_id)
             if view is None:
-                view = await api.until_decided(watch, request_id, deadline)
+                api.metrics.long_polls.inc()
+                try:
+                    view = await api.until_decided(watch, request_id, deadline, asker)
+                finally:
+                    api.metrics.long_polls.dec()
+        if view is None and await asker.is_disconnected():
+            return Response(status_code=CLIENT_GONE)  # read by nobody: nothing more is read
         if view is None:  # still queued: the whole view, with its queue positions
             view = await run_in_threadpool(service.get_request, request_id)
         return await _own(caller, view)

@@ -50,8 +50,9 @@ class BusyRoute:
     """One route: ``method`` and ``path`` (a template, as FastAPI's) and its endpoint. How each
     of the endpoint's parameters is filled comes from its signature: a parameter named in the
     path is a path parameter, one annotated with a pydantic model is the JSON body (with
-    ``| None``, an empty body is None), the caller's token (``Caller``) is None, any other is
-    a query parameter; each is validated by its annotation."""
+    ``| None``, an empty body is None), the caller's token (``Caller``) is None, one
+    annotated ``Request`` is the request, any other is a query parameter; each is validated
+    by its annotation."""
 
     method: str
     path: str
@@ -68,6 +69,7 @@ class _Route:
         self.fixed: dict[str, Any] = {}
         self.body: tuple[str, type[BaseModel]] | None = None
         self.optional_body = False
+        self.request: str | None = None
         hints = typing.get_type_hints(route.endpoint, include_extras=True)
         for name in inspect.signature(route.endpoint).parameters:
             hint = hints[name]
@@ -77,6 +79,8 @@ class _Route:
             models = [m for m in members if inspect.isclass(m) and issubclass(m, BaseModel)]
             if f"{{{name}}}" in route.path:
                 self.path[name] = TypeAdapter(hint)
+            elif hint is Request:
+                self.request = name
             elif models:
                 (model,) = models
                 self.body = (name, model)
@@ -87,8 +91,12 @@ class _Route:
                 raise TypeError(f"{route.path}: parameter {name} is a dependency")
             else:
                 self.query[name] = TypeAdapter(hint)
+        if self.request is not None and self.body is not None:  # its body is read here
+            raise TypeError(f"{route.path}: a route with a body cannot take the Request")
 
-    def arguments(self, match: re.Match[str], scope: Scope, body: bytes | None) -> dict[str, Any]:
+    def arguments(
+        self, match: re.Match[str], scope: Scope, receive: Receive, body: bytes | None
+    ) -> dict[str, Any]:
         """The endpoint's arguments from the request (its path ``match``ed), as FastAPI
         would validate them; ``_Declined`` for anything else."""
         try:
@@ -114,6 +122,8 @@ class _Route:
                 arguments[name] = model.model_validate_json(body)
         except (ValidationError, ValueError):
             raise _Declined from None
+        if self.request is not None:
+            arguments[self.request] = Request(scope, receive)
         return arguments | self.fixed
 
 
@@ -170,7 +180,7 @@ class BusyRoutes:
             if message["type"] == "http.request" and not message.get("more_body", False):
                 body = message.get("body", b"")
         try:
-            arguments = route.arguments(match, scope, body)
+            arguments = route.arguments(match, scope, receive, body)
         except _Declined:
             await self.app(scope, _replaying(message, receive), send)
             return

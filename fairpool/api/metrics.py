@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -65,6 +66,11 @@ class Metrics:
         self.lease_expiries = Counter(
             "fairpool_lease_expiries",
             "Allocations released because their lease expired.",
+            registry=self.registry,
+        )
+        self.long_polls = Gauge(
+            "fairpool_long_polls",
+            "Long-polls (GET /requests/{id}/wait) waiting for their request's decision now.",
             registry=self.registry,
         )
         self.pass_seconds = Histogram(
