@@ -295,6 +295,8 @@ def test_a_long_poll_whose_client_has_gone_stops_through_fastapi(world: World) -
         held, waiter = (ok(client.post("/requests", json={
             "component": "c-gone", "resources": {"gpu": 1}}), 201) for _ in range(2))
         long_poll_stops_when_its_client_goes(client, world.server, held["id"], waiter["id"])
+    with world.client("admin") as admin:
+        ok(admin.delete("/pools/gone-gpus"), 204)  # others list the module's pools
 
 
 def test_a_wait_whose_token_is_revoked_names_what_it_leaves_queued(
