@@ -9,14 +9,14 @@ and a client generated from the document knew none of their fields (helper-96)."
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+from dataclasses import fields
+from typing import Any, Generic, TypeVar, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 from pydantic.json_schema import SkipJsonSchema
 
+from fairpool import trees_service
 from fairpool.scheduling import ConfigVersionView
-from fairpool.trees_service import InterruptingJobView, PreemptedJobView
 
 V = TypeVar("V")
 
@@ -112,6 +112,13 @@ class QueueView(BaseModel):
 
 
 # -- pool trees ------------------------------------------------------------------------------
+
+
+def _fields(view: type, *, without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A view dataclass's fields as ``create_model`` takes them: each with its type, none
+    with a default (``as_dict`` writes every field), but those ``without``."""
+    hints = get_type_hints(view)
+    return {f.name: (hints[f.name], ...) for f in fields(view) if f.name not in without}
 
 
 class Shares(BaseModel):
@@ -210,45 +217,16 @@ class TreePoolView(Shares):
     operation_count: int
 
 
-class PlacementView(LiveShares):
-    """An operation in one of its trees: its pool, weight, limits, status and shares."""
-
-    tree: str
-    pool: str
-    weight: str
-    resource_limits: dict[str, int]
-    #: running / pending in this tree while the operation is live, else its final status.
-    status: str
-    reason: str | None
-    running_jobs: int
-
-
-class OperationView(LiveShares):
-    """An operation, its jobs and trees; its shares while live in one tree (not in lists)."""
-
-    id: str
-    #: Its trees and their pools, comma-separated in the order given (see ``trees``).
-    tree: str
-    pool: str
-    user: str
-    status: str
-    reason: str | None
-    job_resources: dict[str, int]
-    job_count: int
-    gang: bool
-    #: In its first tree (see ``trees`` for each).
-    weight: str
-    resource_limits: dict[str, int]
-    interruptible: bool
-    running_jobs: int
-    pending_jobs: int
-    #: Running jobs per node.
-    nodes: dict[str, int]
-    interrupting_jobs: int
-    interrupting: list[InterruptingJobView]
-    preempted_jobs: int
-    preempted: list[PreemptedJobView]
-    trees: list[PlacementView]
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+# The views' own fields, their shares flattened (``as_dict``): a field added to a view is
+# described with it.
+PlacementView = create_model(
+    "PlacementView", __base__=LiveShares,
+    __doc__="An operation in one of its trees: its pool, weight, limits, status and shares.",
+    **_fields(trees_service.PlacementView, without=("shares",)))
+OperationView = create_model(
+    "OperationView", __base__=LiveShares,
+    __doc__="An operation, its jobs and trees; its shares while live in one tree (not in lists).",
+    interrupting_jobs=(int, ...), preempted_jobs=(int, ...),
+    **_fields(trees_service.OperationView, without=("shares", "trees")),
+    trees=(list[PlacementView], ...),  # type: ignore[valid-type]
+)

@@ -312,7 +312,7 @@ def trees_router(
         return shown(caller, view.as_dict(), 201)
 
     @router.get("/operations", tags=["operations of pool trees"],
-                response_model=Listed[OperationView])
+                response_model=Listed[OperationView])  # type: ignore[valid-type]
     def list_operations(
         caller: Caller,
         tree: QueryText | None = None,
