@@ -387,6 +387,8 @@ INVALID: list[tuple[str, str, str, str]] = [
     ("flavor name missing", "resource_flavors: [{selector: []}]\n", "resource_flavors[0].name", "is required"),
     ("flavor name null", "resource_flavors: [{name: null}]\n", "resource_flavors[0].name", "is required (got null)"),
     ("flavor name empty", "resource_flavors: [{name: ''}]\n", "resource_flavors[0].name", "must not be empty"),
+    ("flavor name ..", "resource_flavors: [{name: ..}]\n", "resource_flavors[0].name",
+     'must not be "." or "..": URLs drop such a path segment'),
     ("flavor name not a string", "resource_flavors: [{name: 5}]\n", "resource_flavors[0].name",
      "must be a string (got integer 5; quote it to make it a string)"),
     ("flavor name with NUL", 'resource_flavors: [{name: "a\\0b"}]\n', "resource_flavors[0].name",
