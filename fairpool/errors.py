@@ -202,6 +202,14 @@ def mapping(field: str, value: object) -> Mapping[str, object]:
     return value
 
 
+def string(field: str, value: object) -> str:
+    """``value``, if it is a string; refused in the words the API's check uses, before any
+    other check, so that a number given for a name is told so embedded as over HTTP."""
+    if not isinstance(value, str):
+        raise InvalidInput(field, value, "must be a string")
+    return value
+
+
 def listed(field: str, value: object) -> list[Any]:
     """``value``'s items, if it is a list of them (or another collection): refused, in the
     words the API's check uses, for a string or a mapping, which ``list()`` would split into

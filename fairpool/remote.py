@@ -35,6 +35,7 @@ from fairpool.errors import (
     mapping,
     one_of,
     password_hidden,
+    string,
     validate_int,
 )
 from fairpool.frontends.names import MAX_NAME, MAX_VERSION, bounded_text, check_unicode
@@ -45,6 +46,7 @@ from fairpool.views import (
     COMPONENT_TYPES,
     MAX_RETENTION,
     OPERATION_STATUSES,
+    POOL_REQUEST_VIEWS,
     REQUEST_STATUSES,
     WORKLOAD_STATUSES,
     ComponentView,
@@ -158,7 +160,8 @@ class RemoteService:
         return [PoolView.from_dict(p) for p in self._call("GET", "/pools")["items"]]
 
     def pool_requests(self, ref: str, view: str = "all") -> list[RequestView]:
-        page = self._call("GET", _resource_pool_path(ref) + "/requests", params={"view": view})
+        params = {"view": one_of("view", view, POOL_REQUEST_VIEWS)}  # "5" must not pass for 5
+        page = self._call("GET", _resource_pool_path(ref) + "/requests", params=params)
         return [RequestView.from_dict(r) for r in page["items"]]
 
     # -- policies ----------------------------------------------------------------------
@@ -220,8 +223,9 @@ class RemoteService:
     ) -> list[PolicyView]:
         if component_type is not None:  # as the service words it
             one_of("component_type", component_type, COMPONENT_TYPES)
-        params = {k: v for k, v in (("pool", pool_ref), ("component", component),
-                                    ("component_type", component_type)) if v is not None}
+        params = {k: string(k, v) for k, v in (("pool", pool_ref), ("component", component),
+                                               ("component_type", component_type))
+                  if v is not None}
         return [PolicyView.from_dict(p)
                 for p in self._call("GET", "/policies", params=params)["items"]]
 
@@ -299,7 +303,8 @@ class RemoteService:
             one_of("status", status, statuses)
         limit, offset, after = page
         check_page(limit, offset, after)
-        params = {key: value for key, value in filters.items() if value is not None}
+        # A query string would carry 5 as "5": a filter that is no string is refused here.
+        params = {key: string(key, value) for key, value in filters.items() if value is not None}
         place: dict[str, Any] = {"offset": offset, **({} if after is None else {"after": after})}
         items: list[V] = []
         while True:
@@ -661,7 +666,7 @@ def _sendable(body: Any, field: str = "") -> Any:
         for key, value in body.items():
             if not isinstance(key, str):
                 raise InvalidInput(f"{field} key" if field else "key", key,
-                                   "must be a non-empty string")
+                                   "must be a string")
             sent[key] = _sendable(value, f"{field}.{key}" if field else key)
         return sent
     if isinstance(body, list | tuple):

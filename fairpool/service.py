@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
@@ -80,11 +80,13 @@ from fairpool.store.schema import as_utc
 from fairpool.views import (
     COMPONENT_TYPES,
     MAX_RETENTION,
+    POOL_REQUEST_VIEWS,
     REQUEST_STATUSES,
     ComponentView,
     EventView,
     PassSummary,
     PolicyView,
+    PoolRequestView,
     PoolView,
     PruneProgress,
     PruneView,
@@ -95,8 +97,6 @@ from fairpool.views import (
 #: A pass that preempts creates retry attempts; they are placed in the same command, within
 #: this many extra passes.
 _MAX_PASSES = 4
-
-PoolRequestView = Literal["queued", "active", "all"]
 
 #: A batch on an event loop goes ahead only on a live state it already holds, with at most
 #: this many queued requests (a pass over them takes well under a millisecond); else it would
@@ -539,7 +539,7 @@ class Service:
             return [self._pool_view_of(state, entries, pool) for pool in _by_name(state.pools)]
 
     def pool_requests(self, ref: str, view: PoolRequestView = "all") -> list[RequestView]:
-        one_of("view", view, get_args(PoolRequestView))  # a typo must not list nothing
+        one_of("view", view, POOL_REQUEST_VIEWS)  # a typo must not list nothing
         detail = self.get_pool(ref)
         rows: list[RequestView] = []
         if view in ("active", "all"):

@@ -50,6 +50,7 @@ from fairpool.errors import (
     listed,
     mapping,
     one_of,
+    string,
     validate_int,
 )
 from fairpool.frontends.names import MAX_NAME, bounded_text
@@ -790,7 +791,7 @@ class TreesService:
     def create_tree(self, name: str, options: Mapping[str, object] | None = None) -> TreeView:
         """A new tree with ``options`` (tree config). The first tree becomes ``default_tree``."""
         config = {} if options is None else dict(mapping("options", options))
-        PoolTree.build(name, PoolTreeConfig.from_mapping(config), ())
+        PoolTree.build(string("name", name), PoolTreeConfig.from_mapping(config), ())
         with self.db.write() as conn:
             self._insert_tree(conn, name, config)
             self._check_node_membership(conn)
@@ -804,7 +805,8 @@ class TreesService:
         becomes a declared pool). Applying the same document twice changes nothing the
         second time. ``create`` (``pool-tree create --config-file``): refused, as a create
         is, when the tree exists."""
-        wanted = load_pool_tree(document, name)
+        string("document", document)
+        wanted = load_pool_tree(document, None if name is None else string("name", name))
         if name is not None and wanted.name != name:
             raise InvalidInput(
                 "name", wanted.name, f"the file describes another tree than {name!r}"
@@ -972,6 +974,9 @@ class TreesService:
         self, tree: str, name: str, parent: str | None = None,
         options: Mapping[str, object] | None = None,
     ) -> PoolView:
+        string("name", name)  # before the tree is looked up, as the API's check is
+        if parent is not None:
+            string("parent", parent)
         config = PoolConfig.from_mapping({} if options is None else mapping("options", options))
         with self.db.write() as conn:
             state = _State.load(conn, tree)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 #: A component's types and the statuses of requests, workloads and operations, as views
 #: carry them: the values of the store's enums as plain tuples, for what must not load
@@ -18,6 +18,9 @@ COMPONENT_TYPES = ("orchestrator", "step_operator")
 REQUEST_STATUSES = ("queued", "allocated", "released", "rejected", "preempted", "cancelled")
 WORKLOAD_STATUSES = ("queued", "admitted", "finished", "cancelled", "rejected", "failed")
 OPERATION_STATUSES = ("pending", "running", "completed", "aborted")
+#: Which of a pool's requests ``pool_requests`` lists.
+PoolRequestView = Literal["queued", "active", "all"]
+POOL_REQUEST_VIEWS: tuple[str, ...] = get_args(PoolRequestView)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -758,7 +758,7 @@ def test_compiled_snapshot_shape() -> None:
          "labels.instance-type: 'instance-type' is a reserved label key; set it with its own "
          "field (instance_type, --instance-type), not as a custom tag (got 'm5.large')"),
         ({"labels": {"": "x"}}, "labels key: must be a non-empty string (got '')"),
-        ({"labels": {"team": 5}}, "labels.team: must be a non-empty string (got 5)"),
+        ({"labels": {"team": 5}}, "labels.team: must be a string (got 5)"),
         # Named as the API's body and the SDK take it (market-type named no field: helper-83).
         ({"market_type": "spot"},
          "market_type: must be one of SPOT, ON_DEMAND (got 'spot'; did you mean 'SPOT'?)"),

@@ -1133,6 +1133,10 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("pool_requests active", lambda: client.pool_requests("sdk", "active"))
     step("pool_requests bad view",
          lambda: client.pool_requests("sdk", "actives"))  # type: ignore[arg-type]
+    # A filter given as a number: a query string would carry it as text ("no component '5'").
+    step("pool_requests view a number", lambda: client.pool_requests("sdk", 5))  # type: ignore[arg-type]
+    step("list_requests, component a number", lambda: client.list_requests(component=5))  # type: ignore[arg-type]
+    step("list_policies, pool a number", lambda: client.list_policies(pool=5))  # type: ignore[arg-type]
     step("get_pool", lambda: client.get_pool("sdk"))
     step("list_pools", client.list_pools)
     # Names that read otherwise in a URL address their own pool and policy, never "sdk"'s.
@@ -1152,6 +1156,8 @@ def every_sdk_call(client: Client) -> list[tuple[str, Any]]:
     step("list_policies after the odd names", lambda: client.list_policies(pool="sdk"))
     step("create_pool with a slash", lambda: client.create_pool("sdk/2", {"gpu": 1}))
     step("create_pool ..", lambda: client.create_pool("..", {"gpu": 1}))
+    step("create_pool, name a number", lambda: client.create_pool(5, {"gpu": 1}))  # type: ignore[arg-type]
+    step("attach_policy, component a number", lambda: client.attach_policy("sdk", 5))  # type: ignore[arg-type]
     step("attach_policy for a component .", lambda: client.attach_policy("sdk", "."))
     step("heartbeat", lambda: client.heartbeat(held.id))
     step("wait, still queued", lambda: client.wait(queued.id, timeout=0))
@@ -1249,9 +1255,11 @@ BAD_WORKLOADS: list[tuple[str, dict[str, Any], str]] = [
     ("labels as a list", {"labels": ["a"]}, "InvalidInput: labels: must be a mapping (got ['a'])"),
     ("demand as a list", {"demand": [1]}, "InvalidInput: demand: must be a mapping (got [1])"),
     ("instance_type a number", {"instance_type": 5},
-     "InvalidInput: instance_type: must be a non-empty string (got 5)"),
+     "InvalidInput: instance_type: must be a string (got 5)"),
     ("a label value None", {"labels": {"a": None}},
-     "InvalidInput: labels.a: must be a non-empty string (got null)"),
+     "InvalidInput: labels.a: must be a string (got null)"),
+    ("a label key a number", {"labels": {5: "a"}}, "InvalidInput: labels key: must be a string (got 5)"),
+    ("a demand key a number", {"demand": {5: 1}}, "InvalidInput: demand key: must be a string (got 5)"),
 ]
 
 
@@ -1310,6 +1318,12 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("release again", "Conflict: "),
         ("cancel released", "Conflict: "),
         ("cancel, reason not text", "InvalidInput: reason: must be a string (got 5)"),
+        ("create_pool, name a number", "InvalidInput: name: must be a string (got 5)"),
+        ("pool_requests view a number",
+         "InvalidInput: view: must be one of queued, active, all (got 5)"),
+        ("list_requests, component a number", "InvalidInput: component: must be a string (got 5)"),
+        ("list_policies, pool a number", "InvalidInput: pool: must be a string (got 5)"),
+        ("attach_policy, component a number", "InvalidInput: component: must be a string (got 5)"),
         ("cancel, reason blank", "InvalidInput: reason: must be a non-empty string"),
         ("scheduling.apply_config based on another",
          "Conflict: the active scheduler config changed meanwhile: it is version 1, not version 7"),
@@ -1437,6 +1451,24 @@ BAD_TREE_CALLS: list[tuple[str, Callable[[Any], Any], str]] = [
      lambda t: t.start_operation(user="u", job_resources={"gpu": 1}, job_count=1,
                                  trees=["tpus"], tree_options=["tpus"]),
      "tree_options: must be a mapping (got ['tpus'])"),
+    # A number where a name goes: told so, under the API's name for the field, before the
+    # tree is looked up (embedded said "tree: must match ..." or "no pool tree" before).
+    ("create_tree, name a number", lambda t: t.create_tree(5), "name: must be a string (got 5)"),
+    ("apply_tree, document a number", lambda t: t.apply_tree(5),
+     "document: must be a string (got 5)"),
+    ("apply_tree, name a number", lambda t: t.apply_tree("name: t3\n", 5),
+     "name: must be a string (got 5)"),
+    ("create_pool, name a number", lambda t: t.create_pool("no-such-tree", 5),
+     "name: must be a string (got 5)"),
+    ("create_pool, parent a number", lambda t: t.create_pool("tpus", "p9", parent=5),
+     "parent: must be a string (got 5)"),
+    ("add_node, name a number", lambda t: t.add_node(5, (), {"gpu": 1}),
+     "name: must be a string (got 5)"),
+    ("add_node, a tag a number", lambda t: t.add_node("n", ["a", 5], {"gpu": 1}),
+     "tags.1: must be a string (got 5)"),
+    ("start_operation, user a number",
+     lambda t: t.start_operation(user=5, job_resources={"gpu": 1}, job_count=1),
+     "user: must be a string (got 5)"),
     ("start_operation, trees a string",
      lambda t: t.start_operation(user="u", job_resources={"gpu": 1}, job_count=1, trees="tpus"),
      "trees: must be a list (got 'tpus')"),

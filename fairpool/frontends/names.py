@@ -8,7 +8,7 @@ from typing import Final
 
 # MAX_NAME's home is fairpool.errors, which shows a longer ref clipped.
 from fairpool.errors import MAX_NAME as MAX_NAME
-from fairpool.errors import InvalidInput, clipped, is_unicode
+from fairpool.errors import InvalidInput, clipped, is_unicode, string
 
 #: Keys of one mapping of resource amounts, and labels of one request or workload: what a
 #: pass plans and a row holds stays bounded, embedded as over HTTP.
@@ -20,16 +20,15 @@ MAX_LABEL_VALUE: Final = 1024
 MAX_VERSION: Final = 2**31 - 1
 
 
-def bounded_text(field: str, value: str, most: int) -> str:
+def bounded_text(field: str, value: object, most: int) -> str:
     """Text every backend stores as it is: at most ``most`` characters, no NUL, no lone
     surrogate (what a command line makes of bytes that are not UTF-8)."""
-    if not isinstance(value, str):
-        raise InvalidInput(field, value, "must be a string")
-    if len(value) > most:
-        raise InvalidInput(field, clipped(value), f"must be at most {most} characters")
-    if "\x00" in value:
-        raise InvalidInput(field, value, "must not contain NUL characters")
-    return check_unicode(field, value)
+    text = string(field, value)
+    if len(text) > most:
+        raise InvalidInput(field, clipped(text), f"must be at most {most} characters")
+    if "\x00" in text:
+        raise InvalidInput(field, text, "must not contain NUL characters")
+    return check_unicode(field, text)
 
 
 def check_unicode(field: str, value: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from fairpool.engine.model import Charge, Node, Placement
-from fairpool.errors import InvalidInput, mapping, validate_int
+from fairpool.errors import InvalidInput, mapping, string, validate_int
 from fairpool.frontends.names import (
     DOT_REASON,
     DOT_SEGMENTS,
@@ -90,7 +90,7 @@ def validate_name(
     newline or an escape sequence in it would forge lines or recolour a reader's terminal).
     ``printing=False`` for one that names something stored already, which may have been
     made before 2026-11-29, when such names were taken."""
-    if not isinstance(value, str) or not value.strip():
+    if not string(field, value).strip():
         raise InvalidInput(field, value, "must be a non-empty string")
     text = bounded_text(field, value, most)
     return check_printing(field, text) if printing else text
@@ -110,8 +110,6 @@ def validate_description(value: object) -> str | None:
     """None (none, or unchanged) or text up to ``MAX_DESCRIPTION`` characters, no NUL."""
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise InvalidInput("description", value, "must be a string")
     return bounded_text("description", value, MAX_DESCRIPTION)
 
 
@@ -124,8 +122,6 @@ def cancel_reason(reason: object) -> str:
     (None: nobody said why), so that a wait given up or an interrupt explains itself."""
     if reason is None:
         return "cancelled by user"
-    if not isinstance(reason, str):
-        raise InvalidInput("reason", reason, "must be a string")  # as the API's schema says
     return f"cancelled: {validate_name('reason', reason, MAX_REASON)}"
 
 

@@ -47,7 +47,7 @@ from fairpool.engine.fairshare import (
     StarvationSettings,
     TreeSnapshot,
 )
-from fairpool.errors import InvalidInput, clipped, listed, mapping
+from fairpool.errors import InvalidInput, clipped, listed, mapping, string
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME, bounded_text, check_key_count
 from fairpool.frontends.yaml_text import load_yaml
 
@@ -201,11 +201,12 @@ def _boolean(field_name: str, value: object) -> bool:
 
 
 def _name(field_name: str, value: object) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise InvalidInput(field_name, value, f"must match {NAME_PATTERN.pattern}")
-    if len(value) > MAX_NAME:  # as every name (the API's paths, the store's columns)
-        raise InvalidInput(field_name, clipped(value), f"must be at most {MAX_NAME} characters")
-    return value
+    name = string(field_name, value)
+    if not NAME_PATTERN.fullmatch(name):
+        raise InvalidInput(field_name, name, f"must match {NAME_PATTERN.pattern}")
+    if len(name) > MAX_NAME:  # as every name (the API's paths, the store's columns)
+        raise InvalidInput(field_name, clipped(name), f"must be at most {MAX_NAME} characters")
+    return name
 
 
 def _mode(field_name: str, value: object) -> SchedulingMode:
@@ -449,7 +450,8 @@ class ClusterNode:
         if len(given) > MAX_TAGS:
             raise InvalidInput("tags", len(given), f"must have at most {MAX_TAGS} items")
         checked = []
-        for tag in given:
+        for index, tag in enumerate(given):
+            string(f"tags.{index}", tag)  # as the API locates it
             if len(tag) > MAX_NAME:
                 raise InvalidInput("tags", clipped(tag), f"must be at most {MAX_NAME} characters")
             if not TAG_PATTERN.fullmatch(tag):

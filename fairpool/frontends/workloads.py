@@ -58,7 +58,7 @@ from fairpool.engine.model import (
     Snapshot,
 )
 from fairpool.engine.reconcile import reconcile
-from fairpool.errors import InvalidInput, clipped, mapping, shown, validate_int
+from fairpool.errors import InvalidInput, clipped, mapping, shown, string, validate_int
 from fairpool.frontends.config import (
     MAX_NAME,
     MAX_PRIORITY,
@@ -190,7 +190,7 @@ def validate_workload(
     requested = None if priority is None else validate_int("priority", priority, 0, MAX_PRIORITY)
     amounts: dict[str, int] = {}
     for key, value in _mapping("demand", demand).items():
-        if key not in _RESOURCES:
+        if string("demand key", key) not in _RESOURCES:
             raise InvalidInput(
                 "demand", key, f"unknown resource; one of {', '.join(r.value for r in Resource)}"
             )
@@ -222,7 +222,7 @@ def _text(
     """Text up to a name's length; ``printing``: a name (an id, a label key), which prints
     as itself. A label's value is free text, as a request's (tables escape what does not
     print)."""
-    if not isinstance(value, str) or (not value.strip() and not allow_empty):
+    if not string(field_name, value).strip() and not allow_empty:
         raise InvalidInput(field_name, value, "must be a non-empty string")
     text = bounded_text(field_name, value, MAX_NAME)
     return check_printing(field_name, text) if printing else text
