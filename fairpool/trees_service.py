@@ -654,10 +654,11 @@ def _still_started(what: str, started: Sequence[OperationRecord]) -> Conflict:
     )
 
 
-def _option_value(option: str, text: str) -> object:
-    """An option's value from its command-line text (``10``, ``{cpu: 100}``), as YAML."""
+def _option_value(option: str, text: str, field: str = "") -> object:
+    """An option's value from its command-line text (``10``, ``{cpu: 100}``), as YAML;
+    ``field``: its name in errors, as the rest of its checks name it (the option's own)."""
     bounded_text("option", option, MAX_NAME)
-    return load_yaml(option, bounded_text("value", text, MAX_OPTION_TEXT), text)
+    return load_yaml(field or option, bounded_text("value", text, MAX_OPTION_TEXT), text)
 
 
 def _decimal_text(weight: Fraction) -> str:
@@ -871,7 +872,7 @@ class TreesService:
         with self.db.write() as conn:
             state = _State.load(conn, name)
             config = canonical_tree_options(state.record.config)
-            parsed = _option_value(option, value)
+            parsed = _option_value(option, value, f"config.{option}")
             if parsed is None:  # null: unset, back to the default
                 config.pop(tree_option_name(option), None)
             else:

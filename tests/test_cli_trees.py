@@ -162,6 +162,9 @@ def test_the_issues_tour(home: Path) -> None:
         # YAML 1.1's octal and base 60 (JSON refuses them, YAML 1.2 reads 10 and text).
         (("pool", "set", "project-batch", "--tree", "physical", "weight", "010"),
          ("weight: 010 is octal in YAML 1.1 (8): write 8, 10 for decimal, or '010' for text",)),
+        # A tree's option is config.X in each of its errors (this one said X, helper-100).
+        (("pool-tree", "set", "physical", "max_operation_count", "0100"),
+         ("config.max_operation_count: 0100 is octal in YAML 1.1 (64)",)),
         (("pool", "create", "x", "--tree", "physical", "--config",
           "{strong_guarantee_resources: {cpu: 1:30}}"),
          ("config.strong_guarantee_resources.cpu: 1:30 is base 60 in YAML 1.1 (90): write 90, "
@@ -202,6 +205,9 @@ def test_a_whole_tree_from_yaml_is_applied_idempotently(tmp_path: Path) -> None:
     assert (named["name"], named["pools"]) == ("cpus", 1)
     assert_one_error(fairpool(tmp_path, "pool-tree", "apply", "-f", str(unnamed)),
                      "name: a tree needs a name")
+    unnamed.write_text("name: [x]\n")  # blamed on `tree` before (helper-100)
+    assert_one_error(fairpool(tmp_path, "pool-tree", "apply", "-f", str(unnamed)),
+                     "name: must be a string (got ['x'])")
     # Exported, edited, applied: the tree's next version (helper-79: no command printed a
     # tree as a document apply takes).
     exported = fairpool(tmp_path, "pool-tree", "export", "physical").ok().out

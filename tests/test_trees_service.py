@@ -461,7 +461,7 @@ def test_tree_yaml_is_read_as_the_scheduler_config_reads_it(seed: TreesService) 
     (lambda trees: trees.apply_tree("name: physical\npools:\n  a: {weight: 1:30}\n"),
      "pools.a.weight: 1:30 is base 60 in YAML 1.1 (90): write 90, or '1:30' for text"),
     (lambda trees: trees.set_tree("physical", "max_operation_count", "0_100"),
-     "max_operation_count: 0_100 is octal in YAML 1.1 (64): write 64, 100 for decimal, "
+     "config.max_operation_count: 0_100 is octal in YAML 1.1 (64): write 64, 100 for decimal, "
      "or '0_100' for text"),
     # A name too: the pool was moved under one named 90.
     (lambda trees: trees.set_pool("physical", "project-batch", "parent", "1:30"),

@@ -1298,6 +1298,7 @@ def load_pool_tree(text: str, name: str | None = None) -> PoolTree:
         if name is None:
             raise InvalidInput("name", None, "a tree needs a name")
         data = {**data, "name": name}  # `pool-tree create NAME --config-file` names it
+    string("name", data["name"])  # the tree's name rules are PoolTree.build's
     config = PoolTreeConfig.from_mapping(data.get("config") or {})
     pools: dict[str, Pool] = {}
 
