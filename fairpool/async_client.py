@@ -247,7 +247,7 @@ class AsyncAcquire:
         except BaseException as error:  # a cancellation too: a queued request nobody will use
             # Granted meanwhile, perhaps: a cancel releases it then.
             try:
-                await client.cancel(request.id, stopped_waiting(error, self._timeout))
+                cancelled = await client.cancel(request.id, stopped_waiting(error, self._timeout))
             except (Conflict, NotFound):  # it ended meanwhile, or was deleted
                 pass
             except BaseException as failed:  # the caller's error stays the error
@@ -255,6 +255,9 @@ class AsyncAcquire:
                 log.warning("%s", still_waiting("Resource request", request.id, failed))
                 if not isinstance(failed, FairpoolError):
                     raise
+            else:
+                if isinstance(error, WaitTimeout):
+                    raise error.withdrawn(cancelled) from None
             raise
         if request.status != "allocated":
             raise not_granted(request)

@@ -103,10 +103,25 @@ class Preempted(NotGranted):
 
 
 class WaitTimeout(FairpoolError):
-    def __init__(self, request: RequestView) -> None:
-        where = "; ".join(f"{q.pool} #{q.position}: {q.reason}" for q in request.queue)
-        super().__init__(f"request {request.id} still queued ({where or 'no queue'})")
+    """A wait ran out with the request queued. ``request``: as it is now (cancelled, when
+    ``acquire`` withdrew it: it said "still queued" of a request it had cancelled);
+    ``waited``: as the wait left it, queued, with its places."""
+
+    def __init__(self, request: RequestView, waited: RequestView | None = None) -> None:
+        queued = waited or request
+        where = "; ".join(f"{q.pool} #{q.position}: {q.reason}" for q in queued.queue)
+        if request.status == "queued":
+            message = f"request {request.id} still queued ({where or 'no queue'})"
+        else:
+            message = (f"request {request.id} {request.status_reason or request.status} "
+                       f"(it was queued: {where or 'no queue'})")
+        super().__init__(message)
         self.request = request
+        self.waited = queued
+
+    def withdrawn(self, request: RequestView) -> WaitTimeout:
+        """The same timeout, said of ``request`` as its cancel left it."""
+        return WaitTimeout(request, self.waited)
 
 
 _ENDINGS: dict[str, type[NotGranted]] = {
@@ -633,7 +648,8 @@ class _Acquire:
             except BaseException as error:
                 # Granted meanwhile, perhaps: a cancel releases it then.
                 try:
-                    self._client.cancel(request.id, stopped_waiting(error, self._timeout))
+                    reason = stopped_waiting(error, self._timeout)
+                    cancelled = self._client.cancel(request.id, reason)
                 except (Conflict, NotFound):  # it ended meanwhile, or was deleted
                     pass
                 except BaseException as failed:  # the caller's error stays the error
@@ -641,6 +657,9 @@ class _Acquire:
                     log.warning("%s", still_waiting("Resource request", request.id, failed))
                     if not isinstance(failed, FairpoolError):
                         raise
+                else:
+                    if isinstance(error, WaitTimeout):
+                        raise error.withdrawn(cancelled) from None
                 raise
             if request.status != "allocated":
                 raise not_granted(request)

@@ -98,7 +98,8 @@ def test_timeout_and_cancellation_cancel_the_queued_request(target: dict[str, st
         async with AsyncClient(**target) as client:
             await setup(client, "a-time", 1)
             await client.submit({"gpu": 1}, component="a-time-high", lease_ttl=None)
-            with pytest.raises(WaitTimeout, match="still queued") as raised:
+            with pytest.raises(WaitTimeout, match="cancelled: gave up waiting after 0.5 s "
+                               r"\(it was queued: a-time #1: ") as raised:
                 async with client.acquire({"gpu": 1}, component="a-time-low", timeout=0.5):
                     pytest.fail("never granted")
             assert (await client.get(raised.value.request.id)).status == "cancelled"

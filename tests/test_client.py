@@ -191,12 +191,16 @@ def test_rejection_is_a_typed_error_with_the_reason(home: str) -> None:
 def test_timeout_cancels_the_waiting_request(home: str) -> None:
     client = Client(home=home)
     client.submit({"gpu": 2}, component="high")
-    with pytest.raises(WaitTimeout, match="still queued") as raised:
+    with pytest.raises(WaitTimeout) as raised:
         with client.acquire({"gpu": 1}, component="low", timeout=0.5):
             pytest.fail("never granted")
     cancelled = client.get(raised.value.request.id)
     assert (cancelled.status, cancelled.status_reason) == (
         "cancelled", "cancelled: gave up waiting after 0.5 s")
+    # Said as it is: cancelled (it said "still queued", helper-101), where it had waited too.
+    assert str(raised.value).startswith(f"request {cancelled.id} cancelled: gave up waiting "
+                                        "after 0.5 s (it was queued: p #1: "), str(raised.value)
+    assert (raised.value.request.status, raised.value.waited.status) == ("cancelled", "queued")
 
 
 @pytest.mark.parametrize(
