@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from fairpool.errors import Conflict, NotFound, as_ref, one_of, validate_int
+from fairpool.errors import Conflict, InvalidInput, NotFound, as_ref, one_of, validate_int
 from fairpool.frontends import workloads as wl
 from fairpool.frontends.config import (
     MAX_VERSION,
@@ -62,19 +62,28 @@ def _based_on(based_on: object) -> int | None:
 
 
 def _check_based_on(conn: Connection, based_on: int | None) -> None:
-    """Conflict unless the active config version is ``based_on`` (0: none yet)."""
+    """Conflict unless the active config version is ``based_on`` (0: none yet); a version
+    that never was is no change meanwhile, but a wrong ``based_on``."""
     if based_on is None:
         return
     active = store.active_config_version(conn)
     now = 0 if active is None else active.version
-    if now != based_on:
-        expected = f"not version {based_on}" if based_on else "where there was none"
-        # None yet: "it is version 0" named a version no one ever applied (helper-83).
-        found = f"it is version {now}" if now else "there is none"
-        raise Conflict(
-            f"the active scheduler config changed meanwhile: {found}, {expected} "
-            "(based_on); nothing applied: look at it again and re-apply"
-        )
+    if now == based_on:
+        return
+    # None yet: "it is version 0" named a version no one ever applied (helper-83).
+    found = f"it is version {now}" if now else "there is none"
+    if based_on:
+        try:
+            store.get_config_version(conn, based_on)
+        except NotFound:  # "changed meanwhile" said it had been (helper-101)
+            active_one = f"the active one is version {now}" if now else "none is applied yet"
+            raise InvalidInput("based_on", based_on, f"no scheduler config version "
+                               f"{based_on}; {active_one}") from None
+    expected = f"not version {based_on}" if based_on else "where there was none"
+    raise Conflict(
+        f"the active scheduler config changed meanwhile: {found}, {expected} "
+        "(based_on); nothing applied: look at it again and re-apply"
+    )
 
 
 def _version(version: int) -> int:

@@ -1326,7 +1326,7 @@ def test_every_sdk_call_answers_the_same_embedded_and_remote(tmp_path: Path, dat
         ("attach_policy, component a number", "InvalidInput: component: must be a string (got 5)"),
         ("cancel, reason blank", "InvalidInput: reason: must be a non-empty string"),
         ("scheduling.apply_config based on another",
-         "Conflict: the active scheduler config changed meanwhile: it is version 1, not version 7"),
+         "InvalidInput: based_on: no scheduler config version 7; the active one is version 1"),
         ("scheduling.rollback_config based on a bad version",
          "InvalidInput: based_on: must be a non-negative integer (got -1)"),
         ("scheduling.diff_config of text",

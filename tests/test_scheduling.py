@@ -153,32 +153,31 @@ def test_a_preview_says_what_an_apply_would_change_and_writes_nothing(
     assert rows(sched, "config_version") == 2
 
 
-@pytest.mark.parametrize(("based_on", "expected"), [
-    (0, "it is version 1, where there was none (based_on)"),
-    (2, "it is version 1, not version 2 (based_on)"),
+CHANGED = "the active scheduler config changed meanwhile: "
+
+
+@pytest.mark.parametrize(("versions", "based_on", "expected"), [
+    (1, 0, Conflict(f"{CHANGED}it is version 1, where there was none (based_on); nothing "
+                    "applied: look at it again and re-apply")),
+    (2, 1, Conflict(f"{CHANGED}it is version 2, not version 1 (based_on); nothing applied: "
+                    "look at it again and re-apply")),
+    # A version that never was: no change meanwhile, as it said (helper-101).
+    (1, 2, InvalidInput("based_on", 2, "no scheduler config version 2; the active one is "
+                        "version 1")),
+    # None yet: it said "it is version 0", a version nobody applied (helper-83).
+    (0, 1, InvalidInput("based_on", 1, "no scheduler config version 1; none is applied yet")),
 ])
 def test_an_apply_based_on_another_version_is_refused_naming_both(
-    sched: SchedulingService, based_on: int, expected: str
+    sched: SchedulingService, versions: int, based_on: int, expected: Exception
 ) -> None:
-    sched.apply_config(M5_CAP)
-    for apply in (lambda: sched.apply_config(RESERVATION, based_on=based_on),
+    for document in (M5_CAP, RESERVATION)[:versions]:
+        sched.apply_config(document)
+    for apply in (lambda: sched.apply_config(RESERVATION + "\n# again\n", based_on=based_on),
                   lambda: sched.rollback_config(1, based_on=based_on)):
-        with pytest.raises(Conflict) as refused:
+        with pytest.raises(type(expected)) as refused:
             apply()
-        assert str(refused.value) == (f"the active scheduler config changed meanwhile: "
-                                      f"{expected}; nothing applied: look at it again and "
-                                      "re-apply")
-    assert rows(sched, "config_version") == 1
-
-
-def test_an_apply_based_on_a_version_before_any_says_there_is_none(
-    sched: SchedulingService,
-) -> None:
-    """It said "it is version 0", a version nobody applied (helper-83)."""
-    with pytest.raises(Conflict, match=r"^the active scheduler config changed meanwhile: there "
-                       r"is none, not version 1 \(based_on\); nothing applied"):
-        sched.apply_config(RESERVATION, based_on=1)
-    assert rows(sched, "config_version") == 0
+        assert str(refused.value) == str(expected)
+    assert rows(sched, "config_version") == versions
 
 
 # -- workloads -------------------------------------------------------------------------------
