@@ -20,11 +20,12 @@ from fairpool.store import repo
 MAX_IDEMPOTENCY_KEY = 64
 
 
-def validate_key(key: object) -> str | None:
-    """None (no key), or non-empty text up to ``MAX_IDEMPOTENCY_KEY`` characters."""
+def validate_key(key: object, field: str = "idempotency_key") -> str | None:
+    """None (no key), or non-empty text up to ``MAX_IDEMPOTENCY_KEY`` characters; an error
+    names ``field`` (the API's ``Idempotency-Key`` header for one given there)."""
     if key is None:
         return None
-    return validate_name("idempotency_key", key, MAX_IDEMPOTENCY_KEY)
+    return validate_name(field, key, MAX_IDEMPOTENCY_KEY)
 
 
 def digest(asked: Mapping[str, object]) -> str:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -437,7 +438,7 @@ def test_every_url_parameter_refuses_what_its_type_does_not_allow(
             for parameter in parameters:
                 types = {s.get("type") for s in [parameter["schema"],
                                                   *parameter["schema"].get("anyOf", [])]}
-                if not types & kinds:
+                if not types & kinds or parameter["in"] == "header":  # a header: no NUL
                     continue
                 url = path.removeprefix(API)
                 for other in parameters:  # the other path parameters: any value
@@ -544,6 +545,228 @@ def test_health_readiness_metrics_and_docs(client: httpx.Client, server: ApiServ
     assert {f"{API}/requests", f"{API}/requests/{{ref}}/wait", f"{API}/pools/{{ref}}/policies", "/metrics"} <= set(schema["paths"])
     docs = httpx.get(server.url + "/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+# -- HTTP semantics: HEAD, Location, Cache-Control, Idempotency-Key (RFC 9110, 9111) -------
+
+
+def answered_as_get(get: httpx.Response, head: httpx.Response) -> None:
+    """A HEAD answered as its GET: the same status and headers (but the date, and the length
+    of an answer that changes from one call to the next), no body."""
+    assert head.status_code == get.status_code, (head.request.url, head.status_code, get.text)
+
+    def shown(answer: httpx.Response) -> dict[str, str]:
+        return {k: v for k, v in answer.headers.items() if k not in ("date", "content-length")}
+
+    assert shown(head) == shown(get), head.request.url
+    assert head.content == b""
+
+
+def test_every_get_route_answers_head_as_its_get(client: httpx.Client, server: ApiServer) -> None:
+    """RFC 9110 9.3.2: a resource that answers GET answers HEAD alike, without the body.
+    Only /healthz, /readyz and /metrics did; every other route answered 405. The table is
+    the OpenAPI document (its GET routes, each path parameter naming nothing: a 404, or a
+    422 for a version), then routes naming what exists (a 200). HEAD stays out of it."""
+    setup_pool(client, "head-gpus", "head-orch", {"gpu": 1})
+    held = submit(client, "head-orch", gpu=1)
+    schema = ok(httpx.get(server.url + "/openapi.json"))
+    urls = [re.sub(r"\{[^}]*\}", "nope", path) for path, methods in schema["paths"].items()
+            if "get" in methods]
+    assert not [path for path, methods in schema["paths"].items() if "head" in methods]
+    urls += [f"{API}/pools/head-gpus", f"{API}/requests/{held['id'][:8]}",
+             f"{API}/requests/{held['id']}/events", f"{API}/requests/{held['id']}/wait",
+             f"{API}/healthz", "/docs"]
+    statuses = set()
+    for url in urls:
+        answered_as_get(httpx.get(server.url + url), head := httpx.head(server.url + url))
+        statuses.add(head.status_code)
+    assert {200, 204, 404, 422} <= statuses
+    # Nothing follows the headers on the wire either.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(f"HEAD {API}/pools/head-gpus HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: " in head and rest == b""
+    # A route that takes GET says it takes HEAD too.
+    refused = client.delete("/pools")
+    assert (refused.status_code, refused.headers["allow"]) == (405, "GET, HEAD, POST")
+    ok(client.post(f"/requests/{held['id']}/release"))
+
+
+def test_a_create_answers_where_what_it_made_is(client: httpx.Client, server: ApiServer) -> None:
+    """RFC 9110 10.2.2: a 201 names what it made in ``Location``, the path its GET route
+    answers it at (none did). A policy and a node have no GET route of their own: none."""
+    made: dict[str, Any] = {}
+    # (what, the create's path, its body, its Location: formatted with what was made so far)
+    creates: list[tuple[str, str, Any, str | None]] = [
+        ("pool", "/pools", {"name": "where gpus é%", "capacity": {"gpu": 2}},
+         "/pools/where%20gpus%20%C3%A9%25"),
+        ("policy", "/pools/where%20gpus%20%C3%A9%25/policies", {"component": "where-orch"},
+         None),
+        ("request", "/requests", {"component": "where-orch", "resources": {"gpu": 1}},
+         "/requests/{request[id]}"),
+        ("config", "/config", {"document": WHERE_CONFIG},
+         "/config?version={config[version][version]}"),
+        ("rollback", "/config/versions/{config[version][version]}/rollback", None,
+         "/config?version={rollback[version][version]}"),
+        ("workload", "/workloads", {"labels": {"team": "where"}, "demand": {"cpu": 1}},
+         "/workloads/{workload[id]}"),
+        ("node", "/nodes", {"name": "where-n", "tags": ["where"], "resources": {"cpu": 4}},
+         None),
+        ("tree", "/pool-trees", {"name": "where:t", "config": {"node_tag_filter": "where"}},
+         "/pool-trees/where%3At"),
+        ("tree pool", "/pool-trees/where:t/pools", {"name": "where:p"},
+         "/pool-trees/where%3At/pools/where%3Ap"),
+        ("operation", "/operations", {"user": "where-u", "job_resources": {"cpu": 1},
+                                      "job_count": 1, "pool_trees": ["where:t"],
+                                      "pool": "where:p"},
+         "/operations/{operation[id]}"),
+    ]
+    for what, path, body, location in creates:
+        response = client.post(path.format(**made), json=body)
+        made[what] = answer = ok(response, 201)
+        if location is None:
+            assert "location" not in response.headers, what
+            continue
+        assert response.headers["location"] == API + location.format(**made), what
+        found = ok(httpx.get(server.url + response.headers["location"]))
+        its = answer["version"] if what in ("config", "rollback") else answer
+        assert {k: found[k] for k in ("id", "name", "version") if k in its} == {
+            k: its[k] for k in ("id", "name", "version") if k in its}, what
+    ok(client.post(f"/requests/{made['request']['id']}/release"))
+    ok(client.post(f"/workloads/{made['workload']['id']}/release"))
+    ok(client.post(f"/operations/{made['operation']['id']}/complete"))
+    ok(client.delete("/pool-trees/where:t"), 204)
+    ok(client.delete("/nodes/where-n"), 204)
+
+
+#: A scheduler config of the tests of HTTP semantics: its queue and rule are no other test's.
+WHERE_CONFIG = """\
+resource_flavors:
+  - name: where-flavor
+resource_queues:
+  - name: where-q
+    resource_groups:
+      - covered_resources: [cpu]
+        flavors:
+          - name: where-flavor
+            resources:
+              - { name: cpu, nominal_quota: 1000 }
+scheduling_rules:
+  - selector:
+      - { key: team, operator: in, values: [where] }
+    resource_queue: where-q
+"""
+
+
+def test_every_api_answer_says_it_is_not_to_be_stored(
+    client: httpx.Client, server: ApiServer
+) -> None:
+    """RFC 9111 5.2.2.5: ``Cache-Control: no-store`` on every answer under /api/v1, success
+    or error, whichever layer answered it, so that no cache answers a request's status
+    stale (none said so). Outside it (the probes, the schema, the pages) as before."""
+    setup_pool(client, "store-gpus", "store-orch", {"gpu": 1000})
+    json_body = {"content-type": "application/json"}
+    for method, path, options, status, cache_control in [
+        ("GET", "/pools", {}, 200, "no-store"),
+        ("HEAD", "/pools", {}, 200, "no-store"),
+        ("POST", "/requests", {"json": {"component": "store-orch", "resources": {"gpu": 1}}},
+         201, "no-store"),
+        ("GET", "/requests/nope", {}, 404, "no-store"),
+        ("GET", "/requests/nope/wait", {"params": {"timeout": 0}}, 404, "no-store"),  # busy
+        ("POST", "/requests/nope/release", {}, 404, "no-store"),
+        ("POST", "/pools", {"json": {"name": ""}}, 422, "no-store"),
+        ("POST", "/pools", {"content": b"{", "headers": json_body}, 400, "no-store"),
+        ("POST", "/pools", {"content": b"{}", "headers": {**json_body,
+                                                          "content-encoding": "gzip"}},
+         415, "no-store"),
+        ("POST", "/pools", {"content": b" " * (2 << 20)}, 413, "no-store"),
+        ("POST", "/pools", {"json": {}, "headers": {"origin": "http://evil.example"}}, 403,
+         "no-store"),
+        ("DELETE", "/pools", {}, 405, "no-store"),
+        ("GET", "/nowhere", {}, 404, "no-store"),
+        ("GET", "/healthz", {}, 200, "no-store"),
+        *(("GET", server.url + path, {}, 200, None)
+          for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs")),
+    ]:
+        answer = client.request(method, path, **options)
+        assert (answer.status_code, answer.headers.get("cache-control")) == (
+            status, cache_control), (method, path)
+
+
+#: What each create that takes an idempotency key asks (the rollback's path: of a version).
+KEYED_CREATES = {
+    "request": ("/requests", {"component": "keyed-orch", "resources": {"gpu": 1}}),
+    "workload": ("/workloads", {"labels": {"team": "where"}, "demand": {"cpu": 1}}),
+    "operation": ("/operations", {"user": "keyed-u", "job_resources": {"cpu": 1},
+                                  "job_count": 1, "pool_trees": ["keyed-t"]}),
+    "config": ("/config", {"document": WHERE_CONFIG}),
+    "rollback": ("/config/versions/{version}/rollback", {}),
+}
+#: (the Idempotency-Key header, the body's idempotency_key, the key that makes, or the
+#: 422's detail), ``{k}`` and ``{o}`` two keys of the test's own.
+KEYS: list[tuple[str | None, str | None, str | None, str | None]] = [
+    ("{k}", None, "{k}", None),  # the header alone
+    (None, "{k}", "{k}", None),  # the body alone, as ever
+    ("{k}", "{k}", "{k}", None),
+    ('"{k}"', "{k}", "{k}", None),  # the draft's form: a Structured Field string
+    ('"{k}\\""', '{k}"', '{k}"', None),  # with an escape
+    ("{k}", "{o}", None, "Idempotency-Key: differs from the body's idempotency_key '{o}': "
+                         "give the key once, or the same in both (got '{k}')"),
+    ("x" * 65, None, None, f"Idempotency-Key: must be at most 64 characters (got '{'x' * 20}...')"),
+    ('"' + "x" * 65 + '"', None, None,
+     f"Idempotency-Key: must be at most 64 characters (got '{'x' * 20}...')"),
+    ("", None, None, "Idempotency-Key: must be a non-empty string (got '')"),
+    ('"{k}"{k}"', None, None, "Idempotency-Key: must be a key, or one in quotes with only "
+                              '\\" and \\\\ escaped (got \'"{k}"{k}"\')'),
+    ("a\tb", None, None, "Idempotency-Key: must not contain control or other non-printing "
+                        "characters (got 'a\\tb', with U+0009)"),
+]
+
+
+@pytest.mark.parametrize("what", KEYED_CREATES)
+def test_the_idempotency_key_header_stands_for_the_bodys_key(
+    client: httpx.Client, what: str
+) -> None:
+    """draft-ietf-httpapi-idempotency-key-header: a create's key in an ``Idempotency-Key``
+    header (it was ignored), checked as the body's ``idempotency_key`` is, the two the same
+    if both are given. The key made what it made, whichever carried it: asked again by the
+    header alone, that answers."""
+    if what == "request":
+        setup_pool(client, "keyed-gpus", "keyed-orch", {"gpu": 1000})
+    elif what == "operation":
+        ok(client.post("/nodes", json={"name": "keyed-n", "tags": ["keyed"],
+                                       "resources": {"cpu": 1000}}), 201)
+        ok(client.post("/pool-trees", json={"name": "keyed-t",
+                                            "config": {"node_tag_filter": "keyed"}}), 201)
+    version = ok(client.post("/config", json={"document": WHERE_CONFIG}), 201)["version"]
+    path, body = KEYED_CREATES[what]
+    path = path.format(version=version["version"])
+
+    def create(header: str | None, key: str | None = None) -> httpx.Response:
+        headers = {} if header is None else {"Idempotency-Key": header}
+        return client.post(path, json=body if key is None else {**body, "idempotency_key": key},
+                           headers=headers)
+
+    def made(answer: httpx.Response) -> Any:
+        it = ok(answer, 201)
+        return it["version"]["version"] if what in ("config", "rollback") else it["id"]
+
+    for n, (header, key, makes, refused) in enumerate(KEYS):
+        own = {"k": f"{what}-{n}-{uuid.uuid4().hex[:8]}", "o": f"other-{n}"}
+        header, key, makes, refused = (
+            None if text is None else text.format(**own) for text in (header, key, makes, refused))
+        answer = create(header, key)
+        if refused is not None:
+            assert answer.json() == {"detail": refused, "field": "Idempotency-Key"}, (header, key)
+            assert answer.status_code == 422
+            continue
+        first = made(answer)
+        assert made(create(makes)) == first, (header, key)
+        assert made(create(None)) != first  # without a key: another
 
 
 def test_the_schema_describes_answers_and_bounds_as_json_schema(server: ApiServer) -> None:
@@ -1458,17 +1681,22 @@ def test_a_bad_demand_is_worded_as_embedded(client: httpx.Client, amount: Any) -
 
 def test_a_server_behind_a_proxy_path_names_its_prefix(tmp_path: Path) -> None:
     """``--root-path /fp``: a proxy serves it under /fp and removes the prefix. The pages
-    loaded their scripts, and "Try it out" posted, at the proxy's root (helper-96)."""
+    loaded their scripts, and "Try it out" posted, at the proxy's root (helper-96). A
+    create's ``Location`` is under it too."""
     server = ApiServer(tmp_path / "server.log", home=tmp_path / "home", extra=("--root-path", "/fp/"))
     with running(server):
         assert ok(httpx.get(server.url + "/openapi.json"))["servers"] == [{"url": "/fp"}]
         page = httpx.get(server.url + "/docs").text
         assert 'src="/fp/docs/assets/swagger-ui-bundle.js"' in page and "'/fp/openapi.json'" in page
         with httpx.Client(base_url=server.url + API, timeout=10.0) as client:
-            ok(client.post("/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
+            made = client.post("/pools", json={"name": "p", "capacity": {"gpu": 1}})
+            assert (made.status_code, made.headers["location"], made.headers["cache-control"]
+                    ) == (201, "/fp/api/v1/pools/p", "no-store")
             ok(client.post("/pools/p/policies", json={"component": "c"}), 201)
-            held = ok(client.post("/requests", json={"component": "c", "resources": {"gpu": 1}}), 201)
+            made = client.post("/requests", json={"component": "c", "resources": {"gpu": 1}})
+            held = ok(made, 201)
             assert held["status"] == "allocated"
+            assert made.headers["location"] == f"/fp/api/v1/requests/{held['id']}"
             assert ok(client.post(f"/requests/{held['id']}/release"))["status"] == "released"
     refused = subprocess.run([sys.executable, "-m", "fairpool.api", "--home", str(tmp_path / "x"),
                               "--root-path", "fp", "--port", str(free_port())],

@@ -47,7 +47,12 @@ from fairpool.store import repo
 from fairpool.store.db import Database
 from tests.conftest import BACKENDS
 from tests.servers import ApiServer, server_on
-from tests.test_api import long_poll_stops_when_its_client_goes, ok, poll_until
+from tests.test_api import (
+    answered_as_get,
+    long_poll_stops_when_its_client_goes,
+    ok,
+    poll_until,
+)
 
 CLI = [sys.executable, "-m", "fairpool.cli.main"]
 
@@ -204,6 +209,33 @@ def test_missing_malformed_and_unknown_tokens_are_401(world: World) -> None:
             "$ref": "#/components/schemas/ErrorBody"
         }
 
+
+def test_a_head_is_refused_as_its_get_is(world: World, pools: str) -> None:
+    """Every GET route answers HEAD as its GET (405 before 2026-12-02), behind the same
+    checks: 401 without a token, 403 where the token's role forbids the GET, 404 for
+    another's request; each without a body."""
+    with world.client(None) as anonymous, world.client("a") as a, \
+            world.client("admin") as admin:
+        theirs = ok(admin.post("/requests", json={"component": "c-b", "resources": {"gpu": 1}}),
+                    201)
+        mine = ok(a.post("/requests", json={"component": "c-a", "resources": {"gpu": 1}}), 201)
+        try:
+            for caller, path, status in [
+                (anonymous, "/pools", 401),
+                (anonymous, f"/requests/{mine['id']}/wait", 401),
+                (a, "/auth/admin", 403),
+                (a, f"/requests/{theirs['id']}", 404),
+                (a, f"/requests/{theirs['id']}/wait", 404),
+                (a, f"/requests/{mine['id'][:8]}", 200),
+                (a, f"/pools/{pools}", 200),
+                (admin, "/auth/admin", 204),
+            ]:
+                get = caller.get(path)
+                assert get.status_code == status, (path, get.text)
+                answered_as_get(get, caller.head(path))
+        finally:
+            for made in (mine, theirs):
+                ok(admin.post(f"/requests/{made['id']}/release"))
 
 def test_revoked_token_is_401_from_its_next_call(world: World, pools: str) -> None:
     service = world.service()

@@ -52,10 +52,12 @@ class Answer:
 
 async def call(app: FastAPI, method: str, path: str, body: bytes | None = None,
                content_type: bytes | None = b"application/json",
-               raised: list[Exception] | None = None) -> Answer:
-    """``raised``: where an error the app raises after answering goes (else it is raised)."""
+               raised: list[Exception] | None = None,
+               extra: tuple[tuple[bytes, bytes], ...] = ()) -> Answer:
+    """``raised``: where an error the app raises after answering goes (else it is raised);
+    ``extra``: more headers."""
     path, _, query = path.partition("?")
-    headers = [(b"host", b"test")]
+    headers = [(b"host", b"test"), *extra]
     if content_type is not None:
         headers.append((b"content-type", content_type))
     if body is not None:
@@ -101,7 +103,7 @@ class Apps:
             service.create_pool(POOL, {"gpu": 4})
             service.attach_policy(POOL, COMPONENT)
             app = create_app(service, tick=3600.0)
-            assert isinstance(app.front, SameOrigin) and isinstance(app.front.app, AnswerCancelled)
+            assert isinstance(app.front, AnswerCancelled) and isinstance(app.front.app, SameOrigin)
             limit = app.front.app.app
             assert isinstance(limit, BodySizeLimit) and isinstance(limit.app, BusyRoutes)
             if name == "fastapi":  # the body's limit hands every request to FastAPI
@@ -119,10 +121,12 @@ class Apps:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
 
     def both(self, method: str, path: str, body: bytes | None = None,
-             content_type: bytes | None = b"application/json") -> tuple[Answer, Answer]:
+             content_type: bytes | None = b"application/json",
+             extra: tuple[tuple[bytes, bytes], ...] = ()) -> tuple[Answer, Answer]:
         """The same request to each app."""
         busy, fastapi = (
-            self.run(call(app, method, path, body, content_type)) for app in self.apps
+            self.run(call(app, method, path, body, content_type, extra=extra))
+            for app in self.apps
         )
         return busy, fastapi
 
@@ -141,6 +145,9 @@ def normalized(answer: Answer, ids: tuple[str, ...] = ()) -> tuple[int, dict[byt
     headers = dict(answer.headers)
     headers.pop(b"content-length", None)  # ids and times may differ in length
     text = answer.body.decode()
+    if b"location" in headers:  # a create's: the request it made, whose id differs
+        assert headers[b"location"] == f"{PREFIX}/requests/{json.loads(text)['id']}".encode()
+        headers[b"location"] = b"<its own>"
     for one in ids:
         text = text.replace(one, "<id>")
 
@@ -230,6 +237,54 @@ def test_a_submit_is_answered_as_fastapi_answers_it(
     if busy.status == 201:  # give the units back
         for app, answer in zip(apps.apps, (busy, fastapi), strict=True):
             apps.run(call(app, "POST", f"{PREFIX}/requests/{answer.json()['id']}/release"))
+
+
+# (Idempotency-Key headers, the body's idempotency_key, served by BusyRoutes, expected status)
+KEYED = [
+    ((b"k1",), None, True, 201),
+    ((b'"k2"',), None, True, 201),  # the draft's quoted form
+    ((b"k3",), "k3", True, 201),
+    ((b"k4",), "other", True, 422),  # two keys: refused by the endpoint
+    (("k\u00e9".encode(),), None, True, 201),  # UTF-8, as curl sends it
+    ((b"x" * 65,), None, False, 422),
+    ((b"",), None, False, 422),
+    ((b'"k"k"',), None, False, 422),
+    ((b"k5", b"k6"), None, False, 201),  # given twice: FastAPI's rule (its first)
+]
+
+
+@pytest.mark.parametrize(("keys", "key", "busy_serves", "status"), KEYED)
+def test_a_submits_idempotency_key_header_is_taken_as_fastapi_takes_it(
+    apps: Apps, keys: tuple[bytes, ...], key: str | None, busy_serves: bool, status: int
+) -> None:
+    body = {"component": COMPONENT, "resources": {"gpu": 1}}
+    if key is not None:
+        body["idempotency_key"] = key
+    extra = tuple((b"idempotency-key", one) for one in keys)
+    busy, fastapi = apps.both("POST", PREFIX + "/requests", json.dumps(body).encode(),
+                              extra=extra)
+    same(busy, fastapi)
+    assert (busy.routed is not busy_serves, busy.status) == (True, status), busy.body
+    if status == 201:  # the key made it: asked again, the same request answers
+        again = apps.both("POST", PREFIX + "/requests", GOOD, extra=extra[:1])
+        for answer, repeated in zip((busy, fastapi), again, strict=True):
+            assert repeated.json()["id"] == answer.json()["id"]
+        for app, answer in zip(apps.apps, (busy, fastapi), strict=True):
+            apps.run(call(app, "POST", f"{PREFIX}/requests/{answer.json()['id']}/release"))
+
+
+def test_a_head_is_answered_as_the_get_by_either(apps: Apps) -> None:
+    """A HEAD goes in as its GET (``semantics.as_get``): a busy route's too, without its
+    body."""
+    ids = submitted(apps, {"component": COMPONENT, "resources": {"gpu": 1}})
+    for tail in ("/wait?timeout=0", "", "/release"):
+        for app, one in zip(apps.apps, ids, strict=True):
+            get, head = (apps.run(call(app, method, f"{PREFIX}/requests/{one}{tail}",
+                                       content_type=None)) for method in ("GET", "HEAD"))
+            assert (head.status, head.headers, head.body) == (get.status, get.headers, b"")
+            assert head.status == (405 if tail == "/release" else 200)
+    for app, one in zip(apps.apps, ids, strict=True):
+        apps.run(call(app, "POST", f"{PREFIX}/requests/{one}/release"))
 
 
 # (method, path after the request's id, served by BusyRoutes, expected status)
@@ -393,7 +448,7 @@ def test_with_fastapis_telemetry_on_fastapi_serves_the_busy_routes(
     service.attach_policy(POOL, COMPONENT)
     try:
         app = create_app(service, tick=3600.0)
-        assert isinstance(app.front, SameOrigin) and isinstance(app.front.app, AnswerCancelled)
+        assert isinstance(app.front, AnswerCancelled) and isinstance(app.front.app, SameOrigin)
         limit = app.front.app.app
         assert isinstance(limit, BodySizeLimit) and limit.app == app.fastapi
 

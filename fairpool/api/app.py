@@ -57,6 +57,7 @@ from fairpool.api.models import (
     Cancel,
     ComponentType,
     ErrorBody,
+    IdempotencyHeader,
     PageAfter,
     PageLimit,
     PageOffset,
@@ -69,10 +70,12 @@ from fairpool.api.models import (
     QueryText,
     RequestCreate,
     WaitSeconds,
+    one_key,
 )
 from fairpool.api.notify import Watch, notifier_for
 from fairpool.api.reconciler import Reconciler
 from fairpool.api.scheduling import MAX_DOCUMENT_BODY, scheduling_router
+from fairpool.api.semantics import CREATED, as_get, located, rooted, segment
 from fairpool.api.trees import MAX_TREE_DOCUMENT_BODY, trees_router
 from fairpool.errors import Later, NotFound, WouldWait, words
 from fairpool.paging import page_dict
@@ -341,9 +344,11 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 
 class FairpoolApp(FastAPI):
     """FastAPI, whose HTTP requests pass ``front`` first (``create_app`` sets it): the 503
-    for a request the shutdown cuts short, the body's size limit, then the busy routes, ahead
-    of FastAPI's own layers. What the front does not
-    answer it hands to ``fastapi``: FastAPI itself, as if the front were not there.
+    for a request the shutdown cuts short and ``Cache-Control``, another site's refusal, the
+    body's size limit, then the busy routes, ahead of FastAPI's own layers. What the front
+    does not answer it hands to ``fastapi``: FastAPI itself, as if the front were not there.
+    A ``HEAD`` goes in as its ``GET`` (``semantics.as_get``): so every route answers it, out
+    of the schema, without a route of its own.
 
     FastAPI (0.165) runs three layers around every request before the app's middleware: its
     telemetry check (which reads the environment each time), its error middleware, which
@@ -358,6 +363,10 @@ class FairpoolApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self  # as Starlette sets it: exception handlers may read it
+        if scope["method"] == "HEAD":  # every GET route answers it, as RFC 9110 9.3.2 asks
+            scope, send = as_get(scope, send)
+        if root := scope.get("root_path"):  # behind a proxy's prefix: a create's Location too
+            send = rooted(root, send)
         await self.front(scope, receive, send)
 
     async def fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -420,8 +429,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         """A route of the app's own under ``PREFIX``. Not an ``APIRouter``'s: FastAPI matches
         an included router's routes through a layer of its own per route, ~5 % of the CPU of
         a create + release (docs/performance.md)."""
+        responses = {**denials, **options.pop("responses", {})}
         return app.api_route(PREFIX + path, methods=[method], dependencies=dependencies,
-                             responses=denials, **options)
+                             responses=responses, **options)
 
     # -- requests ----------------------------------------------------------------------
     # First: a route is found by trying the routes in order, and these are the busy ones.
@@ -434,10 +444,14 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
             view = await run_in_threadpool(shown, tokens, caller, view)
         return _json(view.as_dict(), status)
 
-    @route("POST", "/requests", status_code=201, tags=["requests"], response_model=RequestView)
-    async def create_request(body: RequestCreate, caller: Caller) -> JSONResponse:
+    @route("POST", "/requests", status_code=201, tags=["requests"], response_model=RequestView,
+           responses=CREATED)
+    async def create_request(
+        body: RequestCreate, caller: Caller, idempotency_header: IdempotencyHeader = None
+    ) -> JSONResponse:
         """Submit a request; the answer carries the decision already made: allocated, queued
         (with position and reason per pool) or rejected (with the reason)."""
+        key = one_key(idempotency_header, body.idempotency_key)
         view = await api.write(
             service.create_request,
             body.component,
@@ -448,10 +462,10 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
             labels=body.labels,
             lease_ttl=body.lease_ttl,
             created_by=owner_of_new_request(caller, body.component),
-            idempotency_key=body.idempotency_key,
+            idempotency_key=key,
         )
         # A repeat (same key) answers the request as it is now: perhaps preempted already.
-        return await _own(caller, view, 201)
+        return located(await _own(caller, view, 201), f"{PREFIX}/requests/{view.id}")
 
     @route("GET", "/requests", tags=["requests"], response_model=Listed[RequestView])
     def list_requests(
@@ -544,11 +558,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
 
     # -- pools -------------------------------------------------------------------------
 
-    @route("POST", "/pools", status_code=201, tags=["pools"], response_model=PoolView)
+    @route("POST", "/pools", status_code=201, tags=["pools"], response_model=PoolView,
+           responses=CREATED)
     def create_pool(body: PoolCreate) -> JSONResponse:
         """Create a resource pool."""
         pool = service.create_pool(body.name, body.capacity, body.description)
-        return _json(pool.as_dict(), 201)
+        return located(_json(pool.as_dict(), 201), f"{PREFIX}/pools/{segment(pool.name)}")
 
     @route("GET", "/pools", tags=["pools"], response_model=Listed[PoolView])
     def list_pools() -> JSONResponse:
@@ -694,15 +709,12 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
         ("/readyz", readyz, JSONResponse),
         ("/metrics", metrics, PlainTextResponse),
     ):
+        # HEAD too, as every GET route (``FairpoolApp``), for checkers that probe with it.
         app.add_api_route(
             path, endpoint, methods=["GET"], tags=["operations"], response_class=response_class
         )
-        # HEAD too, for health checkers that probe with it: a route of its own, out of the
-        # schema, where it would share the GET's operation id.
-        app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
         # The same under the API prefix, for clients that only know the base URL.
-        app.add_api_route(PREFIX + path, endpoint, methods=["GET", "HEAD"],
-                          include_in_schema=False)
+        app.add_api_route(PREFIX + path, endpoint, methods=["GET"], include_in_schema=False)
 
     # Last: routes are tried in order, and the busy ones come first (see above).
     serve_docs(app)
@@ -716,8 +728,9 @@ def create_app(service: Service, *, tick: float = 1.0, auth: bool = False,
               for action in (release, heartbeat, cancel)),
         ]
         front = BusyRoutes(front, busy, app.exception_handlers)
-    front = AnswerCancelled(
-        BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
-    )
-    app.front = front if tokens.enabled else SameOrigin(front, loopback_only=loopback_only)
+    front = BodySizeLimit(front, max_bytes=MAX_BODY_BYTES, per_path=DOCUMENT_PATHS)
+    if not tokens.enabled:
+        front = SameOrigin(front, loopback_only=loopback_only)
+    # Outermost, so that its Cache-Control is on every answer (another site's refusal too).
+    app.front = AnswerCancelled(front, no_store=PREFIX)
     return app

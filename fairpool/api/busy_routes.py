@@ -5,17 +5,18 @@ They are most of a server's requests. Through FastAPI each one passes its except
 exit-stack middleware, the route table, the request wrapper and the dependency solver before
 its endpoint runs: in process, as much CPU again as a bare endpoint's whole request
 (docs/performance.md). ``BusyRoutes`` matches the method and path itself, validates the
-inputs with the endpoint's own annotations (path and query parameters, the JSON body's model)
-as FastAPI would, calls the endpoint function and sends its response.
+inputs with the endpoint's own annotations (path, query and header parameters, the JSON
+body's model) as FastAPI would, calls the endpoint function and sends its response.
 
 Whatever it does not take exactly so, it hands to FastAPI untouched: invalid input, a content
 type other than ``application/json``, a query parameter the endpoint does not declare (or one
-given twice), a body in several parts. So every error is FastAPI's own answer, and the
-endpoints stay FastAPI routes (one implementation, the same OpenAPI schema). Errors the
-endpoint raises go to the app's exception handlers, as FastAPI would send them. Only without
-auth: with tokens, each route first reads its token in a worker thread, beside which FastAPI's
-share is small. It runs ahead of FastAPI's own layers (``FairpoolApp``), behind the body's
-size limit.
+given twice), a header parameter given twice, a body in several parts. So every error is
+FastAPI's own answer, and the endpoints stay FastAPI routes (one implementation, the same
+OpenAPI schema). Errors the endpoint raises go to the app's exception handlers, as FastAPI
+would send them. Only without auth: with tokens, each route first reads its token in a worker
+thread, beside which FastAPI's share is small. It runs ahead of FastAPI's own layers
+(``FairpoolApp``), behind the body's size limit; a ``HEAD`` reaches it as its ``GET``
+(``semantics.as_get``).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class BusyRoute:
     of the endpoint's parameters is filled comes from its signature: a parameter named in the
     path is a path parameter, one annotated with a pydantic model is the JSON body (with
     ``| None``, an empty body is None), the caller's token (``Caller``) is None, one
-    annotated ``Request`` is the request, any other is a query parameter; each is validated
-    by its annotation."""
+    annotated ``Request`` is the request, one annotated ``Header`` is that header, any other
+    is a query parameter; each is validated by its annotation."""
 
     method: str
     path: str
@@ -66,6 +67,8 @@ class _Route:
         self.regex, _, _ = compile_path(route.path)
         self.path: dict[str, TypeAdapter[Any]] = {}
         self.query: dict[str, TypeAdapter[Any]] = {}
+        #: By the header's name as ASGI gives it (lower case): the parameter, its adapter.
+        self.headers: dict[bytes, tuple[str, TypeAdapter[Any]]] = {}
         self.fixed: dict[str, Any] = {}
         self.body: tuple[str, type[BaseModel]] | None = None
         self.optional_body = False
@@ -73,14 +76,18 @@ class _Route:
         hints = typing.get_type_hints(route.endpoint, include_extras=True)
         for name in inspect.signature(route.endpoint).parameters:
             hint = hints[name]
-            depends = [m.dependency for m in getattr(hint, "__metadata__", ())
-                       if isinstance(m, params.Depends)]
+            metadata = getattr(hint, "__metadata__", ())
+            depends = [m.dependency for m in metadata if isinstance(m, params.Depends)]
+            header = next((m for m in metadata if isinstance(m, params.Header)), None)
             members = typing.get_args(hint) if _is_union(hint) else (hint,)
             models = [m for m in members if inspect.isclass(m) and issubclass(m, BaseModel)]
             if f"{{{name}}}" in route.path:
                 self.path[name] = TypeAdapter(hint)
             elif hint is Request:
                 self.request = name
+            elif header is not None:
+                key = header.alias or name.replace("_", "-")
+                self.headers[key.lower().encode("latin-1")] = (name, TypeAdapter(hint))
             elif models:
                 (model,) = models
                 self.body = (name, model)
@@ -111,6 +118,8 @@ class _Route:
                 if name not in self.query:
                     raise _Declined
                 arguments[name] = self.query[name].validate_python(value)
+            if self.headers:
+                arguments |= self._header_values(scope)
             if self.body is not None:
                 name, model = self.body
                 if body == b"" and self.optional_body:  # FastAPI's None for no body
@@ -125,6 +134,17 @@ class _Route:
         if self.request is not None:
             arguments[self.request] = Request(scope, receive)
         return arguments | self.fixed
+
+    def _header_values(self, scope: Scope) -> dict[str, Any]:
+        """The header parameters given, validated (an absent one takes its default)."""
+        values: dict[str, Any] = {}
+        for header, value in scope["headers"]:
+            if header in self.headers:
+                name, adapter = self.headers[header]
+                if name in values:
+                    raise _Declined  # FastAPI's rule for a repeated header is its own
+                values[name] = adapter.validate_python(value.decode("latin-1"))
+        return values
 
 
 def _is_union(hint: Any) -> bool:

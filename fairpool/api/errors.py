@@ -28,6 +28,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fairpool.api.auth import Forbidden, authorize
+from fairpool.api.semantics import NO_STORE
 from fairpool.errors import (
     Conflict,
     FairpoolError,
@@ -303,6 +304,8 @@ def _allowed_methods(request: Request) -> list[str]:
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             allowed |= set(getattr(route, "methods", None) or ())
+    if "GET" in allowed:  # answered as GET by every route (``semantics.as_get``)
+        allowed.add("HEAD")
     return sorted(allowed)
 
 
@@ -315,16 +318,25 @@ class AnswerCancelled:
     commit, or in a worker thread, which no cancellation stops). A 503 the CLI and the SDK
     retry, and the retry finds what was done (a create's idempotency key, ``RemoteService``'s
     checks). An answer already begun cannot be taken back: the connection drops. Knowing
-    whether it began (a wrapped ``send``) costs ~0.2 µs a request."""
+    whether it began (a wrapped ``send``) costs ~0.2 µs a request.
 
-    def __init__(self, app: ASGIApp) -> None:
+    The outermost layer, it also appends ``Cache-Control: no-store`` to every answer whose
+    path starts with ``no_store`` (``semantics.NO_STORE``): in the same wrapped ``send``, so
+    that the header costs no second one."""
+
+    def __init__(self, app: ASGIApp, no_store: str | None = None) -> None:
         self.app = app
+        self.no_store = no_store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
+        no_store = self.no_store is not None and scope["path"].startswith(
+            self.no_store, len(scope.get("root_path", "")))  # the path holds a proxy's prefix
 
         async def sending(message: Message) -> None:
             nonlocal started
+            if no_store and not started:  # the answer's start: none of ours sets the header
+                message["headers"] = [*message.get("headers", ()), NO_STORE]
             started = True
             await send(message)
 
@@ -341,7 +353,7 @@ class AnswerCancelled:
             )
             # Answered: the task ends here, which is all its cancellation asked (re-raised,
             # uvicorn would log it as an error of the app).
-            await response(scope, receive, send)
+            await response(scope, receive, sending)
 
 
 class BodySizeLimit:

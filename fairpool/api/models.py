@@ -10,9 +10,10 @@ error just as these models do.
 from __future__ import annotations
 
 import re
+from contextlib import suppress
 from typing import Annotated, Literal
 
-from fastapi import Query
+from fastapi import Header, Query
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -22,10 +23,10 @@ from pydantic import (
     StringConstraints,
 )
 
-from fairpool.errors import is_unicode
+from fairpool.errors import InvalidInput, is_unicode, shown
 from fairpool.frontends.names import MAX_KEYS, MAX_LABEL_VALUE, MAX_LABELS, MAX_NAME, MAX_VERSION
 from fairpool.frontends.pools import MAX_AMOUNT, MAX_DESCRIPTION, MAX_PRIORITY, MAX_REASON
-from fairpool.idempotency import MAX_IDEMPOTENCY_KEY
+from fairpool.idempotency import MAX_IDEMPOTENCY_KEY, validate_key
 from fairpool.leases import MAX_LEASE_TTL, MAX_RETRIES
 from fairpool.paging import MAX_OFFSET, MAX_PAGE_SIZE
 from fairpool.views import MAX_RETENTION
@@ -121,16 +122,59 @@ Amounts = Annotated[dict[Key, NonNegative], Field(max_length=MAX_KEYS)]
 ComponentType = Literal["orchestrator", "step_operator"]
 
 
-#: Chosen by the client per create (``fairpool.idempotency``).
-IdempotencyKey = Annotated[
-    Annotated[
-        str,
-        StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, pattern=NAME_PATTERN),
-        AfterValidator(text),
-    ] | None,
-    Field(description="Chosen by the client per create; a retry with the same key answers "
-          "what the first made instead of making another."),
+_Key = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY, pattern=NAME_PATTERN),
+    AfterValidator(text),
 ]
+_KEY_DESCRIPTION = ("Chosen by the client per create; a retry with the same key answers what "
+                    "the first made instead of making another.")
+#: Chosen by the client per create (``fairpool.idempotency``).
+IdempotencyKey = Annotated[_Key | None, Field(description=_KEY_DESCRIPTION)]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: An sf-string (RFC 8941 3.3.3), as draft-ietf-httpapi-idempotency-key-header writes the key.
+_SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')
+
+
+def _header_key(value: object) -> object:
+    """The key an ``Idempotency-Key`` header holds: as it is (Stripe's form), or the draft's
+    quoted string without its quotes and escapes. Bytes beyond ASCII are read as UTF-8, as a
+    body's are (the server hands a header over as Latin-1)."""
+    if not isinstance(value, str):
+        return value
+    if not value.isascii():
+        with suppress(UnicodeError):
+            value = value.encode("latin-1").decode("utf-8")
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        quoted = _SF_STRING.fullmatch(value)
+        if quoted is None:
+            raise ValueError('must be a key, or one in quotes with only \\" and \\\\ escaped')
+        value = re.sub(r'\\(.)', r"\1", quoted[1])
+    return value
+
+
+#: The body's ``idempotency_key`` given as the ``Idempotency-Key`` header (``one_key``).
+IdempotencyHeader = Annotated[
+    Annotated[_Key, BeforeValidator(_header_key)] | None,
+    Header(alias=IDEMPOTENCY_HEADER, description="The body's `idempotency_key` as a header "
+           "(draft-ietf-httpapi-idempotency-key-header), as it is or in double quotes; if "
+           "both are given they must be the same."),
+]
+
+
+def one_key(header: str | None, body: str | None) -> str | None:
+    """A create's idempotency key: its ``Idempotency-Key`` header's, or its body's, or both
+    if they are the same. Two that differ are refused (a retry could mean either), and the
+    header's is checked as the service checks the body's, naming the header."""
+    if header is None:
+        return body
+    validate_key(header, IDEMPOTENCY_HEADER)
+    if body is not None and body != header:
+        raise InvalidInput(IDEMPOTENCY_HEADER, header,
+                           f"differs from the body's idempotency_key {shown(body)}: give the "
+                           "key once, or the same in both")
+    return header
 
 
 class Strict(BaseModel):

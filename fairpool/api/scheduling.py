@@ -26,6 +26,7 @@ from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
 from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
     Cancel,
+    IdempotencyHeader,
     IdempotencyKey,
     PageAfter,
     PageLimit,
@@ -33,7 +34,9 @@ from fairpool.api.models import (
     PathText,
     QueryText,
     Version,
+    one_key,
 )
+from fairpool.api.semantics import CREATED, located
 from fairpool.frontends.config import (
     MAX_DOCUMENT,
     MAX_PRIORITY,
@@ -43,7 +46,13 @@ from fairpool.frontends.config import (
     warnings,
 )
 from fairpool.paging import page_dict
-from fairpool.scheduling import ConfigVersionView, ExplainView, SchedulingService, WorkloadView
+from fairpool.scheduling import (
+    Applied,
+    ConfigVersionView,
+    ExplainView,
+    SchedulingService,
+    WorkloadView,
+)
 from fairpool.store.records import WorkloadStatus
 
 #: The body limit of the routes that take a config document: JSON may spell each of its
@@ -122,8 +131,11 @@ def scheduling_router(
 
     @router.post("/config/validate", tags=["scheduler config"],
                  response_model=ConfigValidation)
-    def validate_config(body: ConfigBody) -> JSONResponse:
+    def validate_config(
+        body: ConfigBody, idempotency_header: IdempotencyHeader = None
+    ) -> JSONResponse:
         """Validate a document without applying it: every error at once, with its path."""
+        one_key(idempotency_header, body.idempotency_key)  # checked as an apply's, unused
         try:
             config = load_config(body.document)
         except ConfigError as error:
@@ -144,15 +156,23 @@ def scheduling_router(
         except ConfigError as error:
             return invalid_config(error)
 
+    def applied_answer(applied: Applied) -> JSONResponse:
+        """A new version's 201, located where ``GET /config`` answers it."""
+        return located(JSONResponse(applied.as_dict(), status_code=201),
+                       f"{prefix}/config?version={applied.version.version}")
+
     @router.post("/config", status_code=201, tags=["scheduler config"],
-                 response_model=AppliedConfig)
-    def apply_config(body: ConfigBody) -> JSONResponse:
+                 response_model=AppliedConfig, responses=CREATED)
+    def apply_config(
+        body: ConfigBody, idempotency_header: IdempotencyHeader = None
+    ) -> JSONResponse:
         """Apply a document as the new active version (identical content too)."""
+        key = one_key(idempotency_header, body.idempotency_key)
         try:
-            applied = scheduling.apply_config(body.document, body.based_on, body.idempotency_key)
+            applied = scheduling.apply_config(body.document, body.based_on, key)
         except ConfigError as error:
             return invalid_config(error)
-        return JSONResponse(applied.as_dict(), status_code=201)
+        return applied_answer(applied)
 
     @router.get("/config", tags=["scheduler config"], response_model=ConfigVersionView)
     def get_config(
@@ -181,15 +201,16 @@ def scheduling_router(
                              "changes": list(scheduling.diff_config(version))})
 
     @router.post("/config/versions/{version}/rollback", status_code=201,
-                 tags=["scheduler config"], response_model=AppliedConfig)
+                 tags=["scheduler config"], response_model=AppliedConfig, responses=CREATED)
     def rollback_config(
-        version: Annotated[Version, Path()], body: RollbackBody | None = None
+        version: Annotated[Version, Path()],
+        body: RollbackBody | None = None,
+        idempotency_header: IdempotencyHeader = None,
     ) -> JSONResponse:
         """Apply ``version`` again, as a new version (the body, optional: ``based_on``)."""
-        applied = scheduling.rollback_config(
-            version, *((body.based_on, body.idempotency_key) if body else ())
-        )
-        return JSONResponse(applied.as_dict(), status_code=201)
+        body = body or RollbackBody()
+        key = one_key(idempotency_header, body.idempotency_key)
+        return applied_answer(scheduling.rollback_config(version, body.based_on, key))
 
     @router.post("/config/explain", tags=["scheduler config"], response_model=ExplainView)
     def explain(body: WorkloadBody, caller: Caller) -> JSONResponse:
@@ -197,11 +218,16 @@ def scheduling_router(
         nothing is stored."""
         return shown(caller, scheduling.explain(**body.model_dump()).as_dict())
 
-    @router.post("/workloads", status_code=201, tags=["workloads"], response_model=WorkloadView)
-    def submit_workload(body: WorkloadSubmit, caller: Caller) -> JSONResponse:
+    @router.post("/workloads", status_code=201, tags=["workloads"], response_model=WorkloadView,
+                 responses=CREATED)
+    def submit_workload(
+        body: WorkloadSubmit, caller: Caller, idempotency_header: IdempotencyHeader = None
+    ) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
-        view = scheduling.submit_workload(**body.model_dump(), created_by=owner_of(caller))
-        return shown(caller, view.as_dict(), 201)
+        key = one_key(idempotency_header, body.idempotency_key)
+        view = scheduling.submit_workload(**body.model_dump() | {"idempotency_key": key},
+                                          created_by=owner_of(caller))
+        return located(shown(caller, view.as_dict(), 201), f"{prefix}/workloads/{view.id}")
 
     @router.get("/workloads", tags=["workloads"], response_model=Listed[WorkloadView])
     def list_workloads(

@@ -33,14 +33,17 @@ from fairpool.api.auth import Auth, Caller, answering, listed_for, owner_of
 from fairpool.api.models import (
     DEFAULT_PAGE_SIZE,
     TEXT_PATTERN,
+    IdempotencyHeader,
     IdempotencyKey,
     PageAfter,
     PageLimit,
     PageOffset,
     PathText,
     QueryText,
+    one_key,
     text,
 )
+from fairpool.api.semantics import CREATED, located, segment
 from fairpool.frontends.names import MAX_KEYS, MAX_NAME
 from fairpool.frontends.trees import MAX_OPTION_TEXT, MAX_TAGS, MAX_TREE_DOCUMENT
 from fairpool.paging import page_dict
@@ -212,10 +215,12 @@ def trees_router(
 
     # -- pool trees --------------------------------------------------------------------------
 
-    @router.post("/pool-trees", status_code=201, tags=["pool trees"], response_model=TreeView)
+    @router.post("/pool-trees", status_code=201, tags=["pool trees"], response_model=TreeView,
+                 responses=CREATED)
     def create_pool_tree(body: TreeCreate) -> JSONResponse:
         """Create a tree (the first one becomes the default_tree)."""
-        return _json(trees.create_tree(body.name, body.config).as_dict(), 201)
+        tree = trees.create_tree(body.name, body.config)
+        return located(_json(tree.as_dict(), 201), f"{prefix}/pool-trees/{segment(tree.name)}")
 
     @router.post("/pool-trees/apply", tags=["pool trees"], response_model=AppliedTree)
     def apply_pool_tree(body: TreeApply) -> JSONResponse:
@@ -270,11 +275,12 @@ def trees_router(
     # -- pools of a tree ---------------------------------------------------------------------
 
     @router.post("/pool-trees/{tree}/pools", status_code=201, tags=["pool trees"],
-                 response_model=TreePoolView)
+                 response_model=TreePoolView, responses=CREATED)
     def create_tree_pool(tree: TreeName, body: TreePoolCreate) -> JSONResponse:
         """Create a pool, validated with the whole tree."""
         view = trees.create_pool(tree, body.name, body.parent, body.config)
-        return _json(view.as_dict(), 201)
+        return located(_json(view.as_dict(), 201),
+                       f"{prefix}/pool-trees/{segment(view.tree)}/pools/{segment(view.name)}")
 
     @router.get("/pool-trees/{tree}/pools/{name}", tags=["pool trees"],
                 response_model=TreePoolView)
@@ -297,8 +303,10 @@ def trees_router(
     # -- operations --------------------------------------------------------------------------
 
     @router.post("/operations", status_code=201, tags=["operations of pool trees"],
-                 response_model=OperationView)
-    def start_operation(body: OperationStart, caller: Caller) -> JSONResponse:
+                 response_model=OperationView, responses=CREATED)
+    def start_operation(
+        body: OperationStart, caller: Caller, idempotency_header: IdempotencyHeader = None
+    ) -> JSONResponse:
         """Start an operation in one or more pool trees: rejected (422) at a
         max_operation_count of any of them, pending at a max_running_operation_count, else
         running with the jobs that fit; its jobs run in any of its trees."""
@@ -307,9 +315,9 @@ def trees_router(
             trees=body.pool_trees, pool=body.pool, weight=body.weight, gang=body.gang,
             resource_limits=body.resource_limits, interruptible=body.interruptible,
             tree_options=body.scheduling_options_per_pool_tree, created_by=owner_of(caller),
-            idempotency_key=body.idempotency_key,
+            idempotency_key=one_key(idempotency_header, body.idempotency_key),
         )
-        return shown(caller, view.as_dict(), 201)
+        return located(shown(caller, view.as_dict(), 201), f"{prefix}/operations/{view.id}")
 
     @router.get("/operations", tags=["operations of pool trees"],
                 response_model=Listed[OperationView])  # type: ignore[valid-type]
