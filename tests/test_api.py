@@ -389,6 +389,24 @@ def test_a_value_no_member_of_a_union_takes_is_one_error_for_its_field(
         assert response.json()["detail"] == detail
 
 
+def test_a_workload_demand_is_read_as_its_json_writes_it(client: httpx.Client) -> None:
+    """A float reads 1.5e-400 as 0: such a workload was admitted with no demand at all
+    (helper-101), and 1e400 was "not finite". Read as written, each is refused as the CLI
+    refuses the same text, and nothing is stored."""
+    before = client.get("/workloads").json()["pagination"]["total"]
+    for written, detail in (
+        ("1.5e-400", "demand.gpu: must have at most 3 decimal places (got 1.5E-400)"),
+        ("1e400", "demand.gpu: must be at most 1000000000000 (got 1E+400)"),
+        ("-0.0", "demand.gpu: must be >= 0, unsigned (got -0.0)"),
+    ):
+        for path in ("/workloads", "/config/explain"):
+            response = client.post(path, content=f'{{"demand": {{"gpu": {written}}}}}',
+                                   headers={"content-type": "application/json"})
+            assert response.status_code == 422, response.text
+            assert response.json()["detail"] == detail
+    assert client.get("/workloads").json()["pagination"]["total"] == before
+
+
 def test_a_url_number_out_of_bounds_is_shown_as_the_number(client: httpx.Client) -> None:
     """A URL's values are text, but an integer or a number out of its bounds is shown as the
     number it is, as the embedded CLI and the SDK show it (the remote CLI prints this)."""

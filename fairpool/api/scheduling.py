@@ -7,10 +7,12 @@ shape is wrong, 400 when it is well formed but names a flavor or queue that does
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, params
+from fastapi import APIRouter, Depends, Path, Query, Request, params
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -100,6 +102,23 @@ class WorkloadBody(BaseModel):
     workload_type: JsonValue = None
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     demand: dict[str, JsonValue] | None = None
+
+
+async def _exact_demand(request: Request) -> Mapping[str, object] | None:
+    """The body's ``demand`` with its numbers as written (``Decimal``): a float read
+    1.5e-400 as 0, a demand of nothing that was admitted (helper-101), and 1e400 as inf; the
+    service refuses each as it does the CLI's text. Anything but a mapping is the body model's
+    to refuse."""
+    try:
+        body = json.loads(await request.body(), parse_float=Decimal)
+    except ValueError:
+        return None
+    demand = body.get("demand") if isinstance(body, dict) else None
+    return demand if isinstance(demand, dict) else None
+
+
+#: A workload's demand as its JSON wrote it (``_exact_demand``); out of the OpenAPI schema.
+ExactDemand = Annotated[Mapping[str, object] | None, Depends(_exact_demand)]
 
 
 class WorkloadSubmit(WorkloadBody):
@@ -213,20 +232,22 @@ def scheduling_router(
         return applied_answer(scheduling.rollback_config(version, body.based_on, key))
 
     @router.post("/config/explain", tags=["scheduler config"], response_model=ExplainView)
-    def explain(body: WorkloadBody, caller: Caller) -> JSONResponse:
+    def explain(body: WorkloadBody, caller: Caller, demand: ExactDemand) -> JSONResponse:
         """What a workload would get now (rule, queue, flavors, priority) and why not others;
         nothing is stored."""
-        return shown(caller, scheduling.explain(**body.model_dump()).as_dict())
+        asked = body.model_dump() | {"demand": demand}
+        return shown(caller, scheduling.explain(**asked).as_dict())
 
     @router.post("/workloads", status_code=201, tags=["workloads"], response_model=WorkloadView,
                  responses=CREATED)
     def submit_workload(
-        body: WorkloadSubmit, caller: Caller, idempotency_header: IdempotencyHeader = None
+        body: WorkloadSubmit, caller: Caller, demand: ExactDemand,
+        idempotency_header: IdempotencyHeader = None,
     ) -> JSONResponse:
         """Submit a workload; the answer carries the decision already made."""
         key = one_key(idempotency_header, body.idempotency_key)
-        view = scheduling.submit_workload(**body.model_dump() | {"idempotency_key": key},
-                                          created_by=owner_of(caller))
+        asked = body.model_dump() | {"demand": demand, "idempotency_key": key}
+        view = scheduling.submit_workload(**asked, created_by=owner_of(caller))
         return located(shown(caller, view.as_dict(), 201), f"{prefix}/workloads/{view.id}")
 
     @router.get("/workloads", tags=["workloads"], response_model=Listed[WorkloadView])
