@@ -953,7 +953,8 @@ def test_sdk_acquire_holds_then_releases(server: ApiServer, client: Client) -> N
         with client.acquire({"gpu": 3}, component="sdk-orch"):
             pytest.fail("never granted")
     blocker = client.submit({"gpu": 2}, component="sdk-orch")
-    with pytest.raises(WaitTimeout, match="still queued") as raised:
+    with pytest.raises(WaitTimeout, match=r"cancelled: gave up waiting after 0\.3 s \(it was "
+                       "queued: sdk-gpus #1: ") as raised:
         with client.acquire({"gpu": 1}, component="sdk-orch", timeout=0.3):
             pytest.fail("never granted")
     assert client.get(raised.value.request.id).status == "cancelled"
